@@ -1,0 +1,58 @@
+"""Small example graphs: an MLP and a residual CNN."""
+
+from __future__ import annotations
+
+from .. import ops
+from ..ir import Graph, Input
+
+
+def mlp(features: int = 784, hidden: tuple[int, ...] = (128, 64), classes: int = 10,
+        dropout: float = 0.0) -> Graph:
+    """A multi-layer perceptron on ``(batch, features)`` inputs.
+
+    Example:
+      >>> print(mlp(4, (3,), 2))
+      graph mlp(%x: f32[batch,4]) {
+        %dense: f32[batch,3] = linear[features=3](%x)
+        %relu: f32[batch,3] = relu(%dense)
+        %logits: f32[batch,2] = linear[features=2](%relu)
+        return %logits
+      }
+    """
+    x = Input(("batch", features), name="x")
+    h = x
+    for i, width in enumerate(hidden):
+        h = ops.relu(ops.Linear(width, name="dense" if i == 0 else f"dense_{i}")(h))
+        if dropout:
+            h = ops.Dropout(dropout)(h)
+    return Graph(x, ops.Linear(classes, name="logits")(h), name="mlp")
+
+
+def residual_block(channels: int, name: str) -> Graph:
+    """conv-bn-relu-conv-bn plus the input, then relu: a ResNet basic block."""
+    x = Input(("batch", "height", "width", channels), name="x")
+    h = ops.Conv(channels, (3, 3), padding="SAME", use_bias=False, name="conv_a")(x)
+    h = ops.relu(ops.BatchNorm(name="bn_a")(h))
+    h = ops.Conv(channels, (3, 3), padding="SAME", use_bias=False, name="conv_b")(h)
+    h = ops.BatchNorm(name="bn_b")(h)
+    return Graph(x, ops.relu(ops.add(h, x)), name=name)
+
+
+def residual_cnn(size: int = 8, channels: int = 16, classes: int = 10) -> Graph:
+    """A small residual CNN for ``(batch, size, size, 1)`` images (8x8 digits by default):
+    a stem convolution, one residual block, pooling and a linear classifier.
+
+    Example:
+      >>> g = residual_cnn()
+      >>> g.output_specs
+      (f32[batch,10],)
+    """
+    x = Input(("batch", size, size, 1), name="image")
+    h = ops.Conv(channels, (3, 3), padding="SAME", name="stem")(x)
+    h = ops.relu(ops.BatchNorm(name="stem_bn")(h))
+    block = residual_block(channels, "res1")
+    h = block(h)
+    h = ops.MaxPool((2, 2))(h)
+    h = ops.Flatten()(h)
+    h = ops.Dropout(0.1)(h)
+    return Graph(x, ops.Linear(classes, name="logits")(h), name="residual_cnn")

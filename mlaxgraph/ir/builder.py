@@ -1,0 +1,243 @@
+"""The builder: symbolic tensors, recorded layer calls, and turning them into nodes.
+
+It is the only mutable part of the IR. Names are allocated when a ``Graph`` is made,
+per graph and in call order, so building the same code twice gives equal graphs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+from ..errors import (GraphError, MlaxGraphError, ShapeError, SourceInfo, capture_source,
+                      node_message)
+from ..specs import TensorSpec
+from .node import Node, Value
+
+__all__ = ["SymbolicTensor", "Call", "call_layer", "trace_graph"]
+
+_ORDER = itertools.count()
+
+
+def label(layer) -> str:
+    """How errors name a layer before the graph gives it its final name."""
+    return layer.name or layer.default_name
+
+
+class Call:
+    """One recorded call of a layer object on symbolic tensors."""
+
+    __slots__ = ("layer", "inputs", "outputs", "source", "order")
+
+    def __init__(self, layer, inputs, outputs, source):
+        self.layer = layer
+        self.inputs: tuple[SymbolicTensor, ...] = inputs
+        self.outputs: tuple[TensorSpec, ...] = outputs
+        self.source: SourceInfo | None = source
+        self.order = next(_ORDER)
+
+    @property
+    def label(self) -> str:
+        return label(self.layer)
+
+
+class SymbolicTensor:
+    """A tensor in a graph under construction: its spec and the call that made it.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> x = mg.Input(("batch", 28, 28, 1), "float32", name="image")
+      >>> x.shape, x.dtype
+      ((batch, 28, 28, 1), dtype('float32'))
+      >>> x
+      SymbolicTensor(f32[batch,28,28,1], from 'image')
+    """
+
+    __slots__ = ("spec", "call", "index")
+
+    def __init__(self, spec: TensorSpec, call: Call, index: int):
+        self.spec = spec
+        self.call = call
+        self.index = index
+
+    @property
+    def shape(self):
+        return self.spec.shape
+
+    @property
+    def dtype(self):
+        return self.spec.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.spec.rank
+
+    def __repr__(self) -> str:
+        index = f"#{self.index}" if self.index else ""
+        return f"SymbolicTensor({self.spec}, from {self.call.label!r}{index})"
+
+    def __bool__(self):
+        raise GraphError("a symbolic tensor has no truth value: it holds no data until "
+                         "the compiled model runs")
+
+    def __array__(self, *args, **kwargs):
+        raise GraphError("a symbolic tensor has no data; wrap array code in ops.F(fn) to "
+                         "make it a layer")
+
+
+def call_layer(layer, args: Sequence[Any], kwargs: dict[str, Any]):
+    """Records ``layer(*args, **kwargs)``; returns one symbolic tensor or a tuple."""
+    source = capture_source()
+    if kwargs:
+        raise TypeError(node_message(label(layer), layer.op_name,
+                                     f"unexpected keyword arguments {sorted(kwargs)}",
+                                     source=source))
+    for arg in args:
+        if not isinstance(arg, SymbolicTensor):
+            raise GraphError(node_message(
+                label(layer), layer.op_name,
+                f"layers are called on symbolic tensors (from mg.Input or other layers), "
+                f"got {type(arg).__name__}; to run a model on arrays, use "
+                f"mg.compile(graph).apply", source=source))
+    inputs = tuple(args)
+    specs = tuple(t.spec for t in inputs)
+    outputs = infer_outputs(layer, specs, label(layer), source)
+    check_shared_weights(layer, specs, source)
+    call = Call(layer, inputs, outputs, source)
+    tensors = tuple(SymbolicTensor(spec, call, i) for i, spec in enumerate(outputs))
+    return tensors[0] if len(tensors) == 1 else tensors
+
+
+def infer_outputs(layer, specs: tuple[TensorSpec, ...], name: str,
+                  source: SourceInfo | None, context: Sequence[str] = ()) -> tuple[TensorSpec, ...]:
+    """``layer.infer(specs)``, with any failure turned into an error naming the layer."""
+    got = ", ".join(str(s) for s in specs) or "no inputs"
+    try:
+        outputs = tuple(layer.infer(specs))
+    except MlaxGraphError as e:
+        raise type(e)(node_message(name, layer.op_name, e.problem, got=got,
+                                   expected=e.expected, source=source, context=context)) from e
+    except Exception as e:  # shape inference of user functions (ops.F) may raise anything
+        raise ShapeError(node_message(name, layer.op_name, f"shape inference failed: {e}",
+                                      got=got, source=source, context=context)) from e
+    if not outputs or not all(isinstance(s, TensorSpec) for s in outputs):
+        raise GraphError(node_message(name, layer.op_name,
+                                      f"infer() must return a tuple of TensorSpec, got {outputs!r}",
+                                      got=got, source=source, context=context))
+    return outputs
+
+
+def check_shared_weights(layer, specs: tuple[TensorSpec, ...], source: SourceInfo | None) -> None:
+    """A layer object called again must get inputs that fit the weights of its first call."""
+    shapes = {k: v.shape for k, v in layer.param_specs(specs).items()}
+    shapes.update({k: v.shape for k, v in layer.state_specs(specs).items()})
+    first = layer.__dict__.get("_first_call")
+    if first is None:
+        object.__setattr__(layer, "_first_call", (shapes, specs))
+    elif first[0] != shapes:
+        raise ShapeError(node_message(
+            label(layer), layer.op_name,
+            "this layer object is called again (sharing its weights), but its inputs need "
+            "weights of other shapes; use a new layer object for unshared weights",
+            got=", ".join(str(s) for s in specs) + f" (weights {shapes})",
+            expected=", ".join(str(s) for s in first[1]) + f" (weights {first[0]})",
+            source=source))
+
+
+def _as_tensors(value: Any, what: str) -> tuple[SymbolicTensor, ...]:
+    items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not items:
+        raise GraphError(f"a graph needs at least one {what[:-1]}")
+    for item in items:
+        if not isinstance(item, SymbolicTensor):
+            raise GraphError(f"graph {what} must be symbolic tensors, got {type(item).__name__}")
+    return items
+
+
+def trace_graph(inputs: Any, outputs: Any):
+    """Walks back from ``outputs`` to ``inputs``; returns (nodes, input names, output values)."""
+    from .graph import InputLayer  # the Input op lives with the graph
+
+    in_tensors = _as_tensors(inputs, "inputs")
+    out_tensors = _as_tensors(outputs, "outputs")
+    input_calls: list[Call] = []
+    for t in in_tensors:
+        if not isinstance(t.call.layer, InputLayer):
+            raise GraphError(f"graph inputs must come from mg.Input, got {t!r}")
+        if t.call in input_calls:
+            raise GraphError(f"input {t.call.label!r} is listed twice in the graph inputs")
+        input_calls.append(t.call)
+
+    reached: dict[int, Call] = {}
+    stack = [t.call for t in out_tensors]
+    while stack:
+        call = stack.pop()
+        if id(call) in reached:
+            continue
+        reached[id(call)] = call
+        if isinstance(call.layer, InputLayer) and call not in input_calls:
+            where = f" (created at {call.source})" if call.source else ""
+            raise GraphError(f"the outputs depend on input {call.label!r}{where}, which is not "
+                             f"in the graph's inputs; add it to inputs=[...]")
+        stack.extend(t.call for t in call.inputs)
+    for call in input_calls:
+        reached.setdefault(id(call), call)
+    calls = sorted(reached.values(), key=lambda c: c.order)
+
+    layer_names = _allocate_names(calls)
+    node_names: dict[int, str] = {}
+    used = set(layer_names.values())
+    seen_layers: dict[int, int] = {}
+    nodes: list[Node] = []
+    for call in calls:
+        layer_name = layer_names[id(call.layer)]
+        count = seen_layers.get(id(call.layer), 0)
+        seen_layers[id(call.layer)] = count + 1
+        name = layer_name
+        if count:
+            name = f"{layer_name}@{count}"
+            while name in used:
+                count += 1
+                name = f"{layer_name}@{count}"
+            used.add(name)
+        node_names[id(call)] = name
+        nodes.append(Node(
+            name=name, op=call.layer,
+            inputs=tuple(Value(node_names[id(t.call)], t.index) for t in call.inputs),
+            outputs=call.outputs, layer=layer_name, source=call.source))
+    input_names = tuple(node_names[id(c)] for c in input_calls)
+    output_values = tuple(Value(node_names[id(t.call)], t.index) for t in out_tensors)
+    return tuple(nodes), input_names, output_values
+
+
+def _allocate_names(calls: Sequence[Call]) -> dict[int, str]:
+    """Layer object id -> unique name: user names first, then ``op``, ``op_1``, ..."""
+    names: dict[int, str] = {}
+    owners: dict[str, Call] = {}
+    for call in calls:
+        explicit = call.layer.name
+        if explicit is None or id(call.layer) in names:
+            continue
+        if explicit in owners:
+            other = owners[explicit]
+            raise GraphError(
+                f"two different layers are named {explicit!r}: op {other.layer.op_name} created "
+                f"at {other.source} and op {call.layer.op_name} created at {call.source}; "
+                f"give one another name, or call the same layer object twice to share weights")
+        owners[explicit] = call
+        names[id(call.layer)] = explicit
+    used = set(owners)
+    counters: dict[str, int] = {}
+    for call in calls:
+        if id(call.layer) in names:
+            continue
+        base = call.layer.default_name
+        n = counters.get(base, 0)
+        candidate = base if n == 0 else f"{base}_{n}"
+        while candidate in used:
+            n += 1
+            candidate = f"{base}_{n}"
+        counters[base] = n + 1
+        used.add(candidate)
+        names[id(call.layer)] = candidate
+    return names

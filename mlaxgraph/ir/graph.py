@@ -1,0 +1,271 @@
+"""Graph: the immutable IR. Also the two structural ops, ``input`` and ``block``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import GraphError, ShapeError, DTypeError, capture_source
+from ..ops.base import Layer, specs_str
+from ..ops.registry import register
+from ..specs import Dim, TensorSpec, match_shape, substitute
+from .builder import Call, SymbolicTensor, trace_graph
+from .node import Node, Value
+
+__all__ = ["Graph", "Input", "InputLayer", "Block"]
+
+
+@register("input")
+@dataclasses.dataclass(frozen=True)
+class InputLayer(Layer):
+    """A graph input. Made by ``mg.Input``; not called like other layers."""
+
+    shape: tuple[Dim, ...]
+    dtype: np.dtype
+    axes: tuple[str | None, ...] | None = None
+
+    def validate(self):
+        spec = TensorSpec.of(self.shape, self.dtype)
+        object.__setattr__(self, "shape", spec.shape)
+        object.__setattr__(self, "dtype", spec.dtype)
+        if self.axes is not None:
+            object.__setattr__(self, "axes", tuple(self.axes))
+            if len(self.axes) != len(self.shape):
+                self.invalid(f"axes {self.axes} name {len(self.axes)} dims but the shape "
+                             f"{spec} has {len(self.shape)}")
+
+    @property
+    def default_name(self) -> str:
+        return "input"
+
+    def infer(self, inputs):
+        return (TensorSpec(self.shape, self.dtype),)
+
+
+def Input(shape: Sequence[Any], dtype: Any = "float32", *, name: str | None = None,
+          axes: Sequence[str | None] | None = None) -> SymbolicTensor:
+    """A graph input: a symbolic tensor of the given shape and dtype.
+
+    Args:
+      shape: ints and names; a name (``"batch"``) is a symbolic dim.
+      dtype: a dtype or its name; ``"float32"`` by default.
+      name: the input's name (``input``, ``input_1``, ... when not given).
+      axes: logical axis names of its dims, for sharding.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> mg.Input(("batch", 784), name="pixels")
+      SymbolicTensor(f32[batch,784], from 'pixels')
+    """
+    layer = InputLayer(tuple(shape) if not isinstance(shape, (str, int)) else shape,
+                       dtype, None if axes is None else tuple(axes), name=name)
+    call = Call(layer, (), (TensorSpec(layer.shape, layer.dtype),), capture_source())
+    return SymbolicTensor(call.outputs[0], call, 0)
+
+
+class Graph:
+    """An immutable, hashable graph of layers with typed shapes.
+
+    Args:
+      inputs: one symbolic tensor from ``mg.Input`` or a list of them.
+      outputs: one symbolic tensor or a list of them.
+      name: the graph's name; also the default name of the block it becomes when
+        called on symbolic tensors.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> x = mg.Input(("batch", 4), name="x")
+      >>> g = mg.Graph(inputs=x, outputs=ops.relu(ops.Linear(3)(x)), name="tiny")
+      >>> print(g)
+      graph tiny(%x: f32[batch,4]) {
+        %linear: f32[batch,3] = linear[features=3](%x)
+        %relu: f32[batch,3] = relu(%linear)
+        return %relu
+      }
+    """
+
+    __slots__ = ("_nodes", "_inputs", "_outputs", "_name", "_index", "_hash")
+
+    def __init__(self, inputs: Any, outputs: Any, name: str = "graph"):
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"a graph name must be a non-empty string, got {name!r}")
+        nodes, input_names, output_values = trace_graph(inputs, outputs)
+        self._set(nodes, input_names, output_values, name)
+
+    @classmethod
+    def from_parts(cls, nodes: Sequence[Node], inputs: Sequence[str],
+                   outputs: Sequence[Value], name: str) -> "Graph":
+        """A graph from its records, as passes and loaders make them (not verified here:
+        ``mlaxgraph.passes.verify`` checks structure)."""
+        graph = object.__new__(cls)
+        graph._set(tuple(nodes), tuple(inputs), tuple(outputs), name)
+        return graph
+
+    def _set(self, nodes, inputs, outputs, name) -> None:
+        set_ = object.__setattr__
+        set_(self, "_nodes", nodes)
+        set_(self, "_inputs", inputs)
+        set_(self, "_outputs", outputs)
+        set_(self, "_name", name)
+        set_(self, "_index", {node.name: node for node in nodes})
+        set_(self, "_hash", None)
+
+    def __setattr__(self, key, value):
+        raise AttributeError("a Graph is immutable; passes return new graphs")
+
+    # --- the records ------------------------------------------------------------------
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """All nodes, inputs included, in topological (creation) order."""
+        return self._nodes
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Names of the input nodes, in the order ``apply`` takes them."""
+        return self._inputs
+
+    @property
+    def outputs(self) -> tuple[Value, ...]:
+        return self._outputs
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def node(self, name: str) -> Node:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise GraphError(f"graph {self._name!r} has no node named {name!r}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._index
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def walk(self, prefix: str = "") -> Iterator[tuple[str, Node]]:
+        """Every node with its path (``block/layer``), nested blocks' nodes included,
+        each block's nodes listed once, right after the block's first call."""
+        for node in self._nodes:
+            yield prefix + node.name, node
+            if isinstance(node.op, Block) and not node.shares_weights:
+                yield from node.op.graph.walk(f"{prefix}{node.name}/")
+
+    def spec(self, value: Value) -> TensorSpec:
+        return self.node(value.node).outputs[value.index]
+
+    @property
+    def input_specs(self) -> tuple[TensorSpec, ...]:
+        return tuple(self.node(name).outputs[0] for name in self._inputs)
+
+    @property
+    def output_specs(self) -> tuple[TensorSpec, ...]:
+        return tuple(self.spec(v) for v in self._outputs)
+
+    def input_specs_of(self, node: Node) -> tuple[TensorSpec, ...]:
+        return tuple(self.spec(v) for v in node.inputs)
+
+    def consumers(self) -> dict[str, list[Node]]:
+        """Node name -> the nodes that read any of its outputs, in order."""
+        result: dict[str, list[Node]] = {n.name: [] for n in self._nodes}
+        for node in self._nodes:
+            for v in dict.fromkeys(v.node for v in node.inputs):
+                if v in result:
+                    result[v].append(node)
+        return result
+
+    def replace(self, *, nodes=None, inputs=None, outputs=None, name=None) -> "Graph":
+        return Graph.from_parts(
+            self._nodes if nodes is None else nodes, self._inputs if inputs is None else inputs,
+            self._outputs if outputs is None else outputs, self._name if name is None else name)
+
+    # --- value semantics ------------------------------------------------------------
+
+    def _key(self):
+        return (self._name, self._nodes, self._inputs, self._outputs)
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Graph):
+            return NotImplemented
+        return hash(self) == hash(other) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash(self._key()))
+        return self._hash
+
+    def __reduce__(self):
+        return (Graph.from_parts, (self._nodes, self._inputs, self._outputs, self._name))
+
+    # --- use ------------------------------------------------------------------------
+
+    def __call__(self, *inputs: Any, name: str | None = None):
+        """Calls the graph on symbolic tensors as a nested block with its own name scope."""
+        block = Block(self, name=name)
+        return block(*inputs)
+
+    def __str__(self) -> str:
+        from .printer import format_graph
+
+        return format_graph(self)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(str(s) for s in self.input_specs)
+        outs = ", ".join(str(s) for s in self.output_specs)
+        return f"<Graph {self._name!r}: ({ins}) -> ({outs}), {len(self._nodes)} nodes>"
+
+    def summary(self) -> str:
+        """A table of layers: name, op, output shape, dtype, params, inputs."""
+        from .summary import summarize
+
+        return summarize(self)
+
+
+@register("block")
+@dataclasses.dataclass(frozen=True)
+class Block(Layer):
+    """A graph used as a layer: its nodes run in its own name scope, its weights nest
+    under the block's name. Made by calling a ``Graph`` on symbolic tensors."""
+
+    graph: Graph
+
+    def validate(self):
+        if not isinstance(self.graph, Graph):
+            self.invalid(f"a block wraps a Graph, got {type(self.graph).__name__}", GraphError)
+
+    @property
+    def default_name(self) -> str:
+        return self.graph.name
+
+    def infer(self, inputs):
+        """The graph's output specs, with its symbolic input dims bound to the dims it is
+        called with (a block built on ``(batch, height, width, 16)`` takes
+        ``(batch, 8, 8, 16)``)."""
+        expected = self.graph.input_specs
+        if len(inputs) != len(expected):
+            raise ShapeError(f"graph {self.graph.name!r} takes {len(expected)} inputs, "
+                             f"got {len(inputs)}", expected=specs_str(expected))
+        bindings: dict = {}
+        for got, want in zip(inputs, expected):
+            if got.dtype != want.dtype:
+                raise DTypeError(f"graph {self.graph.name!r} was built for other input dtypes",
+                                 expected=specs_str(expected))
+            if not match_shape(want.shape, got.shape, bindings):
+                raise ShapeError(f"graph {self.graph.name!r} was built for other input shapes",
+                                 expected=specs_str(expected))
+        return tuple(s.with_shape(substitute(s.shape, bindings)) for s in self.graph.output_specs)
+
+    def param_specs(self, inputs):
+        # Weights of a block nest by layer; the lowering walks them. For the sharing check
+        # the graph itself identifies them.
+        return {}

@@ -1,0 +1,129 @@
+"""Activations, each a stateless layer with a functional form: ``ops.relu(x)``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from ..errors import ShapeError
+from .base import Layer, expect_count, expect_float
+from .registry import register
+
+__all__ = ["Relu", "Gelu", "Silu", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
+           "relu", "gelu", "silu", "tanh", "sigmoid", "softmax", "log_softmax"]
+
+
+class Unary(Layer):
+    """A one-input op whose output has its input's spec."""
+
+    def infer(self, inputs):
+        expect_count(inputs, 1)
+        expect_float(inputs[0])
+        return (inputs[0],)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        return (self.fn(inputs[0]),), state
+
+    def fn(self, x):
+        raise NotImplementedError
+
+
+@register("relu")
+@dataclasses.dataclass(frozen=True)
+class Relu(Unary):
+    def fn(self, x):
+        return jax.nn.relu(x)
+
+
+@register("gelu")
+@dataclasses.dataclass(frozen=True)
+class Gelu(Unary):
+    """GELU; exact (erf) by default, as in PyTorch and Keras; ``approximate=True`` for tanh."""
+
+    approximate: bool = False
+
+    def fn(self, x):
+        return jax.nn.gelu(x, approximate=self.approximate)
+
+
+@register("silu")
+@dataclasses.dataclass(frozen=True)
+class Silu(Unary):
+    def fn(self, x):
+        return jax.nn.silu(x)
+
+
+@register("tanh")
+@dataclasses.dataclass(frozen=True)
+class Tanh(Unary):
+    def fn(self, x):
+        return jax.numpy.tanh(x)
+
+
+@register("sigmoid")
+@dataclasses.dataclass(frozen=True)
+class Sigmoid(Unary):
+    def fn(self, x):
+        return jax.nn.sigmoid(x)
+
+
+class _AxisUnary(Unary):
+    def infer(self, inputs):
+        (x,) = super().infer(inputs)
+        if not -x.rank <= self.axis < x.rank:
+            raise ShapeError(f"axis {self.axis} is out of range for rank {x.rank}",
+                             expected=f"rank > {self.axis}")
+        return (x,)
+
+
+@register("softmax")
+@dataclasses.dataclass(frozen=True)
+class Softmax(_AxisUnary):
+    """Softmax over ``axis``. Precision-sensitive: float32 under a half-precision policy."""
+
+    axis: int = -1
+    precision_sensitive = True
+
+    def fn(self, x):
+        return jax.nn.softmax(x, axis=self.axis)
+
+
+@register("log_softmax")
+@dataclasses.dataclass(frozen=True)
+class LogSoftmax(_AxisUnary):
+    """Log-softmax over ``axis``. Precision-sensitive."""
+
+    axis: int = -1
+    precision_sensitive = True
+
+    def fn(self, x):
+        return jax.nn.log_softmax(x, axis=self.axis)
+
+
+def relu(x):
+    return Relu()(x)
+
+
+def gelu(x, approximate: bool = False):
+    return Gelu(approximate)(x)
+
+
+def silu(x):
+    return Silu()(x)
+
+
+def tanh(x):
+    return Tanh()(x)
+
+
+def sigmoid(x):
+    return Sigmoid()(x)
+
+
+def softmax(x, axis: int = -1):
+    return Softmax(axis)(x)
+
+
+def log_softmax(x, axis: int = -1):
+    return LogSoftmax(axis)(x)

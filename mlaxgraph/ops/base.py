@@ -1,0 +1,172 @@
+"""Layer: the one base class of every op, and ParamSpec, the declaration of a weight.
+
+An op is a frozen dataclass whose fields are its hyperparameters (static, hashable,
+compared by value). Each op defines, in one place, all its rules:
+
+- ``infer(inputs) -> outputs``: output specs from input specs; raises ``ShapeError`` or
+  ``DTypeError`` (with ``expected=``) for inputs it cannot take.
+- ``param_specs(inputs)`` / ``state_specs(inputs)``: its trainable and non-trainable
+  weights, by name, with shape and initializer.
+- ``apply(params, state, inputs, *, rng, inference_mode) -> (outputs, new_state)``.
+
+Calling a layer object on symbolic tensors records a node in the graph being built.
+Calling the same object again shares its weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import ShapeError, DTypeError, capture_source
+from ..specs import TensorSpec, shape_str
+
+__all__ = ["Layer", "ParamSpec", "Initializer"]
+
+Initializer = Callable[[jax.Array, tuple, Any], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """A weight a layer declares: its shape, initializer and logical axis names.
+
+    The dtype is not part of it: weights are created in the policy's ``param_dtype``
+    and cast to the compute dtype inside the layer.
+    """
+
+    shape: tuple[int, ...]
+    init: Initializer
+    axes: tuple[str | None, ...] | None = None
+
+    @property
+    def size(self) -> int:
+        size = 1
+        for d in self.shape:
+            size *= d
+        return size
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """Base class of ops. Subclasses are frozen dataclasses registered by op name.
+
+    ``name`` is the name the user asked for; it does not take part in equality, so
+    two layers with the same hyperparameters compare equal, and their identity (one
+    object called twice) is what shares weights.
+    """
+
+    name: str | None = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
+
+    op_name: ClassVar[str] = ""
+    #: Computes in float32 under a half-precision policy (the policy inserts the casts).
+    precision_sensitive: ClassVar[bool] = False
+    #: Needs an rng when ``inference_mode=False``.
+    random: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            self.invalid(f"a layer name must be a non-empty string, got {self.name!r}")
+        self.validate()
+
+    # --- hooks for subclasses -------------------------------------------------------
+
+    def validate(self) -> None:
+        """Checks hyperparameters; raise through ``self.invalid``."""
+
+    def infer(self, inputs: Sequence[TensorSpec]) -> tuple[TensorSpec, ...]:
+        raise NotImplementedError
+
+    def param_specs(self, inputs: Sequence[TensorSpec]) -> Mapping[str, ParamSpec]:
+        return {}
+
+    def state_specs(self, inputs: Sequence[TensorSpec]) -> Mapping[str, ParamSpec]:
+        return {}
+
+    def apply(self, params: Mapping[str, jax.Array], state: Mapping[str, jax.Array],
+              inputs: Sequence[jax.Array], *, rng: jax.Array | None,
+              inference_mode: bool) -> tuple[tuple[jax.Array, ...], Mapping[str, jax.Array]]:
+        raise NotImplementedError
+
+    # --- shared behaviour -----------------------------------------------------------
+
+    def uses_rng(self) -> bool:
+        """Whether the layer needs an rng when ``inference_mode=False``."""
+        return self.random
+
+    @property
+    def default_name(self) -> str:
+        """The base of automatic names: ``linear``, ``linear_1``, ..."""
+        return self.op_name
+
+    def attrs(self) -> dict[str, Any]:
+        """The hyperparameters, by field name, in declaration order."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        from ..ir.builder import call_layer  # the builder is the only mutable part of the IR
+
+        return call_layer(self, inputs, kwargs)
+
+    def invalid(self, problem: str, error: type = ShapeError) -> None:
+        """Raises ``error`` for a bad hyperparameter, naming the layer and the user's line."""
+        from ..errors import node_message
+
+        raise error(node_message(self.name or self.op_name, self.op_name, problem,
+                                 source=capture_source()))
+
+
+# --- small helpers ops share ---------------------------------------------------------
+
+
+def specs_str(specs: Sequence[TensorSpec]) -> str:
+    return ", ".join(str(s) for s in specs)
+
+
+def expect_count(inputs: Sequence[TensorSpec], count: int, what: str = "input") -> None:
+    if len(inputs) != count:
+        raise ShapeError(f"takes {count} {what}{'s' if count != 1 else ''}, got {len(inputs)}",
+                         expected=f"{count} tensor{'s' if count != 1 else ''}")
+
+
+def expect_float(spec: TensorSpec) -> None:
+    if not spec.is_float:
+        raise DTypeError(f"needs a floating-point input, got {spec.dtype}",
+                         expected=f"a float dtype (float32, bfloat16, float16) for {shape_str(spec.shape)}")
+
+
+def same_dtype(inputs: Sequence[TensorSpec]) -> None:
+    """No silent promotion: all inputs of a multi-input op share one dtype."""
+    dtypes = {str(s.dtype) for s in inputs}
+    if len(dtypes) > 1:
+        first = inputs[0].dtype
+        raise DTypeError(
+            "inputs have different dtypes and mlaxgraph never promotes silently; cast one "
+            "with ops.cast(x, dtype)",
+            expected=", ".join(str(s.with_dtype(first)) for s in inputs))
+
+
+def cast_params(params: Mapping[str, jax.Array], dtype: Any) -> dict[str, jax.Array]:
+    """The dtype guarantee: weights are cast to the dtype the layer computes in."""
+    return {k: v.astype(dtype) for k, v in params.items()}
+
+
+def normalize_tuple(value: Any, n: int, what: str, layer: Layer) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,) * n
+    try:
+        result = tuple(int(v) for v in value)
+    except TypeError:
+        layer.invalid(f"{what} must be an int or a tuple of {n} ints, got {value!r}")
+    if len(result) != n:
+        layer.invalid(f"{what} must have {n} entries, got {value!r}")
+    return result
+
+
+def set_field(layer: Layer, name: str, value: Any) -> None:
+    """Normalizes a field of a frozen layer in ``validate`` (e.g. ``3`` -> ``(3, 3)``)."""
+    object.__setattr__(layer, name, value)
+
+

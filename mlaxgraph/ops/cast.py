@@ -1,0 +1,38 @@
+"""Cast: converts a tensor's dtype. The dtype policy inserts these as graph nodes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..specs import as_dtype
+from .base import Layer, expect_count
+from .registry import register
+
+__all__ = ["Cast", "cast"]
+
+
+@register("cast")
+@dataclasses.dataclass(frozen=True)
+class Cast(Layer):
+    """``x.astype(dtype)``. ``inserted`` marks the casts a policy added (which the
+    compiler may fold away); casts the user wrote are kept."""
+
+    dtype: np.dtype
+    inserted: bool = False
+
+    def validate(self):
+        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+
+    def infer(self, inputs):
+        expect_count(inputs, 1)
+        return (inputs[0].with_dtype(self.dtype),)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        return (inputs[0].astype(self.dtype),), state
+
+
+def cast(x, dtype):
+    """``Cast(dtype)(x)``: an explicit dtype conversion in the graph."""
+    return Cast(dtype)(x)

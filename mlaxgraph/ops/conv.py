@@ -1,0 +1,181 @@
+"""Conv: 1D, 2D and 3D convolution, channel-last (OHWI kernel) or channel-first (OIHW)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jax import lax
+
+from ..errors import ShapeError
+from ..specs import is_symbolic, shape_str
+from . import initializers
+from .base import (Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float,
+                   normalize_tuple, set_field)
+from .registry import register
+
+__all__ = ["Conv", "window_output_size"]
+
+_CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
+_CHANNELS_FIRST = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
+
+
+def window_output_size(size, window: int, stride: int, padding, dilation: int = 1):
+    """Output length of a sliding window; ``size`` may be symbolic. None if it is empty."""
+    effective = (window - 1) * dilation + 1
+    if padding == "SAME":
+        return -(-size // stride)
+    low, high = (0, 0) if padding == "VALID" else padding
+    padded = size + low + high
+    if not is_symbolic(padded) and padded < effective:
+        return None
+    return (padded - effective) // stride + 1
+
+
+def normalize_padding(layer: Layer, padding: Any, n: int):
+    if isinstance(padding, str):
+        padding = padding.upper()
+        if padding not in ("SAME", "VALID"):
+            layer.invalid(f"padding must be 'SAME', 'VALID' or {n} (low, high) pairs, got {padding!r}")
+        return padding
+    try:
+        pairs = tuple((int(lo), int(hi)) for lo, hi in padding)
+    except (TypeError, ValueError):
+        layer.invalid(f"padding must be 'SAME', 'VALID' or {n} (low, high) pairs, got {padding!r}")
+    if len(pairs) != n or any(lo < 0 or hi < 0 for lo, hi in pairs):
+        layer.invalid(f"padding needs {n} non-negative (low, high) pairs, got {padding!r}")
+    return pairs
+
+
+@register("conv")
+@dataclasses.dataclass(frozen=True)
+class Conv(Layer):
+    """An N-D convolution (N = ``len(kernel_size)``: 1, 2 or 3).
+
+    Params: ``kernel`` in OHWI layout for channel-last data (``features, *kernel_size,
+    in // groups``) or OIHW for channel-first (``features, in // groups, *kernel_size``),
+    and ``bias (features,)``. Defaults: kernel LeCun normal (fan in), bias zeros.
+
+    ``data_format`` is ``"NHWC"`` (channel-last; also the default for 1D and 3D, where
+    it means ``NWC`` / ``NDHWC``) or channel-first ``"NCHW"`` (``NCW`` / ``NCDHW``).
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> ops.Conv(16, (3, 3), padding="SAME")(mg.Input(("batch", 28, 28, 1)))
+      SymbolicTensor(f32[batch,28,28,16], from 'conv')
+    """
+
+    features: int
+    kernel_size: tuple[int, ...]
+    strides: int | tuple[int, ...] = 1
+    padding: Any = "VALID"
+    dilation: int | tuple[int, ...] = 1
+    groups: int = 1
+    use_bias: bool = True
+    data_format: str = "NHWC"
+    kernel_init: Initializer | None = None
+    bias_init: Initializer | None = None
+    kernel_axes: tuple[str | None, ...] | None = None
+
+    def validate(self):
+        if not isinstance(self.features, int) or isinstance(self.features, bool) or self.features < 1:
+            self.invalid(f"features must be a positive int, got {self.features!r}")
+        n = len(self.kernel_size) if isinstance(self.kernel_size, (tuple, list)) else 0
+        if n not in (1, 2, 3):
+            self.invalid(f"kernel_size must be a tuple of 1, 2 or 3 ints, got {self.kernel_size!r}")
+        set_field(self, "kernel_size", normalize_tuple(self.kernel_size, n, "kernel_size", self))
+        set_field(self, "strides", normalize_tuple(self.strides, n, "strides", self))
+        set_field(self, "dilation", normalize_tuple(self.dilation, n, "dilation", self))
+        set_field(self, "padding", normalize_padding(self, self.padding, n))
+        for what in ("kernel_size", "strides", "dilation"):
+            if any(v < 1 for v in getattr(self, what)):
+                self.invalid(f"{what} must be positive, got {getattr(self, what)}")
+        if not isinstance(self.groups, int) or self.groups < 1 or self.features % self.groups:
+            self.invalid(f"groups must be a positive int dividing features={self.features}, "
+                         f"got {self.groups!r}")
+        fmt = self.data_format.upper() if isinstance(self.data_format, str) else None
+        if fmt in ("NHWC", "CHANNELS_LAST", _CHANNELS_LAST[n]):
+            fmt = _CHANNELS_LAST[n]
+        elif fmt in ("NCHW", "CHANNELS_FIRST", _CHANNELS_FIRST[n]):
+            fmt = _CHANNELS_FIRST[n]
+        else:
+            self.invalid(f"data_format must be {_CHANNELS_LAST[n]!r} or {_CHANNELS_FIRST[n]!r} "
+                         f"for a {n}D convolution, got {self.data_format!r}")
+        set_field(self, "data_format", fmt)
+
+    @property
+    def channels_last(self) -> bool:
+        return self.data_format.endswith("C")
+
+    def _channel_axis(self) -> int:
+        return -1 if self.channels_last else 1
+
+    def _check(self, inputs):
+        expect_count(inputs, 1)
+        (x,) = inputs
+        expect_float(x)
+        n = len(self.kernel_size)
+        if x.rank != n + 2:
+            raise ShapeError(f"a {n}D convolution takes rank-{n + 2} input ({self.data_format})",
+                             expected=f"{self.data_format} input of rank {n + 2}")
+        channels = x.shape[self._channel_axis()]
+        if is_symbolic(channels):
+            raise ShapeError("the channel dim must be a known int", expected=self.data_format)
+        if channels % self.groups:
+            raise ShapeError(f"{channels} input channels are not divisible by groups={self.groups}",
+                             expected=f"channels divisible by {self.groups}")
+        return x, channels
+
+    def infer(self, inputs):
+        x, _ = self._check(inputs)
+        spatial = x.shape[1:-1] if self.channels_last else x.shape[2:]
+        pads = self.padding if not isinstance(self.padding, str) else (self.padding,) * len(spatial)
+        out = []
+        for size, k, s, d, p in zip(spatial, self.kernel_size, self.strides, self.dilation, pads):
+            o = window_output_size(size, k, s, p, d)
+            if o is None or (not is_symbolic(o) and o < 1):
+                raise ShapeError(
+                    f"the kernel {self.kernel_size} (dilation {self.dilation}) is larger than the "
+                    f"padded input {shape_str(spatial)} with padding {self.padding!r}",
+                    expected=f"spatial dims >= {tuple((k - 1) * d + 1 for k, d in zip(self.kernel_size, self.dilation))}")
+            out.append(o)
+        if self.channels_last:
+            shape = (x.shape[0], *out, self.features)
+        else:
+            shape = (x.shape[0], self.features, *out)
+        return (x.with_shape(shape),)
+
+    def param_specs(self, inputs):
+        _, channels = self._check(inputs)
+        per_group = channels // self.groups
+        if self.channels_last:
+            shape = (self.features, *self.kernel_size, per_group)
+            init = initializers.lecun_normal_conv_channels_last
+            axes = ("mlp",) + (None,) * len(self.kernel_size) + ("embed",)
+        else:
+            shape = (self.features, per_group, *self.kernel_size)
+            init = initializers.lecun_normal_conv_channels_first
+            axes = ("mlp", "embed") + (None,) * len(self.kernel_size)
+        specs = {"kernel": ParamSpec(shape, self.kernel_init or init, self.kernel_axes or axes)}
+        if self.use_bias:
+            specs["bias"] = ParamSpec((self.features,), self.bias_init or initializers.zeros,
+                                      ((self.kernel_axes or axes)[0],))
+        return specs
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (x,) = inputs
+        p = cast_params(params, x.dtype)
+        n = len(self.kernel_size)
+        if self.channels_last:
+            specs = (self.data_format, "O" + self.data_format[1:-1] + "I", self.data_format)
+        else:
+            specs = (self.data_format, "OI" + self.data_format[2:], self.data_format)
+        y = lax.conv_general_dilated(
+            x, p["kernel"], window_strides=self.strides, padding=self.padding,
+            rhs_dilation=self.dilation, dimension_numbers=specs,
+            feature_group_count=self.groups)
+        if self.use_bias:
+            bias = p["bias"] if self.channels_last else p["bias"].reshape((-1,) + (1,) * n)
+            y = y + bias
+        return (y,), state

@@ -1,0 +1,76 @@
+"""Linear: a dense layer contracting the last axis."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax import lax
+
+from ..errors import ShapeError
+from ..specs import is_symbolic
+from . import initializers
+from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float
+from .registry import register
+
+__all__ = ["Linear"]
+
+
+@register("linear")
+@dataclasses.dataclass(frozen=True)
+class Linear(Layer):
+    """``y = x @ kernel + bias`` over the last axis of an input of any rank >= 1.
+
+    Params: ``kernel (in, features)``, ``bias (features,)``. Defaults: kernel LeCun
+    normal (fan in), bias zeros. Logical axes: kernel ``("embed", "mlp")`` unless
+    ``kernel_axes`` says otherwise.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> ops.Linear(10)(mg.Input(("batch", 3136)))
+      SymbolicTensor(f32[batch,10], from 'linear')
+    """
+
+    features: int
+    use_bias: bool = True
+    kernel_init: Initializer | None = None
+    bias_init: Initializer | None = None
+    kernel_axes: tuple[str | None, ...] | None = None
+
+    def validate(self):
+        if not isinstance(self.features, int) or isinstance(self.features, bool) or self.features < 1:
+            self.invalid(f"features must be a positive int, got {self.features!r}")
+
+    def _in_features(self, inputs):
+        expect_count(inputs, 1)
+        (x,) = inputs
+        expect_float(x)
+        if x.rank < 1:
+            raise ShapeError("needs an input of rank >= 1", expected=f"{x.dtype}[..., in]")
+        if is_symbolic(x.shape[-1]):
+            raise ShapeError("the last (contracted) dim must be a known int, not symbolic",
+                             expected="a concrete last dim")
+        return x.shape[-1]
+
+    def infer(self, inputs):
+        self._in_features(inputs)
+        x = inputs[0]
+        return (x.with_shape(x.shape[:-1] + (self.features,)),)
+
+    def param_specs(self, inputs):
+        n_in = self._in_features(inputs)
+        specs = {"kernel": ParamSpec((n_in, self.features),
+                                     self.kernel_init or initializers.lecun_normal,
+                                     self.kernel_axes or ("embed", "mlp"))}
+        if self.use_bias:
+            specs["bias"] = ParamSpec((self.features,), self.bias_init or initializers.zeros,
+                                      (self.kernel_axes or ("embed", "mlp"))[-1:])
+        return specs
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (x,) = inputs
+        p = cast_params(params, x.dtype)
+        y = lax.dot_general(x, p["kernel"], (((x.ndim - 1,), (0,)), ((), ())))
+        if self.use_bias:
+            y = y + p["bias"]
+        return (y,), state
