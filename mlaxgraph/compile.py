@@ -59,13 +59,14 @@ class CompiledModel:
         return inspect.jaxpr(self, *example, inference_mode=inference_mode, **dims)
 
     def hlo(self, *example: Any, optimized: bool = False, inference_mode: bool = False,
-            **dims: int) -> str:
-        """StableHLO text of the lowered ``apply`` or, with ``optimized=True``, XLA's
-        optimized HLO text."""
+            debug_info: bool = True, **dims: int) -> str:
+        """StableHLO text of the lowered ``apply`` (with locations naming each
+        operation's layer unless ``debug_info=False``) or, with ``optimized=True``,
+        XLA's optimized HLO text (whose metadata names the layers)."""
         from . import inspect
 
         return inspect.hlo(self, *example, optimized=optimized, inference_mode=inference_mode,
-                           **dims)
+                           debug_info=debug_info, **dims)
 
     def cost(self, *example: Any, inference_mode: bool = False, **dims: int) -> dict[str, float]:
         """XLA's cost analysis of the compiled ``apply``: at least ``flops`` and

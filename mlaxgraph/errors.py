@@ -75,10 +75,16 @@ class SourceInfo:
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def _internal(code) -> bool:
+    # mlaxgraph's own frames, and the __init__ that dataclasses generate for layers.
+    return code.co_filename.startswith(_PACKAGE_DIR) or (
+        code.co_filename == "<string>" and code.co_name == "__init__")
+
+
 def capture_source() -> SourceInfo | None:
     """The innermost caller frame outside mlaxgraph itself."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None and _internal(frame.f_code):
         frame = frame.f_back
     if frame is None:
         return None

@@ -54,9 +54,12 @@ def _lowered(model, example, dims, inference_mode):
 
 
 def hlo(model, *example: Any, optimized: bool = False, inference_mode: bool = False,
-        **dims: int) -> str:
+        debug_info: bool = True, **dims: int) -> str:
     lowered = _lowered(model, example, dims, inference_mode)
-    return lowered.compile().as_text() if optimized else lowered.as_text()
+    if optimized:
+        return lowered.compile().as_text()
+    # debug_info keeps the locations that name each operation's layer (named scopes).
+    return lowered.as_text(debug_info=debug_info)
 
 
 def cost(model, *example: Any, inference_mode: bool = False, **dims: int) -> dict[str, float]:

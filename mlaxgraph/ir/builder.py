@@ -115,8 +115,9 @@ def infer_outputs(layer, specs: tuple[TensorSpec, ...], name: str,
     try:
         outputs = tuple(layer.infer(specs))
     except MlaxGraphError as e:
+        # The op's own short error becomes the full one; its chain would only repeat it.
         raise type(e)(node_message(name, layer.op_name, e.problem, got=got,
-                                   expected=e.expected, source=source, context=context)) from e
+                                   expected=e.expected, source=source, context=context)) from None
     except Exception as e:  # shape inference of user functions (ops.F) may raise anything
         raise ShapeError(node_message(name, layer.op_name, f"shape inference failed: {e}",
                                       got=got, source=source, context=context)) from e

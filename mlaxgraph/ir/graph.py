@@ -87,7 +87,7 @@ class Graph:
       }
     """
 
-    __slots__ = ("_nodes", "_inputs", "_outputs", "_name", "_index", "_hash")
+    __slots__ = ("_nodes", "_inputs", "_outputs", "_name", "_index", "_hash", "_block")
 
     def __init__(self, inputs: Any, outputs: Any, name: str = "graph"):
         if not isinstance(name, str) or not name:
@@ -112,6 +112,7 @@ class Graph:
         set_(self, "_name", name)
         set_(self, "_index", {node.name: node for node in nodes})
         set_(self, "_hash", None)
+        set_(self, "_block", None)
 
     def __setattr__(self, key, value):
         raise AttributeError("a Graph is immutable; passes return new graphs")
@@ -209,10 +210,19 @@ class Graph:
 
     # --- use ------------------------------------------------------------------------
 
-    def __call__(self, *inputs: Any, name: str | None = None):
-        """Calls the graph on symbolic tensors as a nested block with its own name scope."""
-        block = Block(self, name=name)
-        return block(*inputs)
+    def __call__(self, *inputs: Any):
+        """Calls the graph on symbolic tensors as a nested block with its own name scope.
+
+        Like any layer object, the same graph called twice shares its weights; use
+        ``as_block(name=...)`` for a separately named block with weights of its own.
+        """
+        if self._block is None:
+            object.__setattr__(self, "_block", Block(self))
+        return self._block(*inputs)
+
+    def as_block(self, name: str | None = None) -> "Block":
+        """A new block layer running this graph, with its own weights and ``name``."""
+        return Block(self, name=name)
 
     def __str__(self) -> str:
         from .printer import format_graph

@@ -106,7 +106,6 @@ def _run(program: _Program, params, state, inputs, rng, inference_mode, bindings
     for step in program.steps:
         node = step.node
         args = [env[v.node][v.index] for v in node.inputs]
-        key = jax.random.fold_in(rng, salt(node.name)) if step.random and rng is not None else None
         if step.has_params and node.layer not in params and step.inner is None:
             raise GraphError(node_message(node.name, node.op.op_name,
                                           f"params has no entry {node.layer!r}; pass the params "
@@ -114,6 +113,7 @@ def _run(program: _Program, params, state, inputs, rng, inference_mode, bindings
         p = params.get(node.layer, _EMPTY)
         s = new_state.get(node.layer, _EMPTY)
         with jax.named_scope(node.name):
+            key = jax.random.fold_in(rng, salt(node.name)) if step.random and rng is not None else None
             if step.inner is not None:
                 inner = _bind_inputs(step.inner.graph, args) if bindings is not None else None
                 outs, s2 = _run(step.inner, p, s, args, key, inference_mode, inner)

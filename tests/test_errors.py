@@ -1,0 +1,176 @@
+"""Errors name the layer, its op, got vs expected, and the user's file:line."""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+from mlaxgraph.ir import Node, Value
+
+
+def next_line() -> str:
+    """``this_file.py:N`` for the line after the caller's."""
+    frame = sys._getframe(1)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno + 1}"
+
+
+def test_error_classes():
+    assert issubclass(mg.GraphError, ValueError) and issubclass(mg.GraphError, mg.MlaxGraphError)
+    assert issubclass(mg.ShapeError, ValueError) and issubclass(mg.ShapeError, mg.MlaxGraphError)
+    assert issubclass(mg.DTypeError, TypeError) and issubclass(mg.DTypeError, mg.MlaxGraphError)
+    assert issubclass(mg.SerializationError, ValueError)
+
+
+def test_shape_error_at_the_call_names_layer_op_got_expected_and_line():
+    x = mg.Input(("batch", 28, 28), name="image")
+    with pytest.raises(mg.ShapeError) as info:
+        where = next_line()
+        ops.Conv(16, (3, 3), name="conv1")(x)
+    message = str(info.value)
+    assert "layer 'conv1' (op conv)" in message
+    assert where in message
+    assert message.index("got:") < message.index("expected:")
+    assert "f32[batch,28,28]" in message  # what it got
+    assert "rank 4" in message  # what it expected
+
+
+def test_unnamed_layer_error_uses_its_default_name():
+    with pytest.raises(mg.ShapeError) as info:
+        where = next_line()
+        ops.MaxPool((4, 4))(mg.Input(("batch", 3, 3, 1)))
+    assert "layer 'max_pool' (op max_pool)" in str(info.value) and where in str(info.value)
+
+
+def test_linear_on_mismatched_shared_weights():
+    dense = ops.Linear(8, name="dense")
+    dense(mg.Input(("batch", 4)))
+    with pytest.raises(mg.ShapeError) as info:
+        where = next_line()
+        dense(mg.Input(("batch", 5)))
+    assert "'dense'" in str(info.value) and where in str(info.value)
+
+
+def test_dtype_error_for_mixed_float_inputs():
+    a = mg.Input(("batch", 3), "float32")
+    b = mg.Input(("batch", 3), "bfloat16")
+    with pytest.raises(mg.DTypeError) as info:
+        where = next_line()
+        ops.Add(name="sum")(a, b)
+    message = str(info.value)
+    assert "layer 'sum' (op add)" in message and where in message
+    assert "f32[batch,3], bf16[batch,3]" in message and "ops.cast" in message
+
+
+def test_dtype_error_for_integer_input_to_linear():
+    tokens = mg.Input(("batch", 3), "int32")
+    with pytest.raises(mg.DTypeError) as info:
+        where = next_line()
+        ops.Linear(4, name="proj")(tokens)
+    assert "'proj'" in str(info.value) and where in str(info.value) and "int32" in str(info.value)
+
+
+def test_bad_hyperparameter_names_the_line():
+    with pytest.raises(mg.ShapeError) as info:
+        where = next_line()
+        ops.Linear(-3, name="neg")
+    assert "'neg'" in str(info.value) and where in str(info.value)
+
+
+def test_duplicate_names_are_a_graph_error_naming_both_lines():
+    x = mg.Input(("batch", 4))
+    first = next_line()
+    h = ops.Linear(4, name="dense")(x)
+    second = next_line()
+    y = ops.Linear(4, name="dense")(h)
+    with pytest.raises(mg.GraphError) as info:
+        mg.Graph(x, y)
+    assert first in str(info.value) and second in str(info.value)
+
+
+def test_cycle_in_a_hand_made_graph_is_a_graph_error_with_context():
+    x = mg.Input(("batch", 4), name="x")
+    where = next_line()
+    g = mg.Graph(x, ops.relu(ops.Linear(4, name="a")(x)))
+    a, relu = g.node("a"), g.node("relu")
+    looped = g.replace(nodes=(g.node("x"), a.replace(inputs=(Value("relu"),)), relu))
+    with pytest.raises(mg.GraphError) as info:
+        mg.compile(looped)
+    message = str(info.value)
+    assert "cycle: a -> relu -> a" in message
+    assert where in message  # where layer 'a' was created
+    assert "> %a: f32[batch,4] = linear[features=4](%relu)" in message  # the node in context
+
+
+def test_dangling_reference_is_a_graph_error():
+    x = mg.Input(("batch", 4), name="x")
+    g = mg.Graph(x, ops.relu(x))
+    broken = g.replace(nodes=(g.node("x"), g.node("relu").replace(inputs=(Value("ghost"),))))
+    with pytest.raises(mg.GraphError, match="ghost"):
+        mg.compile(broken)
+
+
+def test_node_claiming_a_wrong_shape_is_a_shape_error():
+    x = mg.Input(("batch", 4), name="x")
+    g = mg.Graph(x, ops.Linear(3, name="fc")(x))
+    fc = g.node("fc")
+    lying = g.replace(nodes=(g.node("x"), fc.replace(outputs=(mg.TensorSpec.of(("batch", 5), "float32"),))))
+    with pytest.raises(mg.ShapeError, match="layer 'fc' .*records output specs"):
+        mg.compile(lying)
+
+
+def test_unknown_op_is_a_graph_error():
+    with pytest.raises(mg.GraphError, match="unknown op 'os.system'"):
+        ops.lookup("os.system")
+
+
+def test_apply_with_wrong_input_shape_names_the_input_and_its_line():
+    where = next_line()
+    x = mg.Input(("batch", 4), name="features")
+    model = mg.compile(mg.Graph(x, ops.Linear(2)(x)))
+    params, state = model.init(jax.random.key(0))
+    with pytest.raises(mg.ShapeError) as info:
+        model.apply(params, state, jnp.ones((3, 5)))
+    assert "'features'" in str(info.value) and where in str(info.value)
+    assert "f32[batch,4]" in str(info.value)
+
+
+def test_apply_with_wrong_input_dtype():
+    x = mg.Input(("batch", 4), name="features")
+    model = mg.compile(mg.Graph(x, ops.relu(x)))
+    with pytest.raises(mg.DTypeError, match="'features'"):
+        model.apply({}, {}, jnp.ones((3, 4), jnp.int32))
+
+
+def test_symbolic_dim_bound_inconsistently_across_inputs():
+    a = mg.Input(("batch", 4), name="a")
+    b = mg.Input(("batch", 4), name="b")
+    model = mg.compile(mg.Graph([a, b], ops.add(a, b)))
+    with pytest.raises(mg.ShapeError, match="'b'"):
+        model.apply({}, {}, jnp.ones((3, 4)), jnp.ones((2, 4)))
+
+
+def test_missing_rng_with_random_layers():
+    x = mg.Input(("batch", 4))
+    model = mg.compile(mg.Graph(x, ops.Dropout(0.5, name="drop")(x)))
+    with pytest.raises(mg.GraphError, match="random layers \\(drop\\).*rng="):
+        model.apply({}, {}, jnp.ones((2, 4)))
+    out, _ = model.apply({}, {}, jnp.ones((2, 4)), inference_mode=True)
+    assert out.shape == (2, 4)
+
+
+def test_params_from_another_model_are_a_graph_error():
+    x = mg.Input(("batch", 4))
+    model = mg.compile(mg.Graph(x, ops.Linear(2, name="fc")(x)))
+    with pytest.raises(mg.GraphError, match="params has no entry 'fc'"):
+        model.apply({}, {}, jnp.ones((2, 4)))
+
+
+def test_f_whose_function_fails_is_a_shape_error_at_the_call():
+    x = mg.Input(("batch", 4))
+    with pytest.raises(mg.ShapeError) as info:
+        where = next_line()
+        ops.F(lambda t: t @ jnp.ones((5, 2)), name="matmul")(x)
+    assert "'matmul'" in str(info.value) and where in str(info.value)

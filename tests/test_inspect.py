@@ -1,0 +1,118 @@
+"""Inspection: jaxpr, StableHLO, optimized HLO, cost and export of a compiled model."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+from mlaxgraph.examples import mlp, residual_cnn
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return mg.compile(residual_cnn())
+
+
+def test_jaxpr_binds_symbolic_dims_by_name(cnn):
+    jaxpr = cnn.jaxpr(batch=8)
+    assert type(jaxpr).__name__ == "ClosedJaxpr" and len(jaxpr.eqns) > 0
+    assert jaxpr.out_avals[0].shape == (8, 10)
+    assert cnn.jaxpr(batch=3).out_avals[0].shape == (3, 10)
+
+
+def test_example_arrays_instead_of_dims(cnn):
+    images = jnp.zeros((5, 8, 8, 1))
+    assert cnn.jaxpr(images).out_avals[0].shape == (5, 10)
+    assert "tensor<5x8x8x1xf32>" in cnn.hlo(images)
+
+
+def test_missing_dim_binding_is_a_shape_error(cnn):
+    with pytest.raises(mg.ShapeError, match="batch=..."):
+        cnn.hlo()
+
+
+def test_stablehlo_names_every_layer(cnn):
+    text = cnn.hlo(batch=8)
+    assert "module @jit_apply" in text
+    for path, node in cnn.graph.walk():
+        if node.op.op_name in ("input", "block"):
+            continue
+        assert f'loc("jit(apply)/{path}/' in text, f"{path} missing from the HLO locations"
+
+
+def test_optimized_hlo_metadata_names_layers(cnn):
+    text = cnn.hlo(batch=8, optimized=True)
+    assert "HloModule" in text
+    names = set(re.findall(r'op_name="jit\(apply\)/([^/"]+)', text))
+    assert {"stem", "stem_bn", "res1", "logits"} <= names
+
+
+def test_cost_has_flops_and_bytes_and_scales_with_batch():
+    model = mg.compile(mlp(16, (32,), 4))
+    small, large = model.cost(batch=8, inference_mode=True), model.cost(batch=16, inference_mode=True)
+    assert small["flops"] > 0 and small["bytes accessed"] > 0
+    # Two dots, 2*m*k*n flops each: 2*8*16*32 + 2*8*32*4 = 10240, plus bias adds and relu.
+    assert 10240 <= small["flops"] <= 10240 * 1.2
+    assert large["flops"] == pytest.approx(2 * small["flops"], rel=0.01)
+
+
+def test_inference_mode_is_static_and_visible_in_jaxpr(cnn):
+    training = cnn.jaxpr(batch=4)
+    inference = cnn.jaxpr(batch=4, inference_mode=True)
+    # Training draws dropout bits and returns updated BatchNorm statistics.
+    assert "random_bits" in str(training) and "random_bits" not in str(inference)
+
+
+def test_export_keeps_the_batch_symbolic_and_runs_at_any_batch():
+    model = mg.compile(mlp(6, (8,), 3))
+    params, state = model.init(jax.random.key(0))
+    exported = model.export()
+    assert str(exported.in_avals[-1].shape) == "(batch, 6)"
+    blob = exported.serialize()
+    restored = jax.export.deserialize(blob)
+    for batch in (1, 7):
+        x = jnp.asarray(np.random.default_rng(batch).normal(size=(batch, 6)), jnp.float32)
+        out, _ = restored.call(params, state, x)
+        expected, _ = model.apply(params, state, x, inference_mode=True)
+        np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_init_and_apply_compose_with_grad_vmap_and_jit():
+    model = mg.compile(mlp(4, (8,), 2))
+    params, state = model.init(jax.random.key(0))
+    x = jnp.ones((3, 4))
+
+    def loss(p):
+        out, _ = model.apply(p, state, x)
+        return jnp.sum(out ** 2)
+
+    grads = jax.jit(jax.grad(loss))(params)
+    assert jax.tree.structure(grads) == jax.tree.structure(params)
+    keys = jax.random.split(jax.random.key(1), 4)
+    ensemble, _ = jax.vmap(model.init)(keys)
+    assert ensemble["dense"]["kernel"].shape == (4, 4, 8)
+    outs, _ = jax.vmap(lambda p: model.apply(p, {}, x))(ensemble)
+    assert outs.shape == (4, 3, 2)
+    again, _ = jax.vmap(model.init)(keys)
+    np.testing.assert_array_equal(again["dense"]["kernel"], ensemble["dense"]["kernel"])
+
+
+def test_init_is_deterministic_and_keys_are_per_layer_name():
+    a, _ = mg.compile(mlp(4, (8,), 2)).init(jax.random.key(0))
+    b, _ = mg.compile(mlp(4, (8, 8), 2)).init(jax.random.key(0))
+    # Adding a layer does not change the other layers' initial weights.
+    np.testing.assert_array_equal(a["dense"]["kernel"], b["dense"]["kernel"])
+    assert not np.allclose(a["dense"]["kernel"][:, :2], a["logits"]["kernel"][:4, :])
+
+
+def test_random_layers_get_independent_keys():
+    x = mg.Input(("batch", 1000))
+    g = mg.Graph(x, [ops.Dropout(0.5, name="d1")(x), ops.Dropout(0.5, name="d2")(x)])
+    (a, b), _ = mg.compile(g).apply({}, {}, jnp.ones((2, 1000)), rng=jax.random.key(0))
+    assert not np.array_equal(np.asarray(a) == 0, np.asarray(b) == 0)
+    (a2, _), _ = mg.compile(g).apply({}, {}, jnp.ones((2, 1000)), rng=jax.random.key(0))
+    np.testing.assert_array_equal(a, a2)
