@@ -35,6 +35,7 @@ def test_shape_error_at_the_call_names_layer_op_got_expected_and_line():
     assert message.index("got:") < message.index("expected:")
     assert "f32[batch,28,28]" in message  # what it got
     assert "rank 4" in message  # what it expected
+    assert "> %conv1: ? = conv[features=16, kernel_size=(3, 3)](%image)" in message
 
 
 def test_unnamed_layer_error_uses_its_default_name():

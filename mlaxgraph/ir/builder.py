@@ -101,30 +101,52 @@ def call_layer(layer, args: Sequence[Any], kwargs: dict[str, Any]):
                 f"mg.compile(graph).apply", source=source))
     inputs = tuple(args)
     specs = tuple(t.spec for t in inputs)
-    outputs = infer_outputs(layer, specs, label(layer), source)
+    outputs = infer_outputs(layer, specs, label(layer), source, lambda: call_context(layer, inputs))
     check_shared_weights(layer, specs, source)
     call = Call(layer, inputs, outputs, source)
     tensors = tuple(SymbolicTensor(spec, call, i) for i, spec in enumerate(outputs))
     return tensors[0] if len(tensors) == 1 else tensors
 
 
+def call_context(layer, inputs: Sequence[SymbolicTensor]) -> list[str]:
+    """Printed lines for a call that failed: the calls that made its inputs, then it."""
+    from .printer import format_attr, non_default_attrs
+
+    lines = []
+    for t in dict.fromkeys(t.call for t in inputs):
+        args = ", ".join(f"%{label(i.call.layer)}" for i in t.inputs)
+        attrs = non_default_attrs(t.layer)
+        attr_text = "[" + ", ".join(f"{k}={format_attr(v)}" for k, v in attrs.items()) + "]" if attrs else ""
+        outs = ", ".join(str(s) for s in t.outputs)
+        lines.append(f"  %{t.label}: {outs} = {t.layer.op_name}{attr_text}({args})")
+    attrs = non_default_attrs(layer)
+    attr_text = "[" + ", ".join(f"{k}={format_attr(v)}" for k, v in attrs.items()) + "]" if attrs else ""
+    args = ", ".join(f"%{t.call.label}" + (f"#{t.index}" if t.index else "") for t in inputs)
+    lines.append(f"> %{label(layer)}: ? = {layer.op_name}{attr_text}({args})")
+    return lines
+
+
 def infer_outputs(layer, specs: tuple[TensorSpec, ...], name: str,
-                  source: SourceInfo | None, context: Sequence[str] = ()) -> tuple[TensorSpec, ...]:
-    """``layer.infer(specs)``, with any failure turned into an error naming the layer."""
+                  source: SourceInfo | None, context: Any = ()) -> tuple[TensorSpec, ...]:
+    """``layer.infer(specs)``, with any failure turned into an error naming the layer.
+
+    ``context``: printed lines around the node, or a function making them (called
+    only on failure)."""
     got = ", ".join(str(s) for s in specs) or "no inputs"
+    lines = lambda: context() if callable(context) else context  # noqa: E731
     try:
         outputs = tuple(layer.infer(specs))
     except MlaxGraphError as e:
         # The op's own short error becomes the full one; its chain would only repeat it.
         raise type(e)(node_message(name, layer.op_name, e.problem, got=got,
-                                   expected=e.expected, source=source, context=context)) from None
+                                   expected=e.expected, source=source, context=lines())) from None
     except Exception as e:  # shape inference of user functions (ops.F) may raise anything
         raise ShapeError(node_message(name, layer.op_name, f"shape inference failed: {e}",
-                                      got=got, source=source, context=context)) from e
+                                      got=got, source=source, context=lines())) from e
     if not outputs or not all(isinstance(s, TensorSpec) for s in outputs):
         raise GraphError(node_message(name, layer.op_name,
                                       f"infer() must return a tuple of TensorSpec, got {outputs!r}",
-                                      got=got, source=source, context=context))
+                                      got=got, source=source, context=lines()))
     return outputs
 
 
