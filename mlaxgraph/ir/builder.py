@@ -88,10 +88,10 @@ class SymbolicTensor:
 def call_layer(layer, args: Sequence[Any], kwargs: dict[str, Any]):
     """Records ``layer(*args, **kwargs)``; returns one symbolic tensor or a tuple."""
     source = capture_source()
-    if kwargs:
-        raise TypeError(node_message(label(layer), layer.op_name,
-                                     f"unexpected keyword arguments {sorted(kwargs)}",
-                                     source=source))
+    try:
+        args = layer.call_inputs(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(node_message(label(layer), layer.op_name, str(e), source=source)) from None
     for arg in args:
         if not isinstance(arg, SymbolicTensor):
             raise GraphError(node_message(
@@ -132,28 +132,31 @@ def infer_outputs(layer, specs: tuple[TensorSpec, ...], name: str,
 
     ``context``: printed lines around the node, or a function making them (called
     only on failure)."""
-    got = ", ".join(str(s) for s in specs) or "no inputs"
+    # The message parts are built only on failure: this runs once per node per pass.
+    got = lambda: ", ".join(str(s) for s in specs) or "no inputs"  # noqa: E731
     lines = lambda: context() if callable(context) else context  # noqa: E731
     try:
         outputs = tuple(layer.infer(specs))
     except MlaxGraphError as e:
         # The op's own short error becomes the full one; its chain would only repeat it.
-        raise type(e)(node_message(name, layer.op_name, e.problem, got=got,
+        raise type(e)(node_message(name, layer.op_name, e.problem, got=got(),
                                    expected=e.expected, source=source, context=lines())) from None
     except Exception as e:  # shape inference of user functions (ops.F) may raise anything
         raise ShapeError(node_message(name, layer.op_name, f"shape inference failed: {e}",
-                                      got=got, source=source, context=lines())) from e
+                                      got=got(), source=source, context=lines())) from e
     if not outputs or not all(isinstance(s, TensorSpec) for s in outputs):
         raise GraphError(node_message(name, layer.op_name,
                                       f"infer() must return a tuple of TensorSpec, got {outputs!r}",
-                                      got=got, source=source, context=lines()))
+                                      got=got(), source=source, context=lines()))
     return outputs
 
 
 def check_shared_weights(layer, specs: tuple[TensorSpec, ...], source: SourceInfo | None) -> None:
     """A layer object called again must get inputs that fit the weights of its first call."""
-    shapes = {k: v.shape for k, v in layer.param_specs(specs).items()}
-    shapes.update({k: v.shape for k, v in layer.state_specs(specs).items()})
+    from ..ops.base import flatten_specs
+
+    shapes = {k: v.shape for k, v in flatten_specs(layer.param_specs(specs))}
+    shapes.update({"state/" + k: v.shape for k, v in flatten_specs(layer.state_specs(specs))})
     first = layer.__dict__.get("_first_call")
     if first is None:
         object.__setattr__(layer, "_first_call", (shapes, specs))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..ops.base import flatten_specs
 from ..specs import dtype_str, shape_str
 
 __all__ = ["summarize", "count_params"]
@@ -20,8 +21,8 @@ def count_params(graph) -> dict[str, tuple[int, int]]:
             counts[node.layer] = (sum(c[0] for c in inner), sum(c[1] for c in inner))
             continue
         specs = graph.input_specs_of(node)
-        trainable = sum(p.size for p in node.op.param_specs(specs).values())
-        state = sum(p.size for p in node.op.state_specs(specs).values())
+        trainable = sum(p.size for _, p in flatten_specs(node.op.param_specs(specs)))
+        state = sum(p.size for _, p in flatten_specs(node.op.state_specs(specs)))
         counts[node.layer] = (trainable, state)
     return counts
 

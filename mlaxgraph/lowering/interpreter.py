@@ -19,6 +19,7 @@ from ..errors import DTypeError, GraphError, ShapeError, node_message
 from ..ir.graph import Block, Graph
 from ..ir.node import Node
 from ..ir.printer import context_lines
+from ..ops.base import init_specs
 from ..specs import TensorSpec, bind_dims, match_shape
 
 __all__ = ["make_init", "make_apply", "random_layers", "salt"]
@@ -150,11 +151,9 @@ def make_init(graph: Graph, param_dtype) -> Callable[[jax.Array], tuple[dict, di
                 p, s = init_graph(node.op.graph, layer_key)
             else:
                 specs = g.input_specs_of(node)
-                p = {name: spec.init(jax.random.fold_in(layer_key, salt(name)), spec.shape, param_dtype)
-                     for name, spec in node.op.param_specs(specs).items()}
-                s = {name: spec.init(jax.random.fold_in(layer_key, salt("state/" + name)), spec.shape,
-                                     param_dtype)
-                     for name, spec in node.op.state_specs(specs).items()}
+                p = init_specs(node.op.param_specs(specs), layer_key, param_dtype, salt)
+                s = init_specs(node.op.state_specs(specs), layer_key, param_dtype,
+                               lambda path: salt("state/" + path))
             if p:
                 params[node.layer] = p
             if s:

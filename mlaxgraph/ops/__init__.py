@@ -5,10 +5,14 @@ from .base import Layer, ParamSpec
 from .registry import register, lookup, registered_ops
 from .linear import Linear
 from .conv import Conv
-from .normalization import BatchNorm
+from .normalization import BatchNorm, LayerNorm, RMSNorm, GroupNorm
 from .dropout import Dropout
-from .pooling import MaxPool
-from .shape import Flatten, Reshape, Concat, flatten, reshape, concat
+from .pooling import MaxPool, AvgPool, GlobalMaxPool, GlobalAvgPool
+from .shape import (Flatten, Reshape, Concat, Transpose, Split, flatten, reshape, concat,
+                    transpose, split)
+from .embedding import Embedding
+from .attention import MultiHeadAttention, CausalMask, causal_mask
+from .recurrent import LSTM, GRU
 from .activation import (Relu, Gelu, Silu, Tanh, Sigmoid, Softmax, LogSoftmax, relu, gelu,
                          silu, tanh, sigmoid, softmax, log_softmax)
 from .elementwise import Add, Sub, Mul, add, sub, mul
@@ -17,8 +21,11 @@ from .function import F
 
 __all__ = [
     "Layer", "ParamSpec", "register", "lookup", "registered_ops",
-    "Linear", "Conv", "BatchNorm", "Dropout", "MaxPool",
-    "Flatten", "Reshape", "Concat", "flatten", "reshape", "concat",
+    "Linear", "Conv", "BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm", "Dropout",
+    "MaxPool", "AvgPool", "GlobalMaxPool", "GlobalAvgPool",
+    "Flatten", "Reshape", "Concat", "Transpose", "Split",
+    "flatten", "reshape", "concat", "transpose", "split",
+    "Embedding", "MultiHeadAttention", "CausalMask", "causal_mask", "LSTM", "GRU",
     "Relu", "Gelu", "Silu", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
     "relu", "gelu", "silu", "tanh", "sigmoid", "softmax", "log_softmax",
     "Add", "Sub", "Mul", "add", "sub", "mul", "Cast", "cast", "F",

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from ..errors import ShapeError, DTypeError, capture_source
 from ..specs import TensorSpec, shape_str
 
-__all__ = ["Layer", "ParamSpec", "Initializer"]
+__all__ = ["Layer", "ParamSpec", "Initializer", "flatten_specs", "init_specs"]
 
 Initializer = Callable[[jax.Array, tuple, Any], jax.Array]
 
@@ -92,6 +92,14 @@ class Layer:
 
     # --- shared behaviour -----------------------------------------------------------
 
+    def call_inputs(self, *args: Any, **kwargs: Any) -> tuple:
+        """Maps a call's arguments to the node's positional inputs. Layers taking
+        keyword tensors (``mha(q, kv, mask=m)``) override it; the default takes
+        positional tensors only."""
+        if kwargs:
+            raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
+        return args
+
     def uses_rng(self) -> bool:
         """Whether the layer needs an rng when ``inference_mode=False``."""
         return self.random
@@ -118,6 +126,33 @@ class Layer:
                                  source=capture_source()))
 
 
+def flatten_specs(specs: Mapping[str, Any], prefix: str = "") -> list[tuple[str, ParamSpec]]:
+    """``(path, spec)`` pairs of a possibly nested dict of ParamSpecs, paths joined by '/'."""
+    out = []
+    for name, spec in specs.items():
+        if isinstance(spec, Mapping):
+            out += flatten_specs(spec, f"{prefix}{name}/")
+        else:
+            out.append((prefix + name, spec))
+    return out
+
+
+def init_specs(specs: Mapping[str, Any], key: jax.Array, dtype: Any, salt) -> dict:
+    """Creates the weights ``specs`` declare (nested dicts allowed), each from a key
+    folded from ``key`` by the salt of its path."""
+
+    def build(tree, prefix):
+        out = {}
+        for name, spec in tree.items():
+            if isinstance(spec, Mapping):
+                out[name] = build(spec, f"{prefix}{name}/")
+            else:
+                out[name] = spec.init(jax.random.fold_in(key, salt(prefix + name)), spec.shape, dtype)
+        return out
+
+    return build(specs, "")
+
+
 # --- small helpers ops share ---------------------------------------------------------
 
 
@@ -139,18 +174,17 @@ def expect_float(spec: TensorSpec) -> None:
 
 def same_dtype(inputs: Sequence[TensorSpec]) -> None:
     """No silent promotion: all inputs of a multi-input op share one dtype."""
-    dtypes = {str(s.dtype) for s in inputs}
-    if len(dtypes) > 1:
-        first = inputs[0].dtype
+    first = inputs[0].dtype if inputs else None
+    if any(s.dtype != first for s in inputs):
         raise DTypeError(
             "inputs have different dtypes and mlaxgraph never promotes silently; cast one "
             "with ops.cast(x, dtype)",
             expected=", ".join(str(s.with_dtype(first)) for s in inputs))
 
 
-def cast_params(params: Mapping[str, jax.Array], dtype: Any) -> dict[str, jax.Array]:
+def cast_params(params: Mapping[str, Any], dtype: Any) -> dict[str, Any]:
     """The dtype guarantee: weights are cast to the dtype the layer computes in."""
-    return {k: v.astype(dtype) for k, v in params.items()}
+    return jax.tree.map(lambda v: v.astype(dtype), dict(params))
 
 
 def normalize_tuple(value: Any, n: int, what: str, layer: Layer) -> tuple[int, ...]:
@@ -163,6 +197,22 @@ def normalize_tuple(value: Any, n: int, what: str, layer: Layer) -> tuple[int, .
     if len(result) != n:
         layer.invalid(f"{what} must have {n} entries, got {value!r}")
     return result
+
+
+def validate_precision(layer: Layer) -> None:
+    """Normalizes the ``precision`` and ``preferred_element_type`` fields of layers
+    built on ``lax.dot_general`` / ``lax.conv_general_dilated``."""
+    from jax import lax
+
+    from ..specs import as_dtype
+
+    if layer.precision is not None:
+        try:
+            set_field(layer, "precision", lax.Precision(str(layer.precision).lower()).name.lower())
+        except ValueError:
+            layer.invalid(f"precision must be 'default', 'high' or 'highest', got {layer.precision!r}")
+    if layer.preferred_element_type is not None:
+        set_field(layer, "preferred_element_type", as_dtype(layer.preferred_element_type))
 
 
 def set_field(layer: Layer, name: str, value: Any) -> None:

@@ -11,7 +11,7 @@ from ..errors import ShapeError
 from ..specs import is_symbolic, shape_str
 from . import initializers
 from .base import (Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float,
-                   normalize_tuple, set_field)
+                   normalize_tuple, set_field, validate_precision)
 from .registry import register
 
 __all__ = ["Conv", "window_output_size"]
@@ -56,6 +56,9 @@ class Conv(Layer):
     in // groups``) or OIHW for channel-first (``features, in // groups, *kernel_size``),
     and ``bias (features,)``. Defaults: kernel LeCun normal (fan in), bias zeros.
 
+    ``precision`` and ``preferred_element_type`` (accumulation dtype) go to
+    ``lax.conv_general_dilated``; the output has the input's dtype.
+
     ``data_format`` is ``"NHWC"`` (channel-last; also the default for 1D and 3D, where
     it means ``NWC`` / ``NDHWC``) or channel-first ``"NCHW"`` (``NCW`` / ``NCDHW``).
 
@@ -77,8 +80,11 @@ class Conv(Layer):
     kernel_init: Initializer | None = None
     bias_init: Initializer | None = None
     kernel_axes: tuple[str | None, ...] | None = None
+    precision: str | None = None
+    preferred_element_type: Any = None
 
     def validate(self):
+        validate_precision(self)
         if not isinstance(self.features, int) or isinstance(self.features, bool) or self.features < 1:
             self.invalid(f"features must be a positive int, got {self.features!r}")
         n = len(self.kernel_size) if isinstance(self.kernel_size, (tuple, list)) else 0
@@ -174,8 +180,9 @@ class Conv(Layer):
         y = lax.conv_general_dilated(
             x, p["kernel"], window_strides=self.strides, padding=self.padding,
             rhs_dilation=self.dilation, dimension_numbers=specs,
-            feature_group_count=self.groups)
+            feature_group_count=self.groups, precision=self.precision,
+            preferred_element_type=self.preferred_element_type)
         if self.use_bias:
             bias = p["bias"] if self.channels_last else p["bias"].reshape((-1,) + (1,) * n)
-            y = y + bias
-        return (y,), state
+            y = y + bias.astype(y.dtype)
+        return (y.astype(x.dtype),), state

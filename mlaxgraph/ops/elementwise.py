@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jax import lax
+import jax.numpy as jnp
 
 from ..errors import ShapeError
 from ..specs import is_symbolic, shape_str
@@ -51,19 +51,19 @@ class Binary(Layer):
 @register("add")
 @dataclasses.dataclass(frozen=True)
 class Add(Binary):
-    fn = staticmethod(lax.add)
+    fn = staticmethod(jnp.add)
 
 
 @register("sub")
 @dataclasses.dataclass(frozen=True)
 class Sub(Binary):
-    fn = staticmethod(lax.sub)
+    fn = staticmethod(jnp.subtract)
 
 
 @register("mul")
 @dataclasses.dataclass(frozen=True)
 class Mul(Binary):
-    fn = staticmethod(lax.mul)
+    fn = staticmethod(jnp.multiply)
 
 
 def add(a, b):

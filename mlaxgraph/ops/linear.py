@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from jax import lax
 
 from ..errors import ShapeError
 from ..specs import is_symbolic
 from . import initializers
-from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float
+from .base import (Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float,
+                   validate_precision)
 from .registry import register
 
 __all__ = ["Linear"]
@@ -24,6 +26,10 @@ class Linear(Layer):
     normal (fan in), bias zeros. Logical axes: kernel ``("embed", "mlp")`` unless
     ``kernel_axes`` says otherwise.
 
+    ``precision`` (``"default"``, ``"high"``, ``"highest"``) and
+    ``preferred_element_type`` (the accumulation dtype, e.g. float32 for bfloat16
+    inputs) go to ``lax.dot_general``; the output is cast back to the input's dtype.
+
     Example:
       >>> import mlaxgraph as mg
       >>> from mlaxgraph import ops
@@ -36,10 +42,13 @@ class Linear(Layer):
     kernel_init: Initializer | None = None
     bias_init: Initializer | None = None
     kernel_axes: tuple[str | None, ...] | None = None
+    precision: str | None = None
+    preferred_element_type: Any = None
 
     def validate(self):
         if not isinstance(self.features, int) or isinstance(self.features, bool) or self.features < 1:
             self.invalid(f"features must be a positive int, got {self.features!r}")
+        validate_precision(self)
 
     def _in_features(self, inputs):
         expect_count(inputs, 1)
@@ -70,7 +79,9 @@ class Linear(Layer):
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
         p = cast_params(params, x.dtype)
-        y = lax.dot_general(x, p["kernel"], (((x.ndim - 1,), (0,)), ((), ())))
+        y = lax.dot_general(x, p["kernel"], (((x.ndim - 1,), (0,)), ((), ())),
+                            precision=self.precision,
+                            preferred_element_type=self.preferred_element_type)
         if self.use_bias:
-            y = y + p["bias"]
-        return (y,), state
+            y = y + p["bias"].astype(y.dtype)
+        return (y.astype(x.dtype),), state

@@ -1,4 +1,5 @@
-"""BatchNorm. Precision-sensitive: a half-precision policy runs it in float32."""
+"""Normalization layers. All precision-sensitive: a half-precision policy runs them in
+float32."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from . import initializers
 from .base import Layer, ParamSpec, cast_params, expect_count, expect_float
 from .registry import register
 
-__all__ = ["BatchNorm"]
+__all__ = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
 
 
 @register("batch_norm")
@@ -104,3 +105,131 @@ class BatchNorm(Layer):
         if self.use_bias:
             y = y + p["bias"].reshape(shape)
         return (y,), new_state
+
+
+class _FeatureNorm(Layer):
+    """Shared checks of the norms with per-feature weights over the last axis."""
+
+    precision_sensitive = True
+
+    def validate(self):
+        if not float(self.epsilon) > 0.0:
+            self.invalid(f"epsilon must be > 0, got {self.epsilon!r}")
+
+    def _features(self, inputs):
+        expect_count(inputs, 1)
+        (x,) = inputs
+        expect_float(x)
+        axis = getattr(self, "axis", -1)
+        if not -x.rank <= axis < x.rank:
+            raise ShapeError(f"axis {axis} is out of range for rank {x.rank}",
+                             expected=f"rank > {axis if axis >= 0 else -axis - 1}")
+        if is_symbolic(x.shape[axis]):
+            raise ShapeError("the normalized axis must have a known size",
+                             expected=f"a concrete dim at axis {axis}")
+        return x.shape[axis]
+
+    def infer(self, inputs):
+        self._features(inputs)
+        return (inputs[0],)
+
+
+@register("layer_norm")
+@dataclasses.dataclass(frozen=True)
+class LayerNorm(_FeatureNorm):
+    """Normalizes over ``axis`` with the mean and biased variance of each example.
+
+    Params: ``scale`` (ones) and ``bias`` (zeros), each ``(features,)``.
+    Precision-sensitive.
+    """
+
+    epsilon: float = 1e-5
+    axis: int = -1
+    use_scale: bool = True
+    use_bias: bool = True
+
+    def param_specs(self, inputs):
+        f = self._features(inputs)
+        specs = {}
+        if self.use_scale:
+            specs["scale"] = ParamSpec((f,), initializers.ones, ("embed",))
+        if self.use_bias:
+            specs["bias"] = ParamSpec((f,), initializers.zeros, ("embed",))
+        return specs
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (x,) = inputs
+        axis = self.axis % x.ndim
+        shape = tuple(x.shape[i] if i == axis else 1 for i in range(x.ndim))
+        p = cast_params(params, x.dtype)
+        mean = jnp.mean(x, axis=axis, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=axis, keepdims=True)
+        y = (x - mean) * lax.rsqrt(var + jnp.asarray(self.epsilon, x.dtype))
+        if self.use_scale:
+            y = y * p["scale"].reshape(shape)
+        if self.use_bias:
+            y = y + p["bias"].reshape(shape)
+        return (y,), state
+
+
+@register("rms_norm")
+@dataclasses.dataclass(frozen=True)
+class RMSNorm(_FeatureNorm):
+    """``x * rsqrt(mean(x**2) + epsilon) * scale`` over the last axis.
+
+    Params: ``scale (features,)`` (ones). Precision-sensitive.
+    """
+
+    epsilon: float = 1e-6
+
+    def param_specs(self, inputs):
+        return {"scale": ParamSpec((self._features(inputs),), initializers.ones, ("embed",))}
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (x,) = inputs
+        ms = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+        y = x * lax.rsqrt(ms + jnp.asarray(self.epsilon, x.dtype))
+        return (y * params["scale"].astype(x.dtype),), state
+
+
+@register("group_norm")
+@dataclasses.dataclass(frozen=True)
+class GroupNorm(_FeatureNorm):
+    """Normalizes channel-last ``(batch, ..., channels)`` inputs over the spatial axes and
+    the channels of each of ``num_groups`` groups (biased variance).
+
+    Params: ``scale`` (ones) and ``bias`` (zeros), each ``(channels,)``.
+    Precision-sensitive.
+    """
+
+    num_groups: int = 32
+    epsilon: float = 1e-5
+
+    def validate(self):
+        super().validate()
+        if not isinstance(self.num_groups, int) or self.num_groups < 1:
+            self.invalid(f"num_groups must be a positive int, got {self.num_groups!r}")
+
+    def _features(self, inputs):
+        channels = super()._features(inputs)
+        if inputs[0].rank < 2:
+            raise ShapeError("takes (batch, ..., channels)", expected="rank >= 2")
+        if channels % self.num_groups:
+            raise ShapeError(f"num_groups={self.num_groups} does not divide {channels} channels",
+                             expected=f"channels divisible by {self.num_groups}")
+        return channels
+
+    def param_specs(self, inputs):
+        c = self._features(inputs)
+        return {"scale": ParamSpec((c,), initializers.ones, ("embed",)),
+                "bias": ParamSpec((c,), initializers.zeros, ("embed",))}
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (x,) = inputs
+        p = cast_params(params, x.dtype)
+        grouped = x.reshape(x.shape[:-1] + (self.num_groups, x.shape[-1] // self.num_groups))
+        axes = tuple(range(1, grouped.ndim - 2)) + (grouped.ndim - 1,)
+        mean = jnp.mean(grouped, axis=axes, keepdims=True)
+        var = jnp.mean(jnp.square(grouped - mean), axis=axes, keepdims=True)
+        y = ((grouped - mean) * lax.rsqrt(var + jnp.asarray(self.epsilon, x.dtype))).reshape(x.shape)
+        return (y * p["scale"] + p["bias"],), state

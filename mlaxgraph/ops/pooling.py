@@ -1,4 +1,4 @@
-"""MaxPool over channel-last inputs: 1D, 2D or 3D by ``len(window)``."""
+"""Pooling over channel-last inputs, 1D, 2D or 3D by ``len(window)``, and global pooling."""
 
 from __future__ import annotations
 
@@ -14,26 +14,11 @@ from .base import Layer, expect_count, normalize_tuple, set_field
 from .conv import normalize_padding, window_output_size
 from .registry import register
 
-__all__ = ["MaxPool"]
+__all__ = ["MaxPool", "AvgPool", "GlobalMaxPool", "GlobalAvgPool"]
 
 
-@register("max_pool")
-@dataclasses.dataclass(frozen=True)
-class MaxPool(Layer):
-    """The maximum over windows of a ``(batch, *spatial, channels)`` input.
-
-    ``strides`` defaults to ``window`` (as in Keras and PyTorch).
-
-    Example:
-      >>> import mlaxgraph as mg
-      >>> from mlaxgraph import ops
-      >>> ops.MaxPool((2, 2))(mg.Input(("batch", 28, 28, 16)))
-      SymbolicTensor(f32[batch,14,14,16], from 'max_pool')
-    """
-
-    window: tuple[int, ...]
-    strides: Any = None
-    padding: Any = "VALID"
+class _Pool(Layer):
+    """Windowed pooling; ``strides`` defaults to ``window`` (as in Keras and PyTorch)."""
 
     def validate(self):
         n = len(self.window) if isinstance(self.window, (tuple, list)) else 0
@@ -64,12 +49,91 @@ class MaxPool(Layer):
             out.append(o)
         return (x.with_shape((x.shape[0], *out, x.shape[-1])),)
 
+    def _reduce(self, x, init, op):
+        padding = self.padding if isinstance(self.padding, str) else ((0, 0), *self.padding, (0, 0))
+        return lax.reduce_window(x, init, op, (1, *self.window, 1), (1, *self.strides, 1), padding)
+
+
+@register("max_pool")
+@dataclasses.dataclass(frozen=True)
+class MaxPool(_Pool):
+    """The maximum over windows of a ``(batch, *spatial, channels)`` input.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> ops.MaxPool((2, 2))(mg.Input(("batch", 28, 28, 16)))
+      SymbolicTensor(f32[batch,14,14,16], from 'max_pool')
+    """
+
+    window: tuple[int, ...]
+    strides: Any = None
+    padding: Any = "VALID"
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
         if jnp.issubdtype(x.dtype, jnp.floating):
             init = jnp.array(-jnp.inf, x.dtype)
         else:
             init = jnp.array(jnp.iinfo(x.dtype).min, x.dtype)
-        padding = self.padding if isinstance(self.padding, str) else ((0, 0), *self.padding, (0, 0))
-        y = lax.reduce_window(x, init, lax.max, (1, *self.window, 1), (1, *self.strides, 1), padding)
-        return (y,), state
+        return (self._reduce(x, init, lax.max),), state
+
+
+@register("avg_pool")
+@dataclasses.dataclass(frozen=True)
+class AvgPool(_Pool):
+    """The mean over windows of a ``(batch, *spatial, channels)`` float input.
+
+    With padding, ``count_include_pad=True`` (the default, as PyTorch and Flax) divides
+    by the window size; ``False`` (as Keras) divides by the number of real elements.
+    """
+
+    window: tuple[int, ...]
+    strides: Any = None
+    padding: Any = "VALID"
+    count_include_pad: bool = True
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (x,) = inputs
+        zero = jnp.zeros((), x.dtype)
+        total = self._reduce(x, zero, lax.add)
+        if self.count_include_pad or self.padding == "VALID":
+            count = 1
+            for w in self.window:
+                count *= w
+            return (total / jnp.asarray(count, x.dtype),), state
+        counts = self._reduce(jnp.ones(x.shape[1:-1], x.dtype)[None, ..., None], zero, lax.add)
+        return (total / counts,), state
+
+
+class _GlobalPool(Layer):
+    def infer(self, inputs):
+        expect_count(inputs, 1)
+        (x,) = inputs
+        if x.rank < 3:
+            raise ShapeError("takes (batch, *spatial, channels)", expected="rank >= 3")
+        spatial = (1,) * (x.rank - 2) if self.keepdims else ()
+        return (x.with_shape((x.shape[0], *spatial, x.shape[-1])),)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (x,) = inputs
+        axes = tuple(range(1, x.ndim - 1))
+        return (self.reduce(x, axis=axes, keepdims=self.keepdims),), state
+
+
+@register("global_avg_pool")
+@dataclasses.dataclass(frozen=True)
+class GlobalAvgPool(_GlobalPool):
+    """The mean over all spatial axes: ``(batch, *spatial, C) -> (batch, C)``."""
+
+    keepdims: bool = False
+    reduce = staticmethod(jnp.mean)
+
+
+@register("global_max_pool")
+@dataclasses.dataclass(frozen=True)
+class GlobalMaxPool(_GlobalPool):
+    """The maximum over all spatial axes: ``(batch, *spatial, C) -> (batch, C)``."""
+
+    keepdims: bool = False
+    reduce = staticmethod(jnp.max)

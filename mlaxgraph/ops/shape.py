@@ -1,5 +1,5 @@
-"""Shape ops: Flatten, Reshape, concat. The leading (batch) axis is kept by Flatten and
-Reshape, as in Keras."""
+"""Shape ops: Flatten, Reshape, concat, transpose, split. Flatten and Reshape keep the
+leading (batch) axis, as in Keras."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from ..specs import is_symbolic, shape_str
 from .base import Layer, expect_count, same_dtype
 from .registry import register
 
-__all__ = ["Flatten", "Reshape", "Concat", "flatten", "reshape", "concat"]
+__all__ = ["Flatten", "Reshape", "Concat", "Transpose", "Split", "flatten", "reshape", "concat",
+           "transpose", "split"]
 
 
 def _product(dims):
@@ -131,3 +132,91 @@ class Concat(Layer):
 def concat(tensors: Sequence, axis: int = -1):
     """``Concat(axis)(*tensors)``."""
     return Concat(axis)(*tensors)
+
+
+@register("transpose")
+@dataclasses.dataclass(frozen=True)
+class Transpose(Layer):
+    """Permutes all axes, the batch axis included, as ``jnp.transpose(x, perm)``."""
+
+    perm: tuple[int, ...]
+
+    def validate(self):
+        try:
+            perm = tuple(int(a) for a in self.perm)
+        except (TypeError, ValueError):
+            self.invalid(f"perm must be a tuple of ints, got {self.perm!r}")
+        if sorted(perm) != list(range(len(perm))):
+            self.invalid(f"perm must be a permutation of 0..{len(perm) - 1}, got {self.perm!r}")
+        object.__setattr__(self, "perm", perm)
+
+    def infer(self, inputs):
+        expect_count(inputs, 1)
+        (x,) = inputs
+        if x.rank != len(self.perm):
+            raise ShapeError(f"perm {self.perm} has {len(self.perm)} axes, the input {x.rank}",
+                             expected=f"rank {len(self.perm)}")
+        return (x.with_shape(tuple(x.shape[a] for a in self.perm)),)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        return (jnp.transpose(inputs[0], self.perm),), state
+
+
+def transpose(x, perm):
+    """``Transpose(perm)(x)``."""
+    return Transpose(tuple(perm))(x)
+
+
+@register("split")
+@dataclasses.dataclass(frozen=True)
+class Split(Layer):
+    """Splits along ``axis`` into ``sections`` equal parts (an int) or at the given
+    indices (a tuple), as ``jnp.split``; one output per part."""
+
+    sections: Any
+    axis: int = -1
+
+    def validate(self):
+        if isinstance(self.sections, int):
+            if self.sections < 1:
+                self.invalid(f"sections must be positive, got {self.sections}")
+        else:
+            try:
+                object.__setattr__(self, "sections", tuple(int(i) for i in self.sections))
+            except (TypeError, ValueError):
+                self.invalid(f"sections must be an int or a tuple of indices, got {self.sections!r}")
+            if list(self.sections) != sorted(self.sections) or any(i < 0 for i in self.sections):
+                self.invalid(f"split indices must be sorted and >= 0, got {self.sections}")
+
+    def infer(self, inputs):
+        expect_count(inputs, 1)
+        (x,) = inputs
+        if not -x.rank <= self.axis < x.rank:
+            raise ShapeError(f"axis {self.axis} is out of range for rank {x.rank}",
+                             expected=f"rank > {self.axis}")
+        axis = self.axis % x.rank
+        size = x.shape[axis]
+        if is_symbolic(size):
+            raise ShapeError("the split axis must have a known size", expected="a concrete dim")
+        if isinstance(self.sections, int):
+            if size % self.sections:
+                raise ShapeError(f"{size} does not split into {self.sections} equal parts",
+                                 expected=f"a size divisible by {self.sections}")
+            sizes = [size // self.sections] * self.sections
+        else:
+            bounds = [0, *(min(i, size) for i in self.sections), size]
+            sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+        shape = list(x.shape)
+        outputs = []
+        for s in sizes:
+            shape[axis] = s
+            outputs.append(x.with_shape(shape))
+        return tuple(outputs)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        return tuple(jnp.split(inputs[0], self.sections, axis=self.axis)), state
+
+
+def split(x, sections, axis: int = -1):
+    """``Split(sections, axis)(x)``: a tuple of symbolic tensors."""
+    return Split(sections, axis)(x)

@@ -27,7 +27,7 @@ def infer_shapes(graph: Graph) -> Graph:
                 infer_shapes(op.graph)
             got = tuple(specs[v] for v in node.inputs)
             outputs = infer_outputs(op, got, node.name, node.source,
-                                    context_lines(graph, node.name))
+                                    lambda: context_lines(graph, node.name))
         if outputs != node.outputs:
             kind = DTypeError if [s.shape for s in outputs] == [s.shape for s in node.outputs] else ShapeError
             raise kind(node_message(

@@ -25,6 +25,7 @@ def insert_casts(graph: Graph, policy: Policy, *, nested: bool = False) -> Graph
     are; the casts inserted here are marked ``inserted=True``.
     """
     names = {n.name for n in graph.nodes}
+    recorded = {n.value(i): spec for n in graph.nodes for i, spec in enumerate(n.outputs)}
     specs: dict[Value, TensorSpec] = {}
     casts: dict[tuple[Value, str], Value] = {}
     nodes: list[Node] = []
@@ -68,11 +69,14 @@ def insert_casts(graph: Graph, policy: Policy, *, nested: bool = False) -> Graph
             inputs = tuple(cast(v, dtype, node.source) for v in node.inputs)
         if isinstance(op, Block):
             op = Block(insert_casts(op.graph, policy, nested=True), name=op.name)
-        in_specs = tuple(specs[v] for v in inputs)
-        outputs = infer_outputs(op, in_specs, node.name, node.source)
-        node = node.replace(op=op, inputs=inputs, outputs=outputs)
+        unchanged = (op is node.op and inputs == node.inputs
+                     and all(specs[v] is recorded[v] for v in inputs))
+        if not unchanged:  # a node whose inputs kept their specs keeps its outputs
+            in_specs = tuple(specs[v] for v in inputs)
+            outputs = infer_outputs(op, in_specs, node.name, node.source)
+            node = node.replace(op=op, inputs=inputs, outputs=outputs)
         nodes.append(node)
-        for i, spec in enumerate(outputs):
+        for i, spec in enumerate(node.outputs):
             specs[node.value(i)] = spec
     outputs = graph.outputs
     if not nested:

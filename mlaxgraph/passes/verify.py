@@ -83,7 +83,7 @@ def verify(graph: Graph) -> Graph:
                 raise _fail(graph, node, f"reads output {v.index} of %{v.node}, which has "
                                          f"{len(producer.outputs)}")
         owner = layers.setdefault(node.layer, node)
-        if owner.op != node.op:
+        if owner is not node and owner.op != node.op:
             raise _fail(graph, node, f"shares the weights of layer {node.layer!r} but holds another op",
                         got=repr(node.op), expected=repr(owner.op))
         if isinstance(node.op, Block):

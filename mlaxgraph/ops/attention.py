@@ -1,0 +1,176 @@
+"""MultiHeadAttention and the causal mask helper. Softmax runs in float32 whatever the
+compute dtype."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from ..specs import TensorSpec, is_symbolic, shape_str
+from . import initializers
+from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float
+from .elementwise import broadcast_shapes
+from .registry import register
+
+__all__ = ["MultiHeadAttention", "CausalMask", "causal_mask"]
+
+
+def _head_kernel(key, shape, dtype):
+    """LeCun normal over the input features of a ``(d, heads, head_dim)`` kernel."""
+    return jax.nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))(key, shape, dtype)
+
+
+def _out_kernel(key, shape, dtype):
+    """LeCun normal over the ``heads * head_dim`` inputs of a ``(heads, head_dim, out)`` kernel."""
+    return jax.nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2)(key, shape, dtype)
+
+
+@register("multi_head_attention")
+@dataclasses.dataclass(frozen=True)
+class MultiHeadAttention(Layer):
+    """Multi-head dot-product attention: ``mha(q)`` (self), ``mha(q, kv)`` (cross) or
+    ``mha(q, kv, mask=mask)``.
+
+    Inputs are ``(batch, q_len, d)`` and ``(batch, kv_len, d_kv)``; the optional mask
+    is boolean (True = attend) and broadcasts to ``(batch, heads, q_len, kv_len)``
+    (``(q_len, kv_len)``, ``(batch, q_len, kv_len)`` or rank 4). Scores are scaled by
+    ``1/sqrt(head_dim)``; the softmax runs in float32. ``head_dim`` defaults to
+    ``d // num_heads`` (which must divide).
+
+    Params: ``query``, ``key``, ``value``: ``kernel (d, heads, head_dim)``, ``bias
+    (heads, head_dim)``; ``out``: ``kernel (heads, head_dim, out)``, ``bias (out,)``.
+    Defaults: kernels LeCun normal (fan in), biases zeros; ``out_features`` = ``d``.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> x = mg.Input(("batch", 16, 64))
+      >>> ops.MultiHeadAttention(4, 16)(x, mask=ops.causal_mask(x))
+      SymbolicTensor(f32[batch,16,64], from 'multi_head_attention')
+    """
+
+    num_heads: int
+    head_dim: int | None = None
+    out_features: int | None = None
+    use_bias: bool = True
+    kernel_init: Initializer | None = None
+
+    def validate(self):
+        for field in ("num_heads", "head_dim", "out_features"):
+            value = getattr(self, field)
+            if value is None and field != "num_heads":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                self.invalid(f"{field} must be a positive int, got {value!r}")
+
+    def call_inputs(self, query, key_value=None, *, mask=None):
+        inputs = (query, query if key_value is None else key_value)
+        return inputs if mask is None else inputs + (mask,)
+
+    def _dims(self, inputs):
+        if len(inputs) not in (2, 3):
+            raise ShapeError(f"takes query, key_value and an optional mask, got {len(inputs)} inputs",
+                             expected="2 or 3 tensors")
+        q, kv = inputs[:2]
+        for spec in (q, kv):
+            expect_float(spec)
+            if spec.rank != 3 or is_symbolic(spec.shape[-1]):
+                raise ShapeError("query and key_value are (batch, length, features) with known features",
+                                 expected=f"{spec.dtype}[batch,length,features]")
+        if q.dtype != kv.dtype:
+            raise DTypeError("query and key_value have different dtypes; cast one with ops.cast",
+                             expected=f"{q}, {kv.with_dtype(q.dtype)}")
+        if not q.shape[0] == kv.shape[0]:
+            raise ShapeError("query and key_value have different batch dims",
+                             expected=f"{q}, {kv.with_shape((q.shape[0],) + kv.shape[1:])}")
+        head_dim = self.head_dim
+        if head_dim is None:
+            if q.shape[-1] % self.num_heads:
+                raise ShapeError(f"num_heads={self.num_heads} does not divide the {q.shape[-1]} "
+                                 f"query features; give head_dim or another num_heads",
+                                 expected=f"features divisible by {self.num_heads}")
+            head_dim = q.shape[-1] // self.num_heads
+        return q, kv, head_dim
+
+    def infer(self, inputs):
+        q, kv, _ = self._dims(inputs)
+        if len(inputs) == 3:
+            mask = inputs[2]
+            target = (q.shape[0], self.num_heads, q.shape[1], kv.shape[1])
+            if mask.dtype != np.dtype(bool):
+                raise DTypeError(f"the mask must be boolean (True = attend), got {mask.dtype}",
+                                 expected=f"bool{shape_str(target)}")
+            if not 2 <= mask.rank <= 4 or broadcast_shapes(mask.shape, target) != target:
+                raise ShapeError(f"the mask {mask} does not broadcast to (batch, heads, q_len, kv_len)",
+                                 expected=f"bool{shape_str(target)} or bool{shape_str(target[2:])}")
+        return (q.with_shape(q.shape[:2] + (self.out_features or q.shape[-1],)),)
+
+    def param_specs(self, inputs):
+        q, kv, head_dim = self._dims(inputs)
+        h, out = self.num_heads, self.out_features or q.shape[-1]
+        init = self.kernel_init or _head_kernel
+
+        def projection(d):
+            spec = {"kernel": ParamSpec((d, h, head_dim), init, ("embed", "heads", "kv"))}
+            if self.use_bias:
+                spec["bias"] = ParamSpec((h, head_dim), initializers.zeros, ("heads", "kv"))
+            return spec
+
+        specs = {"query": projection(q.shape[-1]), "key": projection(kv.shape[-1]),
+                 "value": projection(kv.shape[-1]),
+                 "out": {"kernel": ParamSpec((h, head_dim, out), self.kernel_init or _out_kernel,
+                                             ("heads", "kv", "embed"))}}
+        if self.use_bias:
+            specs["out"]["bias"] = ParamSpec((out,), initializers.zeros, ("embed",))
+        return specs
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        q_in, kv_in = inputs[:2]
+        p = cast_params(params, q_in.dtype)
+
+        def project(x, w):
+            y = jnp.einsum("bld,dhk->blhk", x, w["kernel"])
+            return y + w["bias"] if self.use_bias else y
+
+        q, k, v = project(q_in, p["query"]), project(kv_in, p["key"]), project(kv_in, p["value"])
+        head_dim = q.shape[-1]
+        q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
+        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)
+        if len(inputs) == 3:
+            mask = inputs[2]
+            mask = mask[None, None] if mask.ndim == 2 else mask[:, None] if mask.ndim == 3 else mask
+            scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(q_in.dtype)
+        attended = jnp.einsum("bhqs,bshk->bqhk", weights, v)
+        out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
+        if self.use_bias:
+            out = out + p["out"]["bias"]
+        return (out,), state
+
+
+@register("causal_mask")
+@dataclasses.dataclass(frozen=True)
+class CausalMask(Layer):
+    """A boolean ``(length, length)`` lower-triangular mask for a ``(batch, length, ...)``
+    input: position ``i`` attends to positions ``<= i``."""
+
+    def infer(self, inputs):
+        expect_count(inputs, 1)
+        (x,) = inputs
+        if x.rank < 2:
+            raise ShapeError("needs a (batch, length, ...) input", expected="rank >= 2")
+        return (TensorSpec((x.shape[1], x.shape[1]), np.dtype(bool)),)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        length = inputs[0].shape[1]
+        return (jnp.tril(jnp.ones((length, length), bool)),), state
+
+
+def causal_mask(x):
+    """``CausalMask()(x)``: the mask that stops each position seeing later ones."""
+    return CausalMask()(x)

@@ -1,0 +1,67 @@
+"""Embedding: integer ids to vectors."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import DTypeError
+from ..specs import as_dtype
+from .base import Initializer, Layer, ParamSpec, expect_count
+from .registry import register
+
+__all__ = ["Embedding"]
+
+
+def normal(key, shape, dtype):
+    """Standard normal, as PyTorch's ``nn.Embedding``."""
+    return jax.random.normal(key, shape, dtype)
+
+
+@register("embedding")
+@dataclasses.dataclass(frozen=True)
+class Embedding(Layer):
+    """Looks up rows of ``embedding (num_embeddings, features)`` for integer ids of any
+    shape: ``(...)`` -> ``(..., features)``.
+
+    Its input has no float dtype to follow, so it returns ``dtype`` (float32 by
+    default; a policy casts it for the next layer). Ids outside ``[0,
+    num_embeddings)`` give NaN rows rather than another row's values. Default
+    initializer: standard normal (as PyTorch).
+    """
+
+    num_embeddings: int
+    features: int
+    dtype: Any = "float32"
+    embedding_init: Initializer | None = None
+
+    def validate(self):
+        for field in ("num_embeddings", "features"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                self.invalid(f"{field} must be a positive int, got {value!r}")
+        dtype = as_dtype(self.dtype)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            self.invalid(f"dtype must be a float dtype, got {dtype}", DTypeError)
+        object.__setattr__(self, "dtype", dtype)
+
+    def infer(self, inputs):
+        expect_count(inputs, 1)
+        (ids,) = inputs
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise DTypeError(f"takes integer ids, got {ids.dtype}",
+                             expected=f"int32{list(ids.shape)}".replace(" ", ""))
+        return (ids.with_shape(ids.shape + (self.features,)).with_dtype(self.dtype),)
+
+    def param_specs(self, inputs):
+        return {"embedding": ParamSpec((self.num_embeddings, self.features),
+                                       self.embedding_init or normal, ("vocab", "embed"))}
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (ids,) = inputs
+        table = params["embedding"].astype(self.dtype)
+        return (jnp.take(table, ids, axis=0, mode="fill", fill_value=np.nan),), state

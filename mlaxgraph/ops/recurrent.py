@@ -1,0 +1,152 @@
+"""LSTM and GRU over ``(batch, time, features)``, on ``lax.scan``, from a zero state."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..errors import ShapeError
+from ..specs import is_symbolic
+from . import initializers
+from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float
+from .registry import register
+
+__all__ = ["LSTM", "GRU"]
+
+_orthogonal = jax.nn.initializers.orthogonal()
+
+
+def orthogonal(key, shape, dtype):
+    """Orthogonal columns: the default recurrent kernel, as in Keras."""
+    return _orthogonal(key, shape, dtype)
+
+
+def lstm_bias(key, shape, dtype):
+    """Zeros, but ones for the forget gate (gate order i, f, g, o), as Keras's
+    ``unit_forget_bias``: the cell remembers by default."""
+    hidden = shape[0] // 4
+    return jnp.zeros(shape, dtype).at[hidden:2 * hidden].set(1)
+
+
+class Recurrent(Layer):
+    gates = 0  # 4 for LSTM, 3 for GRU
+
+    def validate(self):
+        if not isinstance(self.hidden, int) or isinstance(self.hidden, bool) or self.hidden < 1:
+            self.invalid(f"hidden must be a positive int, got {self.hidden!r}")
+
+    def _features(self, inputs):
+        expect_count(inputs, 1)
+        (x,) = inputs
+        expect_float(x)
+        if x.rank != 3 or is_symbolic(x.shape[-1]):
+            raise ShapeError("takes (batch, time, features) with known features",
+                             expected=f"{x.dtype}[batch,time,features]")
+        return x.shape[-1]
+
+    def param_specs(self, inputs):
+        n = self._features(inputs)
+        g = self.gates * self.hidden
+        return {
+            "input_kernel": ParamSpec((n, g), self.kernel_init or initializers.lecun_normal, ("embed", "mlp")),
+            "recurrent_kernel": ParamSpec((self.hidden, g), self.recurrent_init or orthogonal, (None, "mlp")),
+            "bias": ParamSpec((g,), self.bias_init or self.default_bias, ("mlp",)),
+        }
+
+    def _scan(self, params, x, step, carry):
+        p = cast_params(params, x.dtype)
+        # The input projection of every step at once, outside the loop.
+        projected = jnp.einsum("bti,ig->tbg", x, p["input_kernel"]) + p["bias"]
+        return lax.scan(lambda c, xw: step(c, xw, p["recurrent_kernel"]), carry, projected)
+
+
+@register("lstm")
+@dataclasses.dataclass(frozen=True)
+class LSTM(Recurrent):
+    """Long short-term memory, gate order i, f, g, o:
+    ``c' = f*c + i*g``, ``h' = o*tanh(c')``.
+
+    Input ``(batch, time, in)`` -> ``(batch, time, hidden)``; ``return_state=True`` adds
+    the final ``h`` and ``c``, each ``(batch, hidden)``. Params: ``input_kernel (in,
+    4h)`` (LeCun normal), ``recurrent_kernel (h, 4h)`` (orthogonal), ``bias (4h,)``
+    (zeros, forget gate ones).
+    """
+
+    hidden: int
+    return_state: bool = False
+    kernel_init: Initializer | None = None
+    recurrent_init: Initializer | None = None
+    bias_init: Initializer | None = None
+
+    gates = 4
+    default_bias = staticmethod(lstm_bias)
+
+    def infer(self, inputs):
+        self._features(inputs)
+        x = inputs[0]
+        seq = x.with_shape(x.shape[:2] + (self.hidden,))
+        if not self.return_state:
+            return (seq,)
+        final = x.with_shape((x.shape[0], self.hidden))
+        return seq, final, final
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (x,) = inputs
+
+        def step(carry, xw, recurrent):
+            h, c = carry
+            i, f, g, o = jnp.split(xw + h @ recurrent, 4, axis=-1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(c)
+            return (h, c), h
+
+        zeros = jnp.zeros((x.shape[0], self.hidden), x.dtype)
+        (h, c), hs = self._scan(params, x, step, (zeros, zeros))
+        seq = jnp.swapaxes(hs, 0, 1)
+        return ((seq, h, c) if self.return_state else (seq,)), state
+
+
+@register("gru")
+@dataclasses.dataclass(frozen=True)
+class GRU(Recurrent):
+    """Gated recurrent unit, "reset after" (as PyTorch and Keras), gate order r, z, n:
+    ``n = tanh(x W_n + b_n + r * (h U_n))``, ``h' = (1 - z) * n + z * h``.
+
+    Input ``(batch, time, in)`` -> ``(batch, time, hidden)``; ``return_state=True`` adds
+    the final ``h``. Params: ``input_kernel (in, 3h)`` (LeCun normal),
+    ``recurrent_kernel (h, 3h)`` (orthogonal), ``bias (3h,)`` (zeros).
+    """
+
+    hidden: int
+    return_state: bool = False
+    kernel_init: Initializer | None = None
+    recurrent_init: Initializer | None = None
+    bias_init: Initializer | None = None
+
+    gates = 3
+    default_bias = staticmethod(initializers.zeros)
+
+    def infer(self, inputs):
+        self._features(inputs)
+        x = inputs[0]
+        seq = x.with_shape(x.shape[:2] + (self.hidden,))
+        return (seq, x.with_shape((x.shape[0], self.hidden))) if self.return_state else (seq,)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (x,) = inputs
+
+        def step(h, xw, recurrent):
+            xr, xz, xn = jnp.split(xw, 3, axis=-1)
+            hr, hz, hn = jnp.split(h @ recurrent, 3, axis=-1)
+            r = jax.nn.sigmoid(xr + hr)
+            z = jax.nn.sigmoid(xz + hz)
+            n = jnp.tanh(xn + r * hn)
+            h = (1 - z) * n + z * h
+            return h, h
+
+        h, hs = self._scan(params, x, step, jnp.zeros((x.shape[0], self.hidden), x.dtype))
+        seq = jnp.swapaxes(hs, 0, 1)
+        return ((seq, h) if self.return_state else (seq,)), state
