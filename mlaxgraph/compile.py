@@ -21,7 +21,7 @@ class CompiledModel:
     Attributes:
       graph: the graph after the passes: inserted casts are nodes in it.
       source_graph: the graph given to ``compile``.
-      policy: the dtype policy.
+      policy: the dtype policy, or None.
       init: ``init(key) -> (params, state)``, jitted.
       apply: ``apply(params, state, *inputs, rng=None, inference_mode=False) ->
         (outputs, new_state)``, jitted with ``inference_mode`` static.
@@ -41,11 +41,11 @@ class CompiledModel:
       (3, 2)
     """
 
-    def __init__(self, graph: Graph, source_graph: Graph, policy: Policy):
+    def __init__(self, graph: Graph, source_graph: Graph, policy: Policy | None):
         self.graph = graph
         self.source_graph = source_graph
         self.policy = policy
-        self.init_fn = make_init(graph, policy.param_dtype)
+        self.init_fn = make_init(graph, (policy or Policy()).param_dtype)
         self.apply_fn = make_apply(graph)
         self.init = jax.jit(self.init_fn)
         self.apply = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
@@ -91,7 +91,9 @@ def compile(graph: Graph, policy: Policy | None = None) -> CompiledModel:
 
     Args:
       graph: the graph to compile.
-      policy: the dtype policy; float32 everywhere when not given.
+      policy: the dtype policy. Without one, no casts are inserted: each layer
+        computes in the dtype of its inputs (float32 for a float32 graph) and
+        weights are float32.
 
     Raises:
       GraphError, ShapeError, DTypeError: for a graph the passes reject, naming the
@@ -99,9 +101,7 @@ def compile(graph: Graph, policy: Policy | None = None) -> CompiledModel:
     """
     if not isinstance(graph, Graph):
         raise GraphError(f"mg.compile takes a Graph, got {type(graph).__name__}")
-    if policy is None:
-        policy = Policy()
-    elif not isinstance(policy, Policy):
+    if policy is not None and not isinstance(policy, Policy):
         raise GraphError(f"policy must be an mg.Policy, got {type(policy).__name__}")
     compiled = run_passes(graph, default_passes(policy))
     return CompiledModel(compiled, graph, policy)

@@ -189,3 +189,11 @@ def test_as_block_gives_unshared_named_blocks():
     params, _ = mg.compile(g).init(jax.random.key(0))
     assert set(params) == {"block", "second"}
     assert not np.allclose(params["block"]["fc"]["kernel"], params["second"]["fc"]["kernel"])
+
+
+def test_reshape_infers_minus_one_over_symbolic_sizes():
+    x = mg.Input(("batch", "seq", 4))
+    assert str(ops.Reshape((4, -1))(x).shape) == "(batch, 4, seq)"
+    assert str(ops.Reshape((-1,))(x).shape) == "(batch, 4*seq)"
+    with pytest.raises(mg.ShapeError, match="do not divide by 3"):
+        ops.Reshape((3, -1))(x)

@@ -199,3 +199,14 @@ def test_mixed_dtypes_in_graph_inputs_are_unified_by_the_policy():
     (out, _) = model.apply({}, {}, jnp.ones((2, 3)), jnp.ones((2, 3), jnp.bfloat16))
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out, np.float32), 2.0)
+
+
+def test_without_a_policy_no_casts_are_inserted():
+    x = mg.Input(("batch", 4), "bfloat16", name="x")
+    g = mg.Graph(x, ops.softmax(ops.Linear(3, name="fc")(x)))
+    model = mg.compile(g)
+    assert model.graph == g and model.policy is None
+    params, _ = model.init(jax.random.key(0))
+    assert params["fc"]["kernel"].dtype == jnp.float32  # weights float32, cast in the layer
+    out, _ = model.apply(params, {}, jnp.ones((2, 4), jnp.bfloat16))
+    assert out.dtype == jnp.bfloat16

@@ -100,8 +100,12 @@ class Graph:
                    outputs: Sequence[Value], name: str) -> "Graph":
         """A graph from its records, as passes and loaders make them (not verified here:
         ``mlaxgraph.passes.verify`` checks structure)."""
+        nodes, inputs, outputs = tuple(nodes), tuple(inputs), tuple(outputs)
+        for node in nodes:
+            if not isinstance(node, Node):
+                raise GraphError(f"graph {name!r}: nodes must be mg.Node records, got {node!r}")
         graph = object.__new__(cls)
-        graph._set(tuple(nodes), tuple(inputs), tuple(outputs), name)
+        graph._set(nodes, inputs, outputs, name)
         return graph
 
     def _set(self, nodes, inputs, outputs, name) -> None:

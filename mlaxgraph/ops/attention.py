@@ -105,7 +105,9 @@ class MultiHeadAttention(Layer):
             if mask.dtype != np.dtype(bool):
                 raise DTypeError(f"the mask must be boolean (True = attend), got {mask.dtype}",
                                  expected=f"bool{shape_str(target)}")
-            if not 2 <= mask.rank <= 4 or broadcast_shapes(mask.shape, target) != target:
+            # rank 3 is (batch, q_len, kv_len): apply inserts the heads axis.
+            shape = mask.shape[:1] + (1,) + mask.shape[1:] if mask.rank == 3 else mask.shape
+            if not 2 <= mask.rank <= 4 or broadcast_shapes(shape, target) != target:
                 raise ShapeError(f"the mask {mask} does not broadcast to (batch, heads, q_len, kv_len)",
                                  expected=f"bool{shape_str(target)} or bool{shape_str(target[2:])}")
         return (q.with_shape(q.shape[:2] + (self.out_features or q.shape[-1],)),)

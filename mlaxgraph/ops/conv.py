@@ -27,9 +27,10 @@ def window_output_size(size, window: int, stride: int, padding, dilation: int = 
         return -(-size // stride)
     low, high = (0, 0) if padding == "VALID" else padding
     padded = size + low + high
-    if not is_symbolic(padded) and padded < effective:
-        return None
-    return (padded - effective) // stride + 1
+    if not is_symbolic(padded):
+        return None if padded < effective else (padded - effective) // stride + 1
+    # The form jax.eval_shape gives, so that inferred and traced shapes compare equal.
+    return ((padded - effective) // stride + 1).max(0)
 
 
 def normalize_padding(layer: Layer, padding: Any, n: int):

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..errors import ShapeError
@@ -72,10 +73,11 @@ class MaxPool(_Pool):
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
+        # NumPy (not traced) init values keep reduce_window differentiable under jit.
         if jnp.issubdtype(x.dtype, jnp.floating):
-            init = jnp.array(-jnp.inf, x.dtype)
+            init = np.array(-np.inf, x.dtype)
         else:
-            init = jnp.array(jnp.iinfo(x.dtype).min, x.dtype)
+            init = np.array(np.iinfo(x.dtype).min, x.dtype)
         return (self._reduce(x, init, lax.max),), state
 
 
@@ -95,7 +97,7 @@ class AvgPool(_Pool):
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
-        zero = jnp.zeros((), x.dtype)
+        zero = np.zeros((), x.dtype)
         total = self._reduce(x, zero, lax.add)
         if self.count_include_pad or self.padding == "VALID":
             count = 1

@@ -79,7 +79,7 @@ class Reshape(Layer):
         known = math.prod(d for d in self.shape if d != -1)
         target = self.shape
         if -1 in target:
-            if known == 0 or is_symbolic(size) or size % known:
+            if known == 0 or (size % known) != 0:
                 raise ShapeError(f"cannot infer -1: {size} elements per example do not divide "
                                  f"by {known}", expected=f"a multiple of {known} elements")
             target = tuple(size // known if d == -1 else d for d in target)

@@ -6,6 +6,7 @@ from ..errors import DTypeError, ShapeError, node_message
 from ..ir.builder import infer_outputs
 from ..ir.graph import Block, Graph
 from ..ir.printer import context_lines
+from ..ops.base import flatten_specs
 
 __all__ = ["infer_shapes"]
 
@@ -18,6 +19,7 @@ def infer_shapes(graph: Graph) -> Graph:
     shapes its ops do not produce), nested blocks included. Returns the graph.
     """
     specs = {}
+    weights: dict[str, tuple[str, dict]] = {}  # layer -> (first node, weight shapes)
     for node in graph.nodes:
         op = node.op
         if node.name in graph.inputs:
@@ -34,6 +36,23 @@ def infer_shapes(graph: Graph) -> Graph:
                 node.name, op.op_name, "the graph records output specs its op does not produce",
                 got=", ".join(map(str, node.outputs)), expected=", ".join(map(str, outputs)),
                 source=node.source, context=context_lines(graph, node.name)))
+        if node.name not in graph.inputs:
+            _check_shared_weights(graph, node, got, weights)
         for i, spec in enumerate(outputs):
             specs[node.value(i)] = spec
     return graph
+
+
+def _check_shared_weights(graph: Graph, node, got, weights) -> None:
+    """Nodes sharing a layer must need weights of the same shapes."""
+    if isinstance(node.op, Block):
+        return  # the nested graph's own nodes declare its weights
+    shapes = {k: v.shape for k, v in flatten_specs(node.op.param_specs(got))}
+    shapes.update({"state/" + k: v.shape for k, v in flatten_specs(node.op.state_specs(got))})
+    first = weights.setdefault(node.layer, (node.name, shapes))
+    if first[1] != shapes:
+        raise ShapeError(node_message(
+            node.name, node.op.op_name,
+            f"shares the weights of layer {node.layer!r} (first used by %{first[0]}) but its "
+            f"inputs need weights of other shapes", got=str(shapes), expected=str(first[1]),
+            source=node.source, context=context_lines(graph, node.name)))

@@ -20,10 +20,12 @@ __all__ = ["default_passes", "run_passes"]
 Pass = Callable[[Graph], Graph]
 
 
-def default_passes(policy: Policy) -> list[tuple[str, Pass]]:
-    """The passes ``mg.compile`` runs, by name, in order."""
+def default_passes(policy: Policy | None) -> list[tuple[str, Pass]]:
+    """The passes ``mg.compile`` runs, by name, in order. Without a policy no casts
+    are inserted: each layer computes in the dtype of its inputs."""
     passes: list[tuple[str, Pass]] = [("infer_shapes", infer_shapes)]
-    passes.append(("insert_casts", functools.partial(insert_casts, policy=policy)))
+    if policy is not None:
+        passes.append(("insert_casts", functools.partial(insert_casts, policy=policy)))
     passes.append(("remove_redundant_casts", remove_redundant_casts))
     passes.append(("eliminate_dead_nodes", eliminate_dead_nodes))
     return passes

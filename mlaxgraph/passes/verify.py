@@ -7,6 +7,7 @@ from ..ir.graph import Block, Graph, InputLayer
 from ..ir.node import Node, Value
 from ..ir.printer import context_lines
 from ..ops.base import Layer
+from ..specs import TensorSpec
 
 __all__ = ["verify", "find_cycle"]
 
@@ -42,6 +43,25 @@ def find_cycle(nodes) -> list[str] | None:
     return None
 
 
+def _is_value(v) -> bool:
+    return (isinstance(v, Value) and isinstance(v.node, str) and isinstance(v.index, int)
+            and not isinstance(v.index, bool))
+
+
+def _check_record(graph: Graph, node: Node) -> None:
+    """Field types of a node that may have come from a file."""
+    if not isinstance(node.name, str) or not node.name or not isinstance(node.layer, str):
+        raise GraphError(f"graph {graph.name!r}: node names and layers must be non-empty "
+                         f"strings, got {node.name!r}, {node.layer!r}")
+    if not isinstance(node.op, Layer):
+        raise GraphError(f"graph {graph.name!r}: node {node.name!r} holds {node.op!r}, not a layer")
+    if not isinstance(node.inputs, tuple) or not all(_is_value(v) for v in node.inputs):
+        raise _fail(graph, node, f"inputs must be a tuple of mg.Value, got {node.inputs!r}")
+    if (not isinstance(node.outputs, tuple) or not node.outputs
+            or not all(isinstance(s, TensorSpec) for s in node.outputs)):
+        raise _fail(graph, node, f"outputs must be a non-empty tuple of TensorSpec, got {node.outputs!r}")
+
+
 def verify(graph: Graph) -> Graph:
     """Checks structure; returns the graph unchanged or raises ``GraphError``.
 
@@ -55,14 +75,15 @@ def verify(graph: Graph) -> Graph:
     seen: dict[str, Node] = {}
     layers: dict[str, Node] = {}
     inputs = set(graph.inputs)
+    if not isinstance(graph.name, str) or not graph.name:
+        raise GraphError(f"a graph name must be a non-empty string, got {graph.name!r}")
     for name in graph.inputs:
-        if name not in graph:
+        if not isinstance(name, str) or name not in graph:
             raise GraphError(f"graph {graph.name!r} lists input {name!r}, which is not a node")
     if len(inputs) != len(graph.inputs):
         raise GraphError(f"graph {graph.name!r} lists an input twice: {graph.inputs}")
     for node in graph.nodes:
-        if not isinstance(node, Node) or not isinstance(node.op, Layer):
-            raise GraphError(f"graph {graph.name!r} holds {node!r}, not a Node with a Layer op")
+        _check_record(graph, node)
         if node.name in seen:
             raise _fail(graph, node, "two nodes have this name")
         if isinstance(node.op, InputLayer) != (node.name in inputs):
@@ -90,7 +111,7 @@ def verify(graph: Graph) -> Graph:
             verify(node.op.graph)
         seen[node.name] = node
     for v in graph.outputs:
-        if not isinstance(v, Value) or v.node not in seen or not 0 <= v.index < len(seen[v.node].outputs):
+        if not _is_value(v) or v.node not in seen or not 0 <= v.index < len(seen[v.node].outputs):
             raise GraphError(f"graph {graph.name!r} returns {v}, which is not an output of any node")
     if not graph.outputs:
         raise GraphError(f"graph {graph.name!r} has no outputs")

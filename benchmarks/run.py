@@ -1,0 +1,175 @@
+"""Runs the benchmark suite, prints Markdown and writes ``benchmarks/RESULTS.md``.
+
+    make bench                                   # = .venv/bin/python benchmarks/run.py
+    .venv/bin/python benchmarks/run.py --quick   # a short run (about a minute)
+
+Benchmarks:
+  bench_apply_overhead  per-call time of ``model.apply`` vs a hand-written ``jax.jit``
+                        over the same params (paired, interleaved rounds), and the
+                        first-call (trace + compile) time of both
+  bench_compile_scale   build + passes + ``mg.compile`` time of 1,000 / 10,000 / 50,000
+                        layer graphs, per layer; profiled with cProfile when the time
+                        per layer grows with the size
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+
+import _common  # noqa: F401  (sys.path and JAX_PLATFORMS)
+from _common import fmt_time, md_table
+
+import bench_apply_overhead
+import bench_compile_scale
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def machine() -> dict:
+    import jax
+    import jaxlib
+    import numpy
+
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count()
+    return {
+        "nproc": affinity, "cpu_count": os.cpu_count(), "cpu": cpu,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": numpy.__version__,
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "devices": ", ".join(str(d) for d in jax.devices()),
+    }
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="mlaxgraph benchmark suite")
+    p.add_argument("--quick", action="store_true", help="a short run: fewer rounds, trials and sizes")
+    p.add_argument("--skip-apply", action="store_true", help="skip the apply-overhead benchmark")
+    p.add_argument("--skip-scale", action="store_true", help="skip the compile-scale benchmark")
+    p.add_argument("--budget", type=float, default=60.0,
+                   help="compile-scale: skip the passes of a size projected to take longer than "
+                        "this many seconds (default 60; 'inf' runs all)")
+    p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
+                   help="cProfile the compiler when its time per layer grows with the size (auto)")
+    p.add_argument("--output", default=os.path.join(HERE, "RESULTS.md"),
+                   help="where to write the Markdown report")
+    args = p.parse_args(argv)
+
+    argv_used = sys.argv[1:] if argv is None else list(argv)
+    python = os.path.relpath(sys.executable, os.getcwd()) if sys.executable else "python"
+    command = " ".join([python, os.path.relpath(os.path.abspath(__file__), os.getcwd())] + argv_used)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_before = loadavg()
+    t_start = time.perf_counter()
+    info = machine()
+
+    sections: list[str] = []
+    goals: list[list[str]] = []
+
+    if not args.skip_apply:
+        print("== apply overhead ...", file=sys.stderr, flush=True)
+        res = bench_apply_overhead.run(quick=args.quick)
+        s = bench_apply_overhead.summary(res)
+        m, q1, q3 = s["ratio"]
+        lo, hi = s["ratio_ci"]
+        goals.append([
+            "apply per call: mlaxgraph / hand-written `jax.jit` <= 1.05",
+            f"{m:.3f} (median of {res['config']['rounds']} per-round ratios; 95% CI of the median "
+            f"{lo:.3f} – {hi:.3f}; IQR {q1:.3f} – {q3:.3f}); "
+            f"{fmt_time(s['mlaxgraph'][0])} vs {fmt_time(s['hand'][0])} per call",
+            "**met**" if s["goal_met"] else "**MISSED**"])
+        sections.append("## 1. `model.apply` overhead vs a hand-written `jax.jit`\n\n"
+                        + bench_apply_overhead.markdown(res))
+
+    if not args.skip_scale:
+        print("== compile scale ...", file=sys.stderr, flush=True)
+        res = bench_compile_scale.run(quick=args.quick, budget=args.budget)
+        rows = res["rows"]
+        text = ("## 2. Build and compile time of deep graphs\n\n"
+                + bench_compile_scale.markdown(res))
+        goal_n, goal_s = res["goal"]
+        g = [r for r in rows if r["n"] == goal_n and not r["skipped"]]
+        if g:
+            t = g[0]["build"] + g[0]["passes"]
+            goals.append([f"build + passes, {goal_n:,} layers < {goal_s:g} s",
+                          f"{fmt_time(t)} wall, {fmt_time(g[0]['build_passes_cpu'])} CPU (build "
+                          f"{fmt_time(g[0]['build'])}, passes {fmt_time(g[0]['passes'])}; "
+                          f"`mg.compile` {fmt_time(g[0]['compile'])})",
+                          "**met**" if t < goal_s else "**MISSED**"])
+        for r in rows:
+            if r["skipped"]:
+                text += (f"\n\n{r['n']:,} layers: the passes were not run, their time projected "
+                         f"from the smaller sizes (t = a·N + b·N²) is ≈ {fmt_time(r['projected_passes'])}, "
+                         f"over the budget of {args.budget:g} s (`--budget inf` runs them). "
+                         f"The build of {r['n']:,} layers was measured: {fmt_time(r['build'])}.")
+        measured = [r for r in rows if not r["skipped"]]
+        growth = None
+        if len(measured) >= 2:
+            a, b = measured[0], measured[-1]
+            growth = (b["passes"] / b["n"]) / (a["passes"] / a["n"])
+            text += (f"\n\nPasses time per layer grows x{growth:.1f} from {a['n']:,} to "
+                     f"{b['n']:,} layers (x1.0 would be linear).")
+        do_profile = args.profile == "always" or (args.profile == "auto" and growth is not None
+                                                   and growth > 1.5)
+        if do_profile:
+            print("== profiling ...", file=sys.stderr, flush=True)
+            n1, n2 = (500, 2_000) if args.quick else (1_000, 4_000)
+            small = bench_compile_scale.profile(n1)
+            large = bench_compile_scale.profile(n2)
+            text += ("\n\n### Profile of the passes\n\n"
+                     + bench_compile_scale.profile_markdown(small, large))
+            nb = 2_000 if args.quick else 10_000
+            build = bench_compile_scale.profile(nb, what="build")
+            text += (f"\n\n### Profile of the build ({nb:,} layers, total {build['total']:.2f} s "
+                     f"CPU time under the profiler), by cumulative time\n\n"
+                     + bench_compile_scale.profile_table(build, top=14))
+        sections.append(text)
+
+    elapsed = time.perf_counter() - t_start
+    header = [
+        "# mlaxgraph benchmark results", "",
+        f"- Date: {started.strftime('%Y-%m-%d %H:%M UTC')} (took {elapsed:.0f} s)",
+        f"- Command: `make bench` (runs `.venv/bin/python benchmarks/run.py`); this run: `{command}`",
+        f"- Machine: {info['nproc']} CPUs available (nproc; os.cpu_count() = {info['cpu_count']}), "
+        f"{info['cpu']}; {info['os']}",
+        f"- Software: {info['python']}, jax {info['jax']}, jaxlib {info['jaxlib']}, "
+        f"numpy {info['numpy']}; devices: {info['devices']}",
+        f"- Load average (1, 5, 15 min) at start: {load_before}; at end: {loadavg()}. The machine is "
+        f"shared: absolute times are noisy, paired ratios less so.",
+        "",
+    ]
+    if goals:
+        header += ["## Goals", "", md_table(["goal", "measured", "status"], goals), ""]
+    report = "\n".join(header) + "\n" + "\n\n".join(sections) + "\n"
+    print(report)
+    with open(args.output, "w") as f:
+        f.write(report)
+    print(f"wrote {os.path.relpath(args.output)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
