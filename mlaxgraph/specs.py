@@ -9,7 +9,7 @@ that shape inference needs (``7 * 7 * batch``) and print as their name.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Callable, Iterable, Mapping, Union
 
 import jax
 import numpy as np
@@ -17,7 +17,7 @@ from jax import export
 
 from .errors import ShapeError, DTypeError
 
-__all__ = ["Dim", "TensorSpec", "SCOPE", "as_dim", "as_dtype", "is_symbolic", "dim_names",
+__all__ = ["Dim", "TensorSpec", "ParamSpec", "Initializer", "flatten_specs", "init_specs", "SCOPE", "as_dim", "as_dtype", "is_symbolic", "dim_names",
            "bind_dims", "match_shape", "substitute", "shape_str", "dtype_str"]
 
 #: The one symbolic scope of every mlaxgraph dim.
@@ -204,3 +204,53 @@ def substitute(shape: Iterable[Dim], bindings: Mapping[str, Any]) -> tuple[Dim, 
             d = int(d) if not is_symbolic(d) else d
         out.append(d)
     return tuple(out)
+
+
+Initializer = Callable[[jax.Array, tuple, Any], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """A weight a layer declares: its shape, initializer and logical axis names.
+
+    The dtype is not part of it: weights are created in the policy's ``param_dtype``
+    and cast to the compute dtype inside the layer.
+    """
+
+    shape: tuple[int, ...]
+    init: Initializer
+    axes: tuple[str | None, ...] | None = None
+
+    @property
+    def size(self) -> int:
+        size = 1
+        for d in self.shape:
+            size *= d
+        return size
+
+
+def flatten_specs(specs: Mapping[str, Any], prefix: str = "") -> list[tuple[str, ParamSpec]]:
+    """``(path, spec)`` pairs of a possibly nested dict of ParamSpecs, paths joined by '/'."""
+    out = []
+    for name, spec in specs.items():
+        if isinstance(spec, Mapping):
+            out += flatten_specs(spec, f"{prefix}{name}/")
+        else:
+            out.append((prefix + name, spec))
+    return out
+
+
+def init_specs(specs: Mapping[str, Any], key: jax.Array, dtype: Any, salt) -> dict:
+    """Creates the weights ``specs`` declare (nested dicts allowed), each from a key
+    folded from ``key`` by the salt of its path."""
+
+    def build(tree, prefix):
+        out = {}
+        for name, spec in tree.items():
+            if isinstance(spec, Mapping):
+                out[name] = build(spec, f"{prefix}{name}/")
+            else:
+                out[name] = spec.init(jax.random.fold_in(key, salt(prefix + name)), spec.shape, dtype)
+        return out
+
+    return build(specs, "")

@@ -1,5 +1,5 @@
 """Example graphs used by the demo, the docs and the tests."""
 
-from .models import mlp, residual_cnn
+from .models import lstm_classifier, mlp, residual_block, residual_cnn, transformer_block
 
-__all__ = ["mlp", "residual_cnn"]
+__all__ = ["mlp", "residual_block", "residual_cnn", "transformer_block", "lstm_classifier"]

@@ -1,4 +1,5 @@
-"""Small example graphs: an MLP and a residual CNN."""
+"""Example graphs: an MLP, a residual CNN (with a ResNet basic block), a Transformer
+encoder block and an LSTM sequence classifier."""
 
 from __future__ import annotations
 
@@ -56,3 +57,42 @@ def residual_cnn(size: int = 8, channels: int = 16, classes: int = 10) -> Graph:
     h = ops.Flatten()(h)
     h = ops.Dropout(0.1)(h)
     return Graph(x, ops.Linear(classes, name="logits")(h), name="residual_cnn")
+
+
+def transformer_block(length: int = 16, width: int = 64, heads: int = 4, mlp: int = 128,
+                      causal: bool = False, dropout: float = 0.0) -> Graph:
+    """A pre-norm Transformer encoder block on ``(batch, length, width)``:
+    ``x + MHA(LN(x))`` then ``h + MLP(LN(h))``.
+
+    Example:
+      >>> transformer_block().output_specs
+      (f32[batch,16,64],)
+    """
+    x = Input(("batch", length, width), name="x")
+    h = ops.LayerNorm(name="ln_attention")(x)
+    mask = ops.causal_mask(h) if causal else None
+    attention = ops.MultiHeadAttention(heads, width // heads, name="attention")
+    a = attention(h) if mask is None else attention(h, mask=mask)
+    if dropout:
+        a = ops.Dropout(dropout, name="attention_dropout")(a)
+    h = ops.add(x, a)
+    m = ops.LayerNorm(name="ln_mlp")(h)
+    m = ops.Linear(width, name="mlp_out")(ops.gelu(ops.Linear(mlp, name="mlp_in")(m)))
+    if dropout:
+        m = ops.Dropout(dropout, name="mlp_dropout")(m)
+    return Graph(x, ops.add(h, m), name="transformer_block")
+
+
+def lstm_classifier(vocab: int = 100, length: int = 20, width: int = 32, hidden: int = 64,
+                    classes: int = 5) -> Graph:
+    """Token ids ``(batch, length)`` -> embeddings -> LSTM -> the final hidden state ->
+    class logits.
+
+    Example:
+      >>> lstm_classifier().output_specs
+      (f32[batch,5],)
+    """
+    tokens = Input(("batch", length), "int32", name="tokens")
+    h = ops.Embedding(vocab, width, name="embed")(tokens)
+    _, final_h, _ = ops.LSTM(hidden, return_state=True, name="lstm")(h)
+    return Graph(tokens, ops.Linear(classes, name="logits")(final_h), name="lstm_classifier")

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from ..errors import (GraphError, MlaxGraphError, ShapeError, SourceInfo, capture_source,
                       node_message)
-from ..specs import TensorSpec
+from ..specs import TensorSpec, flatten_specs
 from .node import Node, Value
 
 __all__ = ["SymbolicTensor", "Call", "call_layer", "trace_graph"]
@@ -151,22 +151,34 @@ def infer_outputs(layer, specs: tuple[TensorSpec, ...], name: str,
     return outputs
 
 
-def check_shared_weights(layer, specs: tuple[TensorSpec, ...], source: SourceInfo | None) -> None:
-    """A layer object called again must get inputs that fit the weights of its first call."""
-    from ..ops.base import flatten_specs
-
+def weight_shapes(layer, specs: tuple[TensorSpec, ...]) -> dict:
+    """Path -> shape of every weight (``state/`` paths for non-trainables) the layer
+    needs for inputs of these specs."""
     shapes = {k: v.shape for k, v in flatten_specs(layer.param_specs(specs))}
     shapes.update({"state/" + k: v.shape for k, v in flatten_specs(layer.state_specs(specs))})
+    return shapes
+
+
+def check_shared_weights(layer, specs: tuple[TensorSpec, ...], source: SourceInfo | None) -> None:
+    """A layer object called again must get inputs that fit the weights of its first call.
+
+    The first call only records its input specs; weight shapes are compared when (and
+    if) the layer is called again, so unshared layers pay nothing for the check.
+    """
     first = layer.__dict__.get("_first_call")
     if first is None:
-        object.__setattr__(layer, "_first_call", (shapes, specs))
-    elif first[0] != shapes:
+        object.__setattr__(layer, "_first_call", specs)
+        return
+    if first == specs:
+        return
+    want, shapes = weight_shapes(layer, first), weight_shapes(layer, specs)
+    if want != shapes:
         raise ShapeError(node_message(
             label(layer), layer.op_name,
             "this layer object is called again (sharing its weights), but its inputs need "
             "weights of other shapes; use a new layer object for unshared weights",
             got=", ".join(str(s) for s in specs) + f" (weights {shapes})",
-            expected=", ".join(str(s) for s in first[1]) + f" (weights {first[0]})",
+            expected=", ".join(str(s) for s in first) + f" (weights {want})",
             source=source))
 
 

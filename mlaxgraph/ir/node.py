@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from ..errors import SourceInfo
-from ..ops.base import Layer
 from ..specs import TensorSpec
+
+if TYPE_CHECKING:  # the IR records ops; ops build IR through the builder
+    from ..ops.base import Layer
 
 __all__ = ["Value", "Node", "SourceInfo"]
 
@@ -37,7 +40,7 @@ class Node:
     """
 
     name: str
-    op: Layer
+    op: "Layer"
     inputs: tuple[Value, ...]
     outputs: tuple[TensorSpec, ...]
     layer: str

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..ops.base import flatten_specs
-from ..specs import dtype_str, shape_str
+from ..specs import dtype_str, flatten_specs, shape_str
 
 __all__ = ["summarize", "count_params"]
 

@@ -19,8 +19,7 @@ from ..errors import DTypeError, GraphError, ShapeError, node_message
 from ..ir.graph import Block, Graph
 from ..ir.node import Node
 from ..ir.printer import context_lines
-from ..ops.base import init_specs
-from ..specs import TensorSpec, bind_dims, match_shape
+from ..specs import TensorSpec, bind_dims, init_specs, match_shape
 
 __all__ = ["make_init", "make_apply", "random_layers", "salt"]
 

@@ -16,38 +16,17 @@ Calling the same object again shares its weights.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
-from ..errors import ShapeError, DTypeError, capture_source
-from ..specs import TensorSpec, shape_str
+from ..errors import ShapeError, DTypeError, capture_source, node_message
+from ..ir.builder import call_layer
+from ..specs import Initializer, ParamSpec, TensorSpec, as_dtype, shape_str
 
-__all__ = ["Layer", "ParamSpec", "Initializer", "flatten_specs", "init_specs"]
-
-Initializer = Callable[[jax.Array, tuple, Any], jax.Array]
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamSpec:
-    """A weight a layer declares: its shape, initializer and logical axis names.
-
-    The dtype is not part of it: weights are created in the policy's ``param_dtype``
-    and cast to the compute dtype inside the layer.
-    """
-
-    shape: tuple[int, ...]
-    init: Initializer
-    axes: tuple[str | None, ...] | None = None
-
-    @property
-    def size(self) -> int:
-        size = 1
-        for d in self.shape:
-            size *= d
-        return size
-
+__all__ = ["Layer", "ParamSpec", "Initializer"]
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
@@ -114,43 +93,12 @@ class Layer:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
-        from ..ir.builder import call_layer  # the builder is the only mutable part of the IR
-
         return call_layer(self, inputs, kwargs)
 
     def invalid(self, problem: str, error: type = ShapeError) -> None:
         """Raises ``error`` for a bad hyperparameter, naming the layer and the user's line."""
-        from ..errors import node_message
-
         raise error(node_message(self.name or self.op_name, self.op_name, problem,
                                  source=capture_source()))
-
-
-def flatten_specs(specs: Mapping[str, Any], prefix: str = "") -> list[tuple[str, ParamSpec]]:
-    """``(path, spec)`` pairs of a possibly nested dict of ParamSpecs, paths joined by '/'."""
-    out = []
-    for name, spec in specs.items():
-        if isinstance(spec, Mapping):
-            out += flatten_specs(spec, f"{prefix}{name}/")
-        else:
-            out.append((prefix + name, spec))
-    return out
-
-
-def init_specs(specs: Mapping[str, Any], key: jax.Array, dtype: Any, salt) -> dict:
-    """Creates the weights ``specs`` declare (nested dicts allowed), each from a key
-    folded from ``key`` by the salt of its path."""
-
-    def build(tree, prefix):
-        out = {}
-        for name, spec in tree.items():
-            if isinstance(spec, Mapping):
-                out[name] = build(spec, f"{prefix}{name}/")
-            else:
-                out[name] = spec.init(jax.random.fold_in(key, salt(prefix + name)), spec.shape, dtype)
-        return out
-
-    return build(specs, "")
 
 
 # --- small helpers ops share ---------------------------------------------------------
@@ -202,10 +150,6 @@ def normalize_tuple(value: Any, n: int, what: str, layer: Layer) -> tuple[int, .
 def validate_precision(layer: Layer) -> None:
     """Normalizes the ``precision`` and ``preferred_element_type`` fields of layers
     built on ``lax.dot_general`` / ``lax.conv_general_dilated``."""
-    from jax import lax
-
-    from ..specs import as_dtype
-
     if layer.precision is not None:
         try:
             set_field(layer, "precision", lax.Precision(str(layer.precision).lower()).name.lower())
@@ -218,5 +162,6 @@ def validate_precision(layer: Layer) -> None:
 def set_field(layer: Layer, name: str, value: Any) -> None:
     """Normalizes a field of a frozen layer in ``validate`` (e.g. ``3`` -> ``(3, 3)``)."""
     object.__setattr__(layer, name, value)
+
 
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from ..errors import DTypeError, ShapeError, node_message
-from ..ir.builder import infer_outputs
+from ..ir.builder import infer_outputs, weight_shapes
 from ..ir.graph import Block, Graph
 from ..ir.printer import context_lines
-from ..ops.base import flatten_specs
 
 __all__ = ["infer_shapes"]
 
@@ -47,8 +46,7 @@ def _check_shared_weights(graph: Graph, node, got, weights) -> None:
     """Nodes sharing a layer must need weights of the same shapes."""
     if isinstance(node.op, Block):
         return  # the nested graph's own nodes declare its weights
-    shapes = {k: v.shape for k, v in flatten_specs(node.op.param_specs(got))}
-    shapes.update({"state/" + k: v.shape for k, v in flatten_specs(node.op.state_specs(got))})
+    shapes = weight_shapes(node.op, got)
     first = weights.setdefault(node.layer, (node.name, shapes))
     if first[1] != shapes:
         raise ShapeError(node_message(
