@@ -82,6 +82,18 @@ class CompiledModel:
 
         return inspect.export(self, inference_mode=inference_mode, platforms=platforms)
 
+    def summary(self, expand_nested: bool = False) -> str:
+        """The summary of the compiled graph: the policy's casts show as layers, weight
+        sizes are at the policy's ``param_dtype``."""
+        from .ir.summary import summarize
+
+        param_dtype = (self.policy or Policy()).param_dtype
+        text = summarize(self.graph, expand_nested=expand_nested, param_dtype=param_dtype)
+        return text + f"\npolicy: {self.policy}"
+
+    def _repr_html_(self):
+        return self.graph._repr_html_()
+
     def __repr__(self) -> str:
         return f"<CompiledModel {self.graph.name!r} {self.policy}>"
 

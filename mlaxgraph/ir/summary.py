@@ -1,6 +1,8 @@
-"""The summary table of a graph: layer, op, output shape, dtype, params, inputs."""
+"""The summary table of a graph: layer, op, output shape, dtype, params, connected to."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..specs import dtype_str, flatten_specs, shape_str
 
@@ -26,33 +28,51 @@ def count_params(graph) -> dict[str, tuple[int, int]]:
     return counts
 
 
-def summarize(graph) -> str:
+def _rows(graph, expand_nested: bool, indent: str = ""):
+    from .graph import Block
+
     counts = count_params(graph)
-    header = ("layer", "op", "output shape", "dtype", "params", "inputs")
-    rows = []
     for node in graph.nodes:
         trainable, state = counts[node.layer]
         if node.shares_weights:
             params = f"(shared with {node.layer})"
         else:
-            params = f"{trainable + state:,}" if trainable + state else "0"
-        shape = ", ".join(shape_str(s.shape) for s in node.outputs)
-        dtype = ", ".join(dtype_str(s.dtype) for s in node.outputs)
-        inputs = ", ".join(str(v).lstrip("%") for v in node.inputs)
-        rows.append((node.name, node.op.op_name, shape, dtype, params, inputs))
+            params = f"{trainable + state:,}"
+        yield (indent + node.name, node.op.op_name,
+               ", ".join(shape_str(s.shape) for s in node.outputs),
+               ", ".join(dtype_str(s.dtype) for s in node.outputs), params,
+               ", ".join(str(v).lstrip("%") for v in node.inputs))
+        if expand_nested and isinstance(node.op, Block) and not node.shares_weights:
+            yield from _rows(node.op.graph, expand_nested, indent + "  ")
+
+
+def _size(count: int, dtype: np.dtype) -> str:
+    size = count * dtype.itemsize
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return ""
+
+
+def summarize(graph, expand_nested: bool = False, param_dtype=np.dtype("float32")) -> str:
+    """The summary table; nested blocks' layers listed under them with ``expand_nested``;
+    sizes of weights at ``param_dtype``."""
+    header = ("layer", "op", "output shape", "dtype", "params", "connected to")
+    rows = list(_rows(graph, expand_nested))
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
 
     def fmt(row):
         return "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
 
     rule = "-" * len(fmt(tuple("-" * w for w in widths)))
-    total_trainable = sum(c[0] for name, c in counts.items())
-    total_state = sum(c[1] for name, c in counts.items())
-    lines = [f'graph "{graph.name}"', rule, fmt(header), rule]
-    lines += [fmt(r) for r in rows]
-    lines += [rule,
-              f"trainable params: {total_trainable:,}",
-              f"non-trainable params: {total_state:,}",
-              f"inputs: {', '.join(f'{n} {graph.node(n).outputs[0]}' for n in graph.inputs)}",
-              f"outputs: {', '.join(str(graph.spec(v)) for v in graph.outputs)}"]
-    return "\n".join(lines)
+    counts = count_params(graph).values()
+    trainable, state = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    param_dtype = np.dtype(param_dtype)
+    return "\n".join([
+        f'graph "{graph.name}"', rule, fmt(header), rule, *(fmt(r) for r in rows), rule,
+        f"trainable params: {trainable:,} ({_size(trainable, param_dtype)})",
+        f"non-trainable params: {state:,} ({_size(state, param_dtype)})",
+        f"inputs: {', '.join(f'{n} {graph.node(n).outputs[0]}' for n in graph.inputs)}",
+        f"outputs: {', '.join(str(graph.spec(v)) for v in graph.outputs)}",
+    ])
