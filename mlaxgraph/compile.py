@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import jax
@@ -95,7 +96,18 @@ class CompiledModel:
         return self.graph._repr_html_()
 
     def __repr__(self) -> str:
-        return f"<CompiledModel {self.graph.name!r} {self.policy}>"
+        return f"<CompiledModel {self.graph.name!r} policy={self.policy}>"
+
+
+def _check_overrides(graph: Graph, policy: Policy) -> None:
+    """An override must name a layer of the graph (or of a nested block)."""
+    layers = {node.layer for _, node in graph.walk()}
+    for name, _ in policy.overrides:
+        if name not in layers:
+            close = difflib.get_close_matches(name, sorted(layers), n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise GraphError(f"Policy.overrides names {name!r}, which is no layer of graph "
+                             f"{graph.name!r}{hint}")
 
 
 def compile(graph: Graph, policy: Policy | None = None) -> CompiledModel:
@@ -115,5 +127,7 @@ def compile(graph: Graph, policy: Policy | None = None) -> CompiledModel:
         raise GraphError(f"mg.compile takes a Graph, got {type(graph).__name__}")
     if policy is not None and not isinstance(policy, Policy):
         raise GraphError(f"policy must be an mg.Policy, got {type(policy).__name__}")
+    if policy is not None:
+        _check_overrides(graph, policy)
     compiled = run_passes(graph, default_passes(policy))
     return CompiledModel(compiled, graph, policy)

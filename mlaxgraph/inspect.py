@@ -66,7 +66,8 @@ def cost(model, *example: Any, inference_mode: bool = False, **dims: int) -> dic
     analysis = _lowered(model, example, dims, inference_mode).compile().cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older JAX returned one dict per device
         analysis = analysis[0] if analysis else {}
-    return dict(analysis or {})
+    # Keys like 'bytes accessed0{}' are per operand of the entry computation: dropped.
+    return {k: float(v) for k, v in (analysis or {}).items() if not k.endswith("}")}
 
 
 def export(model, *, inference_mode: bool = True, platforms=None):

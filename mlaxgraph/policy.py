@@ -24,10 +24,13 @@ class Policy:
         inside each layer).
       compute_dtype: dtype layers compute in; float graph inputs are cast to it.
         Precision-sensitive layers (BatchNorm, softmax, ...) compute in float32.
-      output_dtype: dtype of float graph outputs; defaults to ``compute_dtype`` (as in
-        Keras: put a float32 layer or an override at the end to get float32 logits).
-      overrides: layer name -> compute dtype, overriding both rules above for that
-        layer (a dict is accepted; it is stored as sorted pairs so a Policy is hashable).
+      output_dtype: dtype float graph outputs are cast to; defaults to
+        ``compute_dtype``, as in Keras. Give ``output_dtype="float32"`` for float32
+        logits from a half-precision model.
+      overrides: layer name -> the dtype that layer computes in, overriding both rules
+        above (a block's name sets the compute dtype of its layers). Names must be
+        layers of the compiled graph. A dict is accepted; it is stored as sorted pairs
+        so a Policy is hashable.
 
     Example:
       >>> Policy(compute_dtype="bfloat16", overrides={"logits": "float32"})

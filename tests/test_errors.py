@@ -175,3 +175,21 @@ def test_f_whose_function_fails_is_a_shape_error_at_the_call():
         where = next_line()
         ops.F(lambda t: t @ jnp.ones((5, 2)), name="matmul")(x)
     assert "'matmul'" in str(info.value) and where in str(info.value)
+
+
+def test_invalid_in_a_custom_layers_validate_names_the_users_line():
+    import dataclasses
+
+    @ops.register("test_scale")
+    @dataclasses.dataclass(frozen=True)
+    class Scale(ops.Layer):
+        factor: float
+
+        def validate(self):
+            if self.factor <= 0:
+                self.invalid(f"factor must be positive, got {self.factor}")
+
+    with pytest.raises(mg.ShapeError) as info:
+        where = next_line()
+        Scale(-1.0, name="scale")
+    assert "layer 'scale' (op test_scale)" in str(info.value) and where in str(info.value)

@@ -55,6 +55,7 @@ def test_cost_has_flops_and_bytes_and_scales_with_batch():
     model = mg.compile(mlp(16, (32,), 4))
     small, large = model.cost(batch=8, inference_mode=True), model.cost(batch=16, inference_mode=True)
     assert small["flops"] > 0 and small["bytes accessed"] > 0
+    assert not [k for k in small if "{" in k]  # per-operand entries are dropped
     # Two dots, 2*m*k*n flops each: 2*8*16*32 + 2*8*32*4 = 10240, plus bias adds and relu.
     assert 10240 <= small["flops"] <= 10240 * 1.2
     assert large["flops"] == pytest.approx(2 * small["flops"], rel=0.01)

@@ -210,3 +210,19 @@ def test_without_a_policy_no_casts_are_inserted():
     assert params["fc"]["kernel"].dtype == jnp.float32  # weights float32, cast in the layer
     out, _ = model.apply(params, {}, jnp.ones((2, 4), jnp.bfloat16))
     assert out.dtype == jnp.bfloat16
+
+
+def test_an_override_naming_a_block_sets_its_layers_dtype():
+    inner = mg.Input(("batch", 8), name="x")
+    blk = mg.Graph(inner, ops.relu(ops.Linear(8, name="fc")(inner)), name="blk")
+    x = mg.Input(("batch", 8), name="x")
+    g = mg.Graph(x, ops.Linear(2, name="head")(blk(x)))
+    model = mg.compile(g, mg.Policy(compute_dtype="bfloat16", overrides={"blk": "float32"}))
+    inner_graph = model.graph.node("blk").op.graph
+    assert all(s.dtype == np.dtype("float32") for _, n in inner_graph.walk() for s in n.outputs)
+    assert model.graph.node("head").outputs[0].dtype == jnp.bfloat16
+
+
+def test_an_override_naming_no_layer_is_a_graph_error():
+    with pytest.raises(mg.GraphError, match="'fc33'.*did you mean 'fc3'"):
+        mg.compile(mlp3(), mg.Policy(compute_dtype="bfloat16", overrides={"fc33": "float32"}))

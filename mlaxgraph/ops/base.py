@@ -46,6 +46,9 @@ class Layer:
     random: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
+        # Where the user made the layer, for errors raised by validate() (it may live in
+        # a user module, so the frames above it are not all mlaxgraph's).
+        object.__setattr__(self, "_created_at", capture_source())
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             self.invalid(f"a layer name must be a non-empty string, got {self.name!r}")
         self.validate()
@@ -97,8 +100,9 @@ class Layer:
 
     def invalid(self, problem: str, error: type = ShapeError) -> None:
         """Raises ``error`` for a bad hyperparameter, naming the layer and the user's line."""
-        raise error(node_message(self.name or self.op_name, self.op_name, problem,
-                                 source=capture_source()))
+        source = self.__dict__.get("_created_at") or capture_source()
+        raise error(node_message(self.name or self.default_name, self.op_name, problem,
+                                 source=source))
 
 
 # --- small helpers ops share ---------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..ir.builder import infer_outputs
 from ..ir.graph import Block, Graph
 from ..ir.node import Node, Value
@@ -62,13 +64,16 @@ def insert_casts(graph: Graph, policy: Policy, *, nested: bool = False) -> Graph
             specs[node.value()] = node.outputs[0]
             continue
         op = node.op
+        dtype = policy.dtype_for(node.layer, op.precision_sensitive)
         if isinstance(op, Cast) and not op.inserted:
             inputs = node.inputs
         else:
-            dtype = policy.dtype_for(node.layer, op.precision_sensitive)
             inputs = tuple(cast(v, dtype, node.source) for v in node.inputs)
         if isinstance(op, Block):
-            op = Block(insert_casts(op.graph, policy, nested=True), name=op.name)
+            # The block computes in the dtype its inputs were cast to (an override of
+            # the block's name makes that its layers' compute dtype).
+            inner = policy if dtype == policy.compute_dtype else dataclasses.replace(policy, compute_dtype=dtype)
+            op = Block(insert_casts(op.graph, inner, nested=True), name=op.name)
         unchanged = (op is node.op and inputs == node.inputs
                      and all(specs[v] is recorded[v] for v in inputs))
         if not unchanged:  # a node whose inputs kept their specs keeps its outputs
