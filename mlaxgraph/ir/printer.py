@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -47,9 +48,21 @@ def non_default_attrs(op) -> dict[str, Any]:
 
 def _normalized_default(op, field):
     try:
-        return getattr(dataclasses.replace(op, **{field.name: field.default}), field.name)
+        return _normalized_default_cached(op, field.name, field.default)
+    except TypeError:  # an op holding an unhashable value: no cache
+        return _normalize(op, field.name, field.default)
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalized_default_cached(op, name, default):
+    return _normalize(op, name, default)
+
+
+def _normalize(op, name, default):
+    try:
+        return getattr(dataclasses.replace(op, **{name: default}), name)
     except Exception:  # the default alone may be invalid for this op's other fields
-        return field.default
+        return default
 
 
 def _same(value, default) -> bool:

@@ -39,8 +39,8 @@ class MultiHeadAttention(Layer):
     Inputs are ``(batch, q_len, d)`` and ``(batch, kv_len, d_kv)``; the optional mask
     is boolean (True = attend) and broadcasts to ``(batch, heads, q_len, kv_len)``
     (``(q_len, kv_len)``, ``(batch, q_len, kv_len)`` or rank 4). Scores are scaled by
-    ``1/sqrt(head_dim)``; the softmax runs in float32. ``head_dim`` defaults to
-    ``d // num_heads`` (which must divide).
+    ``1/sqrt(head_dim)``; the softmax runs in float32 (float64 for float64 inputs).
+    ``head_dim`` defaults to ``d // num_heads`` (which must divide).
 
     Params: ``query``, ``key``, ``value``: ``kernel (d, heads, head_dim)``, ``bias
     (heads, head_dim)``; ``out``: ``kernel (heads, head_dim, out)``, ``bias (out,)``.
@@ -142,11 +142,13 @@ class MultiHeadAttention(Layer):
         q, k, v = project(q_in, p["query"]), project(kv_in, p["key"]), project(kv_in, p["value"])
         head_dim = q.shape[-1]
         q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
-        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)
+        # The softmax runs in at least float32 (float64 inputs keep float64).
+        softmax_dtype = q.dtype if jnp.finfo(q.dtype).bits > 32 else jnp.float32
+        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(softmax_dtype)
         if len(inputs) == 3:
             mask = inputs[2]
             mask = mask[None, None] if mask.ndim == 2 else mask[:, None] if mask.ndim == 3 else mask
-            scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+            scores = jnp.where(mask, scores, jnp.finfo(softmax_dtype).min)
         weights = jax.nn.softmax(scores, axis=-1).astype(q_in.dtype)
         attended = jnp.einsum("bhqs,bshk->bqhk", weights, v)
         out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])

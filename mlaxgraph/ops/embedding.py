@@ -64,4 +64,6 @@ class Embedding(Layer):
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (ids,) = inputs
         table = params["embedding"].astype(self.dtype)
+        # take() would wrap negative ids to rows from the end: send them out of range too.
+        ids = jnp.where(ids < 0, self.num_embeddings, ids)
         return (jnp.take(table, ids, axis=0, mode="fill", fill_value=np.nan),), state
