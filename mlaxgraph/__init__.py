@@ -20,11 +20,14 @@ from .ir import Graph, Input, Node, Value, SymbolicTensor
 from .policy import Policy
 from .compile import compile, CompiledModel
 from . import ops
+from .io.save import save, load
+from .io.functions import register_function
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
     "TensorSpec", "Graph", "Input", "Node", "Value", "SymbolicTensor",
-    "Policy", "compile", "CompiledModel", "ops", "__version__",
+    "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
+    "__version__",
 ]

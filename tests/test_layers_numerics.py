@@ -891,3 +891,13 @@ def test_split_sections_must_divide():
         where = next_line()
         ops.Split(4, axis=1, name="halves")(x)
     _check_error(info, "halves", "split", where, "3", "4")
+
+
+def test_recurrent_layers_initialize_half_precision_weights():
+    x = mg.Input(("batch", 5, 3))
+    for layer in (ops.LSTM(4), ops.GRU(4)):
+        model = mg.compile(mg.Graph(x, layer(x)), mg.Policy(param_dtype="bfloat16"))
+        weights = model.init_fn(jax.random.key(0))[0][layer.op_name]
+        assert weights["recurrent_kernel"].dtype == jnp.bfloat16
+        kernel = np.asarray(weights["recurrent_kernel"], np.float32)  # (h, gates * h)
+        np.testing.assert_allclose(kernel @ kernel.T, np.eye(4), atol=0.05)  # orthonormal rows

@@ -238,11 +238,67 @@ class Graph:
         outs = ", ".join(str(s) for s in self.output_specs)
         return f"<Graph {self._name!r}: ({ins}) -> ({outs}), {len(self._nodes)} nodes>"
 
-    def summary(self) -> str:
-        """A table of layers: name, op, output shape, dtype, params, inputs."""
+    # --- see and save: thin entry points to mlaxgraph.render and mlaxgraph.io ----------
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The graph as JSON text in the documented, versioned schema (docs/file_format.md)."""
+        from ..io.json_format import graph_to_json
+
+        return graph_to_json(self, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Graph":
+        """A graph from ``to_json`` text; ops are looked up by name, no code runs."""
+        from ..io.json_format import graph_from_json
+
+        return graph_from_json(text)
+
+    def to_dot(self, **options: Any) -> str:
+        """DOT text for Graphviz (no dependency); options as ``render``."""
+        from ..render.dot import graph_to_dot
+
+        return graph_to_dot(self, **options)
+
+    def render(self, path: Any, format: str | None = None, **options: Any):
+        """Renders the graph to ``path`` (svg, png or pdf, from the suffix or
+        ``format``) with Graphviz's ``dot``; returns the path."""
+        from ..render.graphviz import render_graph
+
+        return render_graph(self, path, format=format, **options)
+
+    def to_networkx(self):
+        """The graph as a ``networkx.MultiDiGraph``."""
+        from ..render.networkx import graph_to_networkx
+
+        return graph_to_networkx(self)
+
+    @classmethod
+    def from_networkx(cls, nx_graph) -> "Graph":
+        """A graph from ``to_networkx`` output (possibly edited)."""
+        from ..render.networkx import graph_from_networkx
+
+        return graph_from_networkx(nx_graph)
+
+    def _repr_svg_(self):
+        from ..render.graphviz import repr_svg
+
+        return repr_svg(self)
+
+    def _repr_html_(self):
+        from ..render.graphviz import repr_html
+
+        return repr_html(self)
+
+    def summary(self, expand_nested: bool = False) -> str:
+        """A table of layers: name, op, output shape, dtype, params, connected to; then
+        the totals of trainable and non-trainable params (sizes at float32).
+
+        Args:
+          expand_nested: also list the layers of nested blocks, indented under them.
+        """
         from .summary import summarize
 
-        return summarize(self)
+        return summarize(self, expand_nested=expand_nested)
 
 
 @register("block")

@@ -20,8 +20,9 @@ _orthogonal = jax.nn.initializers.orthogonal()
 
 
 def orthogonal(key, shape, dtype):
-    """Orthogonal columns: the default recurrent kernel, as in Keras."""
-    return _orthogonal(key, shape, dtype)
+    """Orthogonal columns: the default recurrent kernel, as in Keras. Made in float32
+    (the QR it needs has no half-precision kernel) and cast to ``dtype``."""
+    return _orthogonal(key, shape, jnp.float32).astype(dtype)
 
 
 def lstm_bias(key, shape, dtype):

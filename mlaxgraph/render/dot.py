@@ -1,0 +1,538 @@
+"""A graph as DOT text for Graphviz, with no dependency.
+
+Every node is an HTML-like label in a table: the layer's name, its op, its output
+spec(s) and its parameter count. Nodes are filled by the dtype of their (first) output,
+so float32 and bfloat16 regions ("precision islands") show at a glance; ``Cast`` nodes
+are hexagons (dashed when a dtype policy inserted them); nodes that share another
+layer's weights have a dashed border and say whose. Multi-output nodes have one cell
+(port) per output and each edge leaves from the output it reads; multi-input nodes
+have one numbered cell per input slot and each edge arrives at its slot.
+
+Names are never trusted: every text reaches the DOT file through ``_html`` (HTML-like
+labels) or ``_esc_string`` (tooltips), node and cluster ids are generated (``n0``,
+``n1``, ...), so any name (quotes, ``<``, braces, newlines, backslashes, unicode)
+renders as itself. The output is deterministic: the same graph gives the same bytes.
+
+Example:
+  >>> from mlaxgraph import examples
+  >>> text = graph_to_dot(examples.mlp(4, (3,), 2))
+  >>> text.splitlines()[0]
+  'digraph mlp {'
+  >>> text == graph_to_dot(examples.mlp(4, (3,), 2))
+  True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import textwrap
+import unicodedata
+from typing import Any
+
+import numpy as np
+
+from ..ir.printer import format_attr, format_node, non_default_attrs
+from ..ir.summary import count_params
+from ..specs import dtype_str, shape_str
+
+__all__ = ["graph_to_dot", "DEFAULT_OPTIONS", "DTYPE_COLORS", "dtype_category", "check_options"]
+
+#: The options of ``graph_to_dot`` (and of ``Graph.to_dot`` / ``Graph.render``).
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "show_shapes": True,     # output shapes, symbolic dims by name
+    "show_dtype": True,      # output dtypes (f32, bf16, ...)
+    "show_params": True,     # parameter counts (trainable + non-trainable)
+    "show_attrs": False,     # the op's non-default hyperparameters
+    "expand_nested": False,  # nested blocks as clusters of their own layers
+    "rankdir": "TB",         # TB, LR, BT or RL, as Graphviz
+    "show_legend": False,    # a legend of the dtype colours and marks used
+}
+
+_RANKDIRS = ("TB", "LR", "BT", "RL")
+
+#: dtype category -> (fill colour, line colour). Categories: see ``dtype_category``.
+DTYPE_COLORS: dict[str, tuple[str, str]] = {
+    "float32": ("#d0e4f5", "#1c5d99"),
+    "bfloat16": ("#ffd8a8", "#d9480f"),
+    "float16": ("#fff3bf", "#e67700"),
+    "float64": ("#e5dbff", "#5f3dc4"),
+    "float8": ("#ffc9c9", "#c92a2a"),
+    "int": ("#d3f9d8", "#2b8a3e"),
+    "bool": ("#e9ecef", "#495057"),
+    "complex": ("#c5f6fa", "#0b7285"),
+    "other": ("#f8f9fa", "#495057"),
+}
+
+_BLOCK_FILL = "#f1f3f5"
+_BLOCK_LINE = "#868e96"
+_TEXT_GREY = "#495057"
+
+
+def dtype_category(dtype: Any) -> str:
+    """The colour category of a dtype: ``float32``, ``bfloat16``, ``float16``,
+    ``float64``, ``float8`` (any other float, e.g. float8_e4m3fn), ``int`` (signed and
+    unsigned), ``bool``, ``complex`` or ``other``.
+
+    Example:
+      >>> dtype_category("int32"), dtype_category(np.dtype("float16"))
+      ('int', 'float16')
+    """
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return "other"
+    name = dt.name
+    if name in ("float32", "bfloat16", "float16", "float64"):
+        return name
+    if dt.kind == "b":
+        return "bool"
+    if dt.kind in "iu":
+        return "int"
+    if dt.kind == "c":
+        return "complex"
+    if name.startswith("float") or dt.kind == "f":
+        return "float8"
+    return "other"
+
+
+def check_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``DEFAULT_OPTIONS`` updated with ``options``; ``TypeError`` for an unknown option,
+    ``ValueError`` for a bad ``rankdir``."""
+    unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown rendering option(s) {', '.join(map(repr, unknown))}; the "
+                        f"options are {', '.join(DEFAULT_OPTIONS)}")
+    merged = {**DEFAULT_OPTIONS, **options}
+    rankdir = merged["rankdir"]
+    if not isinstance(rankdir, str) or rankdir.upper() not in _RANKDIRS:
+        raise ValueError(f"rankdir must be one of {', '.join(_RANKDIRS)}, got {rankdir!r}")
+    merged["rankdir"] = rankdir.upper()
+    for key in DEFAULT_OPTIONS:
+        if key != "rankdir":
+            merged[key] = bool(merged[key])
+    return merged
+
+
+# --- escaping ---------------------------------------------------------------------------
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _visible(text: Any) -> str:
+    """``text`` with every character that is not printable text (control characters,
+    line and paragraph separators, lone surrogates, non-characters) written as a
+    Python escape, so it is valid XML and shows what is there."""
+    text = str(text)
+    out = []
+    for ch in text:
+        code = ord(ch)
+        category = unicodedata.category(ch)
+        if category in ("Cc", "Cs", "Zl", "Zp") or 0xFDD0 <= code <= 0xFDEF or (code & 0xFFFE) == 0xFFFE:
+            if ch == "\n":
+                out.append("\\n")
+            elif ch == "\t":
+                out.append("\\t")
+            elif ch == "\r":
+                out.append("\\r")
+            elif code <= 0xFF:
+                out.append(f"\\x{code:02x}")
+            elif code <= 0xFFFF:
+                out.append(f"\\u{code:04x}")
+            else:
+                out.append(f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _html(text: Any) -> str:
+    """Text for an HTML-like label: visible, with the XML specials as entities and
+    backslashes doubled (Graphviz expands \\N, \\G, \\E in HTML text too, and reads
+    ``\\\\`` as one backslash)."""
+    text = _visible(text)
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace('"', "&quot;").replace("'", "&#39;").replace("\\", "\\\\"))
+
+
+def _esc_string(text: Any) -> str:
+    """A double-quoted DOT string for an escString attribute (tooltips). Backslashes
+    come in pairs, so no backslash can escape the closing quote, and Graphviz's escape
+    sequences (\\N, \\G, \\n, ...) cannot be formed from a name."""
+    text = _visible(text)
+    return '"' + text.replace("\\", "\\\\\\\\").replace('"', '\\"') + '"'
+
+
+def _plain_id(name: str) -> str:
+    """A DOT identifier made from a name: letters, digits and underscores only."""
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", name) or "graph"
+    return ident if not ident[0].isdigit() else "g_" + ident
+
+
+def _node_line(node) -> str:
+    """The node's printed line (for tooltips), without memory addresses."""
+    return _ADDRESS.sub("", format_node(node))
+
+
+def _attrs_text(op) -> list[str]:
+    """The op's non-default hyperparameters, wrapped to lines of at most 40 characters,
+    without memory addresses (which differ between runs)."""
+    attrs = non_default_attrs(op)
+    if not attrs:
+        return []
+    text = ", ".join(f"{k}={_ADDRESS.sub('', format_attr(v))}" for k, v in attrs.items())
+    if len(text) > 160:
+        text = text[:159] + "\u2026"
+    return textwrap.wrap(text, 40, break_long_words=True, break_on_hyphens=False) or [text]
+
+
+# --- the writer -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Endpoint:
+    node: str
+    port: str | None = None
+
+    def at(self, compass: str) -> str:
+        """The DOT endpoint: the node, or its port with the side edges attach to."""
+        return f"{self.node}:{self.port}:{compass}" if self.port else self.node
+
+
+_COMPASS = {"TB": ("s", "n"), "BT": ("n", "s"), "LR": ("e", "w"), "RL": ("w", "e")}
+# Input nodes point along the flow.
+_INPUT_SHAPE = {"TB": "shape=invhouse", "BT": "shape=house", "LR": "shape=invhouse, orientation=90",
+                "RL": "shape=invhouse, orientation=270"}
+
+
+class _Writer:
+    def __init__(self, options: dict[str, Any]):
+        self.o = options
+        self.count = 0
+        self.edges: list[str] = []
+        self.categories: dict[str, None] = {}
+        self.marks: dict[str, None] = {}
+        self.tail_compass, self.head_compass = _COMPASS[options["rankdir"]]
+        self.horizontal = options["rankdir"] in ("LR", "RL")
+        self.reversed = options["rankdir"] in ("BT", "RL")
+
+    def new_id(self) -> str:
+        ident = f"n{self.count}"
+        self.count += 1
+        return ident
+
+    # --- labels ---------------------------------------------------------------------
+
+    def spec_text(self, spec) -> str:
+        parts = []
+        if self.o["show_dtype"]:
+            parts.append(dtype_str(spec.dtype))
+        if self.o["show_shapes"]:
+            parts.append(shape_str(spec.shape))
+        return "".join(parts)
+
+    def params_text(self, counts, node) -> str | None:
+        if node.shares_weights:
+            return None
+        trainable, state = counts.get(node.layer, (0, 0))
+        if not self.o["show_params"] or trainable + state == 0:
+            return None
+        text = f"params: {trainable + state:,}"
+        if state:
+            text += f" ({state:,} non-trainable)"
+        return text
+
+    def ports(self, prefix: str, cells: list[tuple[str, str | None]]) -> str:
+        """A nested table of port cells across the flow (a row for TB/BT, a column for
+        LR/RL); cells are (html text, background colour or None)."""
+        tds = []
+        for i, (text, color) in enumerate(cells):
+            bg = f' BGCOLOR="{color}"' if color else ""
+            tds.append(f'<TD PORT="{prefix}{i}"{bg}>{text}</TD>')
+        if self.horizontal:
+            rows = "".join(f"<TR>{td}</TR>" for td in tds)
+        else:
+            rows = "<TR>" + "".join(tds) + "</TR>"
+        return ('<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="2" '
+                f'COLOR="{_TEXT_GREY}">{rows}</TABLE>')
+
+    def table(self, body_lines: list[str], in_cells, out_cells, *, style: str | None,
+              fill: str | None, border: int, color: str) -> str:
+        """An HTML-like label: the input ports, the body and the output ports along the
+        flow direction."""
+        body = "<BR/>".join(body_lines)
+        bands = []
+        if in_cells:
+            bands.append(f"<TD>{self.ports('i', in_cells)}</TD>")
+        bands.append(f'<TD CELLPADDING="3">{body}</TD>')
+        if out_cells:
+            bands.append(f"<TD>{self.ports('o', out_cells)}</TD>")
+        if self.reversed:
+            bands.reverse()
+        if self.horizontal:
+            rows = "<TR>" + "".join(bands) + "</TR>"
+        else:
+            rows = "".join(f"<TR>{b}</TR>" for b in bands)
+        attrs = [f'BORDER="{border}"', 'CELLBORDER="0"', 'CELLSPACING="0"', 'CELLPADDING="2"',
+                 f'COLOR="{color}"']
+        if fill is not None:
+            attrs.append(f'BGCOLOR="{fill}"')
+        if style:
+            attrs.append(f'STYLE="{style}"')
+        return f"<<TABLE {' '.join(attrs)}>{rows}</TABLE>>"
+
+    def body_lines(self, node, graph, counts, *, op_line: str, one_spec: bool) -> list[str]:
+        lines = [f"<B>{_html(node.name)}</B>", _html(op_line)]
+        if self.o["show_attrs"]:
+            lines += [f'<FONT POINT-SIZE="8">{_html(t)}</FONT>' for t in self.op_attrs(node)]
+        if one_spec:
+            text = self.spec_text(node.outputs[0])
+            if text:
+                lines.append(_html(text))
+        params = self.params_text(counts, node)
+        if params:
+            lines.append(f'<FONT COLOR="{_TEXT_GREY}">{_html(params)}</FONT>')
+        if node.shares_weights:
+            lines.append(f"<I>{_html('shares weights with ' + node.layer)}</I>")
+        return lines
+
+    def op_attrs(self, node) -> list[str]:
+        from ..ir.graph import Block, InputLayer
+        from ..ops.cast import Cast
+
+        if isinstance(node.op, (Block, InputLayer, Cast)):
+            return []
+        return _attrs_text(node.op)
+
+    # --- nodes ------------------------------------------------------------------------
+
+    def emit_graph(self, graph, indent: str, scope_inputs: list[tuple[_Endpoint, str]] | None,
+                   lines: list[str]) -> list[_Endpoint]:
+        """Writes the nodes of ``graph`` (clusters for expanded blocks) to ``lines`` and
+        their edges to ``self.edges``; returns the endpoints of the graph's outputs.
+
+        ``scope_inputs``: for an expanded block, the endpoint (and spec) feeding each of
+        its inputs."""
+        from ..ir.graph import Block, InputLayer
+        from ..ops.cast import Cast
+
+        counts = count_params(graph)
+        out_of: dict[tuple[str, int], _Endpoint] = {}
+
+        def edge(source: _Endpoint, target: _Endpoint, spec) -> None:
+            category = dtype_category(spec.dtype)
+            color = DTYPE_COLORS[category][1]
+            self.edges.append(
+                f"{source.at(self.tail_compass)} -> {target.at(self.head_compass)} "
+                f'[color="{color}", tooltip={_esc_string(spec)}];')
+
+        for node in graph.nodes:
+            if isinstance(node.op, InputLayer):
+                ident = self.new_id()
+                spec = node.outputs[0]
+                fill, line = self.fill(spec.dtype)
+                body = [f"<B>{_html(node.name)}</B>", "input"]
+                text = self.spec_text(spec)
+                if text:
+                    body.append(_html(text))
+                label = "<" + "<BR/>".join(body) + ">"
+                lines.append(f'{indent}{ident} [{_INPUT_SHAPE[self.o["rankdir"]]}, style=filled, fillcolor="{fill}", '
+                             f'color="{line}", label={label}, tooltip={_esc_string(_node_line(node))}];')
+                out_of[(node.name, 0)] = _Endpoint(ident)
+                if scope_inputs is not None:
+                    position = graph.inputs.index(node.name)
+                    source, outer_spec = scope_inputs[position]
+                    edge(source, _Endpoint(ident), outer_spec)
+                continue
+
+            input_specs = graph.input_specs_of(node)
+            if isinstance(node.op, Block) and self.o["expand_nested"]:
+                outs = self.emit_cluster(node, graph, counts, indent, lines,
+                                         [(out_of[(v.node, v.index)], s)
+                                          for v, s in zip(node.inputs, input_specs)])
+                for j, endpoint in enumerate(outs):
+                    out_of[(node.name, j)] = endpoint
+                continue
+
+            ident = self.new_id()
+            if isinstance(node.op, Cast):
+                self.emit_cast(ident, node, input_specs, indent, lines)
+            else:
+                self.emit_layer(ident, node, graph, counts, indent, lines)
+            many_in = len(node.inputs) > 1
+            many_out = len(node.outputs) > 1
+            for j in range(len(node.outputs)):
+                out_of[(node.name, j)] = _Endpoint(ident, f"o{j}" if many_out else None)
+            for slot, (v, spec) in enumerate(zip(node.inputs, input_specs)):
+                edge(out_of[(v.node, v.index)], _Endpoint(ident, f"i{slot}" if many_in else None), spec)
+
+        results = []
+        for j, v in enumerate(graph.outputs):
+            ident = self.new_id()
+            text = "output" if len(graph.outputs) == 1 else f"output {j}"
+            lines.append(f'{indent}{ident} [shape=oval, style=filled, fillcolor="white", '
+                         f'color="{_TEXT_GREY}", fontsize=9, label=<{text}>, '
+                         f"tooltip={_esc_string(f'{text}: {v} {graph.spec(v)}')}];")
+            edge(out_of[(v.node, v.index)], _Endpoint(ident), graph.spec(v))
+            results.append(_Endpoint(ident))
+        return results
+
+    def fill(self, dtype) -> tuple[str, str]:
+        category = dtype_category(dtype)
+        self.categories.setdefault(category)
+        return DTYPE_COLORS[category]
+
+    def emit_layer(self, ident, node, graph, counts, indent, lines) -> None:
+        from ..ir.graph import Block
+
+        many_out = len(node.outputs) > 1
+        fill, line = self.fill(node.outputs[0].dtype)
+        op_line = node.op.op_name
+        if isinstance(node.op, Block):
+            inner = node.op.graph
+            layers = sum(1 for n in inner.nodes if n.name not in inner.inputs)
+            op_line = f"block {inner.name} ({layers} layers)" if inner.name != node.name else \
+                f"block ({layers} layers)"
+            self.marks.setdefault("block")
+        body = self.body_lines(node, graph, counts, op_line=op_line, one_spec=not many_out)
+        in_cells = ([(f'<FONT POINT-SIZE="8">{i}</FONT>', None) for i in range(len(node.inputs))]
+                    if len(node.inputs) > 1 else None)
+        out_cells = None
+        if many_out:
+            out_cells = []
+            for j, spec in enumerate(node.outputs):
+                text = self.spec_text(spec)
+                text = f"{j}: {text}" if text else f"output {j}"
+                out_cells.append((f'<FONT POINT-SIZE="9">{_html(text)}</FONT>',
+                                  self.fill(spec.dtype)[0]))
+        style = "rounded"
+        if node.shares_weights:
+            style = "rounded,dashed"
+            self.marks.setdefault("shared")
+        border = 2 if isinstance(node.op, Block) else 1
+        label = self.table(body, in_cells, out_cells, style=style, fill=fill, border=border, color=line)
+        lines.append(f"{indent}{ident} [shape=plain, label={label}, "
+                     f"tooltip={_esc_string(_node_line(node))}];")
+
+    def emit_cast(self, ident, node, input_specs, indent, lines) -> None:
+        fill, line = self.fill(node.outputs[0].dtype)
+        source = dtype_str(input_specs[0].dtype) if input_specs else "?"
+        body = [f"<B>{_html(node.name)}</B>",
+                _html(f"cast {source} \u2192 {dtype_str(node.outputs[0].dtype)}")]
+        text = self.spec_text(node.outputs[0])
+        if self.o["show_shapes"] and text:
+            body.append(_html(text))
+        inserted = bool(getattr(node.op, "inserted", False))
+        if inserted:
+            body.append('<I><FONT POINT-SIZE="8">inserted by policy</FONT></I>')
+            self.marks.setdefault("inserted cast")
+        else:
+            self.marks.setdefault("cast")
+        style = "filled,dashed" if inserted else "filled,bold"
+        label = "<" + "<BR/>".join(body) + ">"
+        lines.append(f'{indent}{ident} [shape=hexagon, style="{style}", fillcolor="{fill}", '
+                     f'color="{line}", margin="0.02,0.02", label={label}, '
+                     f"tooltip={_esc_string(_node_line(node))}];")
+
+    def emit_cluster(self, node, graph, counts, indent, lines, scope_inputs) -> list[_Endpoint]:
+        cluster = f"cluster_{self.new_id()}"
+        inner = node.op.graph
+        title = [f"<B>{_html(node.name)}</B>"]
+        if inner.name != node.name:
+            title.append(_html(f"block {inner.name}"))
+        else:
+            title.append("block")
+        params = self.params_text(counts, node)
+        if params:
+            title.append(_html(params))
+        style = "rounded,filled"
+        if node.shares_weights:
+            style += ",dashed"
+            title.append(f"<I>{_html('shares weights with ' + node.layer)}</I>")
+            self.marks.setdefault("shared")
+        self.marks.setdefault("block")
+        lines.append(f"{indent}subgraph {cluster} {{")
+        inner_indent = indent + "  "
+        lines.append(f'{inner_indent}label=<{" &middot; ".join(title)}>;')
+        lines.append(f'{inner_indent}style="{style}"; fillcolor="{_BLOCK_FILL}"; '
+                     f'color="{_BLOCK_LINE}"; tooltip={_esc_string(_node_line(node))};')
+        outs = self.emit_graph(inner, inner_indent, scope_inputs, lines)
+        lines.append(f"{indent}}}")
+        return outs
+
+    def legend(self, indent: str) -> list[str]:
+        lines = [f"{indent}subgraph cluster_legend {{",
+                 f'{indent}  label=<<B>legend</B>>; style="rounded"; color="{_BLOCK_LINE}";']
+        entries = []
+        for category in DTYPE_COLORS:
+            if category in self.categories:
+                fill, line = DTYPE_COLORS[category]
+                entries.append(f'shape=box, style="rounded,filled", fillcolor="{fill}", '
+                               f'color="{line}", label=<{category}>')
+        if "inserted cast" in self.marks:
+            entries.append('shape=hexagon, style="dashed", label=<cast inserted<BR/>by policy>')
+        if "cast" in self.marks:
+            entries.append('shape=hexagon, style="bold", label=<cast>')
+        if "shared" in self.marks:
+            entries.append('shape=box, style="rounded,dashed", label=<shares weights>')
+        if "block" in self.marks:
+            if self.o["expand_nested"]:
+                entries.append(f'shape=box, style="rounded,filled", fillcolor="{_BLOCK_FILL}", '
+                               f'color="{_BLOCK_LINE}", label=<nested block>')
+            else:
+                entries.append('shape=box, style="rounded", penwidth=2, label=<block>')
+        ids = []
+        for entry in entries:
+            ident = f"legend_{len(ids)}"
+            ids.append(ident)
+            lines.append(f"{indent}  {ident} [{entry}, fontsize=9, tooltip=\"legend\"];")
+        if len(ids) > 1:  # a row (or column) of samples: invisible edges keep their order
+            lines.append(f"{indent}  {' -> '.join(ids)} [style=invis];")
+            lines.append(f"{indent}  {{rank=same; {'; '.join(ids)};}}")
+        lines.append(f"{indent}}}")
+        return lines
+
+
+def graph_to_dot(graph, **options: Any) -> str:
+    """The graph as DOT text (no dependency; render it with Graphviz's ``dot``).
+
+    Args:
+      graph: an ``mg.Graph``.
+      show_shapes: show output shapes (symbolic dims by name). Default True.
+      show_dtype: show output dtypes. Default True.
+      show_params: show parameter counts (trainable + non-trainable). Default True.
+      show_attrs: show each op's non-default hyperparameters. Default False.
+      expand_nested: draw nested blocks as clusters of their layers, wired to the
+        block's inputs and outputs; otherwise one node per block. Default False.
+      rankdir: ``"TB"`` (top to bottom), ``"LR"``, ``"BT"`` or ``"RL"``. Default "TB".
+      show_legend: add a legend of the dtype colours and marks the drawing uses.
+
+    Returns:
+      The DOT text, ending with a newline; the same graph always gives the same text.
+    """
+    from ..ir.graph import Graph
+
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph_to_dot takes an mg.Graph, got {type(graph).__name__}")
+    o = check_options(options)
+    writer = _Writer(o)
+    body: list[str] = []
+    writer.emit_graph(graph, "  ", None, body)
+    counts = count_params(graph)
+    total = sum(t + s for t, s in counts.values())
+    title = f"<B>{_html(graph.name)}</B>"
+    if o["show_params"]:
+        title += f" &middot; {total:,} params"
+    head = [
+        f"digraph {_plain_id(graph.name)} {{",
+        f'  graph [rankdir={o["rankdir"]}, label=<{title}>, labelloc=t, fontname="Helvetica", '
+        f'fontsize=12, nodesep=0.3, ranksep=0.35, tooltip={_esc_string(graph.name)}];',
+        '  node [fontname="Helvetica", fontsize=10, margin="0.08,0.04"];',
+        f'  edge [fontname="Helvetica", fontsize=8, arrowsize=0.7, penwidth=1.2];',
+    ]
+    tail = []
+    if o["show_legend"]:
+        tail = writer.legend("  ")
+    lines = head + body + tail + ["  " + e for e in writer.edges] + ["}"]
+    return "\n".join(lines) + "\n"
+

@@ -1,0 +1,160 @@
+"""Rendering with Graphviz's ``dot`` executable: files (svg, png, pdf, ...) and the
+notebook display of a ``Graph`` (``_repr_svg_`` / ``_repr_html_``).
+
+``dot`` runs as a subprocess with the DOT text on its standard input and a timeout;
+nothing else from Graphviz (nor its Python package) is needed.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+import warnings
+from typing import Any
+
+from ..errors import MlaxGraphError
+from .dot import graph_to_dot
+
+__all__ = ["render_graph", "render_bytes", "repr_svg", "repr_html", "find_dot",
+           "GraphvizError", "GraphvizNotFoundError", "FORMATS", "INSTALL_HINT"]
+
+#: Output formats ``render_graph`` accepts. ``dot`` / ``gv`` write the DOT text itself
+#: and need no Graphviz.
+FORMATS = ("svg", "png", "pdf", "jpg", "jpeg", "gif", "ps", "eps", "dot", "gv")
+
+INSTALL_HINT = ("Graphviz's `dot` was not found: install it with `apt-get install graphviz` "
+                "(Debian/Ubuntu), `brew install graphviz` (macOS) or `conda install graphviz`")
+
+#: Seconds ``dot`` may run before it is stopped.
+DEFAULT_TIMEOUT = 60.0
+
+
+class GraphvizError(MlaxGraphError, RuntimeError):
+    """Graphviz's ``dot`` failed, timed out or was not found."""
+
+
+class GraphvizNotFoundError(GraphvizError, FileNotFoundError):
+    """Graphviz's ``dot`` is not on the PATH (also a ``FileNotFoundError``)."""
+
+
+def find_dot() -> str:
+    """The path of the ``dot`` executable on the PATH; ``GraphvizNotFoundError`` (a
+    ``FileNotFoundError`` and ``RuntimeError``) with install instructions when missing."""
+    dot = shutil.which("dot")
+    if dot is None:
+        raise GraphvizNotFoundError(INSTALL_HINT)
+    return dot
+
+
+def render_bytes(dot_text: str, format: str = "svg", *, dpi: float | None = None,
+                 timeout: float = DEFAULT_TIMEOUT) -> bytes:
+    """Runs ``dot -T<format>`` on ``dot_text``; returns what it wrote."""
+    command = [find_dot(), f"-T{format}"]
+    if dpi is not None:
+        command.append(f"-Gdpi={float(dpi):g}")
+    try:
+        done = subprocess.run(command, input=dot_text.encode("utf-8"), capture_output=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise GraphvizError(f"Graphviz's `dot` did not finish in {timeout:g} s "
+                            f"(rendering {format}); pass a larger timeout=") from None
+    except FileNotFoundError:  # removed between the lookup and the run
+        raise GraphvizNotFoundError(INSTALL_HINT) from None
+    except OSError as e:
+        raise GraphvizError(f"Graphviz's `dot` could not run: {e}") from None
+    if done.returncode != 0:
+        message = done.stderr.decode("utf-8", "replace").strip()
+        raise GraphvizError(f"Graphviz's `dot -T{format}` failed (exit status "
+                            f"{done.returncode}): {message or 'no message'}")
+    return done.stdout
+
+
+def render_graph(graph, path: Any, format: str | None = None, *, dpi: float | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, **options: Any) -> pathlib.Path:
+    """Renders ``graph`` to the file ``path`` with Graphviz's ``dot``.
+
+    Args:
+      graph: an ``mg.Graph``.
+      path: the file to write (parent folders must exist); written as given, the
+        format's suffix is not added.
+      format: ``svg``, ``png``, ``pdf`` (or another of ``FORMATS``); by default the
+        suffix of ``path``.
+      dpi: resolution of raster formats (png, jpg, gif); Graphviz's default is 96.
+      timeout: seconds ``dot`` may take.
+      **options: the drawing options of ``graph_to_dot`` (``show_shapes``,
+        ``show_dtype``, ``show_params``, ``show_attrs``, ``expand_nested``,
+        ``rankdir``, ``show_legend``).
+
+    Returns:
+      ``path`` as a ``pathlib.Path``.
+
+    Raises:
+      GraphvizNotFoundError: ``dot`` is not installed (a ``FileNotFoundError``).
+      GraphvizError: ``dot`` failed or timed out (a ``RuntimeError``).
+      ValueError: no format could be told from the arguments.
+    """
+    path = pathlib.Path(os.fspath(path))
+    if format is None:
+        format = path.suffix.lstrip(".")
+        if not format:
+            raise ValueError(f"cannot tell the format of {str(path)!r}: give the file a "
+                             f"suffix or pass format= (one of {', '.join(FORMATS)})")
+    format = format.lower().lstrip(".")
+    if format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}")
+    text = graph_to_dot(graph, **options)
+    if format in ("dot", "gv"):
+        data = text.encode("utf-8")
+    else:
+        data = render_bytes(text, "jpeg" if format == "jpg" else format, dpi=dpi, timeout=timeout)
+    _write_atomically(path, data)
+    return path
+
+
+def _write_atomically(path: pathlib.Path, data: bytes) -> None:
+    """Writes through a temporary file in the same folder, so a failure never leaves a
+    half-written file at ``path``."""
+    folder = path.parent if str(path.parent) else pathlib.Path(".")
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+_PROLOG = re.compile(r"\A\s*<\?xml[^>]*\?>\s*(<!DOCTYPE[^>]*>\s*)?", re.DOTALL)
+
+
+def repr_svg(graph, **options: Any) -> str | None:
+    """The graph as SVG text, for notebooks; ``None`` when ``dot`` is missing or fails
+    (a warning says why), so the notebook falls back to the next representation."""
+    try:
+        return render_bytes(graph_to_dot(graph, **options), "svg").decode("utf-8")
+    except GraphvizNotFoundError:
+        return None
+    except GraphvizError as e:
+        warnings.warn(f"cannot draw graph {graph.name!r}: {e}", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def repr_html(graph, **options: Any) -> str:
+    """HTML with the SVG drawing (when ``dot`` is there) and ``graph.summary()`` in a
+    ``<pre>``, everything from the graph escaped."""
+    parts = ['<div class="mlaxgraph-graph">']
+    svg = repr_svg(graph, **options)
+    if svg is not None:
+        parts.append(f"<div>{_PROLOG.sub('', svg)}</div>")
+    parts.append(f"<pre>{html.escape(graph.summary())}</pre>")
+    parts.append("</div>")
+    return "\n".join(parts)

@@ -1,0 +1,326 @@
+"""mg.save / mg.load (mlaxgraph/io/save.py, weights.py): one safetensors file with the
+graph JSON in its header; round trips of graphs and arrays (bfloat16 included); the
+checks save makes before writing; and atomicity: a saving process killed with SIGKILL
+at random times leaves the old or the new file, never a part of one."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import safetensors
+
+import mlaxgraph as mg
+from mlaxgraph import examples, ops
+from mlaxgraph.io import save as save_module
+from mlaxgraph.io.save import expected_weights
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+EXAMPLES = {
+    "mlp": examples.mlp,
+    "residual_cnn": examples.residual_cnn,
+    "transformer_block": lambda: examples.transformer_block(causal=True, dropout=0.1),
+    "lstm_classifier": examples.lstm_classifier,
+}
+
+
+def random_weights(graph, param_dtype="float32", seed=0):
+    """Weights of the shapes and dtype init makes, random (without running init)."""
+    rng = np.random.default_rng(seed)
+    params, state = expected_weights(graph, param_dtype)
+    make = lambda s: jnp.asarray(rng.standard_normal(s.shape).astype(np.float32)).astype(s.dtype)  # noqa: E731
+    return jax.tree.map(make, params), jax.tree.map(make, state)
+
+
+def assert_identical(tree, other):
+    assert jax.tree.structure(tree) == jax.tree.structure(other)
+    for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(other)):
+        assert isinstance(b, jax.Array)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.tobytes() == b.tobytes()  # bit for bit
+
+
+def temp_files(directory):
+    return sorted(name for name in os.listdir(directory) if name.endswith(".tmp"))
+
+
+@pytest.mark.parametrize("build", EXAMPLES.values(), ids=EXAMPLES.keys())
+def test_round_trip(build, tmp_path):
+    graph = build()
+    params, state = random_weights(graph)
+    path = tmp_path / "model.mlg"
+    assert mg.save(path, graph, params, state) is None
+    loaded, params2, state2 = mg.load(path)
+    assert loaded == graph
+    assert_identical(params, params2)
+    assert_identical(state, state2)
+    assert temp_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["mlp", "residual_cnn", "transformer_block"])
+def test_round_trip_of_a_compiled_bfloat16_model(name, tmp_path):
+    policy = mg.Policy(param_dtype="bfloat16", compute_dtype="bfloat16")
+    compiled = mg.compile(EXAMPLES[name](), policy).graph
+    params, state = random_weights(compiled, "bfloat16")
+    assert {a.dtype for a in jax.tree.leaves((params, state))} == {jnp.dtype(jnp.bfloat16)}
+    mg.save(tmp_path / "m.mlg", compiled, params, state)
+    loaded, params2, state2 = mg.load(tmp_path / "m.mlg")
+    assert loaded == compiled and any(n.op.op_name == "cast" for _, n in loaded.walk())
+    assert_identical(params, params2)
+    assert_identical(state, state2)
+
+
+def test_real_init_bfloat16_params_apply_the_same(tmp_path):
+    graph = examples.mlp(12, (8,), 3)
+    model = mg.compile(graph, mg.Policy(param_dtype="bfloat16", compute_dtype="bfloat16"))
+    params, state = model.init(jax.random.key(0, impl="rbg"))
+    assert params["dense"]["kernel"].dtype == jnp.bfloat16
+    mg.save(tmp_path / "m.mlg", model.graph, params, state)
+    graph2, params2, state2 = mg.load(tmp_path / "m.mlg")
+    assert_identical(params, params2)
+    x = jnp.linspace(-1, 1, 24, dtype=jnp.float32).reshape(2, 12)
+    out, _ = model.apply(params, state, x)
+    out2, _ = mg.compile(graph2).apply(params2, state2, x)
+    assert out2.dtype == out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(out2, np.float32))
+
+
+def test_file_layout_is_plain_safetensors(tmp_path):
+    graph = examples.residual_cnn()
+    compiled = mg.compile(graph, mg.Policy(param_dtype="bfloat16")).graph
+    params, state = random_weights(compiled, "bfloat16")
+    path = tmp_path / "cnn.mlg"
+    mg.save(path, compiled, params, state)
+    with safetensors.safe_open(path, framework="numpy") as f:
+        names = sorted(f.keys())
+        meta = f.metadata()
+        assert f.get_slice("params/stem/kernel").get_dtype() == "BF16"
+        assert f.get_slice("params/stem/kernel").get_shape() == [16, 3, 3, 1]
+        kernel = f.get_tensor("params/res1/conv_a/kernel")
+    assert "params/res1/conv_a/kernel" in names and "state/res1/bn_a/mean" in names
+    assert "state/stem_bn/var" in names and "params/logits/bias" in names
+    assert all(n.startswith(("params/", "state/")) for n in names)
+    np.testing.assert_array_equal(kernel, np.asarray(params["res1"]["conv_a"]["kernel"]))
+    assert sorted(meta) == ["mlaxgraph.format", "mlaxgraph.graph", "mlaxgraph.param_dtype",
+                            "mlaxgraph.version"]
+    assert meta["mlaxgraph.format"] == "mlaxgraph.model" and meta["mlaxgraph.version"] == "1"
+    assert meta["mlaxgraph.param_dtype"] == "bfloat16"
+    assert meta["mlaxgraph.graph"] == compiled.to_json()
+    raw = path.read_bytes()
+    (header_len,) = struct.unpack("<Q", raw[:8])
+    assert header_len % 8 == 0
+    header = json.loads(raw[8:8 + header_len])
+    offsets = sorted(v["data_offsets"] for k, v in header.items() if k != "__metadata__")
+    assert offsets[0][0] == 0 and offsets[-1][1] == len(raw) - 8 - header_len
+    assert all(a[1] == b[0] for a, b in zip(offsets, offsets[1:]))  # no holes
+
+
+def test_saving_twice_gives_the_same_bytes(tmp_path):
+    graph = examples.transformer_block()
+    params, state = random_weights(graph)
+    mg.save(tmp_path / "a.mlg", graph, params, state)
+    mg.save(tmp_path / "b.mlg", graph, params, state)
+    assert (tmp_path / "a.mlg").read_bytes() == (tmp_path / "b.mlg").read_bytes()
+
+
+def test_state_may_be_omitted(tmp_path):
+    graph = examples.mlp(4, (3,), 2)
+    params, _ = random_weights(graph)
+    mg.save(tmp_path / "m.mlg", graph, params)
+    _, params2, state2 = mg.load(tmp_path / "m.mlg")
+    assert state2 == {}
+    assert_identical(params, params2)
+
+
+def test_save_checks_the_arrays_and_writes_nothing_when_wrong(tmp_path):
+    graph = examples.residual_cnn()
+    params, state = random_weights(graph)
+    path = tmp_path / "m.mlg"
+    mg.save(path, graph, params, state)
+    before = path.read_bytes()
+
+    def without(tree, *keys):
+        tree = jax.tree.map(lambda a: a, tree)
+        node = tree
+        for key in keys[:-1]:
+            node = node[key]
+        del node[keys[-1]]
+        return tree
+
+    bad = {
+        "missing array": (without(params, "res1", "conv_a", "kernel"), state,
+                          r"missing array 'params/res1/conv_a/kernel'"),
+        "missing state": (params, without(state, "stem_bn"), r"missing arrays 'state/stem_bn/mean'"),
+        "extra array": ({**params, "ghost": {"w": jnp.zeros(3)}}, state, r"extra array 'params/ghost/w'"),
+        "wrong shape": ({**params, "logits": {**params["logits"], "bias": jnp.zeros(11)}}, state,
+                        r"'params/logits/bias' has shape \[11\], but the graph's init makes \[10\]"),
+        "mixed dtypes": ({**params, "logits": {**params["logits"],
+                                               "bias": jnp.zeros(10, jnp.bfloat16)}}, state,
+                         "several dtypes"),
+        "not a dict": ([1, 2], state, "must be a dict"),
+        "not arrays": ({"stem": {"kernel": "zeros"}}, state, "holds a str"),
+        "slash in key": ({"a/b": {"kernel": jnp.zeros(2)}}, state, "without '/'"),
+    }
+    for name, (p, s, message) in bad.items():
+        with pytest.raises(mg.SerializationError, match=message):
+            mg.save(path, graph, p, s)
+        assert path.read_bytes() == before, name
+    # Weights all in float16 are what init makes with param_dtype float16: save records
+    # that dtype and load checks against it.
+    p16, s16 = jax.tree.map(lambda a: a.astype(jnp.float16), (params, state))
+    mg.save(tmp_path / "f16.mlg", graph, p16, s16)
+    assert mg.load(tmp_path / "f16.mlg")[1]["stem"]["kernel"].dtype == jnp.float16
+    with pytest.raises(mg.SerializationError, match="param_dtype must be one of"):
+        mg.save(path, graph, jax.tree.map(lambda a: a.astype(jnp.int32), params), {})
+    with pytest.raises(mg.SerializationError, match="takes a Graph"):
+        mg.save(path, "graph", params, state)
+    assert path.read_bytes() == before
+    assert temp_files(tmp_path) == []
+
+
+def test_an_error_while_writing_leaves_the_old_file(tmp_path, monkeypatch):
+    graph = examples.mlp(4, (3,), 2)
+    params, _ = random_weights(graph)
+    path = tmp_path / "m.mlg"
+    mg.save(path, graph, params)
+    before = path.read_bytes()
+
+    def fail_halfway(f, arrays, metadata):
+        f.write(b"\x00" * 100)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(save_module, "write_safetensors", fail_halfway)
+    with pytest.raises(OSError, match="No space left"):
+        mg.save(path, graph, jax.tree.map(lambda a: a + 1, params))
+    assert path.read_bytes() == before
+    assert temp_files(tmp_path) == []
+
+
+def test_permissions_of_the_replaced_file_are_kept(tmp_path):
+    graph = examples.mlp(4, (3,), 2)
+    params, _ = random_weights(graph)
+    path = tmp_path / "m.mlg"
+    mg.save(path, graph, params)
+    os.chmod(path, 0o640)
+    mg.save(path, graph, params)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
+
+
+def test_load_of_a_missing_path_is_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        mg.load(tmp_path / "nothing.mlg")
+
+
+# --- atomicity under SIGKILL ------------------------------------------------------------
+
+# A fork server: it imports mlaxgraph once (without starting JAX's backend, so forking
+# is safe), then for each trial forks a child that saves version after version of a
+# 4 MiB model to one path, reporting each finished save (after starting JAX); the server kills the child
+# with SIGKILL after the delay the test gives, and reports the last finished version.
+SERVER = r"""
+import os, signal, sys, time
+import numpy as np
+import mlaxgraph as mg
+from mlaxgraph import ops
+
+path = sys.argv[1]
+x = mg.Input(("batch", 512), name="x")
+graph = mg.Graph(x, ops.Linear(2048, name="big")(x), name="big")
+print("ready", flush=True)
+for line in sys.stdin:
+    trial, delay = line.split()
+    trial, delay = int(trial), float(delay)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            from mlaxgraph.io.save import expected_weights
+            expected_weights(graph)  # start JAX in the child, before the clock runs
+            version = trial * 100000
+            os.write(w, b"started\n")
+            while True:
+                version += 1
+                params = {"big": {"kernel": np.full((512, 2048), version, np.float32),
+                                  "bias": np.full((2048,), version, np.float32)}}
+                mg.save(path, graph, params, {})
+                os.write(w, b"done %d\n" % version)
+        finally:
+            os._exit(3)  # never reached unless save raised
+    os.close(w)
+    reader = os.fdopen(r)
+    reader.readline()
+    time.sleep(delay)
+    os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    done = [int(l.split()[1]) for l in reader.read().splitlines() if l.startswith("done")]
+    reader.close()
+    killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    print("result", trial, done[-1] if done else -1, len(done), int(killed), flush=True)
+"""
+
+
+def test_killed_saves_leave_the_old_or_the_new_file(tmp_path):
+    path = tmp_path / "model.mlg"
+    x = mg.Input(("batch", 512), name="x")
+    graph = mg.Graph(x, ops.Linear(2048, name="big")(x), name="big")
+
+    def content(version):
+        return {"big": {"kernel": np.full((512, 2048), version, np.float32),
+                        "bias": np.full((2048,), version, np.float32)}}
+
+    mg.save(path, graph, content(0))
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "JAX_PLATFORMS": "cpu"}
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    previous, trials, saves, replaced = 0, 0, 0, 0
+    start = time.monotonic()
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        while trials < 20 and time.monotonic() - start < 15:
+            trials += 1
+            server.stdin.write(f"{trials} {rng.uniform(0.0, 0.25):.4f}\n")
+            server.stdin.flush()
+            fields = server.stdout.readline().split()
+            assert fields[:2] == ["result", str(trials)], (fields, seed)
+            last_done, count, killed = int(fields[2]), int(fields[3]), fields[4] == "1"
+            assert killed, f"trial {trials}: the saver was not killed by SIGKILL (seed {seed})"
+            saves += count
+            # The file must load, exactly as one whole version.
+            loaded_graph, params, state = mg.load(path)
+            version = int(params["big"]["bias"][0])
+            assert loaded_graph == graph and state == {}
+            want = content(version)["big"]
+            assert np.array_equal(np.asarray(params["big"]["kernel"]), want["kernel"]), seed
+            assert np.array_equal(np.asarray(params["big"]["bias"]), want["bias"]), seed
+            # ... and that version is the last finished save or the one in flight (or,
+            # with no save finished, the previous trial's file or the first save).
+            allowed = ({last_done, last_done + 1} if last_done >= 0
+                       else {previous, trials * 100000 + 1})
+            assert version in allowed, (f"trial {trials}: the file holds version {version}, "
+                                        f"expected one of {sorted(allowed)} (seed {seed})")
+            replaced += version != previous
+            previous = version
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+    assert server.returncode == 0
+    print(f"{trials} trials, {saves} saves finished, file replaced in {replaced} (seed {seed})")
+    assert trials >= 10, f"only {trials} trials ran in the time budget"
+    assert saves >= 2 * trials and replaced >= trials // 3, (saves, replaced, trials)
