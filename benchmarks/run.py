@@ -26,6 +26,7 @@ from _common import fmt_time, md_table
 
 import bench_apply_overhead
 import bench_compile_scale
+import bench_see_save
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -69,6 +70,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a short run: fewer rounds, trials and sizes")
     p.add_argument("--skip-apply", action="store_true", help="skip the apply-overhead benchmark")
     p.add_argument("--skip-scale", action="store_true", help="skip the compile-scale benchmark")
+    p.add_argument("--skip-views", action="store_true",
+                   help="skip the summary/to_dot/to_json scale benchmark")
     p.add_argument("--budget", type=float, default=60.0,
                    help="compile-scale: skip the passes of a size projected to take longer than "
                         "this many seconds (default 60; 'inf' runs all)")
@@ -147,6 +150,13 @@ def main(argv=None) -> int:
                      f"CPU time under the profiler), by cumulative time\n\n"
                      + bench_compile_scale.profile_table(build, top=14))
         sections.append(text)
+
+    if not args.skip_views:
+        print("== summary / to_dot / to_json scale ...", file=sys.stderr, flush=True)
+        res = bench_see_save.run(quick=args.quick)
+        goals.append(bench_see_save.goal(res))
+        sections.append("## 3. Views of deep graphs: summary, DOT, JSON\n\n"
+                        + bench_see_save.markdown(res))
 
     elapsed = time.perf_counter() - t_start
     header = [

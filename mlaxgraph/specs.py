@@ -9,6 +9,7 @@ that shape inference needs (``7 * 7 * batch``) and print as their name.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Iterable, Mapping, Union
 
 import jax
@@ -77,6 +78,7 @@ def as_dtype(dtype: Any) -> np.dtype:
     return result
 
 
+@functools.lru_cache(maxsize=64)
 def dtype_str(dtype: np.dtype) -> str:
     """The short name of a dtype: f32, bf16, i32."""
     return _SHORT_DTYPES.get(str(dtype), str(dtype))

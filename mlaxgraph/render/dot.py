@@ -124,6 +124,8 @@ def _visible(text: Any) -> str:
     line and paragraph separators, lone surrogates, non-characters) written as a
     Python escape, so it is valid XML and shows what is there."""
     text = str(text)
+    if text.isascii() and text.isprintable():  # nearly every label: nothing to escape
+        return text
     out = []
     for ch in text:
         code = ord(ch)
