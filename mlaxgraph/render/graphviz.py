@@ -13,11 +13,11 @@ import pathlib
 import re
 import shutil
 import subprocess
-import tempfile
 import warnings
 from typing import Any
 
 from ..errors import MlaxGraphError
+from ..io.weights import write_atomic
 from .dot import graph_to_dot
 
 __all__ = ["render_graph", "render_bytes", "repr_svg", "repr_html", "find_dot",
@@ -112,25 +112,8 @@ def render_graph(graph, path: Any, format: str | None = None, *, dpi: float | No
         data = text.encode("utf-8")
     else:
         data = render_bytes(text, "jpeg" if format == "jpg" else format, dpi=dpi, timeout=timeout)
-    _write_atomically(path, data)
+    write_atomic(path, lambda f: f.write(data))  # a failed render leaves no partial file
     return path
-
-
-def _write_atomically(path: pathlib.Path, data: bytes) -> None:
-    """Writes through a temporary file in the same folder, so a failure never leaves a
-    half-written file at ``path``."""
-    folder = path.parent if str(path.parent) else pathlib.Path(".")
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
 
 
 _PROLOG = re.compile(r"\A\s*<\?xml[^>]*\?>\s*(<!DOCTYPE[^>]*>\s*)?", re.DOTALL)
