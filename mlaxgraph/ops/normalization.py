@@ -17,6 +17,16 @@ from .registry import register
 __all__ = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
 
 
+def _scale_bias(features: int, use_scale: bool = True, use_bias: bool = True) -> dict:
+    """The per-feature ``scale`` (ones) and ``bias`` (zeros) of the normalizations."""
+    specs = {}
+    if use_scale:
+        specs["scale"] = ParamSpec((features,), initializers.ones, ("embed",))
+    if use_bias:
+        specs["bias"] = ParamSpec((features,), initializers.zeros, ("embed",))
+    return specs
+
+
 @register("batch_norm")
 @dataclasses.dataclass(frozen=True)
 class BatchNorm(Layer):
@@ -68,13 +78,7 @@ class BatchNorm(Layer):
         return (inputs[0],)
 
     def param_specs(self, inputs):
-        f = self._features(inputs)
-        specs = {}
-        if self.use_scale:
-            specs["scale"] = ParamSpec((f,), initializers.ones, ("embed",))
-        if self.use_bias:
-            specs["bias"] = ParamSpec((f,), initializers.zeros, ("embed",))
-        return specs
+        return _scale_bias(self._features(inputs), self.use_scale, self.use_bias)
 
     def state_specs(self, inputs):
         f = self._features(inputs)
@@ -149,13 +153,7 @@ class LayerNorm(_FeatureNorm):
     use_bias: bool = True
 
     def param_specs(self, inputs):
-        f = self._features(inputs)
-        specs = {}
-        if self.use_scale:
-            specs["scale"] = ParamSpec((f,), initializers.ones, ("embed",))
-        if self.use_bias:
-            specs["bias"] = ParamSpec((f,), initializers.zeros, ("embed",))
-        return specs
+        return _scale_bias(self._features(inputs), self.use_scale, self.use_bias)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
@@ -220,9 +218,7 @@ class GroupNorm(_FeatureNorm):
         return channels
 
     def param_specs(self, inputs):
-        c = self._features(inputs)
-        return {"scale": ParamSpec((c,), initializers.ones, ("embed",)),
-                "bias": ParamSpec((c,), initializers.zeros, ("embed",))}
+        return _scale_bias(self._features(inputs))
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
