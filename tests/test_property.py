@@ -1405,3 +1405,20 @@ def test_building_twice_gives_equal_graphs(prog):
     assert [n.name for n in g1.nodes] == [n.name for n in g2.nodes]
     m1, m2 = mg.compile(g1), mg.compile(g2)
     assert m1.graph == m2.graph and str(m1.graph) == str(m2.graph)
+
+
+# ======================================================================================
+# Property 4: files and networkx keep the graph.
+# ======================================================================================
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(prog=programs())
+def test_json_and_networkx_round_trips_give_equal_graphs(prog):
+    g, _ = build(prog)
+    for graph in (g, mg.compile(g, mg.Policy(compute_dtype="bfloat16")).graph):
+        text = graph.to_json()
+        again = mg.Graph.from_json(text)
+        assert again == graph and again.to_json() == text
+        assert mg.Graph.from_networkx(graph.to_networkx()) == graph
+        assert graph.to_dot() == again.to_dot()
