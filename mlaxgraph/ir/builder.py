@@ -110,19 +110,15 @@ def call_layer(layer, args: Sequence[Any], kwargs: dict[str, Any]):
 
 def call_context(layer, inputs: Sequence[SymbolicTensor]) -> list[str]:
     """Printed lines for a call that failed: the calls that made its inputs, then it."""
-    from .printer import format_attr, non_default_attrs
+    from .printer import format_call
 
     lines = []
     for t in dict.fromkeys(t.call for t in inputs):
         args = ", ".join(f"%{label(i.call.layer)}" for i in t.inputs)
-        attrs = non_default_attrs(t.layer)
-        attr_text = "[" + ", ".join(f"{k}={format_attr(v)}" for k, v in attrs.items()) + "]" if attrs else ""
         outs = ", ".join(str(s) for s in t.outputs)
-        lines.append(f"  %{t.label}: {outs} = {t.layer.op_name}{attr_text}({args})")
-    attrs = non_default_attrs(layer)
-    attr_text = "[" + ", ".join(f"{k}={format_attr(v)}" for k, v in attrs.items()) + "]" if attrs else ""
+        lines.append(f"  %{t.label}: {outs} = {format_call(t.layer, args)}")
     args = ", ".join(f"%{t.call.label}" + (f"#{t.index}" if t.index else "") for t in inputs)
-    lines.append(f"> %{label(layer)}: ? = {layer.op_name}{attr_text}({args})")
+    lines.append(f"> %{label(layer)}: ? = {format_call(layer, args)}")
     return lines
 
 

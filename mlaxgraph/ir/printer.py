@@ -13,7 +13,7 @@ import numpy as np
 
 from ..specs import dtype_str
 
-__all__ = ["format_graph", "format_node", "format_attr", "context_lines"]
+__all__ = ["format_graph", "format_node", "format_call", "format_attr", "context_lines"]
 
 
 def format_attr(value: Any) -> str:
@@ -72,17 +72,21 @@ def _same(value, default) -> bool:
         return False
 
 
-def format_node(node) -> str:
+def format_call(op, args: str) -> str:
+    """``op_name[attr=value, ...](args)``, with the non-default hyperparameters (a
+    block's graph is printed after it, not as an attribute)."""
     from .graph import Block
 
+    attrs = {} if isinstance(op, Block) else non_default_attrs(op)
+    attr_text = "[" + ", ".join(f"{k}={format_attr(v)}" for k, v in attrs.items()) + "]" if attrs else ""
+    return f"{op.op_name}{attr_text}({args})"
+
+
+def format_node(node) -> str:
     outputs = node.outputs
     spec = str(outputs[0]) if len(outputs) == 1 else "(" + ", ".join(map(str, outputs)) + ")"
-    attrs = non_default_attrs(node.op)
-    if isinstance(node.op, Block):
-        attrs = {}
-    attr_text = "[" + ", ".join(f"{k}={format_attr(v)}" for k, v in attrs.items()) + "]" if attrs else ""
     args = ", ".join(str(v) for v in node.inputs)
-    line = f"%{node.name}: {spec} = {node.op.op_name}{attr_text}({args})"
+    line = f"%{node.name}: {spec} = {format_call(node.op, args)}"
     if node.shares_weights:
         line += f"  # shares weights with %{node.layer}"
     return line
