@@ -66,6 +66,21 @@ class Policy:
                 return dtype
         return _FLOAT32 if precision_sensitive else self.compute_dtype
 
+    @classmethod
+    def named(cls, name: str) -> "Policy":
+        """The policy for a short name, as the command line takes it: ``float32``,
+        ``bfloat16`` or ``float16`` (Keras's ``mixed_bfloat16`` and ``mixed_float16``
+        are accepted too): weights in float32, computing in that dtype.
+
+        Example:
+          >>> Policy.named("mixed_bfloat16").compute_dtype
+          dtype(bfloat16)
+        """
+        key = str(name).lower().removeprefix("mixed_")
+        if key not in ("float32", "bfloat16", "float16"):
+            raise DTypeError(f"unknown policy {name!r}: use float32, bfloat16 or float16")
+        return cls(compute_dtype=key)
+
     @property
     def is_default(self) -> bool:
         return (self.param_dtype == _FLOAT32 and self.compute_dtype == _FLOAT32
