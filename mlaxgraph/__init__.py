@@ -22,12 +22,13 @@ from .compile import compile, CompiledModel
 from . import ops
 from .io.save import save, load
 from .io.functions import register_function
+from . import train
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
     "TensorSpec", "Graph", "Input", "Node", "Value", "SymbolicTensor",
-    "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
+    "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function", "train",
     "__version__",
 ]

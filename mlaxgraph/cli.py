@@ -27,8 +27,20 @@ def _parser() -> argparse.ArgumentParser:
         prog="mlaxgraph", description="Compose, inspect and ship neural networks in JAX.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="command")
-    demo = commands.add_parser("demo", help="build, compile and run the example residual CNN")
-    demo.add_argument("--batch", type=int, default=16, help="batch size (default 16)")
+    demo = commands.add_parser(
+        "demo", help="train a residual CNN on the bundled digits; write its graph, HLO and weights",
+        description="Builds a residual CNN, trains it on scikit-learn's bundled 8x8 digits "
+                    "with a progress bar, and writes the rendered graph (SVG), the StableHLO, "
+                    "the trained weights and checkpoints to --out. Rerunning resumes from "
+                    "the last checkpoint.")
+    demo.add_argument("--policy", default="float32", choices=("float32", "bfloat16", "float16"),
+                      help="dtype policy: float32, or mixed precision (default float32)")
+    demo.add_argument("--epochs", type=int, default=10, help="epochs (default 10)")
+    demo.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the split, init and "
+                      "shuffling (default 0)")
+    demo.add_argument("--out", default="mlaxgraph-demo", help="output folder (default "
+                      "./mlaxgraph-demo)")
     demo.set_defaults(run=_demo)
     return parser
 

@@ -133,7 +133,8 @@ def _fsync_directory(directory: str) -> None:
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:
-    array = np.ascontiguousarray(array)
+    # Not np.ascontiguousarray: it makes a 0-d array 1-d.
+    array = np.require(array, requirements="C")
     if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and struct.pack("=H", 1) != b"\x01\x00"):
         array = array.astype(array.dtype.newbyteorder("<"))
     return array

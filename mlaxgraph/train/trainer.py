@@ -1,0 +1,209 @@
+"""Trainer: a compiled model, a loss and an optax optimizer made into one jitted train
+step (forward, backward, update, BatchNorm state, loss scaling and metrics in one XLA
+computation), a fused multi-step variant on ``lax.scan``, and an eval step."""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ..errors import GraphError
+from ..lowering import random_layers
+from .loss_scale import DynamicLossScale, all_finite
+from .objectives import resolve_loss, resolve_metrics
+from .state import TrainState
+
+__all__ = ["Trainer"]
+
+
+def _standard_promotion(fn: Callable) -> Callable:
+    """optax's optimizers mix Python floats and int32 counters (``decay ** count``),
+    which jax's strict dtype promotion rejects; they run under standard promotion
+    whatever the caller's setting. The model itself keeps the caller's setting."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.numpy_dtype_promotion("standard"):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def _as_inputs(x: Any) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+class Trainer:
+    """Training for a compiled model.
+
+    Args:
+      model: an ``mg.CompiledModel``. Its policy sets the precision: weights stay in
+        ``param_dtype`` (float32 master weights), layers compute in ``compute_dtype``.
+      optimizer: an ``optax.GradientTransformation``.
+      loss: a name in ``mg.train.LOSSES`` (``"softmax_cross_entropy"`` takes integer
+        labels) or a function ``(outputs, targets) -> per-example losses``; the step
+        minimises their mean, computed in float32.
+      metrics: names in ``mg.train.METRICS`` or a mapping name -> function
+        ``(outputs, targets) -> per-example values``; by default accuracy for
+        cross-entropy. ``loss`` is always reported.
+      loss_scale: ``"auto"`` (dynamic loss scaling when the policy computes in
+        float16, none otherwise), ``"dynamic"``, None, or a ``DynamicLossScale``
+        to start from.
+
+    The jitted functions (the train state is donated: its buffers are reused for the
+    new state, so do not use a state after passing it in):
+
+    - ``train_step(ts, inputs, targets) -> (ts, metrics)``: one optimizer step.
+    - ``train_steps(ts, inputs, targets) -> (ts, metrics)``: ``k`` steps in one
+      dispatch, on ``lax.scan`` over inputs and targets stacked on a new leading axis
+      of size ``k``; the same results as ``k`` calls of ``train_step``; metrics
+      have a leading ``k`` axis.
+    - ``eval_step(ts, inputs, targets, weights=None) -> metrics``: the loss and
+      metrics in inference mode, averaged over the batch with optional per-example
+      ``weights`` (0 for padding rows).
+
+    ``inputs`` is an array, or a tuple of arrays for a graph with several inputs.
+    ``trace_counts`` counts how often each step was traced: fixed batch shapes trace
+    once.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optax, mlaxgraph as mg
+      >>> from mlaxgraph.examples import mlp
+      >>> trainer = mg.train.Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1))
+      >>> ts = trainer.init(jax.random.key(0))
+      >>> x, y = jnp.ones((16, 4)), jnp.zeros((16,), jnp.int32)
+      >>> for _ in range(3):
+      ...     ts, metrics = trainer.train_step(ts, x, y)
+      >>> int(ts.step), sorted(metrics), trainer.trace_counts["train_step"]
+      (3, ['accuracy', 'loss'], 1)
+    """
+
+    def __init__(self, model, optimizer: optax.GradientTransformation,
+                 loss: str | Callable = "softmax_cross_entropy",
+                 metrics: Any = None, loss_scale: Any = "auto"):
+        if not hasattr(model, "apply_fn") or not hasattr(model, "init_fn"):
+            raise GraphError(f"Trainer takes a compiled model (mg.compile(graph)), got "
+                             f"{type(model).__name__}")
+        if not isinstance(optimizer, optax.GradientTransformation):
+            raise GraphError(f"Trainer takes an optax optimizer (e.g. optax.adam(1e-3)), got "
+                             f"{type(optimizer).__name__}")
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = resolve_loss(loss)
+        self.metric_fns = resolve_metrics(loss, metrics)
+        self.loss_scale = self._initial_loss_scale(loss_scale)
+        self._needs_rng = bool(random_layers(model.graph))
+        self._update = _standard_promotion(optimizer.update)
+        self.trace_counts: collections.Counter = collections.Counter()
+        self.init = jax.jit(self.init_fn)
+        self.train_step = jax.jit(self.step_fn, donate_argnums=0)
+        self.train_steps = jax.jit(self.steps_fn, donate_argnums=0)
+        self.eval_step = jax.jit(self.eval_fn)
+
+    def _initial_loss_scale(self, loss_scale: Any) -> DynamicLossScale | None:
+        if isinstance(loss_scale, DynamicLossScale) or loss_scale is None:
+            return loss_scale
+        if loss_scale == "dynamic":
+            return DynamicLossScale.create()
+        if loss_scale == "auto":
+            policy = self.model.policy
+            half = policy is not None and policy.compute_dtype == np.dtype("float16")
+            return DynamicLossScale.create() if half else None
+        raise GraphError(f"loss_scale must be 'auto', 'dynamic', None or a DynamicLossScale, "
+                         f"got {loss_scale!r}")
+
+    # --- the pure functions (jitted above; usable inside a wider jitted region) -------
+
+    def init_fn(self, key: jax.Array) -> TrainState:
+        """A fresh TrainState: params and state from ``model.init``, the optimizer's
+        state, step 0, and the base key of the run's dropout masks."""
+        init_key, rng = jax.random.split(key)
+        params, state = self.model.init_fn(init_key)
+        opt_state = _standard_promotion(self.optimizer.init)(params)
+        return TrainState(jnp.zeros((), jnp.int32), params, state, opt_state, rng,
+                          self.loss_scale)
+
+    def _forward(self, params, state, inputs, rng, inference_mode: bool):
+        return self.model.apply_fn(params, state, *_as_inputs(inputs),
+                                   rng=rng if self._needs_rng else None,
+                                   inference_mode=inference_mode)
+
+    def _metrics(self, outputs, targets, losses, weights=None) -> dict[str, jax.Array]:
+        values = {"loss": losses, **{name: fn(outputs, targets).astype(jnp.float32)
+                                     for name, fn in self.metric_fns.items()}}
+        if weights is None:
+            return {name: jnp.mean(v) for name, v in values.items()}
+        weights = weights.astype(jnp.float32)
+        total = jnp.maximum(jnp.sum(weights), 1.0)
+        return {name: jnp.sum(v * weights) / total for name, v in values.items()}
+
+    def step_fn(self, ts: TrainState, inputs: Any, targets: Any):
+        """One optimizer step, pure: ``(ts, inputs, targets) -> (ts, metrics)``."""
+        self.trace_counts["train_step"] += 1
+        return self._step(ts, inputs, targets)
+
+    def _step(self, ts: TrainState, inputs: Any, targets: Any):
+        rng = jax.random.fold_in(ts.rng, ts.step)
+        scale = ts.loss_scale
+
+        def objective(params):
+            outputs, new_state = self._forward(params, ts.state, inputs, rng, False)
+            losses = self.loss_fn(outputs, targets).astype(jnp.float32)
+            loss = jnp.mean(losses)
+            scaled = loss if scale is None else scale.scale_loss(loss)
+            return scaled, (outputs, new_state, losses)
+
+        grads, (outputs, new_state, losses) = jax.grad(objective, has_aux=True)(ts.params)
+        if scale is not None:
+            grads = scale.unscale(grads)
+        updates, opt_state = self._update(grads, ts.opt_state, ts.params)
+        params = optax.apply_updates(ts.params, updates)
+        if scale is not None:
+            # A step with non-finite gradients changes nothing but the scale.
+            finite = all_finite(grads)
+            keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
+            params, opt_state, new_state = (keep(params, ts.params), keep(opt_state, ts.opt_state),
+                                            keep(new_state, ts.state))
+            scale = scale.adjust(finite)
+        metrics = self._metrics(outputs, targets, losses)
+        if scale is not None:
+            metrics["loss_scale"] = scale.scale
+        return ts.replace(step=ts.step + 1, params=params, state=new_state,
+                          opt_state=opt_state, loss_scale=scale), metrics
+
+    def steps_fn(self, ts: TrainState, inputs: Any, targets: Any):
+        """``k`` optimizer steps on ``lax.scan``; inputs and targets have a leading
+        ``k`` axis. Pure: ``(ts, inputs, targets) -> (ts, stacked metrics)``."""
+        self.trace_counts["train_steps"] += 1
+        return jax.lax.scan(lambda carry, batch: self._step(carry, *batch), ts,
+                            (inputs, targets))
+
+    def eval_fn(self, ts: TrainState, inputs: Any, targets: Any, weights: Any = None):
+        """Loss and metrics in inference mode, pure: ``(ts, inputs, targets, weights)
+        -> metrics`` averaged with per-example ``weights`` (all 1 when None)."""
+        self.trace_counts["eval_step"] += 1
+        outputs, _ = self._forward(ts.params, ts.state, inputs, None, True)
+        losses = self.loss_fn(outputs, targets).astype(jnp.float32)
+        return self._metrics(outputs, targets, losses, weights)
+
+    def predict(self, ts: TrainState, inputs: Any):
+        """The model's outputs in inference mode (the jitted ``model.apply``)."""
+        outputs, _ = self.model.apply(ts.params, ts.state, *_as_inputs(inputs),
+                                      inference_mode=True)
+        return outputs
+
+    def fit(self, ts: TrainState, train: tuple, **kwargs):
+        """Trains over numpy arrays for some epochs; see ``mg.train.fit``."""
+        from .fit import fit
+
+        return fit(self, ts, train, **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"<Trainer {self.model.graph.name!r} loss={getattr(self.loss_fn, '__name__', self.loss_fn)} "
+                f"metrics={list(self.metric_fns)} loss_scale={'dynamic' if self.loss_scale else None}>")

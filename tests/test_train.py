@@ -1,0 +1,242 @@
+"""mg.train: the jitted train step against a hand-written reference, fused steps,
+tracing, donation, mixed precision, loss scaling, fit and evaluation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+from mlaxgraph.examples import mlp, residual_cnn
+from mlaxgraph.train import DynamicLossScale, Trainer, evaluate
+
+
+def _data(n=64, features=4, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, features)).astype(np.float32)
+    y = (np.argmax(x[:, :classes], axis=1)).astype(np.int32)
+    return x, y
+
+
+def _reference_sgd(params, x, y, lr, steps):
+    """A two-layer MLP with mean cross-entropy and plain SGD, in jax.numpy."""
+    def loss(p):
+        h = jnp.maximum(x @ p["dense"]["kernel"] + p["dense"]["bias"], 0)
+        logits = h @ p["logits"]["kernel"] + p["logits"]["bias"]
+        logp = logits - jax.scipy.special.logsumexp(logits, axis=1, keepdims=True)
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    losses = []
+    for _ in range(steps):
+        value, grads = jax.value_and_grad(loss)(params)
+        params = jax.tree.map(lambda p, g: p - lr * g, params, grads)
+        losses.append(float(value))
+    return params, losses
+
+
+def test_train_step_matches_hand_written_sgd():
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1))
+    ts = trainer.init(jax.random.key(0))
+    start = jax.tree.map(np.array, ts.params)
+    x, y = _data(16)
+    losses = []
+    for _ in range(3):
+        ts, metrics = trainer.train_step(ts, x, y)
+        losses.append(float(metrics["loss"]))
+    expected, expected_losses = _reference_sgd(start, x, y, 0.1, 3)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 ts.params, expected)
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+    assert int(ts.step) == 3
+
+
+def test_metrics_are_the_batch_mean_of_loss_and_accuracy():
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.0))
+    ts = trainer.init(jax.random.key(0))
+    x, y = _data(32)
+    logits, _ = trainer.model.apply(ts.params, ts.state, x)
+    logits = np.asarray(logits, np.float64)
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    ts, metrics = trainer.train_step(ts, x, y)
+    np.testing.assert_allclose(metrics["loss"], -logp[np.arange(32), y].mean(), rtol=1e-5)
+    np.testing.assert_allclose(metrics["accuracy"], (logits.argmax(1) == y).mean())
+
+
+def test_batchnorm_state_updates_in_training_and_eval_uses_running_statistics():
+    x_in = mg.Input(("batch", 4))
+    graph = mg.Graph(x_in, ops.Linear(2, name="out")(ops.BatchNorm(momentum=0.5, name="bn")(x_in)))
+    trainer = Trainer(mg.compile(graph), optax.sgd(0.0))
+    ts = trainer.init(jax.random.key(0))
+    x, y = _data(8, classes=2)
+    ts, _ = trainer.train_step(ts, x, y)
+    np.testing.assert_allclose(ts.state["bn"]["mean"], 0.5 * x.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ts.state["bn"]["var"], 0.5 + 0.5 * x.var(0), rtol=1e-5)
+    # Inference normalises with the running statistics.
+    normed = (x - 0.5 * x.mean(0)) / np.sqrt(0.5 + 0.5 * x.var(0) + 1e-5)
+    expected = normed @ np.asarray(ts.params["out"]["kernel"]) + np.asarray(ts.params["out"]["bias"])
+    np.testing.assert_allclose(trainer.predict(ts, x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_steps_equal_single_steps_with_dropout_and_batchnorm():
+    graph = residual_cnn()
+    images = np.random.default_rng(0).uniform(size=(8, 16, 8, 8, 1)).astype(np.float32)
+    labels = np.random.default_rng(1).integers(0, 10, size=(8, 16)).astype(np.int32)
+    # SGD, not Adam: the stem's bias feeds a BatchNorm, so its gradient is rounding
+    # noise, which Adam's normalisation would blow up to full-size steps.
+    single = Trainer(mg.compile(graph), optax.sgd(0.05, momentum=0.9))
+    fused = Trainer(mg.compile(graph), optax.sgd(0.05, momentum=0.9))
+    ts_a = single.init(jax.random.key(3))
+    ts_b = fused.init(jax.random.key(3))
+    losses = []
+    for i in range(8):
+        ts_a, metrics = single.train_step(ts_a, images[i], labels[i])
+        losses.append(float(metrics["loss"]))
+    ts_b, stacked = fused.train_steps(ts_b, images, labels)
+    assert stacked["loss"].shape == (8,)
+    np.testing.assert_allclose(stacked["loss"], losses, rtol=1e-5, atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 (ts_a.params, ts_a.state), (ts_b.params, ts_b.state))
+    assert int(ts_b.step) == 8 and fused.trace_counts["train_steps"] == 1
+
+
+def test_train_step_donates_the_old_state():
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.adam(1e-3))
+    ts = trainer.init(jax.random.key(0))
+    x, y = _data(8)
+    old_kernel = ts.params["dense"]["kernel"]
+    new, _ = trainer.train_step(ts, x, y)
+    assert old_kernel.is_deleted()
+    assert not new.params["dense"]["kernel"].is_deleted()
+
+
+def test_fit_traces_each_step_once_and_learns():
+    x, y = _data(200)
+    trainer = Trainer(mg.compile(mlp(4, (32,), 3, dropout=0.1)), optax.adam(1e-2))
+    ts, history = trainer.fit(trainer.init(jax.random.key(0)), (x, y), epochs=6,
+                              batch_size=32, validation=(x[:50], y[:50]), progress=False)
+    assert trainer.trace_counts == {"train_step": 1, "eval_step": 1}
+    assert history["epoch"] == [1, 2, 3, 4, 5, 6]
+    assert int(ts.step) == 6 * (200 // 32)  # the partial batch is dropped
+    assert history["loss"][-1] < history["loss"][0]
+    assert history["val_accuracy"][-1] > 0.85
+
+
+def test_fit_with_fused_steps_traces_once_and_matches_single_steps():
+    x, y = _data(128)
+    runs = []
+    for k in (1, 4):
+        trainer = Trainer(mg.compile(mlp(4, (16,), 3)), optax.adam(1e-2))
+        ts, history = trainer.fit(trainer.init(jax.random.key(0)), (x, y), epochs=2,
+                                  batch_size=16, steps_per_dispatch=k, progress=False)
+        runs.append((ts, history, dict(trainer.trace_counts)))
+    (ts1, h1, _), (ts4, h4, counts4) = runs
+    assert counts4 == {"train_steps": 1}
+    np.testing.assert_allclose(h1["loss"], h4["loss"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 ts1.params, ts4.params)
+
+
+def test_evaluate_pads_the_last_batch_and_weighs_it_out():
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1))
+    ts = trainer.init(jax.random.key(0))
+    x, y = _data(50)
+    result = evaluate(trainer, ts, (x, y), batch_size=16)  # 16+16+16+2
+    logits = np.asarray(trainer.predict(ts, x), np.float64)
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    np.testing.assert_allclose(result["loss"], -logp[np.arange(50), y].mean(), rtol=1e-5)
+    np.testing.assert_allclose(result["accuracy"], (logits.argmax(1) == y).mean(), rtol=1e-6)
+    assert trainer.trace_counts["eval_step"] == 1
+
+
+def test_early_stopping_returns_the_history_so_far():
+    x, y = _data(64)
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.0))  # never improves
+    ts, history = trainer.fit(trainer.init(jax.random.key(0)), (x, y), epochs=10,
+                              batch_size=16, validation=(x, y), patience=2, progress=False)
+    assert history["epoch"] == [1, 2, 3]
+
+
+def test_bfloat16_policy_keeps_float32_master_weights():
+    policy = mg.Policy(compute_dtype="bfloat16")
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3), policy), optax.adam(1e-3))
+    ts = trainer.init(jax.random.key(0))
+    ts, metrics = trainer.train_step(ts, *_data(8))
+    assert {str(p.dtype) for p in jax.tree.leaves(ts.params)} == {"float32"}
+    assert metrics["loss"].dtype == jnp.float32
+    assert trainer.loss_scale is None  # no loss scaling is needed for bfloat16
+    jaxpr = str(jax.make_jaxpr(trainer.step_fn)(ts, *_data(8)))
+    assert "bf16" in jaxpr
+
+
+def test_float16_with_a_huge_loss_scale_recovers():
+    policy = mg.Policy(compute_dtype="float16")
+    x, y = _data(64)
+    trainer = Trainer(mg.compile(mlp(4, (16,), 3), policy), optax.adam(1e-2),
+                      loss_scale=DynamicLossScale.create(2.0 ** 40, period=1000))
+    ts = trainer.init(jax.random.key(0))
+    start = jax.tree.map(np.array, ts.params)
+    ts, metrics = trainer.train_step(ts, x[:16], y[:16])
+    # The scaled float16 gradients overflow: the update is skipped, the scale drops.
+    assert float(metrics["loss_scale"]) == 2.0 ** 39
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, ts.params), start)
+    ts, history = trainer.fit(ts, (x, y), epochs=40, batch_size=16, progress=False)
+    scale = float(ts.loss_scale.scale)
+    # It came down to where the float16 gradients are finite, and stayed there.
+    assert 1.0 <= scale <= 2.0 ** 30, scale
+    assert int(ts.loss_scale.good_steps) > 100
+    assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(ts.params))
+    assert history["loss"][-1] < 0.5 * history["loss"][0]
+
+
+def test_float16_policy_turns_on_dynamic_loss_scaling():
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3), mg.Policy(compute_dtype="float16")),
+                      optax.sgd(0.1))
+    assert float(trainer.loss_scale.scale) == 2.0 ** 15
+    assert Trainer(trainer.model, optax.sgd(0.1), loss_scale=None).loss_scale is None
+
+
+def test_loss_scale_grows_after_a_period_of_finite_steps():
+    scale = DynamicLossScale.create(8.0, period=3)
+    seen = []
+    for finite in (True, True, True, True, False, False, True):
+        scale = scale.adjust(jnp.array(finite))
+        seen.append(float(scale.scale))
+    assert seen == [8.0, 8.0, 16.0, 16.0, 8.0, 4.0, 4.0]
+    assert float(DynamicLossScale.create(1.0).adjust(jnp.array(False)).scale) == 1.0
+
+
+def test_custom_loss_and_metrics():
+    x_in = mg.Input(("batch", 3))
+    trainer = Trainer(mg.compile(mg.Graph(x_in, ops.Linear(1, name="w")(x_in))), optax.sgd(0.1),
+                      loss="mean_squared_error",
+                      metrics={"mae": lambda out, t: jnp.abs(out - t).mean(axis=1)})
+    ts = trainer.init(jax.random.key(0))
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)
+    t = (x @ np.array([[1.0], [-2.0], [0.5]], np.float32))
+    out = np.asarray(trainer.predict(ts, x))
+    ts2, metrics = trainer.train_step(ts, x, t)
+    np.testing.assert_allclose(metrics["loss"], ((out - t) ** 2).mean(), rtol=1e-5)
+    np.testing.assert_allclose(metrics["mae"], np.abs(out - t).mean(), rtol=1e-5)
+
+
+def test_bad_arguments_raise_mlaxgraph_errors():
+    model = mg.compile(mlp(4, (8,), 3))
+    with pytest.raises(mg.GraphError, match="optax optimizer"):
+        Trainer(model, "adam")
+    with pytest.raises(mg.GraphError, match="Trainer takes a compiled model"):
+        Trainer(mlp(4, (8,), 3), optax.sgd(0.1))
+    with pytest.raises(mg.GraphError, match="unknown loss 'hinge'"):
+        Trainer(model, optax.sgd(0.1), loss="hinge")
+    with pytest.raises(mg.GraphError, match="unknown metric 'f1'"):
+        Trainer(model, optax.sgd(0.1), metrics=("f1",))
+    trainer = Trainer(model, optax.sgd(0.1))
+    ts = trainer.init(jax.random.key(0))
+    x, y = _data(10)
+    with pytest.raises(mg.ShapeError, match="batch_size=16 does not fit the 10"):
+        trainer.fit(ts, (x, y), epochs=1, batch_size=16, progress=False)
+    with pytest.raises(mg.ShapeError, match="different numbers of examples"):
+        trainer.fit(ts, (x, y[:5]), epochs=1, batch_size=4, progress=False)
+    with pytest.raises(mg.ShapeError, match="takes 1 inputs, got 2"):
+        trainer.fit(ts, ((x, x), y), epochs=1, batch_size=4, progress=False)
