@@ -51,6 +51,17 @@ def _take(inputs: tuple[np.ndarray, ...], index: np.ndarray):
     return taken if len(taken) > 1 else taken[0]
 
 
+def _progress_bar():
+    """tqdm's notebook widget when ipywidgets is there, else its text bar (tqdm.auto
+    would warn in a notebook without ipywidgets)."""
+    try:
+        import ipywidgets  # noqa: F401
+        from tqdm.auto import tqdm
+    except ImportError:
+        from tqdm import tqdm
+    return tqdm
+
+
 def _shown(metrics: dict) -> dict[str, str]:
     return {name: f"{float(v):.4f}" for name, v in metrics.items() if name != "loss_scale"}
 
@@ -103,8 +114,7 @@ def fit(trainer, ts: TrainState, train: tuple, *, epochs: int, batch_size: int,
       ``(ts, history)``: the final state and, per epoch, the mean train metrics and
       ``val_``-prefixed validation metrics (``history["epoch"]`` counts from 1).
     """
-    from tqdm.auto import tqdm
-
+    tqdm = _progress_bar()
     inputs, targets = _prepare(trainer, train, "training data")
     n = len(targets)
     per_epoch = n // batch_size
