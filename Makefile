@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup graphviz test demo bench clean
+.PHONY: setup graphviz test demo bench docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -31,8 +31,19 @@ test: setup
 demo: setup
 	$(PY) -m mlaxgraph demo
 
-bench: setup
+# The benchmarks' peer libraries (the `bench` extra: Flax, Haiku, Equinox), once per
+# change of setup.cfg.
+$(VENV)/.bench-installed: $(STAMP) setup.cfg
+	$(PY) -m pip install --quiet -e ".[bench]"
+	touch $@
+
+bench: setup $(VENV)/.bench-installed
 	$(PY) benchmarks/run.py
 
+# The documentation site, into site/; any warning (a broken link, a docstring naming a
+# parameter that does not exist, a page left out of the nav) fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis mlaxgraph-demo
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .hypothesis mlaxgraph-demo

@@ -61,3 +61,28 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
              "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+class Run:
+    """One model trained by one system, ready to be timed.
+
+    Attributes:
+      system, model: names.
+      step: ``step() -> loss``: one train step on the run's own training state (the
+        state is replaced by the step's result, as a training loop does); returns the
+        loss array without waiting for it.
+      lower: ``lower()`` -> the train step lowered for the run's current arguments
+        (``.compile().memory_analysis()`` and ``.compile().as_text()`` work on it).
+      param_count: trainable parameters.
+      steps: for systems with a fused multi-step: ``steps() -> losses`` running ``k``
+        steps on ``lax.scan`` over stacked batches in one dispatch (else None).
+      notes: how this system's version differs from the others (shown in RESULTS.md).
+    """
+
+    def __init__(self, system: str, model: str, step, lower, param_count: int, steps=None,
+                 notes: str = "", state=None):
+        self.system, self.model = system, model
+        self.step, self.lower, self.param_count = step, lower, param_count
+        self.steps, self.notes = steps, notes
+        self.state = state  # () -> the current training state (for result checks)
+        self.aot = None     # (jitted step, () -> its arguments), for the trace/lower/compile split

@@ -13,6 +13,11 @@ trial (fresh graph every trial):
           insert_casts, remove_redundant_casts, eliminate_dead_nodes; verify after
           each); the CPU time of each pass is recorded too (the rest is ``verify``)
   compile ``mg.compile(graph)``: the passes again plus the jitted wrappers (no trace)
+  lowering ``model.apply.trace(...)`` (the interpreter runs every layer's JAX code:
+          the jaxpr) and ``.lower()`` (StableHLO), on abstract params (shapes from the
+          layers' ``param_specs``, so no init and no XLA compile; XLA's own compile of
+          a 50,000-layer program is not the compiler's cost); the same chain written as
+          a plain JAX loop is traced and lowered too, as the reference
 
 Per-layer time is reported so linear growth shows as a flat column. Where a size would
 take too long (the time of the passes is projected from the smaller sizes with a
@@ -61,6 +66,88 @@ def build_graph(n_layers: int, width: int = WIDTH) -> mg.Graph:
     return mg.Graph(inputs=x, outputs=h, name=f"chain{n_layers}")
 
 
+def abstract_params(graph: mg.Graph) -> tuple[dict, dict]:
+    """``(params, state)`` as ``jax.ShapeDtypeStruct`` trees, from the layers' specs."""
+    import jax
+    import numpy as np
+
+    params, state = {}, {}
+    for node in graph.nodes:
+        if node.name in graph.inputs:
+            continue
+        specs = graph.input_specs_of(node)
+        for target, declared in ((params, node.op.param_specs(specs)), (state, node.op.state_specs(specs))):
+            if declared:
+                target[node.layer] = {k: jax.ShapeDtypeStruct(v.shape, np.float32)
+                                      for k, v in declared.items()}
+    return params, state
+
+
+def hand_chain(params: dict, order: list[str], x):
+    """The chain of ``build_graph`` written as a plain JAX loop over the same params."""
+    import jax
+
+    h = skip = x
+    for i, name in enumerate(order):
+        k = i % 4
+        if k == 0:
+            skip = h
+            h = h @ params[name]["kernel"] + params[name]["bias"]
+        elif k == 1:
+            h = jax.nn.relu(h)
+        elif k == 2:
+            h = h @ params[name]["kernel"] + params[name]["bias"]
+        else:
+            h = h + skip
+    return h
+
+
+HAND_REFERENCE_MAX = 10_000  # the plain-JAX reference is traced up to this size
+
+
+def lowering_times(n: int) -> dict:
+    """The whole pipeline on a fresh ``n``-layer chain, with Python's cyclic GC off (as
+    ``timeit`` does): build, ``mg.compile`` (passes and jit wrappers), trace and lower
+    ``model.apply`` (abstract params); and, up to ``HAND_REFERENCE_MAX`` layers, trace
+    and lower the plain-JAX chain. With the GC on, a collection scans the whole heap, so
+    every per-layer time grows with the graph, plain JAX's as much as mlaxgraph's."""
+    import jax
+    import jax.numpy as jnp
+
+    perf = time.perf_counter
+    out = {}
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = perf()
+        graph = build_graph(n)
+        t1 = perf()
+        model = mg.compile(graph)
+        t2 = perf()
+        params, state = abstract_params(model.graph)
+        x = jax.ShapeDtypeStruct((8, WIDTH), jnp.float32)
+        t3 = perf()
+        traced = model.apply.trace(params, state, x, inference_mode=True)
+        t4 = perf()
+        traced.lower()
+        t5 = perf()
+        out.update(p_build=t1 - t0, p_compile=t2 - t1, trace=t4 - t3, lower=t5 - t4)
+        if n <= HAND_REFERENCE_MAX:
+            order = [v.layer for v in model.graph.nodes if v.name not in model.graph.inputs]
+            fn = jax.jit(lambda p, x: hand_chain(p, order, x))
+            t6 = perf()
+            traced = fn.trace(params, x)
+            t7 = perf()
+            traced.lower()
+            t8 = perf()
+            out.update(hand_trace=t7 - t6, hand_lower=t8 - t7)
+    finally:
+        if was:
+            gc.enable()
+    return out
+
+
 def timed_passes(record: dict):
     """``default_passes`` with each pass wrapped to record its own (CPU) time."""
     out = []
@@ -74,7 +161,13 @@ def timed_passes(record: dict):
     return out
 
 
-def one_trial(n: int, do_passes: bool = True, do_compile: bool = True) -> dict:
+def pipeline_seconds(row: dict) -> float:
+    """build + mg.compile (passes) + trace + lower of a row timed by ``lowering_times``."""
+    return row["p_build"] + row["p_compile"] + row["trace"] + row["lower"]
+
+
+def one_trial(n: int, do_passes: bool = True, do_compile: bool = True,
+              do_lowering: bool = False) -> dict:
     gc.collect()
     perf, cpu = time.perf_counter, time.process_time
     c0, t0 = cpu(), perf()
@@ -94,6 +187,9 @@ def one_trial(n: int, do_passes: bool = True, do_compile: bool = True) -> dict:
         t0 = perf()
         mg.compile(graph)
         trial["compile"] = perf() - t0
+    if do_lowering:
+        del graph
+        trial.update(lowering_times(n))
     return trial
 
 
@@ -109,7 +205,8 @@ def fit_quadratic(points: list[tuple[int, float]]) -> tuple[float, float] | None
     return a, b
 
 
-def run(quick: bool = False, sizes=None, trials=None, budget: float = 60.0) -> dict:
+def run(quick: bool = False, sizes=None, trials=None, budget: float = 60.0,
+        lowering: bool = True) -> dict:
     sizes = sizes or ((1_000, 10_000) if quick else (1_000, 10_000, 50_000))
     trials = trials or {}
     results = []
@@ -119,7 +216,9 @@ def run(quick: bool = False, sizes=None, trials=None, budget: float = 60.0) -> d
         fit = fit_quadratic(measured)
         projected = None if fit is None else fit[0] * n + fit[1] * n * n
         run_passes_here = projected is None or projected <= budget
-        ts = [one_trial(n, run_passes_here, run_passes_here) for _ in range(k)]
+        # Lowering is timed in the first trial only (it costs more than the rest together).
+        ts = [one_trial(n, run_passes_here, run_passes_here, lowering and run_passes_here and i == 0)
+              for i in range(k)]
         row = {"n": n, "trials": k, "build": median([t["build"] for t in ts]),
                "build_cpu": median([t["build_cpu"] for t in ts]),
                "projected_passes": projected, "skipped": not run_passes_here}
@@ -132,6 +231,9 @@ def run(quick: bool = False, sizes=None, trials=None, budget: float = 60.0) -> d
             row["pass_times"] = {name: median([t["pass_times"][name] for t in ts])
                                  for name in ts[0]["pass_times"]}
             row["nodes_after"] = ts[0]["nodes_after"]
+            for key in ("p_build", "p_compile", "trace", "lower", "hand_trace", "hand_lower"):
+                if key in ts[0]:
+                    row[key] = ts[0][key]
             measured.append((n, row["passes"]))
         results.append(row)
     return {"rows": results, "budget": budget, "width": WIDTH,
@@ -218,6 +320,36 @@ def markdown(res: dict) -> str:
            f"processes on a shared machine).", "",
            md_table(["layers N", "trials", "build", "build µs/layer", "passes", "passes µs/layer",
                      "build + passes (CPU time)", "`mg.compile`", "compile µs/layer"], rows), ""]
+    low = [r for r in res["rows"] if "trace" in r]
+    if low:
+        rows = []
+        for r in low:
+            n = r["n"]
+            total = pipeline_seconds(r)
+            ref = "hand_trace" in r
+
+            def c(v):
+                return f"{fmt_time(v)} ({v / n * 1e6:.0f})"
+
+            rows.append([f"{n:,}", c(r["p_build"]), c(r["p_compile"]), c(r["trace"]), c(r["lower"]),
+                         c(total), c(r["hand_trace"]) if ref else "–", c(r["hand_lower"]) if ref else "–",
+                         f"{r['trace'] / r['hand_trace']:.2f}" if ref else "–"])
+        first, last = low[0], low[-1]
+        growth = (pipeline_seconds(last) / last["n"]) / (pipeline_seconds(first) / first["n"])
+        out += ["The whole pipeline, per size, on a fresh graph with Python's cyclic GC off while "
+                "timing (as `timeit` does; with it on, a collection scans the whole heap and every "
+                "per-layer time, plain JAX's too, grows with the graph): build, `mg.compile` "
+                "(passes + jit wrappers), then `model.apply.trace(params, state, x)` (the interpreter "
+                "runs every layer's JAX code under `jax.named_scope`: the jaxpr) and `.lower()` "
+                "(StableHLO), on abstract params (`jax.ShapeDtypeStruct`s from the layers' "
+                "`param_specs`: no init, no XLA compile). Reference (up to "
+                f"{HAND_REFERENCE_MAX:,} layers): the same chain written as a plain JAX loop over the "
+                "same params, traced and lowered. Wall time (µs per layer).", "",
+                md_table(["layers N", "build", "`mg.compile`", "trace", "lower", "total",
+                          "plain JAX trace", "plain JAX lower", "trace: mlaxgraph / plain JAX"], rows), "",
+                f"Build + passes + lowering per layer: {pipeline_seconds(first) / first['n'] * 1e6:.0f} µs "
+                f"at {first['n']:,} layers, {pipeline_seconds(last) / last['n'] * 1e6:.0f} µs at "
+                f"{last['n']:,} (x{growth:.2f}; x1.0 is linear growth).", ""]
     names = []
     for r in res["rows"]:
         for name in r.get("pass_times", {}):

@@ -1,15 +1,20 @@
 """Runs the benchmark suite, prints Markdown and writes ``benchmarks/RESULTS.md``.
 
     make bench                                   # = .venv/bin/python benchmarks/run.py
-    .venv/bin/python benchmarks/run.py --quick   # a short run (about a minute)
+    .venv/bin/python benchmarks/run.py --quick   # a short run (a few minutes)
+    .venv/bin/python benchmarks/run.py --skip-train   # without the training comparison
 
 Benchmarks:
+  bench_train           training side by side: mlaxgraph, hand-written JAX, Flax linen,
+                        Flax NNX, Haiku and Equinox on five models (steady step, per-call
+                        overhead, first call, memory, HLO counts, fused multi-step); the
+                        peers come from the ``bench`` extra (``pip install -e .[bench]``)
   bench_apply_overhead  per-call time of ``model.apply`` vs a hand-written ``jax.jit``
                         over the same params (paired, interleaved rounds), and the
                         first-call (trace + compile) time of both
-  bench_compile_scale   build + passes + ``mg.compile`` time of 1,000 / 10,000 / 50,000
-                        layer graphs, per layer; profiled with cProfile when the time
-                        per layer grows with the size
+  bench_compile_scale   build + passes + ``mg.compile`` + lowering (trace, StableHLO) time
+                        of 1,000 / 10,000 / 50,000 layer graphs, per layer; profiled with
+                        cProfile when the time per layer grows with the size
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from _common import fmt_time, md_table
 import bench_apply_overhead
 import bench_compile_scale
 import bench_see_save
+import bench_train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -49,7 +55,9 @@ def machine() -> dict:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:
         affinity = os.cpu_count()
+    libs = ", ".join(f"{k} {v}" for k, v in bench_train.versions().items() if k not in ("jax", "jaxlib"))
     return {
+        "libs": libs,
         "nproc": affinity, "cpu_count": os.cpu_count(), "cpu": cpu,
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": numpy.__version__,
@@ -68,6 +76,10 @@ def loadavg() -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="mlaxgraph benchmark suite")
     p.add_argument("--quick", action="store_true", help="a short run: fewer rounds, trials and sizes")
+    p.add_argument("--skip-train", action="store_true",
+                   help="skip the training benchmark (mlaxgraph vs hand-written JAX and the peers)")
+    p.add_argument("--train-models", type=lambda v: tuple(v.split(",")),
+                   help="comma-separated models of the training benchmark (default: all five)")
     p.add_argument("--skip-apply", action="store_true", help="skip the apply-overhead benchmark")
     p.add_argument("--skip-scale", action="store_true", help="skip the compile-scale benchmark")
     p.add_argument("--skip-views", action="store_true",
@@ -91,6 +103,19 @@ def main(argv=None) -> int:
 
     sections: list[str] = []
     goals: list[list[str]] = []
+    loads: list[str] = []
+
+    if not args.skip_train:
+        print("== training: mlaxgraph vs hand-written JAX and the peers ...", file=sys.stderr, flush=True)
+        res = bench_train.run(quick=args.quick, models=args.train_models)
+        loads.append(f"after training: {loadavg()}")
+        for g in bench_train.summary(res)["goals"]:
+            goals.append([g["goal"], f"{g['value']:.3f} (worst: {g['where']})",
+                          "**met**" if g["met"] else f"**MISSED** by {100 * (g['value'] / bench_train.GOALS[g['key']] - 1):.1f}%"])
+        sections.append("## 1. Training: mlaxgraph vs hand-written JAX, Flax, Haiku and Equinox\n\n"
+                        + bench_train.markdown(res)
+                        + "\n\n### Goals of the training benchmark: by how much, why, what would close it\n\n"
+                        + bench_train.analysis(res))
 
     if not args.skip_apply:
         print("== apply overhead ...", file=sys.stderr, flush=True)
@@ -104,14 +129,15 @@ def main(argv=None) -> int:
             f"{lo:.3f} – {hi:.3f}; IQR {q1:.3f} – {q3:.3f}); "
             f"{fmt_time(s['mlaxgraph'][0])} vs {fmt_time(s['hand'][0])} per call",
             "**met**" if s["goal_met"] else "**MISSED**"])
-        sections.append("## 1. `model.apply` overhead vs a hand-written `jax.jit`\n\n"
+        loads.append(f"after apply overhead: {loadavg()}")
+        sections.append("## 2. `model.apply` overhead vs a hand-written `jax.jit`\n\n"
                         + bench_apply_overhead.markdown(res))
 
     if not args.skip_scale:
         print("== compile scale ...", file=sys.stderr, flush=True)
         res = bench_compile_scale.run(quick=args.quick, budget=args.budget)
         rows = res["rows"]
-        text = ("## 2. Build and compile time of deep graphs\n\n"
+        text = ("## 3. Build, compile and lowering time of deep graphs\n\n"
                 + bench_compile_scale.markdown(res))
         goal_n, goal_s = res["goal"]
         g = [r for r in rows if r["n"] == goal_n and not r["skipped"]]
@@ -128,6 +154,13 @@ def main(argv=None) -> int:
                          f"from the smaller sizes (t = a·N + b·N²) is ≈ {fmt_time(r['projected_passes'])}, "
                          f"over the budget of {args.budget:g} s (`--budget inf` runs them). "
                          f"The build of {r['n']:,} layers was measured: {fmt_time(r['build'])}.")
+        low = [r for r in rows if "trace" in r]
+        if len(low) >= 2:
+            per = [bench_compile_scale.pipeline_seconds(r) / r["n"] for r in (low[0], low[-1])]
+            goals.append([f"build + passes + lowering grows linearly, {low[0]['n']:,} to {low[-1]['n']:,} "
+                          f"layers (build + `mg.compile` + trace + lower, GC off; time per layer x <= 1.5)",
+                          f"{per[0] * 1e6:.0f} µs/layer to {per[1] * 1e6:.0f} µs/layer: x{per[1] / per[0]:.2f}",
+                          "**met**" if per[1] / per[0] <= 1.5 else "**MISSED**"])
         measured = [r for r in rows if not r["skipped"]]
         growth = None
         if len(measured) >= 2:
@@ -149,13 +182,14 @@ def main(argv=None) -> int:
             text += (f"\n\n### Profile of the build ({nb:,} layers, total {build['total']:.2f} s "
                      f"CPU time under the profiler), by cumulative time\n\n"
                      + bench_compile_scale.profile_table(build, top=14))
+        loads.append(f"after compile scale: {loadavg()}")
         sections.append(text)
 
     if not args.skip_views:
         print("== summary / to_dot / to_json scale ...", file=sys.stderr, flush=True)
         res = bench_see_save.run(quick=args.quick)
         goals.append(bench_see_save.goal(res))
-        sections.append("## 3. Views of deep graphs: summary, DOT, JSON\n\n"
+        sections.append("## 4. Views of deep graphs: summary, DOT, JSON\n\n"
                         + bench_see_save.markdown(res))
 
     elapsed = time.perf_counter() - t_start
@@ -166,9 +200,11 @@ def main(argv=None) -> int:
         f"- Machine: {info['nproc']} CPUs available (nproc; os.cpu_count() = {info['cpu_count']}), "
         f"{info['cpu']}; {info['os']}",
         f"- Software: {info['python']}, jax {info['jax']}, jaxlib {info['jaxlib']}, "
-        f"numpy {info['numpy']}; devices: {info['devices']}",
-        f"- Load average (1, 5, 15 min) at start: {load_before}; at end: {loadavg()}. The machine is "
-        f"shared: absolute times are noisy, paired ratios less so.",
+        f"numpy {info['numpy']}, {info['libs']}; devices: {info['devices']}",
+        f"- Load average (1, 5, 15 min) at start: {load_before}; "
+        + "".join(f"{x}; " for x in loads) + f"at end: {loadavg()}. The machine is "
+        f"shared: absolute times are noisy, paired ratios (systems interleaved in the same "
+        f"rounds) less so.",
         "",
     ]
     if goals:

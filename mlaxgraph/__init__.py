@@ -14,7 +14,8 @@ Example:
   ((32, 10), dtype('float32'))
 """
 
-from .errors import MlaxGraphError, GraphError, ShapeError, DTypeError, SerializationError
+from .errors import (MlaxGraphError, GraphError, ShapeError, DTypeError, SerializationError,
+                     ShardingError)
 from .specs import TensorSpec
 from .ir import Graph, Input, Node, Value, SymbolicTensor
 from .policy import Policy
@@ -22,13 +23,20 @@ from .compile import compile, CompiledModel
 from . import ops
 from .io.save import save, load
 from .io.functions import register_function
+from .cost_table import CostTable, LayerCost
+from .hlo_layers import HloByLayer, HloOperation
+from .exported import ExportedModel, load_exported
+from .policy_comparison import PolicyComparison, compare_policies
 from . import train
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
+    "ShardingError",
     "TensorSpec", "Graph", "Input", "Node", "Value", "SymbolicTensor",
-    "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function", "train",
+    "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
+    "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
+    "PolicyComparison", "compare_policies", "train",
     "__version__",
 ]

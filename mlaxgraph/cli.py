@@ -1,19 +1,36 @@
-"""The ``mlaxgraph`` command line. ``main(argv) -> exit code``."""
+"""The ``mlaxgraph`` command line. ``main(argv) -> exit code``: 0 done, 1 an error in
+the model (compiling, lowering, a broken file), 2 a wrong argument or a missing file.
+Errors print as one line; ``--verbose`` prints all of them and the traceback."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from typing import Sequence
 
+from .commands import EXAMPLES, UsageError, add_commands
 from .errors import MlaxGraphError
 
 __all__ = ["main"]
 
 EPILOG = """examples:
-  mlaxgraph demo                 build, compile and run the example CNN
-  mlaxgraph demo --batch 32
+  mlaxgraph demo                 train a residual CNN on the bundled digits, write
+                                 its SVG, StableHLO, weights and checkpoints
+  mlaxgraph demo --policy bfloat16 --out demo-bf16
+""" + EXAMPLES + """
+MODEL is a .mlg file (mg.save), a .json graph (Graph.to_json) or module:function
+returning an mg.Graph. Exit status: 0 done, 1 an error in the model, 2 a wrong
+argument or a missing file. `mlaxgraph COMMAND --help` describes each command.
 """
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports a wrong argument as one line (and exit status 2), not the usage text."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -23,9 +40,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mlaxgraph", description="Compose, inspect and ship neural networks in JAX.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="on an error, print all of its message and the traceback")
     commands = parser.add_subparsers(dest="command", metavar="command")
     demo = commands.add_parser(
         "demo", help="train a residual CNN on the bundled digits; write its graph, HLO and weights",
@@ -42,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="mlaxgraph-demo", help="output folder (default "
                       "./mlaxgraph-demo)")
     demo.set_defaults(run=_demo)
+    add_commands(commands)
     return parser
 
 
@@ -56,6 +76,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.run(args)
-    except MlaxGraphError as e:
-        print(f"mlaxgraph: error: {e}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        print("mlaxgraph: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as on SIGPIPE
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 141
+    except Exception as e:  # one line each; --verbose for the whole story
+        usage = isinstance(e, (UsageError, FileNotFoundError))
+        if args.verbose:
+            traceback.print_exc()
+        text = str(e).strip() or type(e).__name__
+        if not isinstance(e, MlaxGraphError) and not usage:
+            text = f"{type(e).__name__}: {text}"
+        lines = text.splitlines()
+        more = " (--verbose for details)" if len(lines) > 1 and not args.verbose else ""
+        print(f"mlaxgraph {args.command}: error: {lines[0]}{more}", file=sys.stderr)
+        return 2 if usage else 1

@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from .errors import GraphError
+from .errors import GraphError, ShardingError
 from .ir.graph import Graph
 from .lowering import make_apply, make_init
 from .passes import default_passes, run_passes
@@ -42,13 +42,20 @@ class CompiledModel:
       (3, 2)
     """
 
-    def __init__(self, graph: Graph, source_graph: Graph, policy: Policy | None):
+    def __init__(self, graph: Graph, source_graph: Graph, policy: Policy | None,
+                 sharding=None):
         self.graph = graph
         self.source_graph = source_graph
         self.policy = policy
+        self.sharding = sharding  # a sharding.ShardingPlan, or None without a mesh
         self.init_fn = make_init(graph, (policy or Policy()).param_dtype)
         self.apply_fn = make_apply(graph)
-        self.init = jax.jit(self.init_fn)
+        created_sharded = {}
+        if sharding is not None:  # constraints inside the functions, see sharding.py
+            self.init_fn = sharding.sharded_init(self.init_fn)
+            self.apply_fn = sharding.sharded_apply(graph)
+            created_sharded = {"out_shardings": (sharding.params, sharding.state)}
+        self.init = jax.jit(self.init_fn, **created_sharded)
         self.apply = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
 
     # Inspection is in inspect.py; these are its user-facing entry points.
@@ -76,6 +83,25 @@ class CompiledModel:
 
         return inspect.cost(self, *example, inference_mode=inference_mode, **dims)
 
+    def cost_table(self, *example: Any, inference_mode: bool = False, xla: bool = True,
+                   **dims: int):
+        """Per-layer params, FLOPs (forward and forward+backward) and activation bytes,
+        as formulas of the symbolic dims and at the given ones, next to XLA's count of
+        each layer: an ``mg.CostTable`` (mlaxgraph/cost_table.py)."""
+        from .cost_table import cost_table
+
+        return cost_table(self, *example, inference_mode=inference_mode, xla=xla, **dims)
+
+    def hlo_by_layer(self, *example: Any, optimized: bool = True, inference_mode: bool = False,
+                     **dims: int):
+        """Each layer with the StableHLO or (``optimized=True``) XLA optimized-HLO
+        operations that compute it, traced through the named scopes: an
+        ``mg.HloByLayer`` (mlaxgraph/hlo_layers.py)."""
+        from .hlo_layers import hlo_by_layer
+
+        return hlo_by_layer(self, *example, optimized=optimized,
+                            inference_mode=inference_mode, **dims)
+
     def export(self, *, inference_mode: bool = True, platforms=None):
         """A ``jax.export.Exported`` of ``apply(params, state, *inputs)`` with the
         symbolic dims kept symbolic."""
@@ -83,14 +109,42 @@ class CompiledModel:
 
         return inspect.export(self, inference_mode=inference_mode, platforms=platforms)
 
+    def save_hlo(self, directory, *example: Any, params=None, state=None,
+                 inference_mode: bool = True, **dims: int):
+        """Writes the export artifact (symbolic dims kept), its StableHLO, the StableHLO
+        and optimized HLO at the given dims and, if given, the weights to
+        ``directory``; ``mg.load_exported`` reads it back (mlaxgraph/exported.py)."""
+        from .exported import save_hlo
+
+        return save_hlo(self, directory, *example, params=params, state=state,
+                        inference_mode=inference_mode, **dims)
+
     def summary(self, expand_nested: bool = False) -> str:
         """The summary of the compiled graph: the policy's casts show as layers, weight
-        sizes are at the policy's ``param_dtype``."""
+        sizes are at the policy's ``param_dtype``; compiled with a mesh, a ``sharding``
+        column (docs/sharding.md) and a last line with the mesh and the rules."""
         from .ir.summary import summarize
 
         param_dtype = (self.policy or Policy()).param_dtype
-        text = summarize(self.graph, expand_nested=expand_nested, param_dtype=param_dtype)
-        return text + f"\npolicy: {self.policy}"
+        labels = None if self.sharding is None else self.sharding.labels()
+        text = summarize(self.graph, expand_nested=expand_nested, param_dtype=param_dtype,
+                         sharding=labels)
+        text += f"\npolicy: {self.policy}"
+        return text if self.sharding is None else text + "\n" + self.sharding.describe()
+
+    def to_dot(self, **options: Any) -> str:
+        """DOT text of the compiled graph (options as ``Graph.to_dot``), each layer
+        labelled with its sharding when compiled with a mesh."""
+        if self.sharding is not None:
+            options.setdefault("sharding", self.sharding.labels())
+        return self.graph.to_dot(**options)
+
+    def render(self, path: Any, format: str | None = None, **options: Any):
+        """Renders the compiled graph (as ``Graph.render``), with sharding labels
+        when compiled with a mesh."""
+        if self.sharding is not None:
+            options.setdefault("sharding", self.sharding.labels())
+        return self.graph.render(path, format=format, **options)
 
     def _repr_html_(self):
         return self.graph._repr_html_()
@@ -110,7 +164,8 @@ def _check_overrides(graph: Graph, policy: Policy) -> None:
                              f"{graph.name!r}{hint}")
 
 
-def compile(graph: Graph, policy: Policy | None = None) -> CompiledModel:
+def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
+            rules: Any = None) -> CompiledModel:
     """Runs the compiler's passes on ``graph`` and lowers it to a jitted init/apply.
 
     Args:
@@ -118,10 +173,15 @@ def compile(graph: Graph, policy: Policy | None = None) -> CompiledModel:
       policy: the dtype policy. Without one, no casts are inserted: each layer
         computes in the dtype of its inputs (float32 for a float32 graph) and
         weights are float32.
+      mesh: a ``jax.sharding.Mesh`` to run on (docs/sharding.md): ``init`` then
+        creates the weights sharded and ``apply`` runs with matching shardings.
+      rules: logical axis -> mesh axis (``{"batch": "data", "mlp": "model"}``); a
+        logical axis without a rule is replicated. Needs ``mesh``.
 
     Raises:
       GraphError, ShapeError, DTypeError: for a graph the passes reject, naming the
         layer and where it was created.
+      ShardingError: for rules and axes that do not fit the mesh, naming the layer.
     """
     if not isinstance(graph, Graph):
         raise GraphError(f"mg.compile takes a Graph, got {type(graph).__name__}")
@@ -129,5 +189,11 @@ def compile(graph: Graph, policy: Policy | None = None) -> CompiledModel:
         raise GraphError(f"policy must be an mg.Policy, got {type(policy).__name__}")
     if policy is not None:
         _check_overrides(graph, policy)
+    if rules is not None and mesh is None:
+        raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
     compiled = run_passes(graph, default_passes(policy))
-    return CompiledModel(compiled, graph, policy)
+    if mesh is None:
+        return CompiledModel(compiled, graph, policy)
+    from .sharding import plan_sharding
+
+    return CompiledModel(compiled, graph, policy, plan_sharding(compiled, mesh, rules))

@@ -19,6 +19,7 @@ __all__ = [
     "ShapeError",
     "DTypeError",
     "SerializationError",
+    "ShardingError",
     "SourceInfo",
     "capture_source",
     "node_message",
@@ -54,6 +55,11 @@ class DTypeError(MlaxGraphError, TypeError):
 
 class SerializationError(MlaxGraphError, ValueError):
     """A graph or weights file is malformed, or a graph cannot be written."""
+
+
+class ShardingError(MlaxGraphError, ValueError):
+    """Logical axes, rules and a mesh do not fit: a rule names a mesh axis the mesh
+    lacks, a dim is not divisible by its mesh axes, or one mesh axis shards two dims."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,9 +10,9 @@ from typing import Any
 import jax
 
 from .errors import ShapeError
-from .specs import SCOPE, dim_names
+from .specs import SCOPE, dim_names, match_shape
 
-__all__ = ["abstract_args", "jaxpr", "hlo", "cost", "export"]
+__all__ = ["abstract_args", "dim_values", "jaxpr", "hlo", "cost", "export"]
 
 
 def _rng_spec(model, inference_mode: bool):
@@ -40,6 +40,28 @@ def abstract_args(model, example: tuple, dims: dict[str, int], inference_mode: b
         inputs = tuple(s.bind(dims) for s in specs)
     params, state = jax.eval_shape(model.init_fn, jax.random.key(0))
     return params, state, inputs, _rng_spec(model, inference_mode)
+
+
+def dim_values(model, example: tuple, dims: dict[str, int]) -> dict[str, int]:
+    """The value of each symbolic dim of the graph's inputs, by name: from ``dims`` or
+    read off the example arrays' shapes."""
+    specs = model.graph.input_specs
+    if example:
+        if len(example) != len(specs):
+            raise ShapeError(f"graph {model.graph.name!r} takes {len(specs)} inputs, "
+                             f"got {len(example)} example arrays")
+        found: dict[str, Any] = {}
+        for spec, x in zip(specs, example):
+            if not match_shape(spec.shape, tuple(x.shape), found):
+                raise ShapeError(f"an example array of shape {tuple(x.shape)} does not fit "
+                                 f"the input {spec}")
+        return {name: int(value) for name, value in found.items()}
+    needed = list(dict.fromkeys(n for s in specs for n in dim_names(s.shape)))
+    missing = [n for n in needed if n not in dims]
+    if missing:
+        raise ShapeError(f"give a value for each symbolic dim ({', '.join(f'{n}=...' for n in missing)}) "
+                         f"or example arrays")
+    return {name: int(dims[name]) for name in needed}
 
 
 def jaxpr(model, *example: Any, inference_mode: bool = False, **dims: int):

@@ -103,6 +103,9 @@ CASES = {
         (ops.Cast(I32), [[(("batch", 4), F32)]]),
         (ops.Cast(F32), [[(("batch", 3, 2), I32)], [((2,), BF16)]]),
     ],
+    "constrain": [
+        (ops.Constrain(("batch", None)), [[(("batch", 4), F32)], [((3, 4), BF16)]]),
+    ],
     "layer_norm": [
         (ops.LayerNorm(), [[(("batch", 8), F32)], [(("batch", 3, 4), BF16)]]),
         (ops.LayerNorm(axis=1), [[(("batch", 4, 5), F32)]]),

@@ -63,8 +63,10 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
       path: the file to write (conventionally ``*.mlg``; it is a valid
         ``.safetensors`` file).
       graph: the graph (a source graph or a compiled ``model.graph``).
-      params, state: the trees ``mg.compile(graph, policy).init`` returns (or trained
-        versions of them). ``state`` may be omitted when the graph has none.
+      params: the params tree ``mg.compile(graph, policy).init`` returns (or a trained
+        version of it).
+      state: the state tree ``init`` returns (or a trained version of it); may be
+        omitted when the graph has none.
       param_dtype: the dtype of every weight; by default the one dtype they share.
 
     Raises:

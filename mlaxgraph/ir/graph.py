@@ -43,6 +43,9 @@ class InputLayer(Layer):
     def infer(self, inputs):
         return (TensorSpec(self.shape, self.dtype),)
 
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return 0
+
 
 def Input(shape: Sequence[Any], dtype: Any = "float32", *, name: str | None = None,
           axes: Sequence[str | None] | None = None) -> SymbolicTensor:

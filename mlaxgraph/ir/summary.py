@@ -28,7 +28,7 @@ def count_params(graph) -> dict[str, tuple[int, int]]:
     return counts
 
 
-def _rows(graph, expand_nested: bool, indent: str = ""):
+def _rows(graph, expand_nested: bool, indent: str = "", sharding=None, prefix: str = ""):
     from .graph import Block
 
     counts = count_params(graph)
@@ -38,12 +38,14 @@ def _rows(graph, expand_nested: bool, indent: str = ""):
             params = f"(shared with {node.layer})"
         else:
             params = f"{trainable + state:,}"
-        yield (indent + node.name, node.op.op_name,
+        row = (indent + node.name, node.op.op_name,
                ", ".join(shape_str(s.shape) for s in node.outputs),
                ", ".join(dtype_str(s.dtype) for s in node.outputs), params,
                ", ".join(str(v).lstrip("%") for v in node.inputs))
+        yield row if sharding is None else row + (sharding.get(prefix + node.name, ""),)
         if expand_nested and isinstance(node.op, Block) and not node.shares_weights:
-            yield from _rows(node.op.graph, expand_nested, indent + "  ")
+            yield from _rows(node.op.graph, expand_nested, indent + "  ", sharding,
+                             f"{prefix}{node.name}/")
 
 
 def _size(count: int, dtype: np.dtype) -> str:
@@ -55,11 +57,15 @@ def _size(count: int, dtype: np.dtype) -> str:
     return ""
 
 
-def summarize(graph, expand_nested: bool = False, param_dtype=np.dtype("float32")) -> str:
+def summarize(graph, expand_nested: bool = False, param_dtype=np.dtype("float32"),
+              sharding=None) -> str:
     """The summary table; nested blocks' layers listed under them with ``expand_nested``;
-    sizes of weights at ``param_dtype``."""
+    sizes of weights at ``param_dtype``; with ``sharding`` (path -> text, from a
+    compiled model's sharding plan) a last column showing each layer's sharding."""
     header = ("layer", "op", "output shape", "dtype", "params", "connected to")
-    rows = list(_rows(graph, expand_nested))
+    if sharding is not None:
+        header += ("sharding",)
+    rows = list(_rows(graph, expand_nested, sharding=sharding))
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
 
     def fmt(row):

@@ -99,9 +99,12 @@ def _check_outputs(program: _Program, step: _Step, outputs, bindings) -> None:
                                               context=context_lines(program.graph, node.name)))
 
 
-def _run(program: _Program, params, state, inputs, rng, inference_mode, bindings):
+def _run(program: _Program, params, state, inputs, rng, inference_mode, bindings,
+         constrain=None, prefix: str = ""):
     graph = program.graph
     env: dict[str, tuple] = {name: (x,) for name, x in zip(graph.inputs, inputs)}
+    if constrain is not None:
+        env = {name: constrain(prefix + name, xs) for name, xs in env.items()}
     new_state = dict(state)
     for step in program.steps:
         node = step.node
@@ -116,11 +119,14 @@ def _run(program: _Program, params, state, inputs, rng, inference_mode, bindings
             key = jax.random.fold_in(rng, salt(node.name)) if step.random and rng is not None else None
             if step.inner is not None:
                 inner = _bind_inputs(step.inner.graph, args) if bindings is not None else None
-                outs, s2 = _run(step.inner, p, s, args, key, inference_mode, inner)
+                outs, s2 = _run(step.inner, p, s, args, key, inference_mode, inner,
+                                constrain, f"{prefix}{node.name}/")
             else:
                 outs, s2 = node.op.apply(p, s, args, rng=key, inference_mode=inference_mode)
                 outs = tuple(outs)
                 _check_outputs(program, step, outs, bindings)
+            if constrain is not None:
+                outs = constrain(prefix + node.name, outs)
         if s2:
             new_state[node.layer] = s2
         env[node.name] = outs
@@ -165,9 +171,13 @@ def make_init(graph: Graph, param_dtype) -> Callable[[jax.Array], tuple[dict, di
     return init
 
 
-def make_apply(graph: Graph) -> Callable:
+def make_apply(graph: Graph, constrain: Callable | None = None) -> Callable:
     """A pure ``apply(params, state, *inputs, rng=None, inference_mode=False)``
-    returning ``(outputs, new_state)``: one array for one graph output, else a tuple."""
+    returning ``(outputs, new_state)``: one array for one graph output, else a tuple.
+
+    ``constrain(path, values) -> values``, when given, sees the inputs and the outputs
+    of every node (``path`` is ``layer`` or ``block/layer``) inside the layer's named
+    scope: the sharding plan puts its activation constraints there."""
     program = _plan(graph)
     randoms = random_layers(graph)
     specs = graph.input_specs
@@ -178,7 +188,8 @@ def make_apply(graph: Graph) -> Callable:
         if randoms and not inference_mode and rng is None:
             raise GraphError(f"graph {graph.name!r} has random layers ({', '.join(randoms)}): "
                              f"pass rng=jax.random.key(...) to apply, or inference_mode=True")
-        outputs, new_state = _run(program, params, state, inputs, rng, inference_mode, bindings)
+        outputs, new_state = _run(program, params, state, inputs, rng, inference_mode, bindings,
+                                  constrain)
         return (outputs[0] if single else outputs), new_state
 
     return apply

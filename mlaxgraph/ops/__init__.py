@@ -17,6 +17,7 @@ from .activation import (Relu, Gelu, Silu, Tanh, Sigmoid, Softmax, LogSoftmax, r
                          silu, tanh, sigmoid, softmax, log_softmax)
 from .elementwise import Add, Sub, Mul, add, sub, mul
 from .cast import Cast, cast
+from .constraint import Constrain, constrain
 from .function import F
 
 __all__ = [
@@ -28,5 +29,5 @@ __all__ = [
     "Embedding", "MultiHeadAttention", "CausalMask", "causal_mask", "LSTM", "GRU",
     "Relu", "Gelu", "Silu", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
     "relu", "gelu", "silu", "tanh", "sigmoid", "softmax", "log_softmax",
-    "Add", "Sub", "Mul", "add", "sub", "mul", "Cast", "cast", "F",
+    "Add", "Sub", "Mul", "add", "sub", "mul", "Cast", "cast", "F", "Constrain", "constrain",
 ]

@@ -8,6 +8,7 @@ import jax
 
 from ..errors import ShapeError
 from .base import Layer, expect_count, expect_float
+from .flops import LOGISTIC, size, upcast_sum
 from .registry import register
 
 __all__ = ["Relu", "Gelu", "Silu", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
@@ -28,10 +29,18 @@ class Unary(Layer):
     def fn(self, x):
         raise NotImplementedError
 
+    #: Flops per element of ``fn`` (transcendental functions count none, as in XLA).
+    flops_per_element = 1
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return self.flops_per_element * size(outputs[0])
+
 
 @register("relu")
 @dataclasses.dataclass(frozen=True)
 class Relu(Unary):
+    flops_per_element = 1  # max(x, 0)
+
     def fn(self, x):
         return jax.nn.relu(x)
 
@@ -46,10 +55,22 @@ class Gelu(Unary):
     def fn(self, x):
         return jax.nn.gelu(x, approximate=self.approximate)
 
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        # tanh form: x**3 (two multiplies), three multiplies, two adds, tanh (none), a
+        # multiply; erf form: four multiplies and negations around erfc (none).
+        return (8 if self.approximate else 4) * size(outputs[0])
+
+    def xla_cost_caveat(self, inference_mode):
+        if self.approximate:
+            return None
+        return "XLA expands erfc into polynomials (about 60 flops per element)"
+
 
 @register("silu")
 @dataclasses.dataclass(frozen=True)
 class Silu(Unary):
+    flops_per_element = LOGISTIC + 1  # x * sigmoid(x)
+
     def fn(self, x):
         return jax.nn.silu(x)
 
@@ -57,6 +78,8 @@ class Silu(Unary):
 @register("tanh")
 @dataclasses.dataclass(frozen=True)
 class Tanh(Unary):
+    flops_per_element = 0  # a transcendental
+
     def fn(self, x):
         return jax.numpy.tanh(x)
 
@@ -64,6 +87,8 @@ class Tanh(Unary):
 @register("sigmoid")
 @dataclasses.dataclass(frozen=True)
 class Sigmoid(Unary):
+    flops_per_element = LOGISTIC
+
     def fn(self, x):
         return jax.nn.sigmoid(x)
 
@@ -75,6 +100,15 @@ class _AxisUnary(Unary):
             raise ShapeError(f"axis {self.axis} is out of range for rank {x.rank}",
                              expected=f"rank > {self.axis}")
         return (x,)
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """The max (a reduction, then ``max(., -inf)`` per row), a subtract, exp (none),
+        the sum (a reduction) and a divide (softmax) or subtract of its log
+        (log_softmax): ``4 * elements - rows``."""
+        (x,) = inputs
+        axis = self.axis % x.rank
+        rows = size(x.shape[:axis] + x.shape[axis + 1:])
+        return 4 * size(x) - rows + upcast_sum(size(x), rows, x.dtype)
 
 
 @register("softmax")

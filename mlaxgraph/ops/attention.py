@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..axes import weight_axes
 from ..errors import DTypeError, ShapeError
 from ..specs import TensorSpec, is_symbolic, shape_str
 from . import initializers
 from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float
 from .elementwise import broadcast_shapes
+from .flops import size, weight_converts
 from .registry import register
 
 __all__ = ["MultiHeadAttention", "CausalMask", "causal_mask"]
@@ -45,6 +48,10 @@ class MultiHeadAttention(Layer):
     Params: ``query``, ``key``, ``value``: ``kernel (d, heads, head_dim)``, ``bias
     (heads, head_dim)``; ``out``: ``kernel (heads, head_dim, out)``, ``bias (out,)``.
     Defaults: kernels LeCun normal (fan in), biases zeros; ``out_features`` = ``d``.
+    Logical axes (for sharding): projection kernels ``("embed", "heads", "kv")``,
+    their biases ``("heads", "kv")``, ``out`` kernel ``("heads", "kv", "embed")`` and
+    bias ``("embed",)``; ``param_axes={"query/kernel": ...}`` overrides one weight.
+    The output is ``(batch, length, <out kernel's last name>)``.
 
     Example:
       >>> import mlaxgraph as mg
@@ -59,6 +66,7 @@ class MultiHeadAttention(Layer):
     out_features: int | None = None
     use_bias: bool = True
     kernel_init: Initializer | None = None
+    param_axes: Any = None
 
     def validate(self):
         for field in ("num_heads", "head_dim", "out_features"):
@@ -131,6 +139,10 @@ class MultiHeadAttention(Layer):
             specs["out"]["bias"] = ParamSpec((out,), initializers.zeros, ("embed",))
         return specs
 
+    def output_axes(self, input_axes, inputs, outputs):
+        out = weight_axes(self, inputs)[0]["out/kernel"][1]
+        return (tuple(input_axes[0][:2]) + out[-1:],)
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         q_in, kv_in = inputs[:2]
         p = cast_params(params, q_in.dtype)
@@ -156,6 +168,28 @@ class MultiHeadAttention(Layer):
             out = out + p["out"]["bias"]
         return (out,), state
 
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """The q, k, v projections (dots and bias adds), the scaling of q, the two
+        attention dots, the mask's select, the softmax (and its converts when it runs in
+        another dtype) and the output projection."""
+        q, kv, head_dim = self._dims(inputs)
+        (y,) = outputs
+        batch, q_len, kv_len, heads = q.shape[0], q.shape[1], kv.shape[1], self.num_heads
+        per_query = batch * q_len * heads * head_dim  # elements of q after projection
+        per_key = batch * kv_len * heads * head_dim
+        scores = batch * heads * q_len * kv_len
+        bias = 1 if self.use_bias else 0
+        count = (2 * q.shape[-1] + bias) * per_query + 2 * (2 * kv.shape[-1] + bias) * per_key
+        count = count + per_query  # q / sqrt(head_dim)
+        count = count + 2 * 2 * scores * head_dim  # q k^T and weights @ v
+        count = count + 4 * scores - batch * heads * q_len  # softmax over kv_len
+        if np.dtype(q.dtype).itemsize < 4:
+            count = count + 2 * scores  # to float32 for the softmax and back
+        if len(inputs) == 3:
+            count = count + scores  # the mask's select
+        count = count + 2 * per_query * y.shape[-1] + bias * size(y)
+        return count + weight_converts(self.param_specs(inputs), param_dtype, q.dtype)
+
 
 @register("causal_mask")
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +207,9 @@ class CausalMask(Layer):
     def apply(self, params, state, inputs, *, rng, inference_mode):
         length = inputs[0].shape[1]
         return (jnp.tril(jnp.ones((length, length), bool)),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return 2 * size(outputs[0])  # compare of two iotas, select
 
 
 def causal_mask(x):

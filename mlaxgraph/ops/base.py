@@ -8,6 +8,10 @@ compared by value). Each op defines, in one place, all its rules:
 - ``param_specs(inputs)`` / ``state_specs(inputs)``: its trainable and non-trainable
   weights, by name, with shape and initializer.
 - ``apply(params, state, inputs, *, rng, inference_mode) -> (outputs, new_state)``.
+- ``flops(inputs, outputs, *, param_dtype, inference_mode)``: its forward FLOPs, by
+  XLA's counting conventions (``ops/flops.py``), for the cost table.
+- ``output_axes(input_axes, inputs, outputs)``: the logical axis names of its outputs'
+  dims, for sharding (``mlaxgraph/axes.py``); weights name theirs in ``ParamSpec.axes``.
 
 Calling a layer object on symbolic tensors records a node in the graph being built.
 Calling the same object again shares its weights.
@@ -23,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..errors import ShapeError, DTypeError, capture_source, node_message
+from ..axes import follow_inputs, normalize_axes_fields
 from ..ir.builder import call_layer
 from ..specs import Initializer, ParamSpec, TensorSpec, as_dtype, shape_str
 
@@ -51,6 +56,7 @@ class Layer:
         object.__setattr__(self, "_created_at", capture_source())
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             self.invalid(f"a layer name must be a non-empty string, got {self.name!r}")
+        normalize_axes_fields(self)  # kernel_axes / param_axes, where the layer has them
         self.validate()
 
     # --- hooks for subclasses -------------------------------------------------------
@@ -71,6 +77,39 @@ class Layer:
               inputs: Sequence[jax.Array], *, rng: jax.Array | None,
               inference_mode: bool) -> tuple[tuple[jax.Array, ...], Mapping[str, jax.Array]]:
         raise NotImplementedError
+
+    def flops(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *,
+              param_dtype: Any, inference_mode: bool) -> Any:
+        """The forward FLOPs of one call, an int or a formula of the symbolic dims,
+        counted by XLA's conventions (mlaxgraph/ops/flops.py). None (the default) when
+        the op has no rule: the cost table then shows XLA's count for the layer."""
+        return None
+
+    def backward_flops(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                       forward: Any, *, input_gradients: bool = True) -> Any:
+        """The FLOPs of the backward pass, given the forward count. The default is the
+        usual estimate: the forward count once for the inputs' gradient (unless no
+        gradient flows to them: ``input_gradients=False`` for a layer reading only
+        the graph's inputs), and once more for the weights' gradient when the layer
+        has trainable weights."""
+        if forward is None:
+            return None
+        return (forward if input_gradients else 0) + (forward if self.param_specs(inputs) else 0)
+
+    def xla_cost_caveat(self, inference_mode: bool) -> str | None:
+        """Why XLA's cost analysis of this op cannot be compared with its rule (None
+        when it can); the cost table prints the reason instead of XLA's number."""
+        return None
+
+    def output_axes(self, input_axes: Sequence[tuple], inputs: Sequence[TensorSpec],
+                    outputs: Sequence[TensorSpec]) -> tuple[tuple, ...]:
+        """The logical axis names of each output's dims, from the inputs' names (one
+        tuple per input; ``mlaxgraph.axes.UNKNOWN`` for an unknown dim). The compiler
+        constrains activations to them when compiling with a mesh. By default an
+        output with an input's shape keeps its names, else the leading (batch) dim's
+        name is kept (see ``mlaxgraph.axes.follow_inputs``); layers whose weights name
+        an output dim (``Linear``, ``Conv``, ...) override it."""
+        return follow_inputs(input_axes, inputs, outputs)
 
     # --- shared behaviour -----------------------------------------------------------
 

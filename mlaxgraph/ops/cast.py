@@ -8,6 +8,7 @@ import numpy as np
 
 from ..specs import as_dtype
 from .base import Layer, expect_count
+from .flops import size
 from .registry import register
 
 __all__ = ["Cast", "cast"]
@@ -31,6 +32,10 @@ class Cast(Layer):
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         return (inputs[0].astype(self.dtype),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """One convert per element, as XLA counts it; none to the same dtype."""
+        return 0 if inputs[0].dtype == self.dtype else size(outputs[0])
 
 
 def cast(x, dtype):

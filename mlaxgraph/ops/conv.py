@@ -7,11 +7,13 @@ from typing import Any
 
 from jax import lax
 
+from ..axes import UNKNOWN, same_dim, weight_axes
 from ..errors import ShapeError
 from ..specs import is_symbolic, shape_str
 from . import initializers
 from .base import (Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float,
                    normalize_tuple, set_field, validate_precision)
+from .flops import dim_max, size, weight_converts, window_taps
 from .registry import register
 
 __all__ = ["Conv", "window_output_size"]
@@ -56,6 +58,11 @@ class Conv(Layer):
     Params: ``kernel`` in OHWI layout for channel-last data (``features, *kernel_size,
     in // groups``) or OIHW for channel-first (``features, in // groups, *kernel_size``),
     and ``bias (features,)``. Defaults: kernel LeCun normal (fan in), bias zeros.
+    Logical axes (for sharding): kernel ``("mlp", None, None, "embed")`` for
+    channel-last 2D (``("mlp", "embed", None, None)`` channel-first; one ``None`` per
+    spatial dim) unless ``kernel_axes`` says otherwise, bias the kernel's first; the
+    output's channel dim takes the kernel's first name. ``param_axes`` overrides one
+    weight.
 
     ``precision`` and ``preferred_element_type`` (accumulation dtype) go to
     ``lax.conv_general_dilated``; the output has the input's dtype.
@@ -83,6 +90,7 @@ class Conv(Layer):
     kernel_axes: tuple[str | None, ...] | None = None
     precision: str | None = None
     preferred_element_type: Any = None
+    param_axes: Any = None
 
     def validate(self):
         validate_precision(self)
@@ -170,6 +178,14 @@ class Conv(Layer):
                                       ((self.kernel_axes or axes)[0],))
         return specs
 
+    def output_axes(self, input_axes, inputs, outputs):
+        kernel = weight_axes(self, inputs)[0]["kernel"][1]
+        x, out, channel = inputs[0], outputs[0], self._channel_axis() % inputs[0].rank
+        axes = [a if same_dim(x.shape[i], out.shape[i]) else UNKNOWN
+                for i, a in enumerate(input_axes[0])]
+        axes[channel] = kernel[0]
+        return (tuple(axes),)
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
         p = cast_params(params, x.dtype)
@@ -187,3 +203,30 @@ class Conv(Layer):
             bias = p["bias"] if self.channels_last else p["bias"].reshape((-1,) + (1,) * n)
             y = y + bias.astype(y.dtype)
         return (y.astype(x.dtype),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """``2 * in_channels / groups * features`` per kernel tap that lands on the
+        input (taps on the padding are not counted, as XLA does), per example; the
+        bias add, and the converts of the weights and of a ``preferred_element_type``
+        result."""
+        (x,), (y,) = inputs, outputs
+        first = 1 if self.channels_last else 2
+        spatial_in = x.shape[first:first + len(self.kernel_size)]
+        spatial_out = y.shape[first:first + len(self.kernel_size)]
+        channels = x.shape[self._channel_axis()]
+        taps = x.shape[0]
+        for axis, (n, out) in enumerate(zip(spatial_in, spatial_out)):
+            k, s, d = self.kernel_size[axis], self.strides[axis], self.dilation[axis]
+            if self.padding == "VALID":
+                low = 0
+            elif self.padding == "SAME":  # as lax.padtype_to_pads
+                low = dim_max((out - 1) * s + (k - 1) * d + 1 - n, 0) // 2
+            else:
+                low = self.padding[axis][0]
+            taps = taps * window_taps(n, out, k, s, low, d)
+        count = 2 * taps * (channels // self.groups) * self.features
+        count = count + (size(y) if self.use_bias else 0)
+        count = count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
+        if self.preferred_element_type is not None and self.preferred_element_type != x.dtype:
+            count = count + size(y) + (self.features if self.use_bias else 0)
+        return count

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .base import Layer, expect_count, expect_float
+from .flops import size
 from .registry import register
 
 __all__ = ["Dropout"]
@@ -42,3 +43,15 @@ class Dropout(Layer):
         keep = jax.random.bernoulli(rng, 1.0 - self.rate, x.shape)
         scaled = x / jnp.asarray(1.0 - self.rate, x.dtype)
         return (jnp.where(keep, scaled, jnp.zeros((), x.dtype)),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """Training: a compare of uniform numbers, a divide and a select per element
+        (the random bits themselves are not counted); inference: none."""
+        if inference_mode or self.rate == 0.0:
+            return 0
+        return 3 * size(outputs[0])
+
+    def xla_cost_caveat(self, inference_mode):
+        if inference_mode or self.rate == 0.0:
+            return None
+        return "XLA also counts hashing the random bits (threefry's integer ops)"

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from ..errors import ShapeError
 from ..specs import is_symbolic, shape_str
 from .base import Layer, expect_count, same_dtype
+from .flops import size
 from .registry import register
 
 __all__ = ["Add", "Sub", "Mul", "add", "sub", "mul", "broadcast_shapes"]
@@ -46,6 +47,9 @@ class Binary(Layer):
     def apply(self, params, state, inputs, *, rng, inference_mode):
         a, b = inputs
         return (self.fn(a, b),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return size(outputs[0])  # one per output element; broadcasting is free
 
 
 @register("add")

@@ -9,9 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..axes import weight_axes
 from ..errors import DTypeError
 from ..specs import as_dtype
 from .base import Initializer, Layer, ParamSpec, expect_count
+from .flops import size
 from .registry import register
 
 __all__ = ["Embedding"]
@@ -31,13 +33,16 @@ class Embedding(Layer):
     Its input has no float dtype to follow, so it returns ``dtype`` (float32 by
     default; a policy casts it for the next layer). Ids outside ``[0,
     num_embeddings)`` give NaN rows rather than another row's values. Default
-    initializer: standard normal (as PyTorch).
+    initializer: standard normal (as PyTorch). Logical axes (for sharding):
+    ``embedding`` ``("vocab", "embed")`` (``param_axes`` overrides them); the output's
+    last dim takes the table's last name.
     """
 
     num_embeddings: int
     features: int
     dtype: Any = "float32"
     embedding_init: Initializer | None = None
+    param_axes: Any = None
 
     def validate(self):
         for field in ("num_embeddings", "features"):
@@ -61,9 +66,22 @@ class Embedding(Layer):
         return {"embedding": ParamSpec((self.num_embeddings, self.features),
                                        self.embedding_init or normal, ("vocab", "embed"))}
 
+    def output_axes(self, input_axes, inputs, outputs):
+        table = weight_axes(self, inputs)[0]["embedding"][1]
+        return (tuple(input_axes[0]) + table[-1:],)
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (ids,) = inputs
         table = params["embedding"].astype(self.dtype)
         # take() would wrap negative ids to rows from the end: send them out of range too.
         ids = jnp.where(ids < 0, self.num_embeddings, ids)
         return (jnp.take(table, ids, axis=0, mode="fill", fill_value=np.nan),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """The lookup moves data; per id, redirecting negative ids (compare, select)
+        and the bounds check of the fill mode (six ops); per output element, the select
+        of the fill value; the converts of the table when its dtype is not ``dtype``."""
+        count = 8 * size(inputs[0]) + size(outputs[0])
+        if np.dtype(param_dtype) != self.dtype:
+            count = count + self.num_embeddings * self.features
+        return count

@@ -7,11 +7,13 @@ from typing import Any
 
 from jax import lax
 
+from ..axes import weight_axes
 from ..errors import ShapeError
 from ..specs import is_symbolic
 from . import initializers
 from .base import (Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float,
                    validate_precision)
+from .flops import size, weight_converts
 from .registry import register
 
 __all__ = ["Linear"]
@@ -23,8 +25,10 @@ class Linear(Layer):
     """``y = x @ kernel + bias`` over the last axis of an input of any rank >= 1.
 
     Params: ``kernel (in, features)``, ``bias (features,)``. Defaults: kernel LeCun
-    normal (fan in), bias zeros. Logical axes: kernel ``("embed", "mlp")`` unless
-    ``kernel_axes`` says otherwise.
+    normal (fan in), bias zeros. Logical axes (for sharding): kernel ``("embed",
+    "mlp")`` unless ``kernel_axes`` says otherwise, bias the kernel's last;
+    ``param_axes={"bias": ...}`` overrides one weight. The output's last dim takes the
+    kernel's last name.
 
     ``precision`` (``"default"``, ``"high"``, ``"highest"``) and
     ``preferred_element_type`` (the accumulation dtype, e.g. float32 for bfloat16
@@ -44,6 +48,7 @@ class Linear(Layer):
     kernel_axes: tuple[str | None, ...] | None = None
     precision: str | None = None
     preferred_element_type: Any = None
+    param_axes: Any = None
 
     def validate(self):
         if not isinstance(self.features, int) or isinstance(self.features, bool) or self.features < 1:
@@ -76,6 +81,10 @@ class Linear(Layer):
                                       (self.kernel_axes or ("embed", "mlp"))[-1:])
         return specs
 
+    def output_axes(self, input_axes, inputs, outputs):
+        kernel = weight_axes(self, inputs)[0]["kernel"][1]
+        return (tuple(input_axes[0][:-1]) + kernel[-1:],)
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
         p = cast_params(params, x.dtype)
@@ -85,3 +94,13 @@ class Linear(Layer):
         if self.use_bias:
             y = y + p["bias"].astype(y.dtype)
         return (y.astype(x.dtype),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """The dot (``2 * in * out`` per row), the bias add, and the converts of the
+        weights and of a ``preferred_element_type`` result."""
+        (x,), (y,) = inputs, outputs
+        count = 2 * size(y) * x.shape[-1] + (size(y) if self.use_bias else 0)
+        count = count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
+        if self.preferred_element_type is not None and self.preferred_element_type != x.dtype:
+            count = count + size(y) + (self.features if self.use_bias else 0)
+        return count

@@ -4,6 +4,7 @@ float32."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
@@ -12,6 +13,7 @@ from ..errors import ShapeError
 from ..specs import is_symbolic
 from . import initializers
 from .base import Layer, ParamSpec, cast_params, expect_count, expect_float
+from .flops import size, upcast_sum, weight_converts
 from .registry import register
 
 __all__ = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
@@ -35,7 +37,8 @@ class BatchNorm(Layer):
     Params: ``scale`` (ones), ``bias`` (zeros), each ``(features,)``; state ``mean``
     (zeros) and ``var`` (ones). Training uses the batch mean and biased variance and
     updates ``new = momentum * old + (1 - momentum) * batch``; inference uses the
-    running statistics.
+    running statistics. Logical axes (for sharding): all four ``("embed",)``;
+    ``param_axes={"scale": ..., "mean": ...}`` overrides them.
 
     Example:
       >>> import mlaxgraph as mg
@@ -49,6 +52,7 @@ class BatchNorm(Layer):
     axis: int = -1
     use_scale: bool = True
     use_bias: bool = True
+    param_axes: Any = None
 
     precision_sensitive = True
 
@@ -110,6 +114,22 @@ class BatchNorm(Layer):
             y = y + p["bias"].reshape(shape)
         return (y,), new_state
 
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """Per element: subtract the mean, multiply by ``rsqrt(var + epsilon)``, scale,
+        shift. In training also the batch mean and variance (a mean, a subtract, a
+        square and a mean per element) and the running statistics' update."""
+        (x,) = inputs
+        elements, features = size(x), self._features(inputs)
+        count = (2 + self.use_scale + self.use_bias) * elements + features
+        count = count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
+        # The statistics (kept in param_dtype) are cast to the input's dtype to be used,
+        # or the batch's are cast to theirs to be stored.
+        count = count + weight_converts(self.state_specs(inputs), param_dtype, x.dtype)
+        if not inference_mode:
+            count = count + 4 * elements + 6 * features
+            count = count + 2 * upcast_sum(elements, features, x.dtype)  # two means
+        return count
+
 
 class _FeatureNorm(Layer):
     """Shared checks of the norms with per-feature weights over the last axis."""
@@ -143,17 +163,27 @@ class _FeatureNorm(Layer):
 class LayerNorm(_FeatureNorm):
     """Normalizes over ``axis`` with the mean and biased variance of each example.
 
-    Params: ``scale`` (ones) and ``bias`` (zeros), each ``(features,)``.
-    Precision-sensitive.
+    Params: ``scale`` (ones) and ``bias`` (zeros), each ``(features,)``, logical axes
+    ``("embed",)`` (``param_axes`` overrides them). Precision-sensitive.
     """
 
     epsilon: float = 1e-5
     axis: int = -1
     use_scale: bool = True
     use_bias: bool = True
+    param_axes: Any = None
 
     def param_specs(self, inputs):
         return _scale_bias(self._features(inputs), self.use_scale, self.use_bias)
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """Per element: the mean, a subtract, a square, the variance's mean, a subtract
+        and a multiply, then scale and shift; ``+ epsilon`` per row."""
+        (x,) = inputs
+        rows = size(x.shape[:self.axis % x.rank] + x.shape[self.axis % x.rank + 1:])
+        count = (6 + self.use_scale + self.use_bias) * size(x) + rows
+        count = count + 2 * upcast_sum(size(x), rows, x.dtype)  # two means
+        return count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
@@ -175,13 +205,23 @@ class LayerNorm(_FeatureNorm):
 class RMSNorm(_FeatureNorm):
     """``x * rsqrt(mean(x**2) + epsilon) * scale`` over the last axis.
 
-    Params: ``scale (features,)`` (ones). Precision-sensitive.
+    Params: ``scale (features,)`` (ones), logical axes ``("embed",)`` (``param_axes``
+    overrides them). Precision-sensitive.
     """
 
     epsilon: float = 1e-6
+    param_axes: Any = None
 
     def param_specs(self, inputs):
         return {"scale": ParamSpec((self._features(inputs),), initializers.ones, ("embed",))}
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """Per element: a square, the mean, a multiply and the scale; ``+ epsilon`` per
+        row."""
+        (x,) = inputs
+        count = 4 * size(x) + size(x.shape[:-1])
+        count = count + upcast_sum(size(x), size(x.shape[:-1]), x.dtype)
+        return count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
@@ -196,12 +236,13 @@ class GroupNorm(_FeatureNorm):
     """Normalizes channel-last ``(batch, ..., channels)`` inputs over the spatial axes and
     the channels of each of ``num_groups`` groups (biased variance).
 
-    Params: ``scale`` (ones) and ``bias`` (zeros), each ``(channels,)``.
-    Precision-sensitive.
+    Params: ``scale`` (ones) and ``bias`` (zeros), each ``(channels,)``, logical axes
+    ``("embed",)`` (``param_axes`` overrides them). Precision-sensitive.
     """
 
     num_groups: int = 32
     epsilon: float = 1e-5
+    param_axes: Any = None
 
     def validate(self):
         super().validate()
@@ -219,6 +260,14 @@ class GroupNorm(_FeatureNorm):
 
     def param_specs(self, inputs):
         return _scale_bias(self._features(inputs))
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """Per element as LayerNorm (eight with scale and shift); ``+ epsilon`` per
+        example and group."""
+        (x,) = inputs
+        groups = x.shape[0] * self.num_groups
+        count = 8 * size(x) + groups + 2 * upcast_sum(size(x), groups, x.dtype)
+        return count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs

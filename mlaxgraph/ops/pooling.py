@@ -13,6 +13,7 @@ from ..errors import ShapeError
 from ..specs import is_symbolic, shape_str
 from .base import Layer, expect_count, normalize_tuple, set_field
 from .conv import normalize_padding, window_output_size
+from .flops import size, upcast_sum
 from .registry import register
 
 __all__ = ["MaxPool", "AvgPool", "GlobalMaxPool", "GlobalAvgPool"]
@@ -50,6 +51,10 @@ class _Pool(Layer):
             out.append(o)
         return (x.with_shape((x.shape[0], *out, x.shape[-1])),)
 
+    def _window_flops(self, outputs):
+        """``window - 1`` per output element: XLA's count of a reduce_window."""
+        return size(outputs[0]) * (size(self.window) - 1)
+
     def _reduce(self, x, init, op):
         padding = self.padding if isinstance(self.padding, str) else ((0, 0), *self.padding, (0, 0))
         return lax.reduce_window(x, init, op, (1, *self.window, 1), (1, *self.strides, 1), padding)
@@ -80,6 +85,9 @@ class MaxPool(_Pool):
             init = np.array(np.iinfo(x.dtype).min, x.dtype)
         return (self._reduce(x, init, lax.max),), state
 
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return self._window_flops(outputs)
+
 
 @register("avg_pool")
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +115,16 @@ class AvgPool(_Pool):
         counts = self._reduce(jnp.ones(x.shape[1:-1], x.dtype)[None, ..., None], zero, lax.add)
         return (total / counts,), state
 
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """The window sums and a divide per output element; without
+        ``count_include_pad``, also the window sums of a ones mask over the spatial
+        dims."""
+        (y,) = outputs
+        count = self._window_flops(outputs) + size(y)
+        if not (self.count_include_pad or self.padding == "VALID"):
+            count = count + size(y.shape[1:-1]) * (size(self.window) - 1)
+        return count
+
 
 class _GlobalPool(Layer):
     def infer(self, inputs):
@@ -121,6 +139,14 @@ class _GlobalPool(Layer):
         (x,) = inputs
         axes = tuple(range(1, x.ndim - 1))
         return (self.reduce(x, axis=axes, keepdims=self.keepdims),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """The reduction over the spatial axes (and the divide of the mean)."""
+        count = size(inputs[0]) - size(outputs[0])
+        if self.reduce is jnp.mean:
+            count = count + size(outputs[0]) + upcast_sum(size(inputs[0]), size(outputs[0]),
+                                                          inputs[0].dtype)
+        return count
 
 
 @register("global_avg_pool")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ from ..errors import ShapeError
 from ..specs import is_symbolic
 from . import initializers
 from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float
+from .flops import LOGISTIC, weight_converts
 from .registry import register
 
 __all__ = ["LSTM", "GRU"]
@@ -57,6 +59,26 @@ class Recurrent(Layer):
             "bias": ParamSpec((g,), self.bias_init or self.default_bias, ("mlp",)),
         }
 
+    #: Flops of a step's gates per batch element and hidden unit, beyond ``h @ U``
+    #: and ``x W + h U``.
+    gate_flops = 0
+    #: Adds per gate unit joining ``x W`` and ``h U`` outside the gates.
+    step_adds = 0
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """The input projection of all steps (a dot and the bias add), then per step
+        ``h @ recurrent_kernel``, its add and the gates."""
+        (x,) = inputs
+        batch, time = x.shape[0], x.shape[1]
+        gates = self.gates * self.hidden
+        count = (2 * x.shape[-1] + 1) * batch * time * gates
+        count = count + time * batch * (2 * self.hidden * gates + self.step_adds * gates
+                                        + self.gate_flops * self.hidden)
+        return count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
+
+    def xla_cost_caveat(self, inference_mode):
+        return "XLA counts the scan's loop body once, not once per step"
+
     def _scan(self, params, x, step, carry):
         p = cast_params(params, x.dtype)
         # The input projection of every step at once, outside the loop.
@@ -73,7 +95,8 @@ class LSTM(Recurrent):
     Input ``(batch, time, in)`` -> ``(batch, time, hidden)``; ``return_state=True`` adds
     the final ``h`` and ``c``, each ``(batch, hidden)``. Params: ``input_kernel (in,
     4h)`` (LeCun normal), ``recurrent_kernel (h, 4h)`` (orthogonal), ``bias (4h,)``
-    (zeros, forget gate ones).
+    (zeros, forget gate ones). Logical axes (for sharding): ``("embed", "mlp")``,
+    ``(None, "mlp")``, ``("mlp",)``; ``param_axes`` overrides them.
     """
 
     hidden: int
@@ -81,9 +104,13 @@ class LSTM(Recurrent):
     kernel_init: Initializer | None = None
     recurrent_init: Initializer | None = None
     bias_init: Initializer | None = None
+    param_axes: Any = None
 
     gates = 4
     default_bias = staticmethod(lstm_bias)
+    step_adds = 1  # x W + h U
+    # three sigmoids; c' = f*c + i*g, h' = o*tanh(c'): three multiplies, an add
+    gate_flops = 3 * LOGISTIC + 4
 
     def infer(self, inputs):
         self._features(inputs)
@@ -118,7 +145,9 @@ class GRU(Recurrent):
 
     Input ``(batch, time, in)`` -> ``(batch, time, hidden)``; ``return_state=True`` adds
     the final ``h``. Params: ``input_kernel (in, 3h)`` (LeCun normal),
-    ``recurrent_kernel (h, 3h)`` (orthogonal), ``bias (3h,)`` (zeros).
+    ``recurrent_kernel (h, 3h)`` (orthogonal), ``bias (3h,)`` (zeros). Logical axes
+    (for sharding): ``("embed", "mlp")``, ``(None, "mlp")``, ``("mlp",)``;
+    ``param_axes`` overrides them.
     """
 
     hidden: int
@@ -126,9 +155,14 @@ class GRU(Recurrent):
     kernel_init: Initializer | None = None
     recurrent_init: Initializer | None = None
     bias_init: Initializer | None = None
+    param_axes: Any = None
 
     gates = 3
     default_bias = staticmethod(initializers.zeros)
+    step_adds = 0  # the gates add x W and h U themselves, counted in gate_flops
+    # r, z: an add and a sigmoid each; n: a multiply and an add; h': a subtract, two
+    # multiplies and an add
+    gate_flops = 2 * (1 + LOGISTIC) + 2 + 4
 
     def infer(self, inputs):
         self._features(inputs)

@@ -41,6 +41,9 @@ class Flatten(Layer):
         (x,) = inputs
         return (x.reshape(x.shape[0], -1),), state
 
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return 0  # moves data only
+
 
 def flatten(x):
     """``Flatten()(x)``."""
@@ -92,6 +95,9 @@ class Reshape(Layer):
         (x,) = inputs
         return (x.reshape((x.shape[0], *self.shape)),), state
 
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return 0  # moves data only
+
 
 def reshape(x, shape):
     """``Reshape(shape)(x)``: the batch axis is kept."""
@@ -128,6 +134,9 @@ class Concat(Layer):
     def apply(self, params, state, inputs, *, rng, inference_mode):
         return (jnp.concatenate(inputs, axis=self.axis),), state
 
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return 0  # moves data only
+
 
 def concat(tensors: Sequence, axis: int = -1):
     """``Concat(axis)(*tensors)``."""
@@ -158,8 +167,14 @@ class Transpose(Layer):
                              expected=f"rank {len(self.perm)}")
         return (x.with_shape(tuple(x.shape[a] for a in self.perm)),)
 
+    def output_axes(self, input_axes, inputs, outputs):
+        return (tuple(input_axes[0][a] for a in self.perm),)
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         return (jnp.transpose(inputs[0], self.perm),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return 0  # moves data only
 
 
 def transpose(x, perm):
@@ -215,6 +230,9 @@ class Split(Layer):
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         return tuple(jnp.split(inputs[0], self.sections, axis=self.axis)), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return 0  # moves data only
 
 
 def split(x, sections, axis: int = -1):

@@ -47,6 +47,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "expand_nested": False,  # nested blocks as clusters of their own layers
     "rankdir": "TB",         # TB, LR, BT or RL, as Graphviz
     "show_legend": False,    # a legend of the dtype colours and marks used
+    "sharding": None,        # layer path -> sharding text (CompiledModel.to_dot fills it)
 }
 
 _RANKDIRS = ("TB", "LR", "BT", "RL")
@@ -109,8 +110,11 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"rankdir must be one of {', '.join(_RANKDIRS)}, got {rankdir!r}")
     merged["rankdir"] = rankdir.upper()
     for key in DEFAULT_OPTIONS:
-        if key != "rankdir":
+        if key not in ("rankdir", "sharding"):
             merged[key] = bool(merged[key])
+    if merged["sharding"] is not None and not isinstance(merged["sharding"], dict):
+        raise TypeError(f"sharding must be a dict of layer path -> text, got "
+                        f"{type(merged['sharding']).__name__}")
     return merged
 
 
@@ -217,6 +221,7 @@ class _Writer:
         self.tail_compass, self.head_compass = _COMPASS[options["rankdir"]]
         self.horizontal = options["rankdir"] in ("LR", "RL")
         self.reversed = options["rankdir"] in ("BT", "RL")
+        self.prefix = ""  # the path of the expanded block being drawn, for sharding labels
 
     def new_id(self) -> str:
         ident = f"n{self.count}"
@@ -296,7 +301,14 @@ class _Writer:
             lines.append(f'<FONT COLOR="{_TEXT_GREY}">{_html(params)}</FONT>')
         if node.shares_weights:
             lines.append(f"<I>{_html('shares weights with ' + node.layer)}</I>")
+        lines += self.sharding_lines(node)
         return lines
+
+    def sharding_lines(self, node) -> list[str]:
+        text = (self.o["sharding"] or {}).get(self.prefix + node.name)
+        if not text:
+            return []
+        return [f'<FONT POINT-SIZE="8" COLOR="{_TEXT_GREY}">{_html(text)}</FONT>']
 
     def op_attrs(self, node) -> list[str]:
         from ..ir.graph import Block, InputLayer
@@ -337,6 +349,7 @@ class _Writer:
                 text = self.spec_text(spec)
                 if text:
                     body.append(_html(text))
+                body += self.sharding_lines(node)
                 label = "<" + "<BR/>".join(body) + ">"
                 lines.append(f'{indent}{ident} [{_INPUT_SHAPE[self.o["rankdir"]]}, style=filled, fillcolor="{fill}", '
                              f'color="{line}", label={label}, tooltip={_esc_string(_node_line(node))}];')
@@ -458,7 +471,9 @@ class _Writer:
         lines.append(f'{inner_indent}label=<{" &middot; ".join(title)}>;')
         lines.append(f'{inner_indent}style="{style}"; fillcolor="{_BLOCK_FILL}"; '
                      f'color="{_BLOCK_LINE}"; tooltip={_esc_string(_node_line(node))};')
+        outer, self.prefix = self.prefix, f"{self.prefix}{node.name}/"
         outs = self.emit_graph(inner, inner_indent, scope_inputs, lines)
+        self.prefix = outer
         lines.append(f"{indent}}}")
         return outs
 
@@ -500,6 +515,8 @@ def graph_to_dot(graph, **options: Any) -> str:
 
     Args:
       graph: an ``mg.Graph``.
+
+    Keyword Args:
       show_shapes: show output shapes (symbolic dims by name). Default True.
       show_dtype: show output dtypes. Default True.
       show_params: show parameter counts (trainable + non-trainable). Default True.
@@ -508,6 +525,8 @@ def graph_to_dot(graph, **options: Any) -> str:
         block's inputs and outputs; otherwise one node per block. Default False.
       rankdir: ``"TB"`` (top to bottom), ``"LR"``, ``"BT"`` or ``"RL"``. Default "TB".
       show_legend: add a legend of the dtype colours and marks the drawing uses.
+      sharding: layer path (``layer`` or ``block/layer``) -> a sharding label shown
+        under the layer; ``CompiledModel.to_dot`` fills it when compiled with a mesh.
 
     Returns:
       The DOT text, ending with a newline; the same graph always gives the same text.

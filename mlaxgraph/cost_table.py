@@ -1,0 +1,362 @@
+"""The per-layer cost table: params, FLOPs (forward, and forward plus backward) and
+activation bytes of each layer, from the specs of the compiled graph at the policy's
+dtypes, as formulas of the symbolic dims evaluated for given ones, next to XLA's own
+count of each layer.
+
+The FLOP rules live with the ops (``Layer.flops``; conventions in ``ops/flops.py``).
+The cross-check lowers each layer's ``apply`` alone, unoptimized, at the given dims,
+and reads ``cost_analysis()["flops"]``, the number XLA's ``HloCostAnalysis`` gives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Mapping
+
+import jax
+
+from .ir.graph import Block, Graph
+from .inspect import dim_values
+from .ops.flops import size
+from .specs import Dim, TensorSpec, bind_dims, flatten_specs, match_shape, substitute
+
+__all__ = ["LayerCost", "CostTable", "cost_table", "TOLERANCE"]
+
+#: Relative difference from XLA's count beyond which a row gets a note.
+TOLERANCE = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+    """One layer's row of a ``CostTable``.
+
+    Attributes:
+      layer: the layer's path (``block/layer`` inside nested blocks).
+      op: its op name.
+      params: its trainable weights (0 for a call sharing another's weights).
+      state: its non-trainable weights.
+      flops_formula: forward FLOPs, an int or a formula of the symbolic dims; None
+        when the op has no FLOP rule.
+      training_flops_formula: forward plus backward FLOPs, likewise.
+      activation_bytes_formula: bytes of the layer's outputs, likewise.
+      flops, training_flops, activation_bytes: the same at the table's dims.
+      xla_flops: XLA's count for the layer's ``apply`` lowered alone at the table's
+        dims; None when not comparable (see ``note``) or not asked for.
+      note: why the rule and XLA differ, or why XLA's number is not shown.
+    """
+
+    layer: str
+    op: str
+    params: int
+    state: int
+    flops_formula: Dim | None
+    training_flops_formula: Dim | None
+    activation_bytes_formula: Dim
+    flops: int | None
+    training_flops: int | None
+    activation_bytes: int
+    xla_flops: int | None = None
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTable:
+    """The cost of every layer of a compiled model; prints as a table.
+
+    Attributes:
+      graph: the compiled graph's name.
+      policy: the policy's repr, or ``None``.
+      dims: the symbolic dims' values the numbers are evaluated at.
+      inference_mode: whether the forward pass is the inference one.
+      rows: one ``LayerCost`` per layer, nested blocks' layers included.
+      xla_total: XLA's count for the whole ``apply`` (unoptimized lowering), or None.
+      xla_total_note: why ``xla_total`` is not comparable with the rules' total, if so.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph.examples import mlp
+      >>> table = mg.compile(mlp(8, (4,), 2)).cost_table(batch=3, xla=False)
+      >>> [row.layer for row in table], table.params
+      (['dense', 'relu', 'logits'], 46)
+      >>> table["relu"].flops_formula, table["relu"].flops
+      (4*batch, 12)
+    """
+
+    graph: str
+    policy: str | None
+    dims: Mapping[str, int]
+    inference_mode: bool
+    rows: tuple[LayerCost, ...]
+    xla_total: int | None = None
+    xla_total_note: str = ""
+
+    def __iter__(self) -> Iterator[LayerCost]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, layer: str) -> LayerCost:
+        for row in self.rows:
+            if row.layer == layer:
+                return row
+        raise KeyError(layer)
+
+    @property
+    def params(self) -> int:
+        return sum(r.params for r in self.rows)
+
+    @property
+    def flops_formula(self) -> Dim:
+        """The forward FLOPs of the layers that have a rule, as a formula."""
+        return _sum(r.flops_formula for r in self.rows if r.flops_formula is not None)
+
+    @property
+    def flops(self) -> int:
+        return sum(r.flops for r in self.rows if r.flops is not None)
+
+    @property
+    def training_flops_formula(self) -> Dim:
+        return _sum(r.training_flops_formula for r in self.rows
+                    if r.training_flops_formula is not None)
+
+    @property
+    def training_flops(self) -> int:
+        return sum(r.training_flops for r in self.rows if r.training_flops is not None)
+
+    @property
+    def activation_bytes_formula(self) -> Dim:
+        return _sum(r.activation_bytes_formula for r in self.rows)
+
+    @property
+    def activation_bytes(self) -> int:
+        return sum(r.activation_bytes for r in self.rows)
+
+    @property
+    def xla_flops(self) -> int | None:
+        """The sum of XLA's per-layer counts over the layers where it is comparable."""
+        counts = [r.xla_flops for r in self.rows if r.xla_flops is not None]
+        return sum(counts) if counts else None
+
+    def __str__(self) -> str:
+        at = ", ".join(f"{k}={v}" for k, v in self.dims.items())
+        mode = "inference" if self.inference_mode else "training"
+        header = ("layer", "op", "params", "forward FLOPs", f"= at {at}", "fwd+bwd FLOPs",
+                  "activations", "XLA forward", "note")
+        rows = [(r.layer, r.op, f"{r.params:,}", _formula(r.flops_formula), _count(r.flops),
+                 _count(r.training_flops), _bytes(r.activation_bytes), _count(r.xla_flops),
+                 r.note) for r in self.rows]
+        total = ("total", "", f"{self.params:,}", _formula(self.flops_formula),
+                 _count(self.flops), _count(self.training_flops), _bytes(self.activation_bytes),
+                 _count(self.xla_flops), "")
+        widths = [max(len(row[i]) for row in [header, *rows, total]) for i in range(len(header))]
+
+        def line(cells):
+            return "  ".join(c.rjust(w) if 2 <= i <= 7 else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+        rule = "-" * len(line(header))
+        lines = [f'cost of "{self.graph}" at {at}, {mode} forward, policy {self.policy}',
+                 rule, line(header), rule, *(line(r) for r in rows), rule, line(total)]
+        if self.xla_total is not None:
+            lines.append(f"XLA's count of the whole apply: {self.xla_total:,}"
+                         + (f" ({self.xla_total_note})" if self.xla_total_note else ""))
+        lines.append("FLOPs as XLA counts them: a multiply-add 2, a convert 1, exp/tanh/rsqrt 0.")
+        lines.append("fwd+bwd: backward = forward for the inputs' gradient (none into the "
+                     "data) + forward for the weights'.")
+        return "\n".join(lines)
+
+
+def _sum(values) -> Dim:
+    total: Dim = 0
+    for v in values:
+        total = total + v
+    return total
+
+
+#: Formulas longer than this print as a pointer to the row's formula attribute (strided
+#: "SAME" windows over symbolic sizes give pages of floordivs).
+FORMULA_WIDTH = 48
+
+
+def _formula(value) -> str:
+    if value is None:
+        return "?"
+    text = str(value).replace(" ", "")
+    return text if len(text) <= FORMULA_WIDTH else "(long: see flops_formula)"
+
+
+def _count(value) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _bytes(value: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:,} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return ""
+
+
+def _evaluate(value, dims: Mapping[str, int]) -> int | None:
+    if value is None:
+        return None
+    (result,) = bind_dims((value,), dims)
+    return int(result)
+
+
+# --- walking the graph --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Site:
+    """A layer call with its input and output specs in the outer graph's dims."""
+
+    path: str
+    weights: str  # the path of the weights it uses (another call's, when shared)
+    node: Any
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    params: Any  # the abstract params / state of the layer, for XLA's count
+    state: Any
+    input_gradients: bool  # whether a gradient flows back into its inputs
+
+
+def _sites(graph: Graph, bindings: Mapping[str, Any], params, state, prefix: str = "",
+           weights: str = "", gradients: tuple[bool, ...] | None = None):
+    """Every call of a layer, nested blocks' included (a shared block counts each call),
+    its specs with the block's symbolic dims bound to those it is called with, and
+    whether a gradient flows into its inputs (they depend on trainable weights).
+    Returns, as a generator's value, that flag for each of the graph's outputs."""
+
+    def bound(spec: TensorSpec) -> TensorSpec:
+        return spec.with_shape(substitute(spec.shape, bindings))
+
+    flows = dict(zip(graph.inputs, gradients or (False,) * len(graph.inputs)))
+    for node in graph.nodes:
+        if node.name in graph.inputs:
+            continue
+        inputs = tuple(bound(s) for s in graph.input_specs_of(node))
+        p, s = params.get(node.layer, {}), state.get(node.layer, {})
+        into = tuple(flows[v.node] for v in node.inputs)
+        if isinstance(node.op, Block):
+            inner: dict[str, Any] = {}
+            for want, got in zip(node.op.graph.input_specs, inputs):
+                match_shape(want.shape, got.shape, inner)
+            out = yield from _sites(node.op.graph, inner, p, s, f"{prefix}{node.name}/",
+                                    f"{weights}{node.layer}/", into)
+            flows[node.name] = any(out)
+        else:
+            flows[node.name] = any(into) or bool(node.op.param_specs(inputs))
+            yield _Site(prefix + node.name, weights + node.layer, node, inputs,
+                        tuple(bound(o) for o in node.outputs), p, s, any(into))
+    return tuple(flows[v.node] for v in graph.outputs)
+
+
+# --- XLA's count --------------------------------------------------------------------
+
+
+def _xla_flops(site: _Site, dims: Mapping[str, int], inference_mode: bool) -> int | None:
+    """XLA's flops for the layer's apply lowered alone, unoptimized, at ``dims``."""
+    op = site.node.op
+    inputs = tuple(s.bind(dims) for s in site.inputs)
+    rng = jax.eval_shape(jax.random.key, 0) if op.uses_rng() and not inference_mode else None
+
+    def apply(params, state, inputs, rng):
+        return op.apply(params, state, inputs, rng=rng, inference_mode=inference_mode)
+
+    analysis = jax.jit(apply).lower(site.params, site.state, inputs, rng).cost_analysis()
+    return _flops_of(analysis)
+
+
+def _flops_of(analysis) -> int | None:
+    """The flops of a ``cost_analysis()`` result; None when XLA gave none at all (an
+    empty dict is a program without operations: 0)."""
+    if isinstance(analysis, (list, tuple)):  # older JAX gave one dict per device
+        analysis = analysis[0] if analysis else None
+    if analysis is None:
+        return None
+    return int(round(float(analysis.get("flops", 0.0))))
+
+
+def _xla_total(model, example, dims, inference_mode) -> int | None:
+    from .inspect import _lowered
+
+    return _flops_of(_lowered(model, example, dims, inference_mode).cost_analysis())
+
+
+def _note(row_flops: int | None, xla: int | None) -> str:
+    if row_flops is None:
+        return "no FLOP rule for this op: XLA's count shown" if xla is not None else "no FLOP rule"
+    if xla is None:
+        return "XLA gave no cost analysis"
+    if abs(row_flops - xla) > TOLERANCE * max(abs(xla), 1):
+        return f"XLA counts {xla - row_flops:+,} ({(xla - row_flops) / max(xla, 1):+.0%})"
+    return ""
+
+
+# --- the table ----------------------------------------------------------------------
+
+
+def cost_table(model, *example: Any, inference_mode: bool = False, xla: bool = True,
+               **dims: int) -> CostTable:
+    """The cost table of a compiled model at the given dims (or example arrays' shapes).
+
+    Args:
+      model: an ``mg.CompiledModel``.
+      *example: example arrays, one per graph input (only their shapes are used).
+      inference_mode: count the inference forward pass (BatchNorm with running
+        statistics, Dropout the identity) instead of the training one.
+      xla: also lower each layer alone and show XLA's count next to the rule's.
+      **dims: values of the symbolic dims (``batch=8``).
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph.examples import mlp
+      >>> table = mg.compile(mlp(784, (256,), 10)).cost_table(batch=8)
+      >>> table["dense"].flops_formula, table["dense"].flops, table["dense"].xla_flops
+      (401664*batch, 3213312, 3213312)
+      >>> table.flops_formula
+      407050*batch
+    """
+    from .policy import Policy
+
+    bindings = dim_values(model, example, dims)
+    policy = model.policy or Policy()
+    params, state = jax.eval_shape(model.init_fn, jax.random.key(0))
+    counted: set[str] = set()
+    rows = []
+    for site in _sites(model.graph, {}, params, state):
+        node, op = site.node, site.node.op
+        shared = site.weights in counted
+        counted.add(site.weights)
+        trainable = 0 if shared else sum(p.size for _, p in flatten_specs(op.param_specs(site.inputs)))
+        nontrainable = 0 if shared else sum(p.size for _, p in flatten_specs(op.state_specs(site.inputs)))
+        forward = op.flops(site.inputs, site.outputs, param_dtype=policy.param_dtype,
+                           inference_mode=inference_mode)
+        training = None if forward is None else forward + op.backward_flops(
+            site.inputs, site.outputs, forward, input_gradients=site.input_gradients)
+        activations = _sum(size(o) * o.dtype.itemsize for o in site.outputs)
+        row = LayerCost(site.path, op.op_name, trainable, nontrainable, forward, training,
+                        activations, _evaluate(forward, bindings), _evaluate(training, bindings),
+                        _evaluate(activations, bindings))
+        if xla:
+            caveat = op.xla_cost_caveat(inference_mode)
+            if caveat:
+                row = dataclasses.replace(row, note=f"XLA n/a: {caveat}")
+            else:
+                counted_by_xla = _xla_flops(site, bindings, inference_mode)
+                row = dataclasses.replace(row, xla_flops=counted_by_xla,
+                                          note=_note(row.flops, counted_by_xla))
+        if shared:
+            row = dataclasses.replace(row, note="; ".join(
+                filter(None, (f"shares the weights of {site.weights}", row.note))))
+        rows.append(row)
+    total, total_note = None, ""
+    if xla:
+        total = _xla_total(model, example, bindings, inference_mode)
+        caveats = sorted({r.layer for r in rows if r.note.startswith("XLA n/a")})
+        if caveats:
+            total_note = f"not comparable: it includes {', '.join(caveats)}"
+    return CostTable(model.graph.name, None if model.policy is None else repr(model.policy),
+                     bindings, inference_mode, tuple(rows), total, total_note)
