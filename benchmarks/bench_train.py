@@ -30,8 +30,10 @@ each reported as a ratio to hand-written JAX measured in the same rounds:
 Also: ``train_steps`` (``k`` steps on ``lax.scan`` in one dispatch) against ``k``
 single-step dispatches on the tiny MLP, and a check that both give the same params; the
 Trainer's extras over a bare step added one at a time (attribution); and two
-hand-written variants that measure a design choice of mlaxgraph's ops (BatchNorm's
-scale applied to the normalized tensor, the LSTM's input projection before the scan).
+hand-written variants that measure a design choice of mlaxgraph's ops against the
+alternative (BatchNorm's scale applied to the normalized tensor instead of folded into
+the per-channel multiplier; the LSTM's input projection of all steps before the scan
+instead of inside it).
 
 Run alone: ``.venv/bin/python benchmarks/bench_train.py [--quick] [--models mlp,cnn]``.
 """
@@ -90,15 +92,15 @@ DIFFERENCES = (
     "Where the systems' versions of a model differ (each uses its library's own layers): conv "
     "kernels are OHWI in mlaxgraph and hand-written JAX, HWIO in Flax and Haiku, OIHW in "
     "Equinox (whose images are channel-first: the batch is transposed once, outside the "
-    "timed step); mlaxgraph and hand-written JAX project the LSTM's inputs for all time steps "
-    "with one matmul before the scan, while Flax's `OptimizedLSTMCell`, Haiku's `LSTM` and "
-    "Equinox's `LSTMCell` multiply input and hidden state inside the scan; Haiku's BatchNorm "
+    "timed step); every system projects the LSTM's input inside the scan, one step at a "
+    "time, but Flax's `OptimizedLSTMCell` and Equinox's `LSTMCell` split the input kernel per "
+    "gate or keep separate biases; Haiku's BatchNorm "
     "keeps zero-debiased moving averages (more state, a little more arithmetic); Haiku's and "
     "Equinox's attention project with `(d, heads * head_dim)` matrices. Parameter counts are "
     "equal everywhere.")
 
 
-HLO_PARITY_NOTE = ("The exact version of this comparison is a test, `tests/test_hlo_parity.py`: for the MLP and the digits CNN, a step over `model.apply_fn` has exactly the hand-written step's dots, convolutions, fusions and converts; so does `mg.train.Trainer(..., metrics=())` against the hand-written step that also counts steps, and the default `Trainer` against the hand-written step that counts steps and computes the accuracy.")
+HLO_PARITY_NOTE = ("The exact version of this comparison is a test, `tests/test_hlo_parity.py`: for the MLP and the digits CNN, a step over `model.apply_fn` has exactly the hand-written step's dots, convolutions, fusions and converts; so does `mg.train.Trainer` (the loss only, its default) against the hand-written step that also counts steps, and `Trainer(..., metrics=(\"accuracy\",))` against the hand-written step that counts steps and computes the accuracy.")
 
 
 def makers() -> tuple[dict, dict]:
@@ -332,8 +334,6 @@ def _same_results(name: str, xs, ys) -> dict:
     import mlaxgraph as mg
 
     model = mg.compile(models_mg.GRAPHS[name]())
-    if not models_mg.trainer_available():
-        return {"checked": False}
     from mlaxgraph import train
 
     trainer = train.Trainer(model, S.optimizer(), loss="softmax_cross_entropy")
@@ -351,25 +351,22 @@ def _same_results(name: str, xs, ys) -> dict:
 ATTRIBUTION = {
     "hand": "hand-written step (the baseline)",
     "hand+count": "+ an int32 step counter in the state (as `TrainState.step`)",
-    "hand+count+accuracy": "+ the accuracy metric (as the Trainer's default metrics)",
-    "hand+count+accuracy+key": "+ a typed PRNG key passed in and out (as `TrainState.rng`): "
-                               "the Trainer's program and pytree, as a tuple",
-    "mlaxgraph:trainer": "`mg.train.Trainer` (default metrics)",
-    "mlaxgraph:trainer_loss_only": "`mg.train.Trainer(..., metrics=())`",
+    "hand+count+key": "+ a PRNG key's raw `uint32` data passed in and out (as "
+                      "`TrainState.rng`): the Trainer's program and pytree, as a tuple",
+    "hand+count+key+accuracy": "+ the accuracy metric (as `metrics=(\"accuracy\",)`)",
+    "mlaxgraph:trainer": "`mg.train.Trainer` (default: the loss only)",
+    "mlaxgraph:trainer_accuracy": "`mg.train.Trainer(..., metrics=(\"accuracy\",))`",
     "mlaxgraph:apply_step": "a step over `model.apply_fn` (no `mg.train`)",
 }
 
 
 def _attribution_makers() -> dict:
     opts = {"hand": {}, "hand+count": {"count_steps": True},
-            "hand+count+accuracy": {"count_steps": True, "accuracy": True},
-            "hand+count+accuracy+key": {"count_steps": True, "accuracy": True, "carry_key": True}}
+            "hand+count+key": {"count_steps": True, "carry_key": True},
+            "hand+count+key+accuracy": {"count_steps": True, "carry_key": True, "accuracy": True}}
     out = {k: (lambda o: lambda *a, **kw: models_hand.make(*a, **o, **kw))(o) for k, o in opts.items()}
-    if models_mg.trainer_available():
-        for v in ("trainer", "trainer_loss_only", "apply_step"):
-            out[f"mlaxgraph:{v}"] = (lambda v: lambda *a, **kw: models_mg.make(*a, variant=v, **kw))(v)
-    else:
-        out["mlaxgraph:apply_step"] = lambda *a, **kw: models_mg.make(*a, variant="apply_step", **kw)
+    for v in ("trainer", "trainer_accuracy", "apply_step"):
+        out[f"mlaxgraph:{v}"] = (lambda v: lambda *a, **kw: models_mg.make(*a, variant=v, **kw))(v)
     return out
 
 
@@ -443,7 +440,7 @@ def run(quick: bool = False, models=None, seed: int = 0) -> dict:
     models = tuple(models or S.MODELS)
     rounds = 5 if quick else 25
     chunk = 0.05 if quick else 0.1
-    trials = 2 if quick else 3
+    trials = 2 if quick else 5
     res = {"systems": list(make), "missing": missing, "versions": versions(), "steady": {},
            "first": {}, "config": {"rounds": rounds, "chunk_seconds": chunk, "trials": trials,
                                    "quick": quick}}
@@ -463,7 +460,9 @@ def run(quick: bool = False, models=None, seed: int = 0) -> dict:
     for i, name in enumerate(models + ("tiny_mlp",)):
         print(f"   first calls: {name}", file=sys.stderr, flush=True)
         st = res["call"] if name == "tiny_mlp" else res["steady"][name]
-        res["first"][name] = first_calls(name, make, trials, seed + 30 + i, st)
+        # The tiny MLP compiles in under a second: more trials resolve its 10% goal.
+        n = trials if name != "tiny_mlp" else 3 * trials
+        res["first"][name] = first_calls(name, make, n, seed + 30 + i, st)
     return res
 
 
@@ -564,13 +563,13 @@ def markdown(res: dict) -> str:
 
     # Design variants.
     VARIANT_TEXT = {
-        "hand:bn_fold_scale": "BatchNorm as `(x − mean) · (rsqrt(var + ε) · scale) + bias` (the "
-                              "scale folded into one per-channel multiplier, as Flax and Haiku) "
-                              "instead of `(x − mean) · rsqrt(var + ε)`, then `· scale`, then "
-                              "`+ bias` (mlaxgraph's `ops.BatchNorm`, and the hand-written model)",
-        "hand:lstm_in_loop": "LSTM input projection inside the scan, one `x_t @ W` per step (as the "
-                             "peers' cells), instead of all steps in one matmul before it "
-                             "(mlaxgraph's `ops.LSTM`, and the hand-written model)",
+        "hand:bn_unfolded": "BatchNorm as `(x − mean) · rsqrt(var + ε)`, then `· scale`, then "
+                            "`+ bias`, instead of `(x − mean) · (rsqrt(var + ε) · scale) + bias` "
+                            "(the scale folded into one per-channel multiplier: mlaxgraph's "
+                            "`ops.BatchNorm`, and the hand-written model)",
+        "hand:lstm_projected_before": "LSTM input projection of all steps in one matmul before "
+                                      "the scan, instead of one `x_t @ W` per step inside it "
+                                      "(mlaxgraph's `ops.LSTM`, and the hand-written model)",
     }
     rows = []
     for name, st in res["steady"].items():
@@ -582,10 +581,11 @@ def markdown(res: dict) -> str:
                              f"{r[k]['median']:.3f} ({r[k]['ci'][0]:.3f} – {r[k]['ci'][1]:.3f})",
                              f"{_mb(mem)} ({mem / base:.2f})"])
     if rows:
-        out += ["### What two designs of mlaxgraph's ops cost\n\nThe hand-written model with one "
-                "formulation changed, timed in the same interleaved rounds as the table above; ratio "
-                "to the hand-written model, which computes as mlaxgraph does (95% CI of the median); "
-                "peak memory of the compiled step (ratio).", "",
+        out += ["### Two design choices of mlaxgraph's ops, against the alternative\n\nThe "
+                "hand-written model with one formulation changed to the one mlaxgraph does not use, "
+                "timed in the same interleaved rounds as the table above; ratio to the hand-written "
+                "model, which computes as mlaxgraph does (95% CI of the median; above 1: the "
+                "alternative is slower); peak memory of the compiled step (ratio).", "",
                 md_table(["model", "hand-written variant", "per step", "ratio to hand-written",
                           "peak memory"], rows), ""]
 
@@ -633,12 +633,13 @@ def markdown(res: dict) -> str:
             md_table(["variant", "per step", "ratio to hand-written", "trace", "lower", "XLA compile",
                       "HLO ops vs hand-written"], rows), ""]
     kc = att["key_cost"]
-    out += [f"A jitted function that takes and returns a typed PRNG key (`jax.random.key`) and a "
-            f"scalar costs {fmt_time(kc['typed'])} per call, against {fmt_time(kc['raw'])} with the "
-            f"key's raw `uint32` data instead (+{fmt_time(kc['diff'])}; best of 3 x 200 calls, median "
-            f"of 30 rounds): JAX rebuilds a typed key returned by a jitted function in Python "
-            f"(`prngkeyarray_unflatten`, ~25 Python calls), while plain arrays stay in the C++ "
-            f"dispatch path.", ""]
+    out += [f"Why `TrainState.rng` holds the key's raw data: a jitted function that takes and "
+            f"returns a typed PRNG key (`jax.random.key`) and a scalar costs "
+            f"{fmt_time(kc['typed'])} per call, against {fmt_time(kc['raw'])} with the key's raw "
+            f"`uint32` data instead (+{fmt_time(kc['diff'])}; best of 3 x 200 calls, median of 30 "
+            f"rounds): JAX rebuilds a typed key returned by a jitted function in Python, while "
+            f"plain arrays stay in the C++ dispatch path. The step wraps the data into a key "
+            f"(`jax.random.wrap_key_data`) only when a layer draws random numbers.", ""]
 
     # Fused.
     f = res["fused"]
@@ -670,7 +671,8 @@ def markdown(res: dict) -> str:
         rows_cpu.append([S.SPECS[name].title] + [_cell(fc[x][0], None if x == "hand" else fc[x][1])
                                                  for x in cols if x in fc])
     out += [f"### First call: trace + lower + compile + run\n\nFresh model, optimizer and jitted "
-            f"step objects every trial; median of {c['trials']} trials (random system order per "
+            f"step objects every trial; median of {c['trials']} trials ({3 * c['trials']} for the tiny "
+            f"MLP; random system order per "
             f"trial; the first is the first step of the steady-state runs above). Every system "
             f"ran once on the tiny MLP before anything was timed, so what a library initialises "
             f"once per process is not charged to whichever system goes first. In parentheses: ratio of the medians to "
@@ -739,10 +741,9 @@ def analysis(res: dict) -> str:
     parts = {}
     if att and "mlaxgraph:trainer" in t:
         parts = {"step counter": t["hand+count"] - t["hand"],
-                 "accuracy metric": t["hand+count+accuracy"] - t["hand+count"],
-                 "typed PRNG key in and out": t["hand+count+accuracy+key"] - t["hand+count+accuracy"],
+                 "raw key data in and out": t["hand+count+key"] - t["hand+count"],
                  "the rest (TrainState dataclass, metrics dict, Trainer code)":
-                     t["mlaxgraph:trainer"] - t["hand+count+accuracy+key"]}
+                     t["mlaxgraph:trainer"] - t["hand+count+key"]}
     extra_total = (t["mlaxgraph:trainer"] - t["hand"]) if parts else None
     for g in s["goals"]:
         head = f"- **{g['goal']}**: {g['value']:.3f} ({g['where']})"
@@ -779,14 +780,11 @@ def analysis(res: dict) -> str:
                 f"and {median([a / b for a, b in zip(att['times']['mlaxgraph:apply_step'], att['times']['hand'])]):.3f}x "
                 f"here: the graph, the interpreter and `apply` add nothing per call; the extras "
                 f"are all in `mg.train`'s step.")
-            out.append("  - What would close it, in `mlaxgraph/train/` (not changed here): keep "
-                       "`TrainState.rng` as raw key data (`jax.random.key_data`, uint32) and wrap it "
-                       "inside the step (`jax.random.wrap_key_data`), or leave the key out of the "
-                       "jitted step's outputs when the graph has no random layers (the step never "
-                       "changes it: it folds in `step`); make the accuracy metric opt-in for the "
-                       "step (compute it in `eval_step` or on demand) or fuse it with the loss; the "
-                       "int32 step counter duplicates optax's own count (one more scalar fusion per "
-                       "step).")
+            out.append("  - What would close it: the Trainer's state already carries only the step "
+                       "counter and the key's raw data beyond the hand-written step's; leaving the "
+                       "key out of the step's inputs and outputs when no layer draws random numbers "
+                       "would save one buffer each way, and a quiet machine would tell a few "
+                       "microseconds from noise.")
         elif g["key"] == "first":
             sp = att["split"] if att else {}
             for name, r in s["first"].items():
@@ -798,17 +796,17 @@ def analysis(res: dict) -> str:
             if sp:
                 row = lambda k: ", ".join(f"{p} {fmt_time(sp[k][p])}" for p in ("trace", "lower", "compile"))  # noqa: E731
                 out.append(f"  - Split on the tiny MLP: hand-written {row('hand')}; hand-written with "
-                           f"the Trainer's extras {row('hand+count+accuracy+key')}; Trainer "
+                           f"the Trainer's extras {row('hand+count+key')}; Trainer "
                            f"{row('mlaxgraph:trainer')}; step over `model.apply_fn` "
                            f"{row('mlaxgraph:apply_step')}. XLA's compile dominates the first call; "
-                           f"each extra fusion (the step counter, the accuracy metric) is one more "
-                           f"kernel to compile; tracing adds mlaxgraph's interpreter (per layer: a "
-                           f"named scope, the params cast, the output check) and the Trainer's metrics.")
-            out.append("  - What would close it: the same program as hand-written (no default "
-                       "accuracy, no separate step counter: see the per-call goal) leaves only the "
+                           f"the step counter is one more fusion to compile; tracing adds "
+                           f"mlaxgraph's interpreter (per layer: a named scope, the params cast, "
+                           f"the output check).")
+            out.append("  - What would close it: the compiled program is the hand-written one plus "
+                       "the step counter (`tests/test_hlo_parity.py`), which leaves the "
                        "interpreter's trace time, a few ms per model; the first-call times of a "
-                       "few seconds vary by tens of percent between trials on this loaded machine, "
-                       "so a quiet machine and more trials are needed to resolve 10%.")
+                       "few seconds vary by tens of percent between trials on a loaded machine, so "
+                       "a quiet machine and more trials are needed to resolve 10%.")
         elif g["key"] == "fused":
             out.append("  - Why: the single-step dispatch is already cheap relative to the step's "
                        "own work; a longer scan (larger k) amortizes more.")
@@ -825,7 +823,7 @@ def analysis(res: dict) -> str:
                     mem = res["steady"][name]["info"]
                     line += (f" The hand-written model with `{k[5:]}` measures {st_ratio['median']:.2f} "
                              f"and {mem[k]['peak'] / mem['hand']['peak']:.2f}x the peak memory (table "
-                             f"\"What two designs of mlaxgraph's ops cost\").")
+                             f"\"Two design choices of mlaxgraph's ops\").")
             lines.append(line)
     if lines:
         out.append("- **Where the peers are faster than mlaxgraph** (by more than 5%, same rounds):")

@@ -133,11 +133,11 @@ def cnn_forward(params, x):
     return _linear(params["logits"], h.reshape(h.shape[0], -1))
 
 
-def _batch_norm(p, s, x, fold=False):
+def _batch_norm(p, s, x, fold=True):
     """Training mode: batch statistics (biased variance); running averages updated.
-    As mlaxgraph's BatchNorm: ``(x - mean) * rsqrt(var + eps)``, then ``* scale``, then
-    ``+ bias``; ``fold``: ``(x - mean) * (rsqrt(var + eps) * scale) + bias`` instead
-    (the scale folded into one per-channel multiplier, as Flax and Haiku do)."""
+    As mlaxgraph's BatchNorm: ``(x - mean) * (rsqrt(var + eps) * scale) + bias`` (the
+    scale folded into one per-channel multiplier); ``fold=False``:
+    ``(x - mean) * rsqrt(var + eps)``, then ``* scale``, then ``+ bias`` instead."""
     mean = jnp.mean(x, axis=(0, 1, 2))
     var = jnp.mean(jnp.square(x - mean), axis=(0, 1, 2))
     if fold:
@@ -148,7 +148,7 @@ def _batch_norm(p, s, x, fold=False):
     return y, {"mean": m * s["mean"] + (1 - m) * mean, "var": m * s["var"] + (1 - m) * var}
 
 
-def _basic_block(p, s, x, stride, fold=False):
+def _basic_block(p, s, x, stride, fold=True):
     new = {}
     h = _conv2d(x, p["conv_a"]["kernel"], stride)
     h, new["bn_a"] = _batch_norm(p["bn_a"], s["bn_a"], h, fold)
@@ -160,7 +160,7 @@ def _basic_block(p, s, x, stride, fold=False):
     return jax.nn.relu(h + x), new
 
 
-def resnet_forward(params, state, x, fold=False):
+def resnet_forward(params, state, x, fold=True):
     new = {}
     h = _conv2d(x, params["stem"]["kernel"])
     h, new["stem_bn"] = _batch_norm(params["stem_bn"], state["stem_bn"], h, fold)
@@ -195,9 +195,10 @@ def transformer_forward(params, x):
     return _linear(params["logits"], jnp.mean(h, axis=1))
 
 
-def lstm_forward(params, tokens, in_loop=False):
-    """As mlaxgraph's LSTM: the input projection of all time steps in one matmul before
-    the scan; ``in_loop``: each step projects its own input inside the scan instead."""
+def lstm_forward(params, tokens, in_loop=True):
+    """As mlaxgraph's LSTM: each step projects its own input inside the scan;
+    ``in_loop=False``: the input projection of all time steps in one matmul before the
+    scan instead."""
     p = params["lstm"]
     x = params["embed"]["embedding"][tokens]                       # (batch, time, width)
     if in_loop:
@@ -224,17 +225,17 @@ _STATELESS = {"mlp": mlp_forward, "tiny_mlp": mlp_forward, "cnn": cnn_forward,
 
 
 #: Alternative formulations, to measure what a design choice of mlaxgraph's ops costs.
-VARIANTS = {"bn_fold_scale": "resnet", "lstm_in_loop": "lstm"}
+VARIANTS = {"bn_unfolded": "resnet", "lstm_projected_before": "lstm"}
 
 
 def forward(name: str, variant: str | None = None):
     """``f(params, state, x) -> (logits, new_state)`` for model ``name``."""
     if name == "resnet":
-        fold = variant == "bn_fold_scale"
+        fold = variant != "bn_unfolded"
         return lambda params, state, x: resnet_forward(params, state, x, fold)
     fwd = _STATELESS[name]
-    if variant == "lstm_in_loop":
-        return lambda params, state, x: (lstm_forward(params, x, in_loop=True), state)
+    if variant == "lstm_projected_before":
+        return lambda params, state, x: (lstm_forward(params, x, in_loop=False), state)
     return lambda params, state, x: (fwd(params, x), state)
 
 
@@ -250,7 +251,7 @@ def make_step_fn(name: str, tx, count_steps: bool = False, accuracy: bool = Fals
 
     ``count_steps`` adds an int32 step counter in front of the train state (as
     ``mg.train.TrainState.step``); ``accuracy`` returns ``{"loss", "accuracy"}``
-    instead of the loss (as ``mg.train.Trainer``'s default metrics). The benchmark uses
+    instead of the loss (as ``mg.train.Trainer(..., metrics=("accuracy",))``). The benchmark uses
     the bare step; the HLO parity test uses the options to compare like with like.
     ``variant``: see ``VARIANTS``.
     """
@@ -301,8 +302,9 @@ def make(name: str, x, y, key, xs=None, ys=None, count_steps: bool = False,
     over ``(params, state, opt_state)``; a fresh jitted function every call.
 
     The options build what ``mg.train.Trainer`` carries besides, one at a time, to
-    attribute its cost: a step counter, the accuracy metric, and a typed PRNG key passed
-    through the jitted step (``carry_key``; the step does not use it).
+    attribute its cost: a step counter, the accuracy metric, and a PRNG key's raw
+    ``uint32`` data passed through the jitted step (``carry_key``, as
+    ``TrainState.rng``; the step does not use it).
     """
     from _common import Run
 
@@ -319,7 +321,7 @@ def make(name: str, x, y, key, xs=None, ys=None, count_steps: bool = False,
             new, out = inner(train_state[:-1], x, y)
             return new + (train_state[-1],), out
 
-        ts = ts + (jax.random.key(1),)
+        ts = ts + (jax.random.key_data(jax.random.key(1)),)
     jstep = jax.jit(step_fn, donate_argnums=0)
     cell = [ts]
 

@@ -85,15 +85,6 @@ GRAPHS = {"mlp": mlp, "cnn": cnn, "resnet": resnet, "transformer": transformer, 
 
 # --- the mlaxgraph train step -------------------------------------------------------------
 
-def trainer_available() -> bool:
-    """Whether ``mlaxgraph.train`` (``mg.train.Trainer``) exists in this checkout."""
-    try:
-        import mlaxgraph.train  # noqa: F401
-    except ImportError:
-        return False
-    return hasattr(mlaxgraph.train, "Trainer")
-
-
 def _loss(logits, labels):
     import optax
 
@@ -122,16 +113,17 @@ def make_apply_step_fn(model, tx):
 
 VARIANTS = {
     "trainer": "`mg.train.Trainer(model, adam, loss=\"softmax_cross_entropy\")` (default metrics: "
-               "loss and accuracy)",
-    "trainer_loss_only": "`mg.train.Trainer(..., metrics=())`: the loss only",
+               "the loss only)",
+    "trainer_accuracy": "`mg.train.Trainer(..., metrics=(\"accuracy\",))`: the loss and the "
+                        "accuracy",
     "apply_step": "`jax.jit` of a step written over `model.apply_fn` (no `mg.train`)",
 }
 
 
 def make(name: str, x, y, key, xs=None, ys=None, variant: str | None = None):
     """A ``Run`` of mlaxgraph's train step. ``variant`` (see ``VARIANTS``): the Trainer
-    as a user makes it (the default when ``mg.train`` exists), the Trainer reporting
-    the loss only, or a step over ``model.apply_fn``."""
+    as a user makes it (the default), the Trainer also reporting the accuracy, or a
+    step over ``model.apply_fn``."""
     import jax
 
     from _common import Run
@@ -140,12 +132,12 @@ def make(name: str, x, y, key, xs=None, ys=None, variant: str | None = None):
     model = mg.compile(GRAPHS[name]())
     tx = S.optimizer()
     if variant is None:
-        variant = "trainer" if trainer_available() else "apply_step"
+        variant = "trainer"
     system = "mlaxgraph" if variant in ("trainer", None) else f"mlaxgraph:{variant}"
     if variant.startswith("trainer"):
         import mlaxgraph.train
 
-        kwargs = {"metrics": ()} if variant == "trainer_loss_only" else {}
+        kwargs = {"metrics": ("accuracy",)} if variant == "trainer_accuracy" else {}
         trainer = mlaxgraph.train.Trainer(model, tx, loss="softmax_cross_entropy", **kwargs)
         cell = [trainer.init(key)]
 

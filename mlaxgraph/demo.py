@@ -53,7 +53,7 @@ def train_digits(policy=None, epochs: int = 10, batch_size: int = 32, seed: int 
     train, test = load_digits(seed)
     model = compile(residual_cnn(), policy)
     schedule = optax.cosine_decay_schedule(learning_rate, epochs * (len(train[1]) // batch_size))
-    trainer = Trainer(model, optax.adamw(schedule, weight_decay=1e-4))
+    trainer = Trainer(model, optax.adamw(schedule, weight_decay=1e-4), metrics=("accuracy",))
     ts = trainer.init(jax.random.key(seed))
     if checkpoints is not None and checkpoints.latest_step() is not None:
         ts = checkpoints.restore(ts)

@@ -128,6 +128,9 @@ def _layer_of(op_name: str, paths: frozenset[str]) -> str | None:
         candidate = "/".join(parts[:end])
         if candidate in paths:
             return candidate
+        candidate = candidate.replace("#", "@")  # the scope of a shared layer's call
+        if candidate in paths:
+            return candidate
     return None
 
 

@@ -55,9 +55,20 @@ def main(process_id: int, port: int, out_dir: str) -> None:
         multihost_utils.process_allgather(jax.tree.leaves(params), tiled=True),
         multihost_utils.process_allgather(jax.tree.leaves(restored), tiled=True)))
 
+    # The single-file CheckpointManager cannot hold arrays no process has whole: it says
+    # so, and names the tool that can.
+    try:
+        mg.train.CheckpointManager(os.path.join(out_dir, f"single_{process_id}")).save(
+            mg.train.TrainState(jax.numpy.zeros((), "int32"), params, state, opt_state,
+                                jax.random.key_data(jax.random.key(0))))
+        refused = ""
+    except mg.SerializationError as e:
+        refused = str(e)
+
     gathered = multihost_utils.process_allgather(params, tiled=True)
     if process_id == 0:
-        arrays = {"losses": np.asarray(losses), "checkpoint_equal": np.asarray(same)}
+        arrays = {"losses": np.asarray(losses), "checkpoint_equal": np.asarray(same),
+                  "single_file_refused": np.asarray(refused)}
         arrays.update(cases.flatten("params", gathered))
         np.savez(os.path.join(out_dir, "multiprocess.npz"), **arrays)
     multihost_utils.sync_global_devices("done")

@@ -104,6 +104,20 @@ def test_optimized_layers_show_what_xla_made_of_them(cnn):
     assert "(with " in str(by_layer)
 
 
+@pytest.mark.parametrize("optimized", [False, True])
+def test_each_call_of_a_shared_layer_keeps_its_own_operations(optimized):
+    # XLA cuts an optimized op_name at "@": the second call's scope is written "shared#1".
+    x = mg.Input(("batch", 4), name="x")
+    shared = mg.ops.Linear(4, name="shared")
+    graph = mg.Graph(x, shared(mg.ops.relu(shared(x))), name="twice")
+    by_layer = mg.compile(graph).hlo_by_layer(batch=2, optimized=optimized)
+    assert list(by_layer) == ["shared", "relu", "shared@1"]
+    dots = {layer: [op for op in ops if "dot" in op.opcode or any("dot" in f for f in op.fused)]
+            for layer, ops in by_layer.layers.items()}
+    assert len(dots["shared"]) == 1 and len(dots["shared@1"]) == 1, by_layer
+    assert dots["shared"][0].name != dots["shared@1"][0].name
+
+
 def test_policy_casts_are_layers_too():
     model = mg.compile(mlp(16, (8,), 4), mg.Policy(compute_dtype="bfloat16"))
     by_layer = model.hlo_by_layer(batch=2, optimized=False)

@@ -315,3 +315,6 @@ def test_two_processes_train_the_mlp_as_one(two_processes, eight):
             compared += 1
     assert compared == 7
     assert bool(two_processes["checkpoint_equal"])  # orbax, both processes writing shards
+    # The single-file CheckpointManager refuses arrays split over processes, by name.
+    refused = str(two_processes["single_file_refused"])
+    assert "sharded over several processes" in refused and "sharded_checkpoint" in refused, refused

@@ -53,7 +53,7 @@ def test_train_step_matches_hand_written_sgd():
 
 
 def test_metrics_are_the_batch_mean_of_loss_and_accuracy():
-    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.0))
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.0), metrics=("accuracy",))
     ts = trainer.init(jax.random.key(0))
     x, y = _data(32)
     logits, _ = trainer.model.apply(ts.params, ts.state, x)
@@ -101,6 +101,38 @@ def test_fused_steps_equal_single_steps_with_dropout_and_batchnorm():
     assert int(ts_b.step) == 8 and fused.trace_counts["train_steps"] == 1
 
 
+def test_by_default_the_step_reports_the_loss_only_and_carries_raw_key_data():
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1))
+    ts = trainer.init(jax.random.key(0))
+    assert ts.rng.dtype == np.uint32  # plain data: the step stays on the fast dispatch path
+    ts, metrics = trainer.train_step(ts, *_data(8))
+    assert sorted(metrics) == ["loss"]
+    with pytest.raises(mg.GraphError, match=r"\('accuracy',\)"):
+        Trainer(trainer.model, optax.sgd(0.1), metrics="accuracy")
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_dropout_masks_follow_the_key_and_the_step(impl):
+    """Step n's dropout masks come from fold_in(key, n) with the key's own PRNG: two
+    trainers from the same key agree step by step; the masks differ between steps."""
+    graph = mlp(4, (64,), 3, dropout=0.5)
+    key = jax.random.key(3, impl=impl)
+    x, y = _data(16)
+    runs = []
+    for _ in range(2):
+        trainer = Trainer(mg.compile(graph), optax.sgd(0.0))  # params never move
+        ts = trainer.init(key)
+        losses = []
+        for _ in range(3):
+            ts, metrics = trainer.train_step(ts, x, y)
+            losses.append(float(metrics["loss"]))
+        runs.append(losses)
+    assert runs[0] == runs[1]
+    assert len(set(runs[0])) == 3  # fresh masks every step
+    wanted = jax.random.key_data(jax.random.split(key)[1])
+    np.testing.assert_array_equal(ts.rng, wanted)
+
+
 def test_train_step_donates_the_old_state():
     trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.adam(1e-3))
     ts = trainer.init(jax.random.key(0))
@@ -113,7 +145,8 @@ def test_train_step_donates_the_old_state():
 
 def test_fit_traces_each_step_once_and_learns():
     x, y = _data(200)
-    trainer = Trainer(mg.compile(mlp(4, (32,), 3, dropout=0.1)), optax.adam(1e-2))
+    trainer = Trainer(mg.compile(mlp(4, (32,), 3, dropout=0.1)), optax.adam(1e-2),
+                      metrics=("accuracy",))
     ts, history = trainer.fit(trainer.init(jax.random.key(0)), (x, y), epochs=6,
                               batch_size=32, validation=(x[:50], y[:50]), progress=False)
     assert trainer.trace_counts == {"train_step": 1, "eval_step": 1}
@@ -139,7 +172,7 @@ def test_fit_with_fused_steps_traces_once_and_matches_single_steps():
 
 
 def test_evaluate_pads_the_last_batch_and_weighs_it_out():
-    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1))
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1), metrics=("accuracy",))
     ts = trainer.init(jax.random.key(0))
     x, y = _data(50)
     result = evaluate(trainer, ts, (x, y), batch_size=16)  # 16+16+16+2

@@ -21,9 +21,16 @@ from ..ir.node import Node
 from ..ir.printer import context_lines
 from ..specs import TensorSpec, bind_dims, init_specs, match_shape
 
-__all__ = ["make_init", "make_apply", "random_layers", "salt"]
+__all__ = ["make_init", "make_apply", "random_layers", "salt", "scope_name"]
 
 _EMPTY: Mapping[str, Any] = {}
+
+
+def scope_name(name: str) -> str:
+    """The named scope of a node's operations: its name, with the ``@`` of a shared
+    layer's later calls (``dense@1``) written ``#``, since XLA cuts an optimized
+    instruction's ``op_name`` at ``@``."""
+    return name.replace("@", "#")
 
 
 def salt(name: str) -> int:
@@ -115,7 +122,7 @@ def _run(program: _Program, params, state, inputs, rng, inference_mode, bindings
                                           f"made by this model's init", source=node.source))
         p = params.get(node.layer, _EMPTY)
         s = new_state.get(node.layer, _EMPTY)
-        with jax.named_scope(node.name):
+        with jax.named_scope(scope_name(node.name)):
             key = jax.random.fold_in(rng, salt(node.name)) if step.random and rng is not None else None
             if step.inner is not None:
                 inner = _bind_inputs(step.inner.graph, args) if bindings is not None else None

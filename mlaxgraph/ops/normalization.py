@@ -107,20 +107,25 @@ class BatchNorm(Layer):
                 "mean": m * state["mean"] + (1.0 - m) * mean.astype(state["mean"].dtype),
                 "var": m * state["var"] + (1.0 - m) * var.astype(state["var"].dtype),
             }
-        y = (x - mean.reshape(shape)) * lax.rsqrt(var.reshape(shape) + jnp.asarray(self.epsilon, x.dtype))
+        # One per-channel multiplier, the scale folded in: a multiply per element fewer
+        # than scaling the normalized tensor, and one intermediate fewer to keep for the
+        # backward pass.
+        inv = lax.rsqrt(var + jnp.asarray(self.epsilon, x.dtype))
         if self.use_scale:
-            y = y * p["scale"].reshape(shape)
+            inv = inv * p["scale"]
+        y = (x - mean.reshape(shape)) * inv.reshape(shape)
         if self.use_bias:
             y = y + p["bias"].reshape(shape)
         return (y,), new_state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        """Per element: subtract the mean, multiply by ``rsqrt(var + epsilon)``, scale,
-        shift. In training also the batch mean and variance (a mean, a subtract, a
-        square and a mean per element) and the running statistics' update."""
+        """Per element: subtract the mean, multiply by ``rsqrt(var + epsilon) * scale``
+        (per channel: the add and, with a scale, the multiply), shift. In training also
+        the batch mean and variance (a mean, a subtract, a square and a mean per element)
+        and the running statistics' update."""
         (x,) = inputs
         elements, features = size(x), self._features(inputs)
-        count = (2 + self.use_scale + self.use_bias) * elements + features
+        count = (2 + self.use_bias) * elements + (1 + self.use_scale) * features
         count = count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
         # The statistics (kept in param_dtype) are cast to the input's dtype to be used,
         # or the batch's are cast to theirs to be stored.

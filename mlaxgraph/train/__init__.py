@@ -4,7 +4,8 @@ a fit loop, mixed precision with dynamic loss scaling, and checkpoints.
 Example:
   >>> import jax, numpy as np, optax, mlaxgraph as mg
   >>> from mlaxgraph.examples import mlp
-  >>> trainer = mg.train.Trainer(mg.compile(mlp(4, (16,), 2)), optax.adam(1e-2))
+  >>> trainer = mg.train.Trainer(mg.compile(mlp(4, (16,), 2)), optax.adam(1e-2),
+  ...                            metrics=("accuracy",))
   >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
   >>> y = (x[:, 0] > 0).astype("int32")
   >>> ts, history = trainer.fit(trainer.init(jax.random.key(0)), (x, y), epochs=20,

@@ -95,6 +95,11 @@ class CheckpointManager:
         step = int(ts.step)
         arrays = {}
         for name, leaf in tree_arrays(ts).items():
+            if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+                raise SerializationError(
+                    f"{name!r} is sharded over several processes: this process holds only "
+                    f"part of it. Save a multi-process run with mlaxgraph.sharded_checkpoint "
+                    f"(every process writes its shards)")
             if _is_key(leaf):
                 leaf = jax.random.key_data(leaf)
             arrays[name] = np.asarray(jax.device_get(leaf))

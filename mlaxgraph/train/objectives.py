@@ -45,7 +45,6 @@ LOSSES: dict[str, Objective] = {
     "mean_squared_error": mean_squared_error,
 }
 METRICS: dict[str, Objective] = {"accuracy": accuracy}
-_DEFAULT_METRICS = {"softmax_cross_entropy": ("accuracy",)}
 
 
 def resolve_loss(loss: str | Objective) -> Objective:
@@ -57,11 +56,13 @@ def resolve_loss(loss: str | Objective) -> Objective:
     return LOSSES[loss]
 
 
-def resolve_metrics(loss: str | Objective, metrics) -> dict[str, Objective]:
-    """``metrics``: None (the loss's usual ones: accuracy for cross-entropy), a sequence
-    of names, or a mapping name -> function."""
+def resolve_metrics(metrics) -> dict[str, Objective]:
+    """``metrics``: None (none: the loss only), a sequence of names, or a mapping
+    name -> function."""
     if metrics is None:
-        metrics = _DEFAULT_METRICS.get(loss, ()) if isinstance(loss, str) else ()
+        metrics = ()
+    if isinstance(metrics, str):
+        raise GraphError(f"metrics takes a sequence of names, e.g. ({metrics!r},), not a string")
     if isinstance(metrics, Mapping):
         return dict(metrics)
     out = {}

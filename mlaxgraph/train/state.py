@@ -24,8 +24,10 @@ class TrainState:
         (float32 master weights under a half-precision policy).
       state: the non-trainables (BatchNorm statistics).
       opt_state: the optax optimizer's state.
-      rng: the run's base key; step ``n`` uses ``fold_in(rng, n)``, so a resumed run
-        draws the same dropout masks as an uninterrupted one.
+      rng: the run's base key as raw key data (``jax.random.key_data``, uint32: plain
+        arrays keep the jitted step on JAX's fast dispatch path); step ``n`` uses
+        ``fold_in(key, n)``, so a resumed run draws the same dropout masks as an
+        uninterrupted one.
       loss_scale: the dynamic loss scale (float16 training), or None.
     """
 

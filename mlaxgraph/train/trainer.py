@@ -49,9 +49,10 @@ class Trainer:
       loss: a name in ``mg.train.LOSSES`` (``"softmax_cross_entropy"`` takes integer
         labels) or a function ``(outputs, targets) -> per-example losses``; the step
         minimises their mean, computed in float32.
-      metrics: names in ``mg.train.METRICS`` or a mapping name -> function
-        ``(outputs, targets) -> per-example values``; by default accuracy for
-        cross-entropy. ``loss`` is always reported.
+      metrics: names in ``mg.train.METRICS`` (``("accuracy",)``) or a mapping name ->
+        function ``(outputs, targets) -> per-example values``. None (the default)
+        reports the loss only, as Keras does: every metric is computed in every train
+        step, which costs time on small models. ``loss`` is always reported.
       loss_scale: ``"auto"`` (dynamic loss scaling when the policy computes in
         float16, none otherwise), ``"dynamic"``, None, or a ``DynamicLossScale``
         to start from.
@@ -75,7 +76,8 @@ class Trainer:
     Example:
       >>> import jax, jax.numpy as jnp, optax, mlaxgraph as mg
       >>> from mlaxgraph.examples import mlp
-      >>> trainer = mg.train.Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1))
+      >>> trainer = mg.train.Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1),
+      ...                            metrics=("accuracy",))
       >>> ts = trainer.init(jax.random.key(0))
       >>> x, y = jnp.ones((16, 4)), jnp.zeros((16,), jnp.int32)
       >>> for _ in range(3):
@@ -96,9 +98,10 @@ class Trainer:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = resolve_loss(loss)
-        self.metric_fns = resolve_metrics(loss, metrics)
+        self.metric_fns = resolve_metrics(metrics)
         self.loss_scale = self._initial_loss_scale(loss_scale)
         self._needs_rng = bool(random_layers(model.graph))
+        self._key_impl = None           # the default PRNG; init_fn records the key's own
         self._update = _standard_promotion(optimizer.update)
         self.trace_counts: collections.Counter = collections.Counter()
         self.init = jax.jit(self.init_fn)
@@ -122,12 +125,18 @@ class Trainer:
 
     def init_fn(self, key: jax.Array) -> TrainState:
         """A fresh TrainState: params and state from ``model.init``, the optimizer's
-        state, step 0, and the base key of the run's dropout masks."""
+        state, step 0, and the base key of the run's dropout masks (as raw key data)."""
+        if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+            key = jax.random.wrap_key_data(key)        # a legacy uint32 key
+        self._key_impl = jax.random.key_impl(key)
         init_key, rng = jax.random.split(key)
         params, state = self.model.init_fn(init_key)
         opt_state = _standard_promotion(self.optimizer.init)(params)
-        return TrainState(jnp.zeros((), jnp.int32), params, state, opt_state, rng,
-                          self.loss_scale)
+        plan = getattr(self.model, "sharding", None)
+        if plan is not None:       # moments sharded like their weights, not replicated
+            opt_state = plan.shard_optimizer_state(self.optimizer, opt_state)
+        return TrainState(jnp.zeros((), jnp.int32), params, state, opt_state,
+                          jax.random.key_data(rng), self.loss_scale)
 
     def _forward(self, params, state, inputs, rng, inference_mode: bool):
         return self.model.apply_fn(params, state, *_as_inputs(inputs),
@@ -148,8 +157,15 @@ class Trainer:
         self.trace_counts["train_step"] += 1
         return self._step(ts, inputs, targets)
 
+    def _step_key(self, ts: TrainState) -> jax.Array | None:
+        """Step ``n``'s key: ``fold_in(base key, n)``; None when no layer draws."""
+        if not self._needs_rng:
+            return None
+        base = jax.random.wrap_key_data(ts.rng, impl=self._key_impl)
+        return jax.random.fold_in(base, ts.step)
+
     def _step(self, ts: TrainState, inputs: Any, targets: Any):
-        rng = jax.random.fold_in(ts.rng, ts.step)
+        rng = self._step_key(ts)
         scale = ts.loss_scale
 
         def objective(params):
