@@ -28,17 +28,15 @@ from mlaxgraph.ops import registry
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 
-# A fence opening with ```python (nothing else on the line) up to the next closing ```.
-PYTHON_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
-
-
-# Any fenced block: its language and its text.
+# A fenced block: a fence opening with ```<language> (nothing else on the line) up to the
+# next closing ```; group 1 is the language, group 2 the text.
 FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
 def python_blocks(text: str) -> list[tuple[int, str]]:
     """(line number of the block's first code line, code) for each ```python block."""
-    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in PYTHON_BLOCK.finditer(text)]
+    return [(text.count("\n", 0, m.start(2)) + 1, m.group(2))
+            for m in FENCE.finditer(text) if m.group(1) == "python"]
 
 
 def shown_outputs(text: str) -> dict[int, str]:
