@@ -42,7 +42,7 @@ from _common import fmt_time, md_table, median
 
 import mlaxgraph as mg
 from mlaxgraph import ops
-from mlaxgraph.passes import default_passes, run_passes
+from mlaxgraph.compiler.passes import default_passes, run_passes
 
 WIDTH = 8
 GOAL_LAYERS, GOAL_SECONDS = 10_000, 2.0

@@ -14,20 +14,18 @@ Example:
   ((32, 10), dtype('float32'))
 """
 
-from .errors import (MlaxGraphError, GraphError, ShapeError, DTypeError, SerializationError,
-                     ShardingError)
-from .specs import TensorSpec
-from .ir import Graph, Input, Node, Value, SymbolicTensor
-from .policy import Policy
-from .compile import compile, CompiledModel
-from . import ops
-from .io.save import save, load
+from . import ops, train
+from .analysis.cost import CostTable, LayerCost
+from .analysis.hlo.by_layer import HloByLayer, HloOperation
+from .analysis.policy_comparison import PolicyComparison, compare_policies
+from .compiler.compile import CompiledModel, compile
+from .compiler.policy import Policy
+from .core.errors import DTypeError, GraphError, MlaxGraphError, SerializationError, ShapeError, ShardingError
+from .core.specs import TensorSpec
+from .io.exported import ExportedModel, load_exported
 from .io.functions import register_function
-from .cost_table import CostTable, LayerCost
-from .hlo_layers import HloByLayer, HloOperation
-from .exported import ExportedModel, load_exported
-from .policy_comparison import PolicyComparison, compare_policies
-from . import train
+from .io.model_file import load, save
+from .ir import Graph, Input, Node, SymbolicTensor, Value
 
 __version__ = "0.1.0"
 

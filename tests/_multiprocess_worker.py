@@ -28,8 +28,8 @@ def main(process_id: int, port: int, out_dir: str) -> None:
 
     import mlaxgraph as mg
     import _sharding_cases as cases
-    from mlaxgraph import sharded_checkpoint
-    from mlaxgraph.sharding import abstract_init, shard_batch
+    from mlaxgraph.io import sharded_checkpoint
+    from mlaxgraph.distributed import abstract_init, shard_batch
 
     assert jax.process_count() == 2 and jax.device_count() == 4, (jax.process_count(), jax.devices())
     mesh = jax.make_mesh((2, 2), ("data", "model"))

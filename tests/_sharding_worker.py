@@ -45,10 +45,11 @@ def main(out_dir: str, names: tuple[str, ...]) -> None:
 
     import mlaxgraph as mg
     import _sharding_cases as cases
-    from mlaxgraph import ops, sharded_checkpoint
-    from mlaxgraph.collectives import collectives
+    from mlaxgraph import ops
+    from mlaxgraph.io import sharded_checkpoint
+    from mlaxgraph.analysis.hlo.collectives import collectives
     from mlaxgraph.examples import mlp
-    from mlaxgraph.sharding import abstract_init
+    from mlaxgraph.distributed import abstract_init
 
     report: dict = {"device_count": jax.device_count(), "mesh_axes": {}, "seconds": {}}
     clock = [time.perf_counter()]

@@ -7,7 +7,7 @@ import pytest
 
 import mlaxgraph as mg
 from mlaxgraph import ops
-from mlaxgraph.specs import as_dim
+from mlaxgraph.core.specs import as_dim
 
 
 def build_cnn():

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from mlaxgraph.cli import main
+from mlaxgraph.cli.main import main
 
 
 def test_help_and_bad_arguments(capsys):

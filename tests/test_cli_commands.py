@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import mlaxgraph as mg
-from mlaxgraph.cli import main
+from mlaxgraph.cli.main import main
 from mlaxgraph.examples import residual_cnn
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ import mlaxgraph as mg
 from mlaxgraph import ops
 from mlaxgraph.examples import lstm_classifier, mlp, residual_cnn
 from mlaxgraph.ops.flops import window_taps
-from mlaxgraph.specs import bind_dims
+from mlaxgraph.core.specs import bind_dims
 
 
 def xla_flops(fn, *args) -> int:

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import mlaxgraph as mg
-from mlaxgraph.cli import main
-from mlaxgraph.demo import load_digits, train_digits
+from mlaxgraph.cli.main import main
+from mlaxgraph.cli.demo import train_digits
+from mlaxgraph.examples import load_digits
 
 
 def test_digits_split_is_the_bundled_data():

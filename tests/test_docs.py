@@ -23,7 +23,7 @@ import traceback
 
 import pytest
 
-from mlaxgraph.ops import registry
+from mlaxgraph.core import registry
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]

@@ -23,13 +23,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 REFERENCE = {
     "mlaxgraph": "reference/mlaxgraph",
     "mlaxgraph.ops": "reference/ops",
-    "mlaxgraph.passes": "reference/passes",
+    "mlaxgraph.compiler.passes": "reference/compiler",
     "mlaxgraph.io": "reference/io",
     "mlaxgraph.render.dot": "reference/render",
     "mlaxgraph.render.graphviz": "reference/render",
     "mlaxgraph.render.networkx": "reference/render",
     "mlaxgraph.train": "reference/train",
-    "mlaxgraph.sharding": "reference/sharding",
+    "mlaxgraph.distributed": "reference/distributed",
     "mlaxgraph.examples": "reference/examples",
 }
 

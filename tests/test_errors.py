@@ -169,6 +169,53 @@ def test_params_from_another_model_are_a_graph_error():
         model.apply({}, {}, jnp.ones((2, 4)))
 
 
+def test_params_with_a_wrong_or_missing_weight_name_the_layer_and_the_weight_path():
+    x = mg.Input(("batch", 4))
+    where = next_line()
+    inner = mg.Graph(x, ops.Linear(3, name="fc")(x), name="inner")
+    y = mg.Input(("batch", 4))
+    model = mg.compile(mg.Graph(y, inner.as_block("block")(y)))
+    params, state = model.init(jax.random.key(0))
+    wrong = {"block": {"fc": {"kernel": jnp.ones((5, 3)), "bias": params["block"]["fc"]["bias"]}}}
+    with pytest.raises(mg.ShapeError) as info:
+        model.apply(wrong, state, jnp.ones((2, 4)))
+    message = str(info.value)
+    assert message.startswith("layer 'block/fc' (op linear): weight block/fc/kernel has another "
+                              "shape than the layer needs"), message
+    assert "got:      (5, 3)" in message and "expected: (4, 3)" in message, message
+    assert where in message, message
+    missing = {"block": {"fc": {"kernel": params["block"]["fc"]["kernel"]}}}
+    with pytest.raises(mg.GraphError, match="params has no weight block/fc/bias"):
+        model.apply(missing, state, jnp.ones((2, 4)))
+    ints = {"block": {"fc": {"kernel": jnp.ones((4, 3), jnp.int32), "bias": jnp.ones(3)}}}
+    with pytest.raises(mg.DTypeError, match="weight block/fc/kernel is not floating-point"):
+        model.apply(ints, state, jnp.ones((2, 4)))
+
+
+def test_apply_without_state_says_that_state_is_missing():
+    x = mg.Input(("batch", 4))
+    model = mg.compile(mg.Graph(x, ops.Linear(2, name="fc")(x)))
+    params, _ = model.init(jax.random.key(0))
+    with pytest.raises(mg.GraphError, match="state is missing"):
+        model.apply(params, jnp.ones((2, 4)))
+
+
+def test_missing_state_entry_names_the_layer():
+    x = mg.Input(("batch", 4))
+    model = mg.compile(mg.Graph(x, ops.BatchNorm(name="bn")(x)))
+    params, _ = model.init(jax.random.key(0))
+    with pytest.raises(mg.GraphError, match="layer 'bn'.*state has no entry 'bn'"):
+        model.apply(params, {}, jnp.ones((2, 4)))
+
+
+def test_hlo_by_layer_of_an_unknown_layer_lists_the_layers():
+    x = mg.Input(("batch", 4))
+    model = mg.compile(mg.Graph(x, ops.relu(ops.Linear(2, name="fc")(x))))
+    by_layer = model.hlo_by_layer(batch=2, optimized=False)
+    with pytest.raises(mg.GraphError, match="no layer 'nope'.*fc, relu"):
+        by_layer["nope"]
+
+
 def test_f_whose_function_fails_is_a_shape_error_at_the_call():
     x = mg.Input(("batch", 4))
     with pytest.raises(mg.ShapeError) as info:

@@ -17,8 +17,10 @@ import re
 import pytest
 
 import mlaxgraph as mg
+from mlaxgraph import examples
 from mlaxgraph.examples import mlp, residual_cnn
-from mlaxgraph.hlo_layers import _optimized_operations, layer_paths, parse_optimized_hlo
+from mlaxgraph.analysis.hlo.by_layer import _optimized_operations
+from mlaxgraph.analysis.hlo.text import parse_optimized_hlo
 
 SCOPE = re.compile(r'op_name="jit\(apply\)/([^"]*)"')
 
@@ -43,7 +45,7 @@ def scoped_layers(text, paths):
 
 @pytest.mark.parametrize("inference_mode", [False, True])
 def test_every_cnn_layer_is_in_the_optimized_metadata_and_in_hlo_by_layer(cnn, inference_mode):
-    paths = layer_paths(cnn.graph)
+    paths = [step.path for step in cnn.program.steps]
     assert paths == ["stem", "stem_bn", "relu", "res1/conv_a", "res1/bn_a", "res1/relu",
                      "res1/conv_b", "res1/bn_b", "res1/add", "res1/relu_1", "max_pool",
                      "flatten", "dropout", "logits"]
@@ -159,3 +161,23 @@ ENTRY %main (x: f32[2]) -> f32[2] {
     assert by_name["%fusion"].layers == ("a", "b")  # the nested fusion's negate is b's
     assert by_name["%fusion"].fused == ("fusion", "negate", "add", "tuple")
     assert by_name["%x"].layers == ()
+
+
+def test_operations_merged_across_equal_blocks_are_marked_shared():
+    # XLA merges the equal causal masks of a chain of blocks into block0's; the fusions
+    # of blocks 1 to 3 that read it are listed under block0's layers, marked as
+    # belonging to their own block.
+    block = examples.transformer_block(length=8, width=16, heads=2, mlp=32, causal=True)
+    x = mg.Input(("batch", 8, 16), name="x")
+    h = x
+    for i in range(4):
+        h = block.as_block(f"block{i}")(h)
+    by_layer = mg.compile(mg.Graph(x, h, name="chain")).hlo_by_layer(batch=2)
+    own = [len(by_layer.own(f"block{i}/attention")) for i in range(4)]
+    assert own[0] > 0 and len(set(own)) == 1, own  # every block owns as many operations
+    for op in by_layer.shared("block0/attention"):
+        assert op.owner != "block0/attention" and "block0/attention" in op.layers
+    owners = {op.owner for op in by_layer.shared("block0/attention")}
+    assert {"block1/attention", "block2/attention", "block3/attention"} <= owners, owners
+    text = str(by_layer)
+    assert "[shared: block1/attention's]" in text

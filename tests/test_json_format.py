@@ -182,7 +182,7 @@ def test_non_finite_and_list_attribute_values():
     data = json.loads(graph.to_json())
     assert data["graph"]["nodes"][1]["attrs"]["epsilon"] == {"$float": "inf"}
     assert mg.Graph.from_json(graph.to_json()) == graph
-    reader = __import__("mlaxgraph.io.json_format", fromlist=["_Reader"])._Reader()
+    reader = __import__("mlaxgraph.io.json_reader", fromlist=["Reader"]).Reader()
     assert reader.value({"$list": [1, [2, 3]]}, "v", 0, 0) == [1, (2, 3)]
     assert np.isnan(reader.value({"$float": "nan"}, "v", 0, 0))
 

@@ -10,7 +10,7 @@ import pytest
 import mlaxgraph as mg
 from mlaxgraph import ops
 from mlaxgraph.ir import Node, Value
-from mlaxgraph.passes import (eliminate_dead_nodes, infer_shapes, insert_casts,
+from mlaxgraph.compiler.passes import (eliminate_dead_nodes, infer_shapes, insert_casts,
                               remove_redundant_casts, run_passes, verify)
 
 BF16 = mg.Policy(compute_dtype="bfloat16", output_dtype="float32")

@@ -7,7 +7,7 @@ import pytest
 
 import mlaxgraph as mg
 from mlaxgraph.examples import mlp, residual_cnn
-from mlaxgraph.policy_comparison import count_optimized_hlo, count_stablehlo
+from mlaxgraph.analysis.policy_comparison import count_optimized_hlo, count_stablehlo
 
 
 def stablehlo_count(text, op):

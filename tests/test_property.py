@@ -51,7 +51,7 @@ from hypothesis import strategies as st
 import mlaxgraph as mg
 from mlaxgraph import ops
 from mlaxgraph.ir import Block, InputLayer, Value
-from mlaxgraph.specs import bind_dims, is_symbolic
+from mlaxgraph.core.specs import bind_dims, is_symbolic
 
 THIS_FILE = os.path.basename(__file__)
 

@@ -23,8 +23,8 @@ import safetensors
 
 import mlaxgraph as mg
 from mlaxgraph import examples, ops
-from mlaxgraph.io import save as save_module
-from mlaxgraph.io.save import expected_weights
+from mlaxgraph.io import model_file as save_module
+from mlaxgraph.io.model_file import expected_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -248,7 +248,7 @@ for line in sys.stdin:
     if pid == 0:
         os.close(r)
         try:
-            from mlaxgraph.io.save import expected_weights
+            from mlaxgraph.io.model_file import expected_weights
             expected_weights(graph)  # start JAX in the child, before the clock runs
             version = trial * 100000
             os.write(w, b"started\n")

@@ -15,12 +15,15 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import mlaxgraph as mg
-from mlaxgraph import ops, sharded_checkpoint
-from mlaxgraph.axes import UNKNOWN, propagate, weight_axes
-from mlaxgraph.collectives import collectives
+from mlaxgraph import ops
+from mlaxgraph.io import sharded_checkpoint
+from mlaxgraph.core.axes import UNKNOWN, weight_axes
+from mlaxgraph.compiler.flatten import flatten
+from mlaxgraph.distributed.activations import propagate
+from mlaxgraph.analysis.hlo.collectives import collectives
 from mlaxgraph.examples import mlp, residual_cnn
-from mlaxgraph.sharding import abstract_init, shard_batch
-from mlaxgraph.specs import TensorSpec
+from mlaxgraph.distributed import abstract_init, shard_batch
+from mlaxgraph.core.specs import TensorSpec
 
 RULES = {"batch": "data", "mlp": "model", "heads": "model"}
 
@@ -75,7 +78,7 @@ def test_every_layer_with_weights_has_documented_default_axes(layer, inputs, exp
 
 
 def test_every_registered_op_with_weights_is_covered():
-    from mlaxgraph.ops import registry
+    from mlaxgraph.core import registry
 
     covered = {type(layer).op_name for layer, _, _ in LAYERS_WITH_WEIGHTS}
     with_param_axes = {name for name, cls in registry.registered_ops().items()
@@ -185,7 +188,7 @@ def test_activation_axes_propagate_through_the_graph():
     y = ops.Linear(6, kernel_axes=("embed", "vocab"), name="head")(f)
     t = ops.Transpose((1, 0), name="t")(y)
     c = ops.constrain(y, ("batch", None))
-    axes = propagate(mg.Graph(x, [t, c]))
+    axes = propagate(flatten(mg.Graph(x, [t, c])))
     assert axes["image"] == (("batch", None, None, None),)
     assert axes["conv"] == (("batch", UNKNOWN, UNKNOWN, "mlp"),)  # strided: spatial unknown
     assert axes["relu"] == axes["conv"]
@@ -199,7 +202,7 @@ def test_attention_and_embedding_name_their_outputs():
     tokens = mg.Input(("batch", 5), "int32", axes=("batch", "length"))
     h = ops.Embedding(20, 8, name="embed")(tokens)
     a = ops.MultiHeadAttention(2, 4, name="mha")(h)
-    axes = propagate(mg.Graph(tokens, a))
+    axes = propagate(flatten(mg.Graph(tokens, a)))
     assert axes["embed"] == (("batch", "length", "embed"),)
     assert axes["mha"] == (("batch", "length", "embed"),)
 

@@ -24,9 +24,10 @@ Example:
 from __future__ import annotations
 
 import re
-from typing import Callable, TypeVar, overload
+from collections.abc import Callable
+from typing import TypeVar, overload
 
-from ..errors import SerializationError
+from ..core.errors import SerializationError
 from ..ops import attention, embedding, initializers, recurrent
 
 __all__ = ["register_function", "function_name", "lookup_function", "registered_functions"]

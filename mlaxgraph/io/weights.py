@@ -16,11 +16,12 @@ import os
 import secrets
 import stat
 import struct
-from typing import Any, BinaryIO, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..errors import SerializationError
+from ..core.errors import SerializationError
 
 __all__ = ["SAFETENSORS_DTYPES", "flatten_tree", "rebuild_tree", "write_atomic",
            "write_safetensors", "SafetensorsReader"]
@@ -189,7 +190,7 @@ class SafetensorsReader:
         self._handle = None
         self._file = None
 
-    def __enter__(self) -> "SafetensorsReader":
+    def __enter__(self) -> SafetensorsReader:
         try:
             import safetensors
         except ImportError as e:  # pragma: no cover - a declared dependency

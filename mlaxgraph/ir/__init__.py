@@ -1,7 +1,9 @@
 """The IR: Node, Value, Graph and the builder that makes them."""
 
-from .node import Node, Value, SourceInfo
+from .block import Block
 from .builder import SymbolicTensor
-from .graph import Graph, Input, InputLayer, Block
+from .graph import Graph, Input, InputLayer
+from .node import Node, SourceInfo, Value
+from .op import Layer
 
-__all__ = ["Node", "Value", "SourceInfo", "SymbolicTensor", "Graph", "Input", "InputLayer", "Block"]
+__all__ = ["Layer", "Node", "Value", "SourceInfo", "SymbolicTensor", "Graph", "Input", "InputLayer", "Block"]

@@ -7,11 +7,11 @@ per graph and in call order, so building the same code twice gives equal graphs.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from ..errors import (GraphError, MlaxGraphError, ShapeError, SourceInfo, capture_source,
-                      node_message)
-from ..specs import TensorSpec, flatten_specs
+from ..core.errors import GraphError, MlaxGraphError, ShapeError, SourceInfo, capture_source, node_message
+from ..core.specs import TensorSpec, flatten_specs
 from .node import Node, Value
 
 __all__ = ["SymbolicTensor", "Call", "call_layer", "trace_graph"]

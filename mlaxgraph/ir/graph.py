@@ -1,20 +1,21 @@
-"""Graph: the immutable IR. Also the two structural ops, ``input`` and ``block``."""
+"""Graph: the immutable IR, and its input op (``input``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from ..errors import GraphError, ShapeError, DTypeError, capture_source
-from ..ops.base import Layer, specs_str
-from ..ops.registry import register
-from ..specs import Dim, TensorSpec, match_shape, substitute
+from ..core.errors import GraphError, capture_source
+from ..core.registry import register
+from ..core.specs import Dim, TensorSpec, as_dtype
 from .builder import Call, SymbolicTensor, trace_graph
 from .node import Node, Value
+from .op import Layer, field
 
-__all__ = ["Graph", "Input", "InputLayer", "Block"]
+__all__ = ["Graph", "Input", "InputLayer"]
 
 
 @register("input")
@@ -22,19 +23,15 @@ __all__ = ["Graph", "Input", "InputLayer", "Block"]
 class InputLayer(Layer):
     """A graph input. Made by ``mg.Input``; not called like other layers."""
 
-    shape: tuple[Dim, ...]
-    dtype: np.dtype
-    axes: tuple[str | None, ...] | None = None
+    shape: tuple[Dim, ...] = field(converter=lambda value, layer: TensorSpec.of(value, "float32").shape)
+    dtype: np.dtype = field(converter=lambda value, layer: as_dtype(value))
+    axes: tuple[str | None, ...] | None = field(
+        default=None, converter=lambda value, layer: None if value is None else tuple(value))
 
     def validate(self):
-        spec = TensorSpec.of(self.shape, self.dtype)
-        object.__setattr__(self, "shape", spec.shape)
-        object.__setattr__(self, "dtype", spec.dtype)
-        if self.axes is not None:
-            object.__setattr__(self, "axes", tuple(self.axes))
-            if len(self.axes) != len(self.shape):
-                self.invalid(f"axes {self.axes} name {len(self.axes)} dims but the shape "
-                             f"{spec} has {len(self.shape)}")
+        if self.axes is not None and len(self.axes) != len(self.shape):
+            self.invalid(f"axes {self.axes} name {len(self.axes)} dims but the shape "
+                         f"{TensorSpec(self.shape, self.dtype)} has {len(self.shape)}")
 
     @property
     def default_name(self) -> str:
@@ -100,7 +97,7 @@ class Graph:
 
     @classmethod
     def from_parts(cls, nodes: Sequence[Node], inputs: Sequence[str],
-                   outputs: Sequence[Value], name: str) -> "Graph":
+                   outputs: Sequence[Value], name: str) -> Graph:
         """A graph from its records, as passes and loaders make them (not verified here:
         ``mlaxgraph.passes.verify`` checks structure)."""
         nodes, inputs, outputs = tuple(nodes), tuple(inputs), tuple(outputs)
@@ -164,8 +161,9 @@ class Graph:
         each block's nodes listed once, right after the block's first call."""
         for node in self._nodes:
             yield prefix + node.name, node
-            if isinstance(node.op, Block) and not node.shares_weights:
-                yield from node.op.graph.walk(f"{prefix}{node.name}/")
+            inner = node.op.subgraph()
+            if inner is not None and not node.shares_weights:
+                yield from inner.walk(f"{prefix}{node.name}/")
 
     def spec(self, value: Value) -> TensorSpec:
         return self.node(value.node).outputs[value.index]
@@ -190,7 +188,7 @@ class Graph:
                     result[v].append(node)
         return result
 
-    def replace(self, *, nodes=None, inputs=None, outputs=None, name=None) -> "Graph":
+    def replace(self, *, nodes=None, inputs=None, outputs=None, name=None) -> Graph:
         return Graph.from_parts(
             self._nodes if nodes is None else nodes, self._inputs if inputs is None else inputs,
             self._outputs if outputs is None else outputs, self._name if name is None else name)
@@ -223,12 +221,16 @@ class Graph:
         Like any layer object, the same graph called twice shares its weights; use
         ``as_block(name=...)`` for a separately named block with weights of its own.
         """
+        from .block import Block
+
         if self._block is None:
             object.__setattr__(self, "_block", Block(self))
         return self._block(*inputs)
 
-    def as_block(self, name: str | None = None) -> "Block":
+    def as_block(self, name: str | None = None):
         """A new block layer running this graph, with its own weights and ``name``."""
+        from .block import Block
+
         return Block(self, name=name)
 
     def __str__(self) -> str:
@@ -250,7 +252,7 @@ class Graph:
         return graph_to_json(self, indent=indent)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Graph":
+    def from_json(cls, text: str | bytes) -> Graph:
         """A graph from ``to_json`` text; ops are looked up by name, no code runs."""
         from ..io.json_format import graph_from_json
 
@@ -276,7 +278,7 @@ class Graph:
         return graph_to_networkx(self)
 
     @classmethod
-    def from_networkx(cls, nx_graph) -> "Graph":
+    def from_networkx(cls, nx_graph) -> Graph:
         """A graph from ``to_networkx`` output (possibly edited)."""
         from ..render.networkx import graph_from_networkx
 
@@ -299,46 +301,6 @@ class Graph:
         Args:
           expand_nested: also list the layers of nested blocks, indented under them.
         """
-        from .summary import summarize
+        from ..render.summary import summarize
 
         return summarize(self, expand_nested=expand_nested)
-
-
-@register("block")
-@dataclasses.dataclass(frozen=True)
-class Block(Layer):
-    """A graph used as a layer: its nodes run in its own name scope, its weights nest
-    under the block's name. Made by calling a ``Graph`` on symbolic tensors."""
-
-    graph: Graph
-
-    def validate(self):
-        if not isinstance(self.graph, Graph):
-            self.invalid(f"a block wraps a Graph, got {type(self.graph).__name__}", GraphError)
-
-    @property
-    def default_name(self) -> str:
-        return self.graph.name
-
-    def infer(self, inputs):
-        """The graph's output specs, with its symbolic input dims bound to the dims it is
-        called with (a block built on ``(batch, height, width, 16)`` takes
-        ``(batch, 8, 8, 16)``)."""
-        expected = self.graph.input_specs
-        if len(inputs) != len(expected):
-            raise ShapeError(f"graph {self.graph.name!r} takes {len(expected)} inputs, "
-                             f"got {len(inputs)}", expected=specs_str(expected))
-        bindings: dict = {}
-        for got, want in zip(inputs, expected):
-            if got.dtype != want.dtype:
-                raise DTypeError(f"graph {self.graph.name!r} was built for other input dtypes",
-                                 expected=specs_str(expected))
-            if not match_shape(want.shape, got.shape, bindings):
-                raise ShapeError(f"graph {self.graph.name!r} was built for other input shapes",
-                                 expected=specs_str(expected))
-        return tuple(s.with_shape(substitute(s.shape, bindings)) for s in self.graph.output_specs)
-
-    def param_specs(self, inputs):
-        # Weights of a block nest by layer; the lowering walks them. For the sharing check
-        # the graph itself identifies them.
-        return {}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ..errors import SourceInfo
-from ..specs import TensorSpec
+from ..core.errors import SourceInfo
+from ..core.specs import TensorSpec
 
 if TYPE_CHECKING:  # the IR records ops; ops build IR through the builder
-    from ..ops.base import Layer
+    from .op import Layer
 
 __all__ = ["Value", "Node", "SourceInfo"]
 
@@ -40,7 +40,7 @@ class Node:
     """
 
     name: str
-    op: "Layer"
+    op: Layer
     inputs: tuple[Value, ...]
     outputs: tuple[TensorSpec, ...]
     layer: str
@@ -53,5 +53,5 @@ class Node:
     def value(self, index: int = 0) -> Value:
         return Value(self.name, index)
 
-    def replace(self, **changes) -> "Node":
+    def replace(self, **changes) -> Node:
         return dataclasses.replace(self, **changes)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..specs import dtype_str
+from ..core.specs import dtype_str
 
 __all__ = ["format_graph", "format_node", "format_call", "format_attr", "context_lines"]
 
@@ -75,9 +75,7 @@ def _same(value, default) -> bool:
 def format_call(op, args: str) -> str:
     """``op_name[attr=value, ...](args)``, with the non-default hyperparameters (a
     block's graph is printed after it, not as an attribute)."""
-    from .graph import Block
-
-    attrs = {} if isinstance(op, Block) else non_default_attrs(op)
+    attrs = {} if op.subgraph() is not None else non_default_attrs(op)
     attr_text = "[" + ", ".join(f"{k}={format_attr(v)}" for k, v in attrs.items()) + "]" if attrs else ""
     return f"{op.op_name}{attr_text}({args})"
 
@@ -93,8 +91,6 @@ def format_node(node) -> str:
 
 
 def format_graph(graph, indent: str = "") -> str:
-    from .graph import Block
-
     params = ", ".join(f"%{name}: {graph.node(name).outputs[0]}" for name in graph.inputs)
     lines = [f"{indent}graph {graph.name}({params}) {{"]
     inputs = set(graph.inputs)
@@ -102,9 +98,10 @@ def format_graph(graph, indent: str = "") -> str:
         if node.name in inputs:
             continue
         lines.append(f"{indent}  {format_node(node)}")
-        if isinstance(node.op, Block) and not node.shares_weights:
+        inner = node.op.subgraph()
+        if inner is not None and not node.shares_weights:
             lines[-1] += " {"
-            lines.append(format_graph(node.op.graph, indent + "    "))
+            lines.append(format_graph(inner, indent + "    "))
             lines.append(f"{indent}  }}")
     lines.append(f"{indent}  return " + ", ".join(str(v) for v in graph.outputs))
     lines.append(f"{indent}}}")

@@ -6,10 +6,10 @@ import dataclasses
 
 import jax
 
-from ..errors import ShapeError
+from ..core.errors import ShapeError
+from ..core.registry import register
 from .base import Layer, expect_count, expect_float
 from .flops import LOGISTIC, size, upcast_sum
-from .registry import register
 
 __all__ = ["Relu", "Gelu", "Silu", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
            "relu", "gelu", "silu", "tanh", "sigmoid", "softmax", "log_softmax"]

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..axes import weight_axes
-from ..errors import DTypeError, ShapeError
-from ..specs import TensorSpec, is_symbolic, shape_str
+from ..core.axes import weight_axes
+from ..core.errors import DTypeError, ShapeError
+from ..core.registry import register
+from ..core.specs import TensorSpec, is_symbolic, shape_str
 from . import initializers
-from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float
+from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float, field, to_param_axes
 from .elementwise import broadcast_shapes
 from .flops import size, weight_converts
-from .registry import register
 
 __all__ = ["MultiHeadAttention", "CausalMask", "causal_mask"]
 
@@ -66,15 +65,16 @@ class MultiHeadAttention(Layer):
     out_features: int | None = None
     use_bias: bool = True
     kernel_init: Initializer | None = None
-    param_axes: Any = None
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, converter=to_param_axes)
 
     def validate(self):
-        for field in ("num_heads", "head_dim", "out_features"):
-            value = getattr(self, field)
-            if value is None and field != "num_heads":
+        for name in ("num_heads", "head_dim", "out_features"):
+            value = getattr(self, name)
+            if value is None and name != "num_heads":
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                self.invalid(f"{field} must be a positive int, got {value!r}")
+                self.invalid(f"{name} must be a positive int, got {value!r}")
 
     def call_inputs(self, query, key_value=None, *, mask=None):
         inputs = (query, query if key_value is None else key_value)

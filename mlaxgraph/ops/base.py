@@ -1,154 +1,25 @@
-"""Layer: the one base class of every op, and ParamSpec, the declaration of a weight.
-
-An op is a frozen dataclass whose fields are its hyperparameters (static, hashable,
-compared by value). Each op defines, in one place, all its rules:
-
-- ``infer(inputs) -> outputs``: output specs from input specs; raises ``ShapeError`` or
-  ``DTypeError`` (with ``expected=``) for inputs it cannot take.
-- ``param_specs(inputs)`` / ``state_specs(inputs)``: its trainable and non-trainable
-  weights, by name, with shape and initializer.
-- ``apply(params, state, inputs, *, rng, inference_mode) -> (outputs, new_state)``.
-- ``flops(inputs, outputs, *, param_dtype, inference_mode)``: its forward FLOPs, by
-  XLA's counting conventions (``ops/flops.py``), for the cost table.
-- ``output_axes(input_axes, inputs, outputs)``: the logical axis names of its outputs'
-  dims, for sharding (``mlaxgraph/axes.py``); weights name theirs in ``ParamSpec.axes``.
-
-Calling a layer object on symbolic tensors records a node in the graph being built.
-Calling the same object again shares its weights.
-"""
+"""Small helpers the ops share: input checks, the dtype guarantee's weight cast, and
+hyperparameter normalization. The layer contract itself, ``Layer``, lives with the IR
+(``mlaxgraph/ir/op.py``); it is re-exported here for layer authors."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, ClassVar, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from ..errors import ShapeError, DTypeError, capture_source, node_message
-from ..axes import follow_inputs, normalize_axes_fields
-from ..ir.builder import call_layer
-from ..specs import Initializer, ParamSpec, TensorSpec, as_dtype, shape_str
+from ..core.axes import as_axes, as_param_axes
+from ..core.errors import DTypeError, MlaxGraphError, ShapeError, ShardingError
+from ..core.specs import Initializer, ParamSpec, TensorSpec, as_dtype, shape_str
+from ..ir.op import Layer, field
 
-__all__ = ["Layer", "ParamSpec", "Initializer"]
-
-@dataclasses.dataclass(frozen=True)
-class Layer:
-    """Base class of ops. Subclasses are frozen dataclasses registered by op name.
-
-    ``name`` is the name the user asked for; it does not take part in equality, so
-    two layers with the same hyperparameters compare equal, and their identity (one
-    object called twice) is what shares weights.
-    """
-
-    name: str | None = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
-
-    op_name: ClassVar[str] = ""
-    #: Computes in float32 under a half-precision policy (the policy inserts the casts).
-    precision_sensitive: ClassVar[bool] = False
-    #: Needs an rng when ``inference_mode=False``.
-    random: ClassVar[bool] = False
-
-    def __post_init__(self) -> None:
-        # Where the user made the layer, for errors raised by validate() (it may live in
-        # a user module, so the frames above it are not all mlaxgraph's).
-        object.__setattr__(self, "_created_at", capture_source())
-        if self.name is not None and (not isinstance(self.name, str) or not self.name):
-            self.invalid(f"a layer name must be a non-empty string, got {self.name!r}")
-        normalize_axes_fields(self)  # kernel_axes / param_axes, where the layer has them
-        self.validate()
-
-    # --- hooks for subclasses -------------------------------------------------------
-
-    def validate(self) -> None:
-        """Checks hyperparameters; raise through ``self.invalid``."""
-
-    def infer(self, inputs: Sequence[TensorSpec]) -> tuple[TensorSpec, ...]:
-        raise NotImplementedError
-
-    def param_specs(self, inputs: Sequence[TensorSpec]) -> Mapping[str, ParamSpec]:
-        return {}
-
-    def state_specs(self, inputs: Sequence[TensorSpec]) -> Mapping[str, ParamSpec]:
-        return {}
-
-    def apply(self, params: Mapping[str, jax.Array], state: Mapping[str, jax.Array],
-              inputs: Sequence[jax.Array], *, rng: jax.Array | None,
-              inference_mode: bool) -> tuple[tuple[jax.Array, ...], Mapping[str, jax.Array]]:
-        raise NotImplementedError
-
-    def flops(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *,
-              param_dtype: Any, inference_mode: bool) -> Any:
-        """The forward FLOPs of one call, an int or a formula of the symbolic dims,
-        counted by XLA's conventions (mlaxgraph/ops/flops.py). None (the default) when
-        the op has no rule: the cost table then shows XLA's count for the layer."""
-        return None
-
-    def backward_flops(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                       forward: Any, *, input_gradients: bool = True) -> Any:
-        """The FLOPs of the backward pass, given the forward count. The default is the
-        usual estimate: the forward count once for the inputs' gradient (unless no
-        gradient flows to them: ``input_gradients=False`` for a layer reading only
-        the graph's inputs), and once more for the weights' gradient when the layer
-        has trainable weights."""
-        if forward is None:
-            return None
-        return (forward if input_gradients else 0) + (forward if self.param_specs(inputs) else 0)
-
-    def xla_cost_caveat(self, inference_mode: bool) -> str | None:
-        """Why XLA's cost analysis of this op cannot be compared with its rule (None
-        when it can); the cost table prints the reason instead of XLA's number."""
-        return None
-
-    def output_axes(self, input_axes: Sequence[tuple], inputs: Sequence[TensorSpec],
-                    outputs: Sequence[TensorSpec]) -> tuple[tuple, ...]:
-        """The logical axis names of each output's dims, from the inputs' names (one
-        tuple per input; ``mlaxgraph.axes.UNKNOWN`` for an unknown dim). The compiler
-        constrains activations to them when compiling with a mesh. By default an
-        output with an input's shape keeps its names, else the leading (batch) dim's
-        name is kept (see ``mlaxgraph.axes.follow_inputs``); layers whose weights name
-        an output dim (``Linear``, ``Conv``, ...) override it."""
-        return follow_inputs(input_axes, inputs, outputs)
-
-    # --- shared behaviour -----------------------------------------------------------
-
-    def call_inputs(self, *args: Any, **kwargs: Any) -> tuple:
-        """Maps a call's arguments to the node's positional inputs. Layers taking
-        keyword tensors (``mha(q, kv, mask=m)``) override it; the default takes
-        positional tensors only."""
-        if kwargs:
-            raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
-        return args
-
-    def uses_rng(self) -> bool:
-        """Whether the layer needs an rng when ``inference_mode=False``."""
-        return self.random
-
-    @property
-    def default_name(self) -> str:
-        """The base of automatic names: ``linear``, ``linear_1``, ..."""
-        return self.op_name
-
-    def attrs(self) -> dict[str, Any]:
-        """The hyperparameters, by field name, in declaration order."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
-
-    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
-        return call_layer(self, inputs, kwargs)
-
-    def invalid(self, problem: str, error: type = ShapeError) -> None:
-        """Raises ``error`` for a bad hyperparameter, naming the layer and the user's line."""
-        source = self.__dict__.get("_created_at") or capture_source()
-        raise error(node_message(self.name or self.default_name, self.op_name, problem,
-                                 source=source))
+__all__ = ["Layer", "ParamSpec", "Initializer", "field"]
 
 
 # --- small helpers ops share ---------------------------------------------------------
-
-
-def specs_str(specs: Sequence[TensorSpec]) -> str:
-    return ", ".join(str(s) for s in specs)
 
 
 def expect_count(inputs: Sequence[TensorSpec], count: int, what: str = "input") -> None:
@@ -178,6 +49,106 @@ def cast_params(params: Mapping[str, Any], dtype: Any) -> dict[str, Any]:
     return jax.tree.map(lambda v: v.astype(dtype), dict(params))
 
 
+# --- converters (``mlaxgraph.ir.op.field``): each normalizes one kind of hyperparameter --
+
+
+def to_dtype(value: Any, layer: Layer) -> np.dtype:
+    """A dtype or its name, as a numpy dtype."""
+    try:
+        return as_dtype(value)
+    except MlaxGraphError as e:
+        layer.invalid(e.problem, DTypeError)
+
+
+def to_optional_dtype(value: Any, layer: Layer) -> np.dtype | None:
+    return None if value is None else to_dtype(value, layer)
+
+
+def to_precision(value: Any, layer: Layer) -> str | None:
+    """``lax.Precision`` or its name, as ``"default"``, ``"high"`` or ``"highest"``."""
+    if value is None:
+        return None
+    try:
+        return lax.Precision(str(value).lower()).name.lower()
+    except ValueError:
+        layer.invalid(f"precision must be 'default', 'high' or 'highest', got {value!r}")
+
+
+def to_axes(value: Any, layer: Layer) -> tuple[str | None, ...] | None:
+    """Logical axes (one name or None per dim) as a tuple."""
+    try:
+        return as_axes(value, "kernel_axes")
+    except MlaxGraphError as e:
+        layer.invalid(e.problem, ShardingError)
+
+
+def to_param_axes(value: Any, layer: Layer) -> tuple[tuple[str, tuple], ...] | None:
+    """``param_axes`` (a dict by weight path, nested dicts or pairs) as sorted-by-
+    declaration pairs, so the layer stays hashable."""
+    try:
+        return as_param_axes(value)
+    except MlaxGraphError as e:
+        layer.invalid(e.problem, ShardingError)
+
+
+def to_ints(what: str) -> Callable[[Any, Layer], tuple[int, ...]]:
+    """A converter of a tuple of ints (a list or any iterable of ints is taken)."""
+
+    def convert(value: Any, layer: Layer) -> tuple[int, ...]:
+        try:
+            return tuple(int(v) for v in value)
+        except (TypeError, ValueError):
+            layer.invalid(f"{what} must be a tuple of ints, got {value!r}")
+
+    return convert
+
+
+def per_spatial_dim(what: str, of: str, default_to: str | None = None) -> Callable[[Any, Layer], tuple[int, ...]]:
+    """A converter of an int or a tuple with one int per spatial dim, as many as the
+    field ``of`` (converted before it) has; None takes the field ``default_to``."""
+
+    def convert(value: Any, layer: Layer) -> tuple[int, ...]:
+        if value is None and default_to is not None:
+            value = getattr(layer, default_to)
+        return normalize_tuple(value, len(getattr(layer, of)), what, layer)
+
+    return convert
+
+
+def spatial_dims(what: str) -> Callable[[Any, Layer], tuple[int, ...]]:
+    """A converter of a window or kernel size: 1, 2 or 3 positive ints."""
+
+    def convert(value: Any, layer: Layer) -> tuple[int, ...]:
+        n = len(value) if isinstance(value, (tuple, list)) else 0
+        if n not in (1, 2, 3):
+            layer.invalid(f"{what} must be a tuple of 1, 2 or 3 ints, got {value!r}")
+        return normalize_tuple(value, n, what, layer)
+
+    return convert
+
+
+def padding_for(of: str) -> Callable[[Any, Layer], Any]:
+    """A converter of ``"SAME"``, ``"VALID"`` or one ``(low, high)`` pair per spatial dim
+    of the field ``of``."""
+
+    def convert(value: Any, layer: Layer):
+        n = len(getattr(layer, of))
+        if isinstance(value, str):
+            padding = value.upper()
+            if padding not in ("SAME", "VALID"):
+                layer.invalid(f"padding must be 'SAME', 'VALID' or {n} (low, high) pairs, got {value!r}")
+            return padding
+        try:
+            pairs = tuple((int(lo), int(hi)) for lo, hi in value)
+        except (TypeError, ValueError):
+            layer.invalid(f"padding must be 'SAME', 'VALID' or {n} (low, high) pairs, got {value!r}")
+        if len(pairs) != n or any(lo < 0 or hi < 0 for lo, hi in pairs):
+            layer.invalid(f"padding needs {n} non-negative (low, high) pairs, got {value!r}")
+        return pairs
+
+    return convert
+
+
 def normalize_tuple(value: Any, n: int, what: str, layer: Layer) -> tuple[int, ...]:
     if isinstance(value, int):
         return (value,) * n
@@ -188,23 +159,3 @@ def normalize_tuple(value: Any, n: int, what: str, layer: Layer) -> tuple[int, .
     if len(result) != n:
         layer.invalid(f"{what} must have {n} entries, got {value!r}")
     return result
-
-
-def validate_precision(layer: Layer) -> None:
-    """Normalizes the ``precision`` and ``preferred_element_type`` fields of layers
-    built on ``lax.dot_general`` / ``lax.conv_general_dilated``."""
-    if layer.precision is not None:
-        try:
-            set_field(layer, "precision", lax.Precision(str(layer.precision).lower()).name.lower())
-        except ValueError:
-            layer.invalid(f"precision must be 'default', 'high' or 'highest', got {layer.precision!r}")
-    if layer.preferred_element_type is not None:
-        set_field(layer, "preferred_element_type", as_dtype(layer.preferred_element_type))
-
-
-def set_field(layer: Layer, name: str, value: Any) -> None:
-    """Normalizes a field of a frozen layer in ``validate`` (e.g. ``3`` -> ``(3, 3)``)."""
-    object.__setattr__(layer, name, value)
-
-
-

@@ -6,10 +6,9 @@ import dataclasses
 
 import numpy as np
 
-from ..specs import as_dtype
-from .base import Layer, expect_count
+from ..core.registry import register
+from .base import Layer, expect_count, field, to_dtype
 from .flops import size
-from .registry import register
 
 __all__ = ["Cast", "cast"]
 
@@ -20,11 +19,8 @@ class Cast(Layer):
     """``x.astype(dtype)``. ``inserted`` marks the casts a policy added (which the
     compiler may fold away); casts the user wrote are kept."""
 
-    dtype: np.dtype
+    dtype: np.dtype = field(converter=to_dtype)
     inserted: bool = False
-
-    def validate(self):
-        object.__setattr__(self, "dtype", as_dtype(self.dtype))
 
     def infer(self, inputs):
         expect_count(inputs, 1)

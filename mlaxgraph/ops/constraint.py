@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..axes import as_axes
-from ..errors import MlaxGraphError, ShapeError, ShardingError
-from .base import Layer, expect_count
-from .registry import register
+from ..core.axes import as_axes
+from ..core.errors import MlaxGraphError, ShapeError, ShardingError
+from ..core.registry import register
+from .base import Layer, expect_count, field
 
 __all__ = ["Constrain", "constrain"]
+
+
+def _axes(value, layer) -> tuple[str | None, ...]:
+    try:
+        axes = as_axes(value, "axes")
+    except MlaxGraphError as e:
+        layer.invalid(e.problem, ShardingError)
+    if axes is None:
+        layer.invalid("axes must be a tuple of axis names (str or None), one per dim",
+                      ShardingError)
+    return axes
 
 
 @register("constrain")
@@ -30,17 +41,7 @@ class Constrain(Layer):
       SymbolicTensor(f32[batch,16], from 'constrain')
     """
 
-    axes: tuple[str | None, ...]
-
-    def validate(self):
-        try:
-            axes = as_axes(self.axes, "axes")
-        except MlaxGraphError as e:
-            self.invalid(e.problem, ShardingError)
-        if axes is None:
-            self.invalid("axes must be a tuple of axis names (str or None), one per dim",
-                         ShardingError)
-        object.__setattr__(self, "axes", axes)
+    axes: tuple[str | None, ...] = field(converter=_axes)
 
     def infer(self, inputs):
         expect_count(inputs, 1)

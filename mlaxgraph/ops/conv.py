@@ -5,16 +5,31 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 from jax import lax
 
-from ..axes import UNKNOWN, same_dim, weight_axes
-from ..errors import ShapeError
-from ..specs import is_symbolic, shape_str
+from ..core.axes import UNKNOWN, same_dim, weight_axes
+from ..core.errors import ShapeError
+from ..core.registry import register
+from ..core.specs import is_symbolic, shape_str
 from . import initializers
-from .base import (Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float,
-                   normalize_tuple, set_field, validate_precision)
+from .base import (
+    Initializer,
+    Layer,
+    ParamSpec,
+    cast_params,
+    expect_count,
+    expect_float,
+    field,
+    padding_for,
+    per_spatial_dim,
+    spatial_dims,
+    to_axes,
+    to_optional_dtype,
+    to_param_axes,
+    to_precision,
+)
 from .flops import dim_max, size, weight_converts, window_taps
-from .registry import register
 
 __all__ = ["Conv", "window_output_size"]
 
@@ -35,19 +50,17 @@ def window_output_size(size, window: int, stride: int, padding, dilation: int = 
     return ((padded - effective) // stride + 1).max(0)
 
 
-def normalize_padding(layer: Layer, padding: Any, n: int):
-    if isinstance(padding, str):
-        padding = padding.upper()
-        if padding not in ("SAME", "VALID"):
-            layer.invalid(f"padding must be 'SAME', 'VALID' or {n} (low, high) pairs, got {padding!r}")
-        return padding
-    try:
-        pairs = tuple((int(lo), int(hi)) for lo, hi in padding)
-    except (TypeError, ValueError):
-        layer.invalid(f"padding must be 'SAME', 'VALID' or {n} (low, high) pairs, got {padding!r}")
-    if len(pairs) != n or any(lo < 0 or hi < 0 for lo, hi in pairs):
-        layer.invalid(f"padding needs {n} non-negative (low, high) pairs, got {padding!r}")
-    return pairs
+def _data_format(value: Any, layer: Layer) -> str:
+    """``NHWC``/``channels_last`` or ``NCHW``/``channels_first``, in the form for the
+    layer's number of spatial dims (``NWC``, ``NHWC``, ``NDHWC``; ``NCW``, ...)."""
+    n = len(layer.kernel_size)
+    fmt = value.upper() if isinstance(value, str) else None
+    if fmt in ("NHWC", "CHANNELS_LAST", _CHANNELS_LAST[n]):
+        return _CHANNELS_LAST[n]
+    if fmt in ("NCHW", "CHANNELS_FIRST", _CHANNELS_FIRST[n]):
+        return _CHANNELS_FIRST[n]
+    layer.invalid(f"data_format must be {_CHANNELS_LAST[n]!r} or {_CHANNELS_FIRST[n]!r} "
+                  f"for a {n}D convolution, got {value!r}")
 
 
 @register("conv")
@@ -78,46 +91,31 @@ class Conv(Layer):
     """
 
     features: int
-    kernel_size: tuple[int, ...]
-    strides: int | tuple[int, ...] = 1
-    padding: Any = "VALID"
-    dilation: int | tuple[int, ...] = 1
+    kernel_size: tuple[int, ...] = field(converter=spatial_dims("kernel_size"))
+    strides: tuple[int, ...] = field(default=1, converter=per_spatial_dim("strides", "kernel_size"))
+    padding: str | tuple[tuple[int, int], ...] = field(default="VALID",
+                                                       converter=padding_for("kernel_size"))
+    dilation: tuple[int, ...] = field(default=1, converter=per_spatial_dim("dilation", "kernel_size"))
     groups: int = 1
     use_bias: bool = True
-    data_format: str = "NHWC"
+    data_format: str = field(default="NHWC", converter=_data_format)
     kernel_init: Initializer | None = None
     bias_init: Initializer | None = None
-    kernel_axes: tuple[str | None, ...] | None = None
-    precision: str | None = None
-    preferred_element_type: Any = None
-    param_axes: Any = None
+    kernel_axes: tuple[str | None, ...] | None = field(default=None, converter=to_axes)
+    precision: str | None = field(default=None, converter=to_precision)
+    preferred_element_type: np.dtype | None = field(default=None, converter=to_optional_dtype)
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, converter=to_param_axes)
 
     def validate(self):
-        validate_precision(self)
         if not isinstance(self.features, int) or isinstance(self.features, bool) or self.features < 1:
             self.invalid(f"features must be a positive int, got {self.features!r}")
-        n = len(self.kernel_size) if isinstance(self.kernel_size, (tuple, list)) else 0
-        if n not in (1, 2, 3):
-            self.invalid(f"kernel_size must be a tuple of 1, 2 or 3 ints, got {self.kernel_size!r}")
-        set_field(self, "kernel_size", normalize_tuple(self.kernel_size, n, "kernel_size", self))
-        set_field(self, "strides", normalize_tuple(self.strides, n, "strides", self))
-        set_field(self, "dilation", normalize_tuple(self.dilation, n, "dilation", self))
-        set_field(self, "padding", normalize_padding(self, self.padding, n))
         for what in ("kernel_size", "strides", "dilation"):
             if any(v < 1 for v in getattr(self, what)):
                 self.invalid(f"{what} must be positive, got {getattr(self, what)}")
         if not isinstance(self.groups, int) or self.groups < 1 or self.features % self.groups:
             self.invalid(f"groups must be a positive int dividing features={self.features}, "
                          f"got {self.groups!r}")
-        fmt = self.data_format.upper() if isinstance(self.data_format, str) else None
-        if fmt in ("NHWC", "CHANNELS_LAST", _CHANNELS_LAST[n]):
-            fmt = _CHANNELS_LAST[n]
-        elif fmt in ("NCHW", "CHANNELS_FIRST", _CHANNELS_FIRST[n]):
-            fmt = _CHANNELS_FIRST[n]
-        else:
-            self.invalid(f"data_format must be {_CHANNELS_LAST[n]!r} or {_CHANNELS_FIRST[n]!r} "
-                         f"for a {n}D convolution, got {self.data_format!r}")
-        set_field(self, "data_format", fmt)
 
     @property
     def channels_last(self) -> bool:
@@ -147,13 +145,14 @@ class Conv(Layer):
         spatial = x.shape[1:-1] if self.channels_last else x.shape[2:]
         pads = self.padding if not isinstance(self.padding, str) else (self.padding,) * len(spatial)
         out = []
-        for size, k, s, d, p in zip(spatial, self.kernel_size, self.strides, self.dilation, pads):
-            o = window_output_size(size, k, s, p, d)
+        for extent, k, s, d, p in zip(spatial, self.kernel_size, self.strides, self.dilation, pads):
+            o = window_output_size(extent, k, s, p, d)
             if o is None or (not is_symbolic(o) and o < 1):
                 raise ShapeError(
                     f"the kernel {self.kernel_size} (dilation {self.dilation}) is larger than the "
                     f"padded input {shape_str(spatial)} with padding {self.padding!r}",
-                    expected=f"spatial dims >= {tuple((k - 1) * d + 1 for k, d in zip(self.kernel_size, self.dilation))}")
+                    expected="spatial dims >= "
+                             f"{tuple((k - 1) * d + 1 for k, d in zip(self.kernel_size, self.dilation))}")
             out.append(o)
         if self.channels_last:
             shape = (x.shape[0], *out, self.features)

@@ -7,9 +7,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from ..core.registry import register
 from .base import Layer, expect_count, expect_float
 from .flops import size
-from .registry import register
 
 __all__ = ["Dropout"]
 

@@ -6,11 +6,11 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from ..errors import ShapeError
-from ..specs import is_symbolic, shape_str
+from ..core.errors import ShapeError
+from ..core.registry import register
+from ..core.specs import is_symbolic, shape_str
 from .base import Layer, expect_count, same_dtype
 from .flops import size
-from .registry import register
 
 __all__ = ["Add", "Sub", "Mul", "add", "sub", "mul", "broadcast_shapes"]
 

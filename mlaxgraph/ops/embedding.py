@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..axes import weight_axes
-from ..errors import DTypeError
-from ..specs import as_dtype
-from .base import Initializer, Layer, ParamSpec, expect_count
+from ..core.axes import weight_axes
+from ..core.errors import DTypeError
+from ..core.registry import register
+from .base import Initializer, Layer, ParamSpec, expect_count, field, to_dtype, to_param_axes
 from .flops import size
-from .registry import register
 
 __all__ = ["Embedding"]
 
@@ -40,19 +38,18 @@ class Embedding(Layer):
 
     num_embeddings: int
     features: int
-    dtype: Any = "float32"
+    dtype: np.dtype = field(default="float32", converter=to_dtype)
     embedding_init: Initializer | None = None
-    param_axes: Any = None
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, converter=to_param_axes)
 
     def validate(self):
-        for field in ("num_embeddings", "features"):
-            value = getattr(self, field)
+        for name in ("num_embeddings", "features"):
+            value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                self.invalid(f"{field} must be a positive int, got {value!r}")
-        dtype = as_dtype(self.dtype)
-        if not jnp.issubdtype(dtype, jnp.floating):
-            self.invalid(f"dtype must be a float dtype, got {dtype}", DTypeError)
-        object.__setattr__(self, "dtype", dtype)
+                self.invalid(f"{name} must be a positive int, got {value!r}")
+        if not jnp.issubdtype(self.dtype, jnp.floating):
+            self.invalid(f"dtype must be a float dtype, got {self.dtype}", DTypeError)
 
     def infer(self, inputs):
         expect_count(inputs, 1)

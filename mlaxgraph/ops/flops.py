@@ -20,18 +20,19 @@ Counts are ints or ``jax.export`` dimension expressions of the symbolic dims
 (``200704*batch``).
 
 Example:
-  >>> from mlaxgraph.specs import TensorSpec
+  >>> from mlaxgraph.core.specs import TensorSpec
   >>> size(TensorSpec.of(("batch", 28, 28, 16), "float32"))
   12544*batch
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
-from ..specs import Dim, TensorSpec, flatten_specs, is_symbolic
+from ..core.specs import Dim, TensorSpec, flatten_specs, is_symbolic
 
 __all__ = ["size", "weight_converts", "reduction", "upcast_sum", "window_taps", "dim_min",
            "dim_max", "LOGISTIC"]

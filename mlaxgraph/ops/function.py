@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 
-from ..errors import ShapeError
-from ..specs import TensorSpec
+from ..core.errors import ShapeError
+from ..core.registry import register
+from ..core.specs import TensorSpec
 from .base import Layer
-from .registry import register
 
 __all__ = ["F"]
 

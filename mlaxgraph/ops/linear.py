@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
+import numpy as np
 from jax import lax
 
-from ..axes import weight_axes
-from ..errors import ShapeError
-from ..specs import is_symbolic
+from ..core.axes import weight_axes
+from ..core.errors import ShapeError
+from ..core.registry import register
+from ..core.specs import is_symbolic
 from . import initializers
-from .base import (Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float,
-                   validate_precision)
+from .base import (
+    Initializer,
+    Layer,
+    ParamSpec,
+    cast_params,
+    expect_count,
+    expect_float,
+    field,
+    to_axes,
+    to_optional_dtype,
+    to_param_axes,
+    to_precision,
+)
 from .flops import size, weight_converts
-from .registry import register
 
 __all__ = ["Linear"]
 
@@ -45,15 +56,15 @@ class Linear(Layer):
     use_bias: bool = True
     kernel_init: Initializer | None = None
     bias_init: Initializer | None = None
-    kernel_axes: tuple[str | None, ...] | None = None
-    precision: str | None = None
-    preferred_element_type: Any = None
-    param_axes: Any = None
+    kernel_axes: tuple[str | None, ...] | None = field(default=None, converter=to_axes)
+    precision: str | None = field(default=None, converter=to_precision)
+    preferred_element_type: np.dtype | None = field(default=None, converter=to_optional_dtype)
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, converter=to_param_axes)
 
     def validate(self):
         if not isinstance(self.features, int) or isinstance(self.features, bool) or self.features < 1:
             self.invalid(f"features must be a positive int, got {self.features!r}")
-        validate_precision(self)
 
     def _in_features(self, inputs):
         expect_count(inputs, 1)

@@ -4,17 +4,16 @@ float32."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
 
-from ..errors import ShapeError
-from ..specs import is_symbolic
+from ..core.errors import ShapeError
+from ..core.registry import register
+from ..core.specs import is_symbolic
 from . import initializers
-from .base import Layer, ParamSpec, cast_params, expect_count, expect_float
+from .base import Layer, ParamSpec, cast_params, expect_count, expect_float, field, to_param_axes
 from .flops import size, upcast_sum, weight_converts
-from .registry import register
 
 __all__ = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
 
@@ -52,7 +51,8 @@ class BatchNorm(Layer):
     axis: int = -1
     use_scale: bool = True
     use_bias: bool = True
-    param_axes: Any = None
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, converter=to_param_axes)
 
     precision_sensitive = True
 
@@ -176,7 +176,8 @@ class LayerNorm(_FeatureNorm):
     axis: int = -1
     use_scale: bool = True
     use_bias: bool = True
-    param_axes: Any = None
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, converter=to_param_axes)
 
     def param_specs(self, inputs):
         return _scale_bias(self._features(inputs), self.use_scale, self.use_bias)
@@ -215,7 +216,8 @@ class RMSNorm(_FeatureNorm):
     """
 
     epsilon: float = 1e-6
-    param_axes: Any = None
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, converter=to_param_axes)
 
     def param_specs(self, inputs):
         return {"scale": ParamSpec((self._features(inputs),), initializers.ones, ("embed",))}
@@ -247,7 +249,8 @@ class GroupNorm(_FeatureNorm):
 
     num_groups: int = 32
     epsilon: float = 1e-5
-    param_axes: Any = None
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, converter=to_param_axes)
 
     def validate(self):
         super().validate()

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import ShapeError
-from ..specs import is_symbolic, shape_str
-from .base import Layer, expect_count, normalize_tuple, set_field
-from .conv import normalize_padding, window_output_size
+from ..core.errors import ShapeError
+from ..core.registry import register
+from ..core.specs import is_symbolic, shape_str
+from .base import Layer, expect_count, field, padding_for, per_spatial_dim, spatial_dims
+from .conv import window_output_size
 from .flops import size, upcast_sum
-from .registry import register
 
 __all__ = ["MaxPool", "AvgPool", "GlobalMaxPool", "GlobalAvgPool"]
 
@@ -23,13 +22,6 @@ class _Pool(Layer):
     """Windowed pooling; ``strides`` defaults to ``window`` (as in Keras and PyTorch)."""
 
     def validate(self):
-        n = len(self.window) if isinstance(self.window, (tuple, list)) else 0
-        if n not in (1, 2, 3):
-            self.invalid(f"window must be a tuple of 1, 2 or 3 ints, got {self.window!r}")
-        set_field(self, "window", normalize_tuple(self.window, n, "window", self))
-        strides = self.window if self.strides is None else self.strides
-        set_field(self, "strides", normalize_tuple(strides, n, "strides", self))
-        set_field(self, "padding", normalize_padding(self, self.padding, n))
         if any(v < 1 for v in self.window + self.strides):
             self.invalid(f"window and strides must be positive, got {self.window}, {self.strides}")
 
@@ -43,8 +35,8 @@ class _Pool(Layer):
         spatial = x.shape[1:-1]
         pads = self.padding if not isinstance(self.padding, str) else (self.padding,) * n
         out = []
-        for size, w, s, p in zip(spatial, self.window, self.strides, pads):
-            o = window_output_size(size, w, s, p)
+        for extent, w, s, p in zip(spatial, self.window, self.strides, pads):
+            o = window_output_size(extent, w, s, p)
             if o is None or (not is_symbolic(o) and o < 1):
                 raise ShapeError(f"the window {self.window} is larger than the input "
                                  f"{shape_str(spatial)}", expected=f"spatial dims >= {self.window}")
@@ -72,9 +64,9 @@ class MaxPool(_Pool):
       SymbolicTensor(f32[batch,14,14,16], from 'max_pool')
     """
 
-    window: tuple[int, ...]
-    strides: Any = None
-    padding: Any = "VALID"
+    window: tuple[int, ...] = field(converter=spatial_dims("window"))
+    strides: tuple[int, ...] = field(default=None, converter=per_spatial_dim("strides", "window", "window"))
+    padding: str | tuple[tuple[int, int], ...] = field(default="VALID", converter=padding_for("window"))
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
@@ -98,9 +90,9 @@ class AvgPool(_Pool):
     by the window size; ``False`` (as Keras) divides by the number of real elements.
     """
 
-    window: tuple[int, ...]
-    strides: Any = None
-    padding: Any = "VALID"
+    window: tuple[int, ...] = field(converter=spatial_dims("window"))
+    strides: tuple[int, ...] = field(default=None, converter=per_spatial_dim("strides", "window", "window"))
+    padding: str | tuple[tuple[int, int], ...] = field(default="VALID", converter=padding_for("window"))
     count_include_pad: bool = True
 
     def apply(self, params, state, inputs, *, rng, inference_mode):

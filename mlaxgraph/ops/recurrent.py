@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..errors import ShapeError
-from ..specs import is_symbolic
+from ..core.errors import ShapeError
+from ..core.registry import register
+from ..core.specs import is_symbolic
 from . import initializers
-from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float
+from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float, field, to_param_axes
 from .flops import LOGISTIC, weight_converts
-from .registry import register
 
 __all__ = ["LSTM", "GRU"]
 
@@ -109,7 +108,8 @@ class LSTM(Recurrent):
     kernel_init: Initializer | None = None
     recurrent_init: Initializer | None = None
     bias_init: Initializer | None = None
-    param_axes: Any = None
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, converter=to_param_axes)
 
     gates = 4
     default_bias = staticmethod(lstm_bias)
@@ -160,7 +160,8 @@ class GRU(Recurrent):
     kernel_init: Initializer | None = None
     recurrent_init: Initializer | None = None
     bias_init: Initializer | None = None
-    param_axes: Any = None
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, converter=to_param_axes)
 
     gates = 3
     default_bias = staticmethod(initializers.zeros)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 
-from ..errors import ShapeError
-from ..specs import is_symbolic, shape_str
-from .base import Layer, expect_count, same_dtype
-from .registry import register
+from ..core.errors import ShapeError
+from ..core.registry import register
+from ..core.specs import is_symbolic, shape_str
+from .base import Layer, expect_count, field, same_dtype, to_ints
 
 __all__ = ["Flatten", "Reshape", "Concat", "Transpose", "Split", "flatten", "reshape", "concat",
            "transpose", "split"]
@@ -62,16 +62,11 @@ class Reshape(Layer):
       SymbolicTensor(f32[batch,7,7,32], from 'reshape')
     """
 
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] = field(converter=to_ints("shape"))
 
     def validate(self):
-        try:
-            shape = tuple(int(d) for d in self.shape)
-        except (TypeError, ValueError):
-            self.invalid(f"shape must be a tuple of ints, got {self.shape!r}")
-        if shape.count(-1) > 1 or any(d < -1 for d in shape):
+        if self.shape.count(-1) > 1 or any(d < -1 for d in self.shape):
             self.invalid(f"shape may hold one -1 and otherwise dims >= 0, got {self.shape!r}")
-        object.__setattr__(self, "shape", shape)
 
     def infer(self, inputs):
         expect_count(inputs, 1)
@@ -121,9 +116,11 @@ class Concat(Layer):
                              expected=f"rank > {self.axis}")
         axis = self.axis % rank
         for spec in inputs[1:]:
-            if spec.rank != rank or any(a != b for i, (a, b) in enumerate(zip(spec.shape, inputs[0].shape)) if i != axis):
+            others = [(a, b) for i, (a, b) in enumerate(zip(spec.shape, inputs[0].shape)) if i != axis]
+            if spec.rank != rank or any(a != b for a, b in others):
+                pattern = shape_str(inputs[0].shape[:axis] + ("*",) + inputs[0].shape[axis + 1:])
                 raise ShapeError(f"all dims but axis {self.axis} must match",
-                                 expected=", ".join(shape_str(inputs[0].shape[:axis] + ("*",) + inputs[0].shape[axis + 1:]) for _ in inputs))
+                                 expected=", ".join(pattern for _ in inputs))
         total = inputs[0].shape[axis]
         for spec in inputs[1:]:
             total = total + spec.shape[axis]
@@ -148,16 +145,11 @@ def concat(tensors: Sequence, axis: int = -1):
 class Transpose(Layer):
     """Permutes all axes, the batch axis included, as ``jnp.transpose(x, perm)``."""
 
-    perm: tuple[int, ...]
+    perm: tuple[int, ...] = field(converter=to_ints("perm"))
 
     def validate(self):
-        try:
-            perm = tuple(int(a) for a in self.perm)
-        except (TypeError, ValueError):
-            self.invalid(f"perm must be a tuple of ints, got {self.perm!r}")
-        if sorted(perm) != list(range(len(perm))):
-            self.invalid(f"perm must be a permutation of 0..{len(perm) - 1}, got {self.perm!r}")
-        object.__setattr__(self, "perm", perm)
+        if sorted(self.perm) != list(range(len(self.perm))):
+            self.invalid(f"perm must be a permutation of 0..{len(self.perm) - 1}, got {self.perm!r}")
 
     def infer(self, inputs):
         expect_count(inputs, 1)
@@ -182,13 +174,22 @@ def transpose(x, perm):
     return Transpose(tuple(perm))(x)
 
 
+def _sections(value, layer) -> int | tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return tuple(int(i) for i in value)
+    except (TypeError, ValueError):
+        layer.invalid(f"sections must be an int or a tuple of indices, got {value!r}")
+
+
 @register("split")
 @dataclasses.dataclass(frozen=True)
 class Split(Layer):
     """Splits along ``axis`` into ``sections`` equal parts (an int) or at the given
     indices (a tuple), as ``jnp.split``; one output per part."""
 
-    sections: Any
+    sections: int | tuple[int, ...] = field(converter=_sections)
     axis: int = -1
 
     def validate(self):
@@ -196,10 +197,6 @@ class Split(Layer):
             if self.sections < 1:
                 self.invalid(f"sections must be positive, got {self.sections}")
         else:
-            try:
-                object.__setattr__(self, "sections", tuple(int(i) for i in self.sections))
-            except (TypeError, ValueError):
-                self.invalid(f"sections must be an int or a tuple of indices, got {self.sections!r}")
             if list(self.sections) != sorted(self.sections) or any(i < 0 for i in self.sections):
                 self.invalid(f"split indices must be sorted and >= 0, got {self.sections}")
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.specs import dtype_str, shape_str
 from ..ir.printer import format_attr, format_node, non_default_attrs
-from ..ir.summary import count_params
-from ..specs import dtype_str, shape_str
+from .summary import count_params
 
 __all__ = ["graph_to_dot", "DEFAULT_OPTIONS", "DTYPE_COLORS", "dtype_category", "check_options"]
 
@@ -311,10 +311,10 @@ class _Writer:
         return [f'<FONT POINT-SIZE="8" COLOR="{_TEXT_GREY}">{_html(text)}</FONT>']
 
     def op_attrs(self, node) -> list[str]:
-        from ..ir.graph import Block, InputLayer
+        from ..ir.graph import InputLayer
         from ..ops.cast import Cast
 
-        if isinstance(node.op, (Block, InputLayer, Cast)):
+        if node.op.subgraph() is not None or isinstance(node.op, (InputLayer, Cast)):
             return []
         return _attrs_text(node.op)
 
@@ -327,7 +327,7 @@ class _Writer:
 
         ``scope_inputs``: for an expanded block, the endpoint (and spec) feeding each of
         its inputs."""
-        from ..ir.graph import Block, InputLayer
+        from ..ir.graph import InputLayer
         from ..ops.cast import Cast
 
         counts = count_params(graph)
@@ -361,7 +361,7 @@ class _Writer:
                 continue
 
             input_specs = graph.input_specs_of(node)
-            if isinstance(node.op, Block) and self.o["expand_nested"]:
+            if node.op.subgraph() is not None and self.o["expand_nested"]:
                 outs = self.emit_cluster(node, graph, counts, indent, lines,
                                          [(out_of[(v.node, v.index)], s)
                                           for v, s in zip(node.inputs, input_specs)])
@@ -398,13 +398,11 @@ class _Writer:
         return DTYPE_COLORS[category]
 
     def emit_layer(self, ident, node, graph, counts, indent, lines) -> None:
-        from ..ir.graph import Block
-
         many_out = len(node.outputs) > 1
         fill, line = self.fill(node.outputs[0].dtype)
         op_line = node.op.op_name
-        if isinstance(node.op, Block):
-            inner = node.op.graph
+        inner = node.op.subgraph()
+        if inner is not None:
             layers = sum(1 for n in inner.nodes if n.name not in inner.inputs)
             op_line = f"block {inner.name} ({layers} layers)" if inner.name != node.name else \
                 f"block ({layers} layers)"
@@ -424,7 +422,7 @@ class _Writer:
         if node.shares_weights:
             style = "rounded,dashed"
             self.marks.setdefault("shared")
-        border = 2 if isinstance(node.op, Block) else 1
+        border = 2 if inner is not None else 1
         label = self.table(body, in_cells, out_cells, style=style, fill=fill, border=border, color=line)
         lines.append(f"{indent}{ident} [shape=plain, label={label}, "
                      f"tooltip={_esc_string(_node_line(node))}];")
@@ -549,7 +547,7 @@ def graph_to_dot(graph, **options: Any) -> str:
         f'  graph [rankdir={o["rankdir"]}, label=<{title}>, labelloc=t, fontname="Helvetica", '
         f'fontsize=12, nodesep=0.3, ranksep=0.35, tooltip={_esc_string(graph.name)}];',
         '  node [fontname="Helvetica", fontsize=10, margin="0.08,0.04"];',
-        f'  edge [fontname="Helvetica", fontsize=8, arrowsize=0.7, penwidth=1.2];',
+        '  edge [fontname="Helvetica", fontsize=8, arrowsize=0.7, penwidth=1.2];',
     ]
     tail = []
     if o["show_legend"]:

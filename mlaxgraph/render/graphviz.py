@@ -16,7 +16,7 @@ import subprocess
 import warnings
 from typing import Any
 
-from ..errors import MlaxGraphError
+from ..core.errors import MlaxGraphError
 from ..io.weights import write_atomic
 from .dot import graph_to_dot
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..errors import GraphError, MlaxGraphError
+from ..core.errors import GraphError, MlaxGraphError
 from ..ir.node import Node, Value
 
 __all__ = ["graph_to_networkx", "graph_from_networkx"]
@@ -56,8 +56,8 @@ def _networkx():
 def graph_to_networkx(graph):
     """The graph as a ``networkx.MultiDiGraph`` (see the module's docstring for its
     attributes)."""
-    from ..ir.graph import Block, Graph
-    from ..ir.summary import count_params
+    from ..ir.graph import Graph
+    from .summary import count_params
 
     nx = _networkx()
     if not isinstance(graph, Graph):
@@ -83,8 +83,9 @@ def graph_to_networkx(graph):
             order=order,
             source=node.source,
         )
-        if isinstance(node.op, Block):
-            data["subgraph"] = graph_to_networkx(node.op.graph)
+        inner = node.op.subgraph()
+        if inner is not None:
+            data["subgraph"] = graph_to_networkx(inner)
         result.add_node(node.name, **data)
     for node in graph.nodes:
         for slot, v in enumerate(node.inputs):
@@ -140,9 +141,9 @@ def _inputs_of(nx_graph, name) -> tuple[Value, ...]:
 
 
 def _make_op(name, data):
+    from ..core.registry import lookup
     from ..ir.graph import Graph
-    from ..ops.base import Layer
-    from ..ops.registry import lookup
+    from ..ir.op import Layer
 
     op_name = data.get("op")
     if not isinstance(op_name, str):
@@ -190,9 +191,9 @@ def graph_from_networkx(nx_graph):
         ``passes.verify`` rejects. ShapeError / DTypeError: an edit makes shapes or dtypes
         that do not fit.
     """
+    from ..compiler.passes import infer_shapes, verify
     from ..ir.builder import infer_outputs
     from ..ir.graph import Graph, InputLayer
-    from ..passes import infer_shapes, verify
 
     nx = _networkx()
     if not isinstance(nx_graph, nx.DiGraph):

@@ -14,7 +14,7 @@ Example:
   True
 """
 
-from .checkpoint import CheckpointManager
+from ..io.checkpoint import CheckpointManager
 from .fit import evaluate, fit
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import LOSSES, METRICS

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ShapeError
+from ..core.errors import ShapeError
 from .state import TrainState
 
 __all__ = ["fit", "evaluate"]

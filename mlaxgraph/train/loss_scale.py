@@ -49,7 +49,7 @@ class DynamicLossScale:
 
     @classmethod
     def create(cls, initial_scale: float = 2.0 ** 15, period: int = 2000,
-               factor: float = 2.0, min_scale: float = 1.0) -> "DynamicLossScale":
+               factor: float = 2.0, min_scale: float = 1.0) -> DynamicLossScale:
         return cls(jnp.asarray(initial_scale, jnp.float32), jnp.zeros((), jnp.int32),
                    int(period), float(factor), float(min_scale))
 
@@ -59,7 +59,7 @@ class DynamicLossScale:
     def unscale(self, grads: Any) -> Any:
         return jax.tree.map(lambda g: g / self.scale.astype(g.dtype), grads)
 
-    def adjust(self, finite: jax.Array) -> "DynamicLossScale":
+    def adjust(self, finite: jax.Array) -> DynamicLossScale:
         """The scale after a step whose gradients were (not) all finite."""
         grow = finite & (self.good_steps + 1 >= self.period)
         scale = jnp.where(finite, jnp.where(grow, self.scale * self.factor, self.scale),

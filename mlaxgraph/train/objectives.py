@@ -4,12 +4,13 @@ half-precision model's loss is computed in float32."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import optax
 
-from ..errors import GraphError
+from ..core.errors import GraphError
 
 __all__ = ["LOSSES", "METRICS", "resolve_loss", "resolve_metrics"]
 

@@ -38,5 +38,5 @@ class TrainState:
     rng: jax.Array
     loss_scale: DynamicLossScale | None = None
 
-    def replace(self, **changes) -> "TrainState":
+    def replace(self, **changes) -> TrainState:
         return dataclasses.replace(self, **changes)

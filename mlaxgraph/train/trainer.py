@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any, Callable, Mapping
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..errors import GraphError
-from ..lowering import random_layers
+from ..core.errors import GraphError
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import resolve_loss, resolve_metrics
 from .state import TrainState
 
 __all__ = ["Trainer"]
-
 
 def _standard_promotion(fn: Callable) -> Callable:
     """optax's optimizers mix Python floats and int32 counters (``decay ** count``),
@@ -34,10 +33,8 @@ def _standard_promotion(fn: Callable) -> Callable:
 
     return wrapped
 
-
 def _as_inputs(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
 
 class Trainer:
     """Training for a compiled model.
@@ -100,7 +97,7 @@ class Trainer:
         self.loss_fn = resolve_loss(loss)
         self.metric_fns = resolve_metrics(metrics)
         self.loss_scale = self._initial_loss_scale(loss_scale)
-        self._needs_rng = bool(random_layers(model.graph))
+        self._needs_rng = bool(model.program.random_paths())
         self._key_impl = None           # the default PRNG; init_fn records the key's own
         self._update = _standard_promotion(optimizer.update)
         self.trace_counts: collections.Counter = collections.Counter()

@@ -1,0 +1,1 @@
+"""HLO text: one parser of StableHLO and optimized HLO, and what is read from it."""

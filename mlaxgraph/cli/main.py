@@ -1,0 +1,98 @@
+"""The ``mlaxgraph`` command line. ``main(argv) -> exit code``: 0 done, 1 an error in
+the model (compiling, lowering, a broken file), 2 a wrong argument or a missing file.
+Errors print as one line; ``--verbose`` prints all of them and the traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from ..core.errors import MlaxGraphError
+from .commands import EXAMPLES, UsageError, add_commands
+
+__all__ = ["main"]
+
+EPILOG = """examples:
+  mlaxgraph demo                 train a residual CNN on the bundled digits, write
+                                 its SVG, StableHLO, weights and checkpoints
+  mlaxgraph demo --policy bfloat16 --out demo-bf16
+""" + EXAMPLES + """
+MODEL is a .mlg file (mg.save), a .json graph (Graph.to_json) or module:function
+returning an mg.Graph. Exit status: 0 done, 1 an error in the model, 2 a wrong
+argument or a missing file. `mlaxgraph COMMAND --help` describes each command.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports a wrong argument as one line (and exit status 2), not the usage text."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run
+
+    return run(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="mlaxgraph", description="Compose, inspect and ship neural networks in JAX.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="on an error, print all of its message and the traceback")
+    commands = parser.add_subparsers(dest="command", metavar="command")
+    demo = commands.add_parser(
+        "demo", help="train a residual CNN on the bundled digits; write its graph, HLO and weights",
+        description="Builds a residual CNN, trains it on scikit-learn's bundled 8x8 digits "
+                    "with a progress bar, and writes the rendered graph (SVG), the StableHLO, "
+                    "the trained weights and checkpoints to --out. Rerunning resumes from "
+                    "the last checkpoint.")
+    demo.add_argument("--policy", default="float32", choices=("float32", "bfloat16", "float16"),
+                      help="dtype policy: float32, or mixed precision (default float32)")
+    demo.add_argument("--epochs", type=int, default=10, help="epochs (default 10)")
+    demo.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the split, init and "
+                      "shuffling (default 0)")
+    demo.add_argument("--out", default="mlaxgraph-demo", help="output folder (default "
+                      "./mlaxgraph-demo)")
+    demo.set_defaults(run=_demo)
+    add_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
+        return int(e.code or 0)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("mlaxgraph: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as on SIGPIPE
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 141
+    except Exception as e:  # one line each; --verbose for the whole story
+        usage = isinstance(e, (UsageError, FileNotFoundError))
+        if args.verbose:
+            traceback.print_exc()
+        text = str(e).strip() or type(e).__name__
+        if not isinstance(e, MlaxGraphError) and not usage:
+            text = f"{type(e).__name__}: {text}"
+        lines = text.splitlines()
+        more = " (--verbose for details)" if len(lines) > 1 and not args.verbose else ""
+        print(f"mlaxgraph {args.command}: error: {lines[0]}{more}", file=sys.stderr)
+        return 2 if usage else 1

@@ -1,0 +1,2 @@
+"""The compiler: passes over the Graph, the flattening step into a Program, the one
+interpreter over it, the lowering to init/apply, and ``compile``."""

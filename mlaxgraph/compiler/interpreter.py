@@ -1,0 +1,144 @@
+"""The interpreter: runs a Program's steps, in the manner of ``jax.core.eval_jaxpr``.
+
+It reads each step's arguments from an environment of refs and writes its outputs
+back, each layer under its named scope (its path, so HLO metadata names it), with its
+rng derived from the apply key by the names of its path, and its weights read from
+``params``/``state`` by their path and checked against what the layer declares. A
+per-step hook (the sharding plan's constraints) sees the graph's inputs and every
+step's outputs. It runs only while JAX traces: its Python cost is paid once per
+compilation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..core.errors import DTypeError, GraphError, ShapeError, node_message
+from ..core.scopes import scope_name
+from ..core.specs import bind_dims, flatten_specs, is_symbolic
+from ..ir.printer import context_lines
+from .program import Program, Step, get_in, salt, set_in
+
+__all__ = ["run", "step_key", "Hook"]
+
+#: ``hook(path, values) -> values``: sees a graph input (path: its name) or a step's
+#: outputs, inside the step's named scope.
+Hook = Callable[[str, tuple], tuple]
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+def step_key(rng: jax.Array, names: Sequence[str]) -> jax.Array:
+    """The key of a step: ``rng`` folded with the salt of each name of its path (a
+    block's layers derive from the block's key, so renaming a layer elsewhere does not
+    change it)."""
+    for name in names:
+        rng = jax.random.fold_in(rng, salt(name))
+    return rng
+
+
+def _weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
+    """The step's weights from ``params`` or ``state``, checked against its specs."""
+    specs = step.param_specs if which == "params" else step.state_specs
+    if not specs:
+        return _EMPTY
+    node = step.node
+    try:
+        found = get_in(tree, step.weights)
+    except (KeyError, TypeError, IndexError):
+        raise GraphError(node_message(
+            step.path, node.op.op_name,
+            f"{which} has no entry {step.weights_path!r}; pass the {which} made by this "
+            f"model's init", source=node.source)) from None
+    for path, spec in flatten_specs(specs):
+        try:
+            leaf = get_in(found, tuple(path.split("/")))
+        except (KeyError, TypeError, IndexError):
+            raise GraphError(node_message(
+                step.path, node.op.op_name,
+                f"{which} has no weight {step.weights_path}/{path}; pass the {which} made by "
+                f"this model's init", source=node.source)) from None
+        shape = getattr(leaf, "shape", None)
+        if shape is None or (not any(is_symbolic(d) for d in spec.shape)
+                             and tuple(shape) != tuple(spec.shape)):
+            raise ShapeError(node_message(
+                step.path, node.op.op_name,
+                f"weight {step.weights_path}/{path} has another shape than the layer needs",
+                got=str(tuple(shape)) if shape is not None else type(leaf).__name__,
+                expected=str(tuple(spec.shape)), source=node.source))
+        if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
+            raise DTypeError(node_message(
+                step.path, node.op.op_name,
+                f"weight {step.weights_path}/{path} is not floating-point",
+                got=str(leaf.dtype), expected="a float dtype (the policy's param_dtype)",
+                source=node.source))
+    return found
+
+
+def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | None) -> None:
+    """An op's apply must produce what its infer promised: the dtype guarantee holds."""
+    node = step.node
+    if len(outputs) != len(step.output_specs):
+        raise GraphError(node_message(step.path, node.op.op_name,
+                                      f"apply returned {len(outputs)} outputs, infer promised "
+                                      f"{len(step.output_specs)}", source=node.source))
+    for out, spec in zip(outputs, step.output_specs):
+        if np.dtype(out.dtype) != spec.dtype:
+            raise DTypeError(node_message(step.path, node.op.op_name,
+                                          "apply produced another dtype than infer promised",
+                                          got=str(out.dtype), expected=str(spec.dtype),
+                                          source=node.source,
+                                          context=context_lines(step.graph, node.name)))
+        if bindings is None:
+            continue
+        try:
+            want = bind_dims(spec.shape, bindings)
+        except ShapeError:
+            continue
+        if tuple(out.shape) != want:
+            raise ShapeError(node_message(step.path, node.op.op_name,
+                                          "apply produced another shape than infer promised",
+                                          got=str(tuple(out.shape)), expected=str(want),
+                                          source=node.source,
+                                          context=context_lines(step.graph, node.name)))
+
+
+def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
+        rng: jax.Array | None, inference_mode: bool, bindings: Mapping[str, int] | None,
+        hook: Hook | None = None) -> tuple[tuple, dict]:
+    """Runs the program: ``(outputs, new_state)``.
+
+    Args:
+      program: the flattened graph.
+      params: the trainable weights, as ``init`` made them.
+      state: the non-trainable weights, as ``init`` made them.
+      inputs: one array per graph input.
+      rng: the apply key (None: no step may need one).
+      inference_mode: passed to every layer.
+      bindings: the values of the symbolic dims (to check output shapes), or None.
+      hook: sees the inputs and every step's outputs (see ``Hook``).
+    """
+    env: dict = {}
+    for name, x in zip(program.inputs, inputs):
+        env[(name, 0)] = hook(name, (x,))[0] if hook is not None else x
+    new_state = state
+    for step in program.steps:
+        args = [env[ref] for ref in step.inputs]
+        p = _weights(step, params, "params")
+        s = _weights(step, new_state, "state")
+        with jax.named_scope(scope_name(step.path)):
+            key = step_key(rng, step.rng_path) if step.rng_path and rng is not None else None
+            outs, s2 = step.op.apply(p, s, args, rng=key, inference_mode=inference_mode)
+            outs = tuple(outs)
+            _check_outputs(step, outs, bindings)
+            if hook is not None:
+                outs = hook(step.path, outs)
+        if s2:
+            new_state = set_in(new_state, step.weights, s2)
+        for i, out in enumerate(outs):
+            env[(step.path, i)] = out
+    return tuple(env[ref] for ref in program.outputs), dict(new_state)

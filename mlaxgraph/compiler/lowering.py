@@ -1,0 +1,104 @@
+"""Lowering: a Program becomes a pure ``init(key)`` and a pure ``apply(params, state,
+*inputs, rng=None, inference_mode=False)``, both through the one interpreter's
+conventions (weights by path, keys by name). A sharding plan, when given, is data for
+the same functions: the weights, inputs, activations and new state are constrained to
+its shardings where they are made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from ..core.errors import DTypeError, GraphError, ShapeError, node_message
+from ..core.specs import TensorSpec, init_specs, match_shape
+from .interpreter import run, step_key
+from .program import Program, salt, set_in
+
+if TYPE_CHECKING:
+    from ..distributed.plan import ShardingPlan
+
+__all__ = ["make_init", "make_apply", "check_inputs"]
+
+
+def make_init(program: Program, param_dtype: Any,
+              sharding: ShardingPlan | None = None) -> Callable[[jax.Array], tuple[dict, dict]]:
+    """A pure ``init(key) -> (params, state)``: each weight from its own key, derived
+    from ``key`` by the names of its layer's path and its own (so adding a layer does
+    not change the others' initial values)."""
+    owners = tuple(program.owners())
+
+    def init(key: jax.Array) -> tuple[dict, dict]:
+        params: dict = {}
+        state: dict = {}
+        for step in owners:
+            layer_key = step_key(key, step.weights)
+            if step.param_specs:
+                params = set_in(params, step.weights,
+                                init_specs(step.param_specs, layer_key, param_dtype, salt))
+            if step.state_specs:
+                state = set_in(state, step.weights,
+                               init_specs(step.state_specs, layer_key, param_dtype,
+                                          lambda path: salt("state/" + path)))
+        if sharding is not None:
+            params, state = sharding.constrain_weights(params, state)
+        return params, state
+
+    return init
+
+
+def make_apply(program: Program, sharding: ShardingPlan | None = None) -> Callable:
+    """A pure ``apply(params, state, *inputs, rng=None, inference_mode=False)``
+    returning ``(outputs, new_state)``: one array for one graph output, else a tuple."""
+    graph = program.graph
+    randoms = program.random_paths()
+    specs = graph.input_specs
+    single = len(graph.outputs) == 1
+    hook = None if sharding is None else sharding.constrain
+
+    def apply(params, state, *inputs, rng=None, inference_mode: bool = False):
+        if not isinstance(state, dict) and hasattr(state, "shape") and len(inputs) == len(specs) - 1:
+            raise GraphError(
+                f"graph {graph.name!r}: apply takes (params, state, *inputs) and state is "
+                f"missing: pass the state that init returned ({{}} for a graph without "
+                f"state), e.g. out, state = model.apply(params, state, x)")
+        bindings = check_inputs(graph, specs, inputs)
+        if randoms and not inference_mode and rng is None:
+            raise GraphError(f"graph {graph.name!r} has random layers ({', '.join(randoms)}): "
+                             f"pass rng=jax.random.key(...) to apply, or inference_mode=True")
+        if sharding is not None:
+            params, state = sharding.constrain_weights(params, state)
+        outputs, new_state = run(program, params, state, inputs, rng=rng,
+                                 inference_mode=inference_mode, bindings=bindings, hook=hook)
+        if sharding is not None:
+            new_state = sharding.constrain_weights(None, new_state)[1]
+        return (outputs[0] if single else outputs), new_state
+
+    return apply
+
+
+def check_inputs(graph, specs: Sequence[TensorSpec], inputs: Sequence[Any]) -> dict | None:
+    """Checks the arrays given to ``apply`` against the graph's inputs; returns the
+    values of the symbolic dims (None when the arrays themselves are symbolic)."""
+    if len(inputs) != len(specs):
+        names = ", ".join(f"{n}: {s}" for n, s in zip(graph.inputs, specs))
+        raise ShapeError(f"graph {graph.name!r} takes {len(specs)} inputs ({names}), "
+                         f"got {len(inputs)}")
+    bindings: dict[str, Any] = {}
+    for name, spec, x in zip(graph.inputs, specs, inputs):
+        shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+        got = f"{dtype}{list(shape) if shape is not None else '?'}"
+        node = graph.node(name)
+        if shape is None or not match_shape(spec.shape, shape, bindings):
+            raise ShapeError(node_message(name, "input", "apply got an array of another shape",
+                                          got=got, expected=str(spec), source=node.source))
+        if np.dtype(dtype) != spec.dtype:
+            raise DTypeError(node_message(name, "input", "apply got an array of another dtype "
+                                          "(cast it, or build the Input with this dtype)",
+                                          got=got, expected=str(spec), source=node.source))
+    if any(not isinstance(v, (int, np.integer)) for v in bindings.values()):
+        return None
+    return bindings

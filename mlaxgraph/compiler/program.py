@@ -1,0 +1,158 @@
+"""Program: a graph flattened into the steps that compute it.
+
+The flattening step (``flatten.py``) resolves nested blocks once: every computing
+layer of every block call becomes one ``Step`` with its path (``block0/attention``),
+the path of the weights it uses, its rng need and its specs bound to the graph's own
+symbolic dims. Everything that runs or walks a compiled model reads the program:
+the interpreter (init and apply), the output checks, the logical axes, the cost table,
+the HLO attribution, the lists of random layers.
+
+A value is a ``Ref``: ``(path, index)`` of the step (or graph input) producing it. A
+block has no step of its own: its inputs and outputs are the refs of the values it
+reads and of its inner layers' outputs (``Program.values``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from ..core.specs import ParamSpec, TensorSpec
+from ..ir.graph import Graph
+from ..ir.node import Node
+from ..ir.op import Layer
+
+__all__ = ["Ref", "Step", "Program", "salt", "get_in", "set_in", "path_str"]
+
+#: ``(path, output index)`` of the step or graph input that produces a value.
+Ref = tuple[str, int]
+
+
+def salt(name: str) -> int:
+    """A stable 31-bit number for a name, to derive an independent key by ``fold_in``."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+def path_str(names: tuple[str, ...]) -> str:
+    return "/".join(names)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Step:
+    """One layer call of the flattened graph.
+
+    Attributes:
+      path: where it runs, by node names: ``block0/attention`` (its named scope, its
+        key in cost tables, HLO by layer and sharding labels).
+      node: its node, as recorded in the graph holding it.
+      graph: the graph holding the node (errors show its neighbours there).
+      weights: where its weights live in ``params`` and ``state``, by layer names
+        (``("block0", "attention")``; a shared layer's later calls name the first).
+      owns_weights: whether it is the first step using ``weights``: ``init`` creates
+        them here.
+      inputs: the refs of the values it reads.
+      input_specs, output_specs: its specs with the symbolic dims of nested blocks
+        bound to those of the graph being compiled.
+      rng_path: the names folded into the apply key for it (its path's names), or
+        ``()`` when it needs no key.
+      param_specs, state_specs: its weights, as its op declares them.
+    """
+
+    path: str
+    node: Node
+    graph: Graph
+    weights: tuple[str, ...]
+    owns_weights: bool
+    inputs: tuple[Ref, ...]
+    input_specs: tuple[TensorSpec, ...]
+    output_specs: tuple[TensorSpec, ...]
+    rng_path: tuple[str, ...]
+    param_specs: Mapping[str, Any]
+    state_specs: Mapping[str, Any]
+
+    @property
+    def op(self) -> Layer:
+        return self.node.op
+
+    @property
+    def weights_path(self) -> str:
+        return path_str(self.weights)
+
+    @property
+    def outputs(self) -> tuple[Ref, ...]:
+        return tuple((self.path, i) for i in range(len(self.output_specs)))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    """A graph as a flat list of steps.
+
+    Attributes:
+      graph: the graph it was flattened from.
+      inputs: the graph's input names; input ``name`` is the ref ``(name, 0)``.
+      steps: the layer calls, in an order that respects their data dependencies.
+      outputs: the refs of the graph's outputs.
+      nodes: path -> node of every node at every level (inputs and blocks included),
+        in the order the graph lists them.
+      values: path -> the refs of that node's outputs (a block's are its inner
+        layers'; an inner input's are what the block was called with).
+    """
+
+    graph: Graph
+    inputs: tuple[str, ...]
+    steps: tuple[Step, ...]
+    outputs: tuple[Ref, ...]
+    nodes: Mapping[str, Node]
+    values: Mapping[str, tuple[Ref, ...]]
+
+    @property
+    def input_specs(self) -> tuple[TensorSpec, ...]:
+        return self.graph.input_specs
+
+    def __iter__(self) -> Iterator[Step]:
+        return iter(self.steps)
+
+    def owners(self) -> Iterator[Step]:
+        """The steps that own their weights: one per layer with weights."""
+        return (s for s in self.steps if s.owns_weights and (s.param_specs or s.state_specs))
+
+    def random_paths(self) -> list[str]:
+        """Paths of the steps that need an rng in training."""
+        return [s.path for s in self.steps if s.rng_path]
+
+    def weight_tree(self, which: str, leaf: Callable[[Step, str, ParamSpec], Any]) -> dict:
+        """A tree shaped as ``init``'s params (``which="params"``) or state
+        (``"state"``), with ``leaf(step, weight path, spec)`` at each weight."""
+        tree: dict = {}
+        for step in self.owners():
+            specs = step.param_specs if which == "params" else step.state_specs
+            if specs:
+                tree = set_in(tree, step.weights,
+                              _map_specs(specs, lambda p, s, step=step: leaf(step, p, s)))
+        return tree
+
+
+def _map_specs(specs: Mapping[str, Any], fn: Callable[[str, Any], Any], prefix: str = "") -> dict:
+    return {name: _map_specs(spec, fn, f"{prefix}{name}/") if isinstance(spec, Mapping)
+            else fn(prefix + name, spec) for name, spec in specs.items()}
+
+
+def get_in(tree: Any, keys: tuple[str, ...]) -> Any:
+    """``tree[k0][k1]...``; KeyError (or TypeError for a non-dict level) when absent."""
+    for key in keys:
+        tree = tree[key]
+    return tree
+
+
+def set_in(tree: Mapping, keys: tuple[str, ...], value: Any) -> dict:
+    """A copy of ``tree`` with ``value`` at ``keys`` (the dicts along the way copied,
+    the rest shared)."""
+    out = dict(tree)
+    if len(keys) == 1:
+        out[keys[0]] = value
+    else:
+        inner = tree.get(keys[0], {})
+        out[keys[0]] = set_in(inner if isinstance(inner, Mapping) else {}, keys[1:], value)
+    return out

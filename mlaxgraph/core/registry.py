@@ -1,0 +1,56 @@
+"""The op registry: op name -> Layer class. Loading a graph looks ops up here by name,
+so no file can make mlaxgraph import or run code."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from .errors import GraphError
+
+__all__ = ["register", "lookup", "registered_ops"]
+
+_REGISTRY: dict[str, type] = {}
+
+T = TypeVar("T", bound=type)
+
+
+def register(op_name: str) -> Callable[[T], T]:
+    """Registers a Layer class under ``op_name`` (used in printed graphs and files).
+
+    Example:
+      >>> import dataclasses
+      >>> from mlaxgraph.ir.op import Layer
+      >>> @register("my_identity")
+      ... @dataclasses.dataclass(frozen=True)
+      ... class MyIdentity(Layer):
+      ...     def infer(self, inputs):
+      ...         return tuple(inputs)
+      ...     def apply(self, params, state, inputs, *, rng, inference_mode):
+      ...         return tuple(inputs), state
+      >>> lookup("my_identity") is MyIdentity
+      True
+    """
+
+    def decorate(cls: T) -> T:
+        existing = _REGISTRY.get(op_name)
+        if existing is not None and existing.__qualname__ != cls.__qualname__:
+            raise GraphError(f"op name {op_name!r} is already registered by {existing.__qualname__}")
+        cls.op_name = op_name
+        _REGISTRY[op_name] = cls
+        return cls
+
+    return decorate
+
+
+def lookup(op_name: str) -> type:
+    """The Layer class registered as ``op_name``; ``GraphError`` when there is none."""
+    try:
+        return _REGISTRY[op_name]
+    except (KeyError, TypeError):
+        raise GraphError(f"unknown op {op_name!r}; registered ops: "
+                         f"{', '.join(sorted(_REGISTRY))}") from None
+
+
+def registered_ops() -> dict[str, type]:
+    return dict(sorted(_REGISTRY.items()))

@@ -1,0 +1,264 @@
+"""TensorSpec: a shape, possibly with symbolic dims, and a dtype.
+
+Symbolic dims are ``jax.export`` dimension expressions, all in one scope shared by
+every graph, so that a dim named ``batch`` is the same dim everywhere: in shape
+inference, in ``jax.eval_shape`` and in ``jax.export``. They support the arithmetic
+that shape inference needs (``7 * 7 * batch``) and print as their name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import export
+
+from .errors import DTypeError, ShapeError
+
+__all__ = ["Dim", "TensorSpec", "ParamSpec", "Initializer", "flatten_specs", "specs_str", "init_specs",
+           "SCOPE", "as_dim", "as_dtype", "is_symbolic", "dim_names", "bind_dims", "match_shape",
+           "substitute", "shape_str", "dtype_str"]
+
+#: The one symbolic scope of every mlaxgraph dim.
+SCOPE = export.SymbolicScope()
+
+Dim = int | Any  # an int or a jax.export symbolic dimension expression
+
+_SHORT_DTYPES = {
+    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "bool",
+}
+_LONG_DTYPES = {short: long for long, short in _SHORT_DTYPES.items()}
+
+
+def is_symbolic(dim: Dim) -> bool:
+    """True for a symbolic dim (a dimension expression that is not a constant)."""
+    return not isinstance(dim, (int, np.integer))
+
+
+def as_dim(dim: Any) -> Dim:
+    """An int, or a symbolic dim parsed from a string such as ``"batch"`` or ``"2*batch"``."""
+    if isinstance(dim, (bool, np.bool_)):
+        raise ShapeError(f"a dim must be an int or a name, got {dim!r}")
+    if isinstance(dim, (int, np.integer)):
+        if dim < 0:
+            raise ShapeError(f"a dim must be >= 0, got {dim}")
+        return int(dim)
+    if isinstance(dim, str):
+        if not dim.strip():
+            raise ShapeError("a symbolic dim needs a name, got ''")
+        try:
+            (parsed,) = export.symbolic_shape(dim, scope=SCOPE)
+        except Exception as e:  # jax raises ValueError or a private error class
+            raise ShapeError(f"cannot parse the symbolic dim {dim!r}: {e}") from e
+        return int(parsed) if not is_symbolic(parsed) else parsed
+    if is_symbolic(dim) and hasattr(dim, "scope"):
+        if dim.scope is not SCOPE:
+            # A dim from another scope cannot be compared with ours: re-parse its text.
+            return as_dim(str(dim))
+        return dim
+    raise ShapeError(f"a dim must be an int or a name, got {dim!r} of type {type(dim).__name__}")
+
+
+def as_dtype(dtype: Any) -> np.dtype:
+    """A numpy dtype from a name (``"float32"``, ``"bf16"``), a numpy or a jnp dtype."""
+    if isinstance(dtype, str) and dtype in _LONG_DTYPES:
+        dtype = _LONG_DTYPES[dtype]
+    try:
+        requested = np.dtype(dtype)
+    except Exception as e:
+        raise DTypeError(f"unknown dtype {dtype!r}") from e
+    result = np.dtype(jax.dtypes.canonicalize_dtype(requested))
+    if result != requested:
+        raise DTypeError(f"dtype {requested} is not available with this JAX configuration "
+                         f"(64-bit types need jax_enable_x64)")
+    return result
+
+
+@functools.lru_cache(maxsize=64)
+def dtype_str(dtype: np.dtype) -> str:
+    """The short name of a dtype: f32, bf16, i32."""
+    return _SHORT_DTYPES.get(str(dtype), str(dtype))
+
+
+def shape_str(shape: Iterable[Dim]) -> str:
+    return "[" + ",".join(str(d).replace(" ", "") for d in shape) + "]"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """The type of a tensor in a graph: shape (ints and symbolic dims) and dtype.
+
+    Example:
+      >>> spec = TensorSpec.of(("batch", 128), "float32")
+      >>> spec
+      f32[batch,128]
+      >>> spec.shape
+      (batch, 128)
+      >>> spec.rank, spec.dtype
+      (2, dtype('float32'))
+    """
+
+    shape: tuple[Dim, ...]
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, shape: Iterable[Any], dtype: Any) -> TensorSpec:
+        """A spec from user values: dims as ints or names, dtype as a name or dtype."""
+        if isinstance(shape, (str, int)):
+            raise ShapeError(f"a shape must be a tuple of dims, got {shape!r}")
+        return cls(tuple(as_dim(d) for d in shape), as_dtype(dtype))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_float(self) -> bool:
+        return bool(jax.numpy.issubdtype(self.dtype, jax.numpy.floating))
+
+    def with_dtype(self, dtype: Any) -> TensorSpec:
+        return TensorSpec(self.shape, as_dtype(dtype))
+
+    def with_shape(self, shape: Iterable[Dim]) -> TensorSpec:
+        return TensorSpec(tuple(shape), self.dtype)
+
+    def to_jax(self) -> jax.ShapeDtypeStruct:
+        """The spec as a ``jax.ShapeDtypeStruct`` (symbolic dims kept)."""
+        return jax.ShapeDtypeStruct(self.shape, self.dtype)
+
+    @classmethod
+    def from_jax(cls, value: Any) -> TensorSpec:
+        return cls(tuple(as_dim(d) for d in value.shape), np.dtype(value.dtype))
+
+    def bind(self, bindings: Mapping[str, int]) -> jax.ShapeDtypeStruct:
+        """A concrete ``ShapeDtypeStruct`` with symbolic dims given values by name."""
+        return jax.ShapeDtypeStruct(bind_dims(self.shape, bindings), self.dtype)
+
+    def __str__(self) -> str:
+        return dtype_str(self.dtype) + shape_str(self.shape)
+
+    __repr__ = __str__
+
+
+def dim_names(shape: Iterable[Dim]) -> tuple[str, ...]:
+    """Names of the symbolic variables in a shape, in order of first appearance."""
+    names: list[str] = []
+    for d in shape:
+        if is_symbolic(d):
+            for var in sorted(d._get_vars()):
+                if var not in names:
+                    names.append(var)
+    return tuple(names)
+
+
+def bind_dims(shape: Iterable[Dim], bindings: Mapping[str, int]) -> tuple[int, ...]:
+    """The shape with every symbolic dim evaluated with ``bindings`` (name -> int)."""
+    out = []
+    for d in shape:
+        if is_symbolic(d):
+            missing = [v for v in d._get_vars() if v not in bindings]
+            if missing:
+                raise ShapeError(f"no value for the symbolic dim {missing[0]!r}: pass "
+                                 f"{missing[0]}=<int>")
+            out.append(int(d._evaluate(dict(bindings))))
+        else:
+            out.append(int(d))
+    return tuple(out)
+
+
+def match_shape(spec_shape: Iterable[Dim], shape: Iterable[Any], bindings: dict[str, Any]) -> bool:
+    """Whether a concrete (or symbolic) ``shape`` fits ``spec_shape``, binding symbolic
+    dims that are plain names in ``bindings`` (name -> size) as it goes."""
+    spec_shape, shape = tuple(spec_shape), tuple(shape)
+    if len(spec_shape) != len(shape):
+        return False
+    deferred = []
+    for want, got in zip(spec_shape, shape):
+        if not is_symbolic(want):
+            if is_symbolic(got) or int(got) != want:
+                return False
+        elif want._to_var() is not None:
+            name = want._to_var()
+            if name in bindings and not bindings[name] == got:
+                return False
+            bindings.setdefault(name, got)
+        else:
+            deferred.append((want, got))
+    for want, got in deferred:
+        if any(v not in bindings for v in want._get_vars()):
+            return False
+        if not want._evaluate(dict(bindings)) == got:
+            return False
+    return True
+
+
+def substitute(shape: Iterable[Dim], bindings: Mapping[str, Any]) -> tuple[Dim, ...]:
+    """The shape with its symbolic variables replaced by ``bindings`` (ints or dims);
+    dims with an unbound variable stay as they are."""
+    out = []
+    for d in shape:
+        if is_symbolic(d) and all(v in bindings for v in d._get_vars()):
+            d = d._evaluate(dict(bindings))
+            d = int(d) if not is_symbolic(d) else d
+        out.append(d)
+    return tuple(out)
+
+
+Initializer = Callable[[jax.Array, tuple, Any], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """A weight a layer declares: its shape, initializer and logical axis names.
+
+    The dtype is not part of it: weights are created in the policy's ``param_dtype``
+    and cast to the compute dtype inside the layer.
+    """
+
+    shape: tuple[int, ...]
+    init: Initializer
+    axes: tuple[str | None, ...] | None = None
+
+    @property
+    def size(self) -> int:
+        size = 1
+        for d in self.shape:
+            size *= d
+        return size
+
+
+def flatten_specs(specs: Mapping[str, Any], prefix: str = "") -> list[tuple[str, ParamSpec]]:
+    """``(path, spec)`` pairs of a possibly nested dict of ParamSpecs, paths joined by '/'."""
+    out = []
+    for name, spec in specs.items():
+        if isinstance(spec, Mapping):
+            out += flatten_specs(spec, f"{prefix}{name}/")
+        else:
+            out.append((prefix + name, spec))
+    return out
+
+
+def init_specs(specs: Mapping[str, Any], key: jax.Array, dtype: Any, salt) -> dict:
+    """Creates the weights ``specs`` declare (nested dicts allowed), each from a key
+    folded from ``key`` by the salt of its path."""
+
+    def build(tree, prefix):
+        out = {}
+        for name, spec in tree.items():
+            if isinstance(spec, Mapping):
+                out[name] = build(spec, f"{prefix}{name}/")
+            else:
+                out[name] = spec.init(jax.random.fold_in(key, salt(prefix + name)), spec.shape, dtype)
+        return out
+
+    return build(specs, "")
+
+
+def specs_str(specs: Sequence[TensorSpec]) -> str:
+    return ", ".join(str(s) for s in specs)

@@ -1,0 +1,162 @@
+"""Checkpoints of a TrainState: one safetensors file per saved step, written
+atomically, the last ``keep`` kept. Restoring fills a template TrainState (the one
+``trainer.init`` gives), so the file holds only arrays and loading runs no code.
+
+A checkpoint restores bit-identically: every array (params, BatchNorm state, the
+optimizer's moments and counters, the step, the run's key and the loss scale) is
+stored exactly, and the step's dropout key derives from the step.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..core.errors import SerializationError
+from .weights import SafetensorsReader, write_atomic, write_safetensors
+
+__all__ = ["CheckpointManager", "tree_arrays"]
+
+FORMAT = "mlaxgraph.checkpoint"
+VERSION = "1"
+_FILE = re.compile(r"^checkpoint_(\d{8,})\.safetensors$")
+
+
+def _key_name(entry: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)  # pragma: no cover - jax's key types all have one of the above
+
+
+def _is_key(leaf: Any) -> bool:
+    return hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def tree_arrays(tree: Any) -> dict[str, Any]:
+    """``{"params/conv1/kernel": leaf, "opt_state/0/mu/...": leaf, ...}``: the leaves of
+    a pytree named by their paths, in flattening order."""
+    named = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = "/".join(_key_name(entry) for entry in path)
+        if name in named:
+            raise SerializationError(f"two leaves of the train state are both named {name!r}")
+        named[name] = leaf
+    return named
+
+
+class CheckpointManager:
+    """Saves and restores TrainStates in ``directory``, keeping the last ``keep``.
+
+    Args:
+      directory: created if missing; files are ``checkpoint_<step>.safetensors``.
+      keep: how many of the newest checkpoints to keep (older ones are deleted after
+        a new one is complete).
+
+    Example:
+      >>> import jax, optax, tempfile, mlaxgraph as mg
+      >>> from mlaxgraph.examples import mlp
+      >>> trainer = mg.train.Trainer(mg.compile(mlp(4, (8,), 3)), optax.adam(1e-3))
+      >>> manager = mg.train.CheckpointManager(tempfile.mkdtemp(), keep=2)
+      >>> path = manager.save(trainer.init(jax.random.key(0)))
+      >>> manager.steps()
+      [0]
+      >>> ts = manager.restore(trainer.init(jax.random.key(1)))
+      >>> int(ts.step)
+      0
+    """
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+        if int(keep) < 1:
+            raise SerializationError(f"keep must be at least 1, got {keep}")
+        self.directory = os.fspath(directory)
+        self.keep = int(keep)
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.directory, f"checkpoint_{int(step):08d}.safetensors")
+
+    def steps(self) -> list[int]:
+        """The steps of the checkpoints in the directory, oldest first."""
+        if not os.path.isdir(self.directory):
+            return []
+        found = (_FILE.match(name) for name in os.listdir(self.directory))
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def save(self, ts: Any) -> str:
+        """Writes ``ts`` (any pytree with an int ``step``) atomically; returns the path."""
+        step = int(ts.step)
+        arrays = {}
+        for name, leaf in tree_arrays(ts).items():
+            if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+                raise SerializationError(
+                    f"{name!r} is sharded over several processes: this process holds only "
+                    f"part of it. Save a multi-process run with mlaxgraph.io.sharded_checkpoint "
+                    f"(every process writes its shards)")
+            if _is_key(leaf):
+                leaf = jax.random.key_data(leaf)
+            arrays[name] = np.asarray(jax.device_get(leaf))
+        os.makedirs(self.directory, exist_ok=True)
+        metadata = {"format": FORMAT, "version": VERSION, "step": str(step)}
+        path = self.path(step)
+        write_atomic(path, lambda f: write_safetensors(f, arrays, metadata))
+        for old in self.steps()[:-self.keep]:
+            try:
+                os.unlink(self.path(old))
+            except FileNotFoundError:
+                pass
+        return path
+
+    def restore(self, template: Any, step: int | None = None) -> Any:
+        """The saved state of ``step`` (the latest when None), in the structure, dtypes
+        and shardings of ``template``.
+
+        Raises:
+          SerializationError: no checkpoint, or one whose arrays do not match the
+            template (another model or optimizer).
+        """
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise SerializationError(f"no checkpoint in {self.directory!r}")
+        path = self.path(step)
+        if not os.path.exists(path):
+            raise SerializationError(f"no checkpoint of step {step} in {self.directory!r} "
+                                     f"(have {self.steps()})")
+        expected = tree_arrays(template)
+        with SafetensorsReader(path) as reader:
+            metadata = reader.metadata()
+            if metadata.get("format") != FORMAT:
+                raise SerializationError(f"{path}: not an mlaxgraph checkpoint (format "
+                                         f"{metadata.get('format')!r})")
+            if metadata.get("version") != VERSION:
+                raise SerializationError(f"{path}: checkpoint version {metadata.get('version')!r}; "
+                                         f"this mlaxgraph reads version {VERSION}")
+            names = set(reader.names())
+            missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
+            if missing or extra:
+                raise SerializationError(
+                    f"{path}: the checkpoint does not match this train state (another model "
+                    f"or optimizer?): missing {missing[:5]}, unexpected {extra[:5]}")
+            leaves = [self._leaf(reader, path, name, leaf) for name, leaf in expected.items()]
+        return jax.tree.unflatten(jax.tree.structure(template), leaves)
+
+    @staticmethod
+    def _leaf(reader: SafetensorsReader, path: str, name: str, like: Any):
+        key_impl = jax.random.key_impl(like) if _is_key(like) else None
+        want = jax.random.key_data(like) if key_impl is not None else like
+        dtype, shape = reader.spec(name)
+        if dtype != np.dtype(want.dtype).name or shape != tuple(want.shape):
+            raise SerializationError(f"{path}: {name!r} is {dtype}{list(shape)}, the train "
+                                     f"state has {np.dtype(want.dtype).name}{list(want.shape)}")
+        array = reader.array(name)
+        sharding = getattr(like, "sharding", None)
+        value = jax.device_put(array, sharding) if sharding is not None else jax.numpy.asarray(array)
+        return jax.random.wrap_key_data(value, impl=key_impl) if key_impl is not None else value

@@ -1,0 +1,200 @@
+"""``mg.save`` and ``mg.load``: a graph and its weights in one safetensors file.
+
+Example:
+  >>> import os, tempfile, jax, numpy as np, mlaxgraph as mg
+  >>> from mlaxgraph import ops
+  >>> x = mg.Input(("batch", 4), name="x")
+  >>> g = mg.Graph(x, ops.Linear(2, name="fc")(x), name="tiny")
+  >>> params, state = mg.compile(g).init(jax.random.key(0))
+  >>> path = os.path.join(tempfile.mkdtemp(), "tiny.mlg")
+  >>> mg.save(path, g, params, state)
+  >>> g2, params2, state2 = mg.load(path)
+  >>> g2 == g, bool(np.array_equal(params2["fc"]["kernel"], params["fc"]["kernel"]))
+  (True, True)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import MlaxGraphError, SerializationError
+from ..ir.graph import Graph
+from .json_format import graph_from_json, graph_to_json
+from .weights import SafetensorsReader, flatten_tree, rebuild_tree, write_atomic, write_safetensors
+
+__all__ = ["save", "load", "expected_weights", "FORMAT", "VERSION"]
+
+#: ``mlaxgraph.format`` in the safetensors metadata.
+FORMAT = "mlaxgraph.model"
+#: ``mlaxgraph.version``: the weights-file layout this code writes and the newest it reads.
+VERSION = 1
+
+META_FORMAT = "mlaxgraph.format"
+META_VERSION = "mlaxgraph.version"
+META_GRAPH = "mlaxgraph.graph"
+META_PARAM_DTYPE = "mlaxgraph.param_dtype"
+_META_KEYS = (META_FORMAT, META_VERSION, META_GRAPH, META_PARAM_DTYPE)
+PARAM_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def expected_weights(graph: Graph, param_dtype: Any = "float32") -> tuple[dict, dict]:
+    """The ``(params, state)`` trees of ``jax.ShapeDtypeStruct`` that
+    ``mg.compile(graph, mg.Policy(param_dtype=...)).init`` creates, computed with
+    ``jax.eval_shape`` (no weights are made)."""
+    import jax
+
+    from ..compiler.compile import compile
+    from ..compiler.policy import Policy
+
+    policy = None if np.dtype(param_dtype) == np.float32 else Policy(param_dtype=param_dtype)
+    model = compile(graph, policy)
+    return jax.eval_shape(model.init_fn, jax.random.key(0))
+
+
+def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping | None = None,
+         *, param_dtype: Any = None) -> None:
+    """Saves ``graph`` and its weights to one safetensors file at ``path``, atomically:
+    ``path`` holds the old file or the complete new one, never a part.
+
+    Args:
+      path: the file to write (conventionally ``*.mlg``; it is a valid
+        ``.safetensors`` file).
+      graph: the graph (a source graph or a compiled ``model.graph``).
+      params: the params tree ``mg.compile(graph, policy).init`` returns (or a trained
+        version of it).
+      state: the state tree ``init`` returns (or a trained version of it); may be
+        omitted when the graph has none.
+      param_dtype: the dtype of every weight; by default the one dtype they share.
+
+    Raises:
+      SerializationError: the graph cannot be written (an unregistered function), or
+        the arrays are not the ones the graph's ``init`` makes (missing, extra, other
+        shape or dtype), named. Nothing is written then.
+    """
+    if not isinstance(graph, Graph):
+        raise SerializationError(f"mg.save takes a Graph, got {type(graph).__name__}")
+    state = {} if state is None else state
+    text = graph_to_json(graph)
+    arrays = {**flatten_tree(params, "params", "params"), **flatten_tree(state, "state", "state")}
+    if param_dtype is None:
+        dtypes = sorted({np.dtype(a.dtype).name for a in arrays.values()})
+        if len(dtypes) > 1:
+            raise SerializationError(f"the weights have several dtypes ({', '.join(dtypes)}); "
+                                     f"a saved model keeps all of them in one param dtype, as "
+                                     f"init makes them")
+        param_dtype = dtypes[0] if dtypes else "float32"
+    param_dtype = np.dtype(param_dtype).name
+    if param_dtype not in PARAM_DTYPES:
+        raise SerializationError(f"param_dtype must be one of {', '.join(PARAM_DTYPES)}, got "
+                                 f"{param_dtype}")
+    expected, _ = _expected(graph, param_dtype, "the graph")
+    _compare(expected, {k: (np.dtype(a.dtype).name, tuple(a.shape)) for k, a in arrays.items()},
+             "the given arrays")
+    host = {name: np.asarray(array) for name, array in arrays.items()}
+    metadata = {META_FORMAT: FORMAT, META_VERSION: str(VERSION), META_GRAPH: text,
+                META_PARAM_DTYPE: param_dtype}
+    write_atomic(path, lambda f: write_safetensors(f, host, metadata))
+
+
+def load(path: str | os.PathLike) -> tuple[Graph, dict, dict]:
+    """Loads ``(graph, params, state)`` saved by ``mg.save``; params and state are
+    nested dicts of ``jax.Array``, as ``init`` returns them.
+
+    Nothing in the file is executed: ops and functions are looked up by name in
+    mlaxgraph's registries. The graph is verified and its shapes re-inferred, and every
+    array is checked against what the graph's ``init`` would create.
+
+    Raises:
+      SerializationError: the file is not a valid mlaxgraph model file (naming what is
+        wrong: the header, the graph's field, the missing, extra or mismatched array).
+      OSError: the path cannot be opened.
+    """
+    import jax.numpy as jnp
+
+    where = os.fspath(path)
+    with SafetensorsReader(path) as reader:
+        meta = reader.metadata()
+        for key in _META_KEYS:
+            if key not in meta:
+                raise SerializationError(f"{where}: not an mlaxgraph model file: its header "
+                                         f"metadata has no {key!r}")
+        unknown = sorted(k for k in meta if k.startswith("mlaxgraph.") and k not in _META_KEYS)
+        if unknown:
+            raise SerializationError(f"{where}: unknown header metadata {unknown[0][:80]!r}")
+        if meta[META_FORMAT] != FORMAT:
+            raise SerializationError(f"{where}: {META_FORMAT} is {meta[META_FORMAT][:80]!r}, "
+                                     f"expected {FORMAT!r}")
+        version = meta[META_VERSION]
+        if not (version.isascii() and version.isdigit() and len(version) < 10 and int(version) >= 1):
+            raise SerializationError(f"{where}: {META_VERSION} must be a positive integer, "
+                                     f"got {version[:80]!r}")
+        if int(version) > VERSION:
+            raise SerializationError(f"{where}: weights layout version {version}, but this "
+                                     f"mlaxgraph reads up to {VERSION}; upgrade mlaxgraph")
+        param_dtype = meta[META_PARAM_DTYPE]
+        if param_dtype not in PARAM_DTYPES:
+            raise SerializationError(f"{where}: {META_PARAM_DTYPE} must be one of "
+                                     f"{', '.join(PARAM_DTYPES)}, got {param_dtype[:80]!r}")
+        try:
+            graph = graph_from_json(meta[META_GRAPH])
+        except SerializationError as e:
+            raise SerializationError(f"{where}: {e}") from e.__cause__
+        expected, (params_tree, state_tree) = _expected(graph, param_dtype, f"{where}: the graph")
+        names = reader.names()
+        _compare(expected, {name: reader.spec(name) for name in names}, where)
+        arrays = {}
+        for name in sorted(expected):
+            array = reader.array(name)
+            want_dtype, want_shape = expected[name]
+            if (np.dtype(array.dtype).name, tuple(array.shape)) != (want_dtype, want_shape):
+                raise SerializationError(f"{where}: array {name!r} read as {array.dtype}"
+                                         f"{list(array.shape)}, expected {want_dtype}{list(want_shape)}")
+            arrays[name] = jnp.asarray(array)
+    params = rebuild_tree(params_tree, "params", arrays.__getitem__)
+    state = rebuild_tree(state_tree, "state", arrays.__getitem__)
+    return graph, params, state
+
+
+def _expected(graph: Graph, param_dtype: str, what: str):
+    """``({array name: (dtype name, shape)}, (params tree, state tree))`` of what the
+    graph's init makes."""
+    try:
+        params, state = expected_weights(graph, param_dtype)
+    except MlaxGraphError as e:
+        raise SerializationError(f"{what} cannot be compiled to find its weights: {e}") from e
+    except Exception as e:
+        raise SerializationError(f"{what} cannot be compiled to find its weights: "
+                                 f"{type(e).__name__}: {e}") from e
+    flat = {**flatten_tree(params, "params", "init's params"),
+            **flatten_tree(state, "state", "init's state")}
+    specs = {k: (np.dtype(v.dtype).name, tuple(int(d) for d in v.shape)) for k, v in flat.items()}
+    return specs, (params, state)
+
+
+def _compare(expected: dict[str, tuple[str, tuple]], got: dict[str, tuple], where: str) -> None:
+    missing = sorted(set(expected) - set(got))
+    if missing:
+        raise SerializationError(f"{where}: missing array{'s' if len(missing) > 1 else ''} "
+                                 f"{_names(missing)} that the graph's init makes")
+    extra = sorted(set(got) - set(expected))
+    if extra:
+        raise SerializationError(f"{where}: extra array{'s' if len(extra) > 1 else ''} "
+                                 f"{_names(extra)} that the graph's init does not make")
+    for name in sorted(expected):
+        want_dtype, want_shape = expected[name]
+        got_dtype, got_shape = got[name]
+        if tuple(got_shape) != want_shape:
+            raise SerializationError(f"{where}: array {name!r} has shape {list(got_shape)}, but "
+                                     f"the graph's init makes {list(want_shape)}")
+        if got_dtype != want_dtype:
+            raise SerializationError(f"{where}: array {name!r} has dtype {got_dtype or 'unsupported'}, "
+                                     f"but the graph's init makes {want_dtype}")
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(repr(n[:120]) for n in names[:8])
+    return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")

@@ -1,0 +1,77 @@
+"""The summary table of a graph: layer, op, output shape, dtype, params, connected to."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.specs import dtype_str, flatten_specs, shape_str
+
+__all__ = ["summarize", "count_params"]
+
+
+def count_params(graph) -> dict[str, tuple[int, int]]:
+    """Layer name -> (trainable count, non-trainable count), each layer counted once."""
+    counts: dict[str, tuple[int, int]] = {}
+    for node in graph.nodes:
+        if node.layer in counts:
+            continue
+        specs = graph.input_specs_of(node)
+        trainable = sum(p.size for _, p in flatten_specs(node.op.param_specs(specs)))
+        state = sum(p.size for _, p in flatten_specs(node.op.state_specs(specs)))
+        counts[node.layer] = (trainable, state)
+    return counts
+
+
+def _rows(graph, expand_nested: bool, indent: str = "", sharding=None, prefix: str = ""):
+    counts = count_params(graph)
+    for node in graph.nodes:
+        trainable, state = counts[node.layer]
+        if node.shares_weights:
+            params = f"(shared with {node.layer})"
+        else:
+            params = f"{trainable + state:,}"
+        row = (indent + node.name, node.op.op_name,
+               ", ".join(shape_str(s.shape) for s in node.outputs),
+               ", ".join(dtype_str(s.dtype) for s in node.outputs), params,
+               ", ".join(str(v).lstrip("%") for v in node.inputs))
+        yield row if sharding is None else row + (sharding.get(prefix + node.name, ""),)
+        inner = node.op.subgraph()
+        if expand_nested and inner is not None and not node.shares_weights:
+            yield from _rows(inner, expand_nested, indent + "  ", sharding,
+                             f"{prefix}{node.name}/")
+
+
+def _size(count: int, dtype: np.dtype) -> str:
+    size = count * dtype.itemsize
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return ""
+
+
+def summarize(graph, expand_nested: bool = False, param_dtype="float32",
+              sharding=None) -> str:
+    """The summary table; nested blocks' layers listed under them with ``expand_nested``;
+    sizes of weights at ``param_dtype``; with ``sharding`` (path -> text, from a
+    compiled model's sharding plan) a last column showing each layer's sharding."""
+    header = ("layer", "op", "output shape", "dtype", "params", "connected to")
+    if sharding is not None:
+        header += ("sharding",)
+    rows = list(_rows(graph, expand_nested, sharding=sharding))
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+
+    def fmt(row):
+        return "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+
+    rule = "-" * len(fmt(tuple("-" * w for w in widths)))
+    counts = count_params(graph).values()
+    trainable, state = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    param_dtype = np.dtype(param_dtype)
+    return "\n".join([
+        f'graph "{graph.name}"', rule, fmt(header), rule, *(fmt(r) for r in rows), rule,
+        f"trainable params: {trainable:,} ({_size(trainable, param_dtype)})",
+        f"non-trainable params: {state:,} ({_size(state, param_dtype)})",
+        f"inputs: {', '.join(f'{n} {graph.node(n).outputs[0]}' for n in graph.inputs)}",
+        f"outputs: {', '.join(str(graph.spec(v)) for v in graph.outputs)}",
+    ])
