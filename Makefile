@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup graphviz test demo bench docs clean
+.PHONY: setup graphviz lint test demo bench docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -25,7 +25,12 @@ graphviz:
 
 setup: $(STAMP) graphviz
 
-test: setup
+# ruff and mypy over mlaxgraph/ (settings in pyproject.toml), then the test suite.
+lint: $(STAMP)
+	$(PY) -m ruff check
+	$(PY) -m mypy
+
+test: setup lint
 	$(PY) -m pytest -q
 
 demo: setup

@@ -309,6 +309,6 @@ def _infer_unnamed(model, layers, every, by_name, example, dims) -> None:
                              f"{ins.type.split('{')[0]} named after {owner}")
                     break
             if match:
-                ops.append(dataclasses.replace(operation, inferred=match,
+                ops.append(dataclasses.replace(operation, inferred=match, owner=layer,
                                                layers=operation.layers + (layer,)))
                 break
