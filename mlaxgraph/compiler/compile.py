@@ -125,6 +125,21 @@ class CompiledModel:
         return save_hlo(self, directory, *example, params=params, state=state,
                         inference_mode=inference_mode, **dims)
 
+    def stack_weights(self, params: Any, state: Any = None) -> tuple[Any, Any]:
+        """``(params, state)`` in the graph's own layout (each block's weights under its
+        name, as ``mg.load`` gives them) -> this model's layout, where each scanned
+        run's weights are stacked under the scan's name. Any tree holding the layout
+        works (gradients, optimizer states); either argument may be None."""
+        from .stacking import stack_weights
+
+        return stack_weights(self.program, params, state)
+
+    def unstack_weights(self, params: Any, state: Any = None) -> tuple[Any, Any]:
+        """The inverse of ``stack_weights``: this model's layout -> the graph's own."""
+        from .stacking import unstack_weights
+
+        return unstack_weights(self.program, params, state)
+
     def summary(self, expand_nested: bool = False) -> str:
         """The summary of the compiled graph: the policy's casts show as layers, weight
         sizes are at the policy's ``param_dtype``; compiled with a mesh, a ``sharding``
@@ -171,7 +186,7 @@ def _check_overrides(graph: Graph, policy: Policy) -> None:
 
 
 def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
-            rules: Any = None) -> CompiledModel:
+            rules: Any = None, *, scan_blocks: bool = False) -> CompiledModel:
     """Runs the compiler's passes on ``graph`` and lowers it to a jitted init/apply.
 
     Args:
@@ -183,6 +198,11 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         creates the weights sharded and ``apply`` runs with matching shardings.
       rules: logical axis -> mesh axis (``{"batch": "data", "mlp": "model"}``); a
         logical axis without a rule is replicated. Needs ``mesh``.
+      scan_blocks: fold every run of two or more calls of equal blocks (each with its
+        own weights, each reading the previous one's output) into one ``scan`` node,
+        run by ``lax.scan`` over the blocks' stacked weights: the block is traced and
+        compiled once (docs/deep_models.md). ``init`` then gives the run's weights
+        stacked (the same values); ``stack_weights``/``unstack_weights`` convert.
 
     Raises:
       GraphError, ShapeError, DTypeError: for a graph the passes reject, naming the
@@ -197,7 +217,7 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         _check_overrides(graph, policy)
     if rules is not None and mesh is None:
         raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
-    compiled = run_passes(graph, default_passes(policy))
+    compiled = run_passes(graph, default_passes(policy, scan_blocks=bool(scan_blocks)))
     program = flatten(compiled)
     if mesh is None:
         return CompiledModel(compiled, graph, policy, program)

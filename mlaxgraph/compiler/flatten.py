@@ -5,7 +5,8 @@ its layers twice, under the two calls' paths, with the weights of the first); a
 block's inputs and outputs become plain references to the values around it. The
 specs of a block's layers are bound to the dims the block is called with, so a block
 built on ``(batch, height, width, 16)`` and called on ``(batch, 8, 8, 16)`` has steps
-of concrete spatial sizes.
+of concrete spatial sizes. A ``scan`` node (a run of equal blocks) is one step whose
+``body`` is the program of one block.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 from ..core.specs import TensorSpec, match_shape, substitute
 from ..ir.graph import Graph
 from ..ir.node import Node
+from ..ir.scan import Scan
 from .program import Program, Ref, Step
 
 __all__ = ["flatten"]
 
 
-def flatten(graph: Graph) -> Program:
-    """The program of a verified graph (``mlaxgraph.compiler.passes.verify``).
+def flatten(graph: Graph, prefix: tuple[str, ...] = ()) -> Program:
+    """The program of a verified graph (``mlaxgraph.compiler.passes.verify``); its
+    paths start with ``prefix`` (a scan's body is flattened under the scan's path).
 
     Example:
       >>> from mlaxgraph.examples import residual_cnn
@@ -32,24 +35,24 @@ def flatten(graph: Graph) -> Program:
     values: dict[str, tuple[Ref, ...]] = {}
     owned: set[tuple[str, ...]] = set()
 
-    def visit(g: Graph, prefix: tuple[str, ...], weights: tuple[str, ...],
+    def visit(g: Graph, at: tuple[str, ...], weights: tuple[str, ...],
               arguments: tuple[Ref, ...], bindings: dict) -> None:
         def bound(spec: TensorSpec) -> TensorSpec:
             return spec.with_shape(substitute(spec.shape, bindings)) if bindings else spec
 
+        local = "/".join(at)
         for node in g.nodes:
-            names = prefix + (node.name,)
+            names = at + (node.name,)
             path = "/".join(names)
             nodes[path] = node
             if node.name in g.inputs:
                 values[path] = (arguments[g.inputs.index(node.name)],)
                 continue
-            local = "/".join(prefix)
             inputs = tuple(values[f"{local}/{v.node}" if local else v.node][v.index]
                            for v in node.inputs)
             specs = tuple(bound(g.spec(v)) for v in node.inputs)
             inner = node.op.subgraph()
-            if inner is not None:
+            if inner is not None and not isinstance(node.op, Scan):
                 inner_bindings: dict = {}
                 for want, got in zip(inner.input_specs, specs):
                     match_shape(want.shape, got.shape, inner_bindings)
@@ -59,14 +62,19 @@ def flatten(graph: Graph) -> Program:
             owner = weights + (node.layer,)
             owns = owner not in owned
             owned.add(owner)
+            scan = isinstance(node.op, Scan)
             steps.append(Step(
                 path=path, node=node, graph=g, weights=owner, owns_weights=owns,
                 inputs=inputs, input_specs=specs,
                 output_specs=tuple(bound(s) for s in node.outputs),
-                rng_path=names if node.op.uses_rng() else (),
-                param_specs=node.op.param_specs(specs), state_specs=node.op.state_specs(specs)))
+                random=node.op.uses_rng(),
+                rng_path=(at if scan else names)[len(prefix):],  # keys are the body's own
+                param_specs=node.op.param_specs(specs), state_specs=node.op.state_specs(specs),
+                body=flatten(node.op.graph, names) if scan else None))
             values[path] = tuple((path, i) for i in range(len(node.outputs)))
 
-    visit(graph, (), (), tuple((name, 0) for name in graph.inputs), {})
-    outputs = tuple(values[v.node][v.index] for v in graph.outputs)
-    return Program(graph, graph.inputs, tuple(steps), outputs, nodes, values)
+    inputs = tuple("/".join(prefix + (name,)) for name in graph.inputs)
+    visit(graph, prefix, (), tuple((path, 0) for path in inputs), {})
+    local = "/".join(prefix)
+    outputs = tuple(values[f"{local}/{v.node}" if local else v.node][v.index] for v in graph.outputs)
+    return Program(graph, inputs, tuple(steps), outputs, nodes, values)

@@ -15,11 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..core.errors import DTypeError, GraphError, ShapeError, node_message
 from ..core.scopes import scope_name
-from ..core.specs import bind_dims, flatten_specs, is_symbolic
+from ..core.specs import bind_dims, flatten_specs, is_symbolic, match_shape
 from ..ir.printer import context_lines
 from .program import Program, Step, get_in, salt, set_in
 
@@ -107,6 +108,41 @@ def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | Non
                                           context=context_lines(step.graph, node.name)))
 
 
+def _run_scan(step: Step, params: Any, state: Any, args: list, key: jax.Array | None,
+              inference_mode: bool) -> tuple[tuple, Any]:
+    """A run of equal blocks: ``lax.scan`` of one block's program over the blocks'
+    stacked weights (and, in training, one key per block: the key the block would
+    have had, ``key`` folded with its name)."""
+    body = step.body
+    names = step.op.names  # type: ignore[attr-defined]
+    keys = None
+    if key is not None:
+        salts = jnp.asarray([salt(name) for name in names], jnp.uint32)
+        keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(salts)
+    (x,) = args
+    bindings = _bindings(body, x)
+
+    def one_block(carry, per_block):
+        p, s, k = per_block
+        outs, new_state = run(body, p, s, (carry,), rng=k, inference_mode=inference_mode,
+                              bindings=bindings)
+        return outs[0], new_state
+
+    # Every block's scope is the body's: jax.named_scope inside the scan names the
+    # body's layers (``b0..b31/attention``) in the jaxpr and the HLO.
+    out, new_state = jax.lax.scan(one_block, x, (params, state, keys))
+    return (out,), new_state
+
+
+def _bindings(program: Program, x: Any) -> dict | None:
+    bindings: dict = {}
+    if not match_shape(program.input_specs[0].shape, x.shape, bindings):
+        return None
+    if any(not isinstance(v, (int, np.integer)) for v in bindings.values()):
+        return None
+    return bindings
+
+
 def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
         rng: jax.Array | None, inference_mode: bool, bindings: Mapping[str, int] | None,
         hook: Hook | None = None) -> tuple[tuple, dict]:
@@ -131,8 +167,11 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
         p = _weights(step, params, "params")
         s = _weights(step, new_state, "state")
         with jax.named_scope(scope_name(step.path)):
-            key = step_key(rng, step.rng_path) if step.rng_path and rng is not None else None
-            outs, s2 = step.op.apply(p, s, args, rng=key, inference_mode=inference_mode)
+            key = step_key(rng, step.rng_path) if step.random and rng is not None else None
+            if step.body is not None:
+                outs, s2 = _run_scan(step, p, s, args, key, inference_mode)
+            else:
+                outs, s2 = step.op.apply(p, s, args, rng=key, inference_mode=inference_mode)
             outs = tuple(outs)
             _check_outputs(step, outs, bindings)
             if hook is not None:

@@ -11,10 +11,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..core.errors import DTypeError, GraphError, ShapeError, node_message
-from ..core.specs import TensorSpec, init_specs, match_shape
+from ..core.specs import TensorSpec, flatten_specs, match_shape
 from .interpreter import run, step_key
 from .program import Program, salt, set_in
 
@@ -28,26 +29,66 @@ def make_init(program: Program, param_dtype: Any,
               sharding: ShardingPlan | None = None) -> Callable[[jax.Array], tuple[dict, dict]]:
     """A pure ``init(key) -> (params, state)``: each weight from its own key, derived
     from ``key`` by the names of its layer's path and its own (so adding a layer does
-    not change the others' initial values)."""
-    owners = tuple(program.owners())
+    not change the others' initial values).
+
+    Weights of one shape and initializer are drawn together, in one call vmapped over
+    their keys (the same values as one call each), and a scan's blocks in one call
+    vmapped over the blocks: what XLA compiles grows with the kinds of weights, not
+    with their number."""
 
     def init(key: jax.Array) -> tuple[dict, dict]:
-        params: dict = {}
-        state: dict = {}
-        for step in owners:
-            layer_key = step_key(key, step.weights)
-            if step.param_specs:
-                params = set_in(params, step.weights,
-                                init_specs(step.param_specs, layer_key, param_dtype, salt))
-            if step.state_specs:
-                state = set_in(state, step.weights,
-                               init_specs(step.state_specs, layer_key, param_dtype,
-                                          lambda path: salt("state/" + path)))
+        params, state = _init_program(program, key, np.dtype(param_dtype))
         if sharding is not None:
             params, state = sharding.constrain_weights(params, state)
         return params, state
 
     return init
+
+
+def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[dict, dict]:
+    # (tree, step weights, weight path, salt of the path, spec) of every weight, then
+    # drawn by groups of one initializer and shape.
+    leaves = []
+    trees: dict[str, dict] = {"params": {}, "state": {}}
+    for step in program.owners():
+        if step.body is not None:
+            base = step_key(key, step.weights[:-1])
+            salts = jnp.asarray([salt(name) for name in step.op.names], jnp.uint32)  # type: ignore[attr-defined]
+            p, s = jax.vmap(lambda one, body=step.body, base=base: _init_program(
+                body, jax.random.fold_in(base, one), dtype))(salts)
+            if p:
+                trees["params"] = set_in(trees["params"], step.weights, p)
+            if s:
+                trees["state"] = set_in(trees["state"], step.weights, s)
+            continue
+        for which, specs, prefix in (("params", step.param_specs, ""),
+                                     ("state", step.state_specs, "state/")):
+            for path, spec in flatten_specs(specs):
+                leaves.append((which, step.weights, path, salt(prefix + path), spec))
+                # The tree's order is the layers' (the values come by groups).
+                trees[which] = set_in(trees[which], step.weights + tuple(path.split("/")), None)
+    groups: dict = {}
+    for leaf in leaves:
+        spec = leaf[4]
+        groups.setdefault((spec.init, tuple(spec.shape), len(leaf[1])), []).append(leaf)
+    for (initializer, shape, _), members in groups.items():
+        # One key per weight: ``key`` folded with its layer path's names and its own.
+        chains = jnp.asarray([[salt(n) for n in weights] + [path_salt]
+                              for _, weights, _, path_salt, _ in members], jnp.uint32)
+        keys = jax.vmap(lambda chain: _fold_all(key, chain))(chains)
+        if len(members) == 1:
+            values = initializer(keys[0], shape, dtype)[None]
+        else:
+            values = jax.vmap(lambda k, init=initializer, shape=shape: init(k, shape, dtype))(keys)
+        for i, (which, weights, path, _, _) in enumerate(members):
+            trees[which] = set_in(trees[which], weights + tuple(path.split("/")), values[i])
+    return trees["params"], trees["state"]
+
+
+def _fold_all(key: jax.Array, salts: jax.Array) -> jax.Array:
+    for i in range(salts.shape[0]):
+        key = jax.random.fold_in(key, salts[i])
+    return key
 
 
 def make_apply(program: Program, sharding: ShardingPlan | None = None) -> Callable:

@@ -55,9 +55,12 @@ class Step:
       inputs: the refs of the values it reads.
       input_specs, output_specs: its specs with the symbolic dims of nested blocks
         bound to those of the graph being compiled.
-      rng_path: the names folded into the apply key for it (its path's names), or
-        ``()`` when it needs no key.
+      random: whether it needs a key in training.
+      rng_path: the names folded into the apply key for it (its path's names; for a
+        scan, its parent's, each block then folding in its own name).
       param_specs, state_specs: its weights, as its op declares them.
+      body: for a scan (a run of equal blocks), the program of one block, run by
+        ``lax.scan`` once per block; None for other steps.
     """
 
     path: str
@@ -68,9 +71,11 @@ class Step:
     inputs: tuple[Ref, ...]
     input_specs: tuple[TensorSpec, ...]
     output_specs: tuple[TensorSpec, ...]
+    random: bool
     rng_path: tuple[str, ...]
     param_specs: Mapping[str, Any]
     state_specs: Mapping[str, Any]
+    body: Program | None = None
 
     @property
     def op(self) -> Layer:
@@ -91,7 +96,8 @@ class Program:
 
     Attributes:
       graph: the graph it was flattened from.
-      inputs: the graph's input names; input ``name`` is the ref ``(name, 0)``.
+      inputs: the paths of the graph's inputs (their names, for the graph being
+        compiled); input ``path`` is the ref ``(path, 0)``.
       steps: the layer calls, in an order that respects their data dependencies.
       outputs: the refs of the graph's outputs.
       nodes: path -> node of every node at every level (inputs and blocks included),
@@ -120,7 +126,7 @@ class Program:
 
     def random_paths(self) -> list[str]:
         """Paths of the steps that need an rng in training."""
-        return [s.path for s in self.steps if s.rng_path]
+        return [s.path for s in self.steps if s.random]
 
     def weight_tree(self, which: str, leaf: Callable[[Step, str, ParamSpec], Any]) -> dict:
         """A tree shaped as ``init``'s params (``which="params"``) or state

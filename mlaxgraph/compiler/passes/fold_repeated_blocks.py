@@ -1,0 +1,119 @@
+"""fold_repeated_blocks: runs of equal blocks become one ``scan`` node."""
+
+from __future__ import annotations
+
+from ...ir.block import Block
+from ...ir.graph import Graph
+from ...ir.node import Node, Value
+from ...ir.scan import Scan
+
+__all__ = ["fold_repeated_blocks", "unfold_scans"]
+
+
+def _foldable(node: Node, graph: Graph, sharers: set[str]) -> bool:
+    """A block call with weights of its own (not shared, not sharing), one input and
+    one output of the same spec (so its output can feed the next one)."""
+    op = node.op
+    if type(op) is not Block or node.shares_weights or node.name in sharers:
+        return False
+    inner = op.graph
+    return (len(node.inputs) == 1 and len(node.outputs) == 1 and len(inner.inputs) == 1
+            and len(inner.outputs) == 1 and graph.spec(node.inputs[0]) == node.outputs[0])
+
+
+def fold_repeated_blocks(graph: Graph) -> Graph:
+    """Requires: a verified graph. Ensures: every run of two or more calls of equal
+    blocks (equal graphs, each with its own weights), each call reading the previous
+    one's output and nothing else reading it, is one ``scan`` node named
+    ``first..last`` at the place of the run's last call; the same inside blocks. Other
+    nodes are left as they are.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import examples
+      >>> block = examples.transformer_block(length=4, width=8, heads=2, mlp=16)
+      >>> x = mg.Input(("batch", 4, 8), name="x")
+      >>> h = block.as_block("b0")(x)
+      >>> h = block.as_block("b1")(h)
+      >>> folded = fold_repeated_blocks(mg.Graph(x, block.as_block("b2")(h)))
+      >>> [(n.name, n.op.op_name) for n in folded.nodes]
+      [('x', 'input'), ('b0..b2', 'scan')]
+    """
+    nodes = [_fold_inside(node) for node in graph.nodes]
+    sharers = {node.layer for node in nodes if node.shares_weights}
+    readers: dict[str, list[str]] = {}
+    for node in nodes:
+        for v in node.inputs:
+            readers.setdefault(v.node, []).append(node.name)
+    outputs = {v.node for v in graph.outputs}
+    by_name = {node.name: node for node in nodes}
+    successor: dict[str, str] = {}
+    for node in nodes:
+        if not _foldable(node, graph, sharers):
+            continue
+        previous = by_name[node.inputs[0].node]
+        if (_foldable(previous, graph, sharers) and previous.op.graph == node.op.graph
+                and node.inputs[0] == Value(previous.name, 0)
+                and readers.get(previous.name) == [node.name] and previous.name not in outputs):
+            successor[previous.name] = node.name
+    if not successor:
+        return graph if all(a is b for a, b in zip(nodes, graph.nodes)) else graph.replace(nodes=nodes)
+    starts = [name for name in successor if name not in successor.values()]
+    runs: dict[str, list[str]] = {}  # last member -> the run
+    members: set[str] = set()
+    for start in starts:
+        run = [start]
+        while run[-1] in successor:
+            run.append(successor[run[-1]])
+        runs[run[-1]] = run
+        members.update(run)
+    renamed: dict[Value, Value] = {}
+    folded = []
+    for node in nodes:
+        node = node.replace(inputs=tuple(renamed.get(v, v) for v in node.inputs))
+        if node.name not in members:
+            folded.append(node)
+            continue
+        if node.name not in runs:
+            continue
+        run = [by_name[name] for name in runs[node.name]]
+        first = run[0]
+        name = f"{first.name}..{run[-1].name}"
+        scan = Scan(first.op.graph, tuple(n.name for n in run), name=name)
+        inputs = tuple(renamed.get(v, v) for v in first.inputs)
+        folded.append(Node(name, scan, inputs, node.outputs, name, first.source))
+        renamed[Value(node.name, 0)] = Value(name, 0)
+    outputs_after = tuple(renamed.get(v, v) for v in graph.outputs)
+    return graph.replace(nodes=tuple(folded), outputs=outputs_after)
+
+
+def _fold_inside(node: Node) -> Node:
+    inner = node.op.subgraph()
+    if inner is None:
+        return node
+    op = node.op.with_subgraph(fold_repeated_blocks(inner))
+    return node if op is node.op else node.replace(op=op)
+
+
+def unfold_scans(graph: Graph) -> Graph:
+    """The inverse: every ``scan`` node back to the calls of its blocks, as the graph
+    had them (``mg.save`` writes graphs this way, so files do not depend on compile
+    options)."""
+    nodes: list[Node] = []
+    renamed: dict[Value, Value] = {}
+    for node in graph.nodes:
+        node = node.replace(inputs=tuple(renamed.get(v, v) for v in node.inputs))
+        inner = node.op.subgraph()
+        if inner is not None:
+            op = node.op.with_subgraph(unfold_scans(inner))
+            node = node if op is node.op else node.replace(op=op)
+        if not isinstance(node.op, Scan):
+            nodes.append(node)
+            continue
+        value = node.inputs[0]
+        for name in node.op.names:
+            nodes.append(Node(name, Block(node.op.graph, name=name), (value,), node.outputs, name,
+                              node.source))
+            value = Value(name, 0)
+        renamed[Value(node.name, 0)] = value
+    return graph.replace(nodes=tuple(nodes), outputs=tuple(renamed.get(v, v) for v in graph.outputs))

@@ -1,0 +1,118 @@
+"""Stacked weights: a scanned run's blocks' weights on one leading axis, and back.
+
+A graph's own layout keeps each block's weights under its name
+(``params["block0"]``, ``params["block1"]``, ...); a model compiled with
+``scan_blocks=True`` keeps the run's weights stacked under the scan's name
+(``params["block0..block31"]``, each weight with a leading axis of 32). These
+functions convert any tree holding that layout: params, state, gradients, and the
+optimizer states that mirror them (Adam's moments are found wherever they are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ..core.errors import GraphError
+from .program import Program, Step, get_in, set_in
+
+__all__ = ["stack_weights", "unstack_weights"]
+
+
+def _scans(program: Program) -> list[Step]:
+    return [s for s in program.steps if s.body is not None and s.owns_weights]
+
+
+def _names(step: Step) -> tuple[str, ...]:
+    return step.op.names  # type: ignore[attr-defined]
+
+
+def _has(tree: Mapping, keys: tuple[str, ...]) -> bool:
+    try:
+        get_in(tree, keys)
+    except (KeyError, TypeError):
+        return False
+    return True
+
+
+def _holds_blocks(tree: Any, step: Step) -> bool:
+    parent = step.weights[:-1]
+    return isinstance(tree, Mapping) and all(_has(tree, parent + (n,)) for n in _names(step))
+
+
+def _holds_stack(tree: Any, step: Step) -> bool:
+    return isinstance(tree, Mapping) and _has(tree, step.weights)
+
+
+def _replace(tree: Mapping, parent: tuple[str, ...], remove: tuple[str, ...], name: str,
+             value: Any) -> dict:
+    """``tree`` with the entries ``remove`` of the dict at ``parent`` replaced by one
+    entry ``name``, put where the first of them was."""
+    level = get_in(tree, parent) if parent else tree
+    out: dict = {}
+    for key, entry in level.items():
+        if key == remove[0]:
+            out[name] = value
+        elif key not in remove:
+            out[key] = entry
+    return set_in(tree, parent, out) if parent else out
+
+
+def _stack_one(tree: Mapping, step: Step) -> dict:
+    parent, names = step.weights[:-1], _names(step)
+    blocks = [get_in(tree, parent + (n,)) for n in names]
+    shapes = {jax.tree.structure(b) for b in blocks}
+    if len(shapes) != 1:
+        raise GraphError(f"the weights of {', '.join(names)} differ in structure and cannot be "
+                         f"stacked for {step.path}")
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
+    return _replace(tree, parent, names, step.weights[-1], stacked)
+
+
+def _unstack_one(tree: Mapping, step: Step) -> dict:
+    parent, names = step.weights[:-1], _names(step)
+    stacked = get_in(tree, step.weights)
+    level = get_in(tree, parent) if parent else tree
+    out: dict = {}
+    for key, entry in level.items():
+        if key == step.weights[-1]:
+            for i, name in enumerate(names):
+                out[name] = jax.tree.map(lambda x, i=i: x[i], stacked)
+        else:
+            out[key] = entry
+    return set_in(tree, parent, out) if parent else out
+
+
+def _convert(program: Program, trees: tuple, holds, convert) -> tuple:
+    scans = _scans(program)
+    if not scans:
+        return trees
+
+    def is_root(x: Any) -> bool:
+        return any(holds(x, step) for step in scans)
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, Mapping):
+            return x
+        for step in scans:
+            if holds(x, step):
+                x = convert(x, step)
+        return x
+
+    return tuple(None if t is None else jax.tree.map(one, t, is_leaf=is_root) for t in trees)
+
+
+def stack_weights(program: Program, params: Any, state: Any = None) -> tuple[Any, Any]:
+    """``(params, state)`` in the graph's own layout -> the scanned layout (either may
+    be None, or any tree holding that layout: gradients, optimizer states)."""
+    params, state = _convert(program, (params, state), _holds_blocks, _stack_one)
+    return params, state
+
+
+def unstack_weights(program: Program, params: Any, state: Any = None) -> tuple[Any, Any]:
+    """``(params, state)`` in the scanned layout -> the graph's own layout."""
+    params, state = _convert(program, (params, state), _holds_stack, _unstack_one)
+    return params, state

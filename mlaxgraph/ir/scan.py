@@ -1,0 +1,81 @@
+"""Scan: a run of equal blocks, each one's output the next one's input, as one node.
+
+``mg.compile(graph, scan_blocks=True)`` folds such a run (``block0`` ... ``block31``
+calling one graph, each with its own weights) into a ``scan`` node; the compiler runs
+it with ``jax.lax.scan`` over the blocks' weights stacked on a leading axis, so the
+block is traced and compiled once, not once per block. The node keeps the blocks'
+names: its weights are theirs, stacked in that order, and ``init`` draws them with
+the keys the blocks would have had.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..core.registry import register
+from ..core.specs import ParamSpec
+from .block import Block
+from .graph import Graph
+from .op import field
+
+__all__ = ["Scan", "LAYERS_AXIS"]
+
+#: The logical axis name of the stacked axis of a scan's weights (replicated unless a
+#: sharding rule maps it).
+LAYERS_AXIS = "layers"
+
+
+def _names(value: Any, layer: Any) -> tuple[str, ...]:
+    names = tuple(value) if isinstance(value, (tuple, list)) else ()
+    if len(names) < 2 or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        layer.invalid(f"names must be two or more distinct block names, got {value!r}")
+    return names
+
+
+def _stacked(specs: Any, length: int) -> Any:
+    """ParamSpecs with a leading axis of ``length`` (the stacked blocks), named
+    ``layers``. Their values are drawn per block (the compiler's init), so the
+    initializer is the block's, applied to one block's shape."""
+    if isinstance(specs, ParamSpec):
+        axes = None if specs.axes is None else (LAYERS_AXIS, *specs.axes)
+        if axes is None:
+            axes = (LAYERS_AXIS,) + (None,) * len(specs.shape)
+        return ParamSpec((length, *specs.shape), specs.init, axes)
+    return {name: _stacked(spec, length) for name, spec in specs.items()}
+
+
+@register("scan")
+@dataclasses.dataclass(frozen=True)
+class Scan(Block):
+    """``graph`` run once per name in ``names``, each run on the previous one's output,
+    with the weights of the block of that name (stacked on a leading axis)."""
+
+    names: tuple[str, ...] = field(default=(), converter=_names)
+
+    @property
+    def default_name(self) -> str:
+        return f"{self.names[0]}..{self.names[-1]}"
+
+    @property
+    def length(self) -> int:
+        return len(self.names)
+
+    def with_subgraph(self, graph: Graph) -> Scan:
+        return self if graph is self.graph else Scan(graph, self.names, name=self.name)
+
+    def param_specs(self, inputs):
+        """The block's weights, each with a leading axis of one entry per block."""
+        return _stacked(super().param_specs(inputs), self.length)
+
+    def state_specs(self, inputs):
+        return _stacked(super().state_specs(inputs), self.length)
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        once = super().flops(inputs, outputs, param_dtype=param_dtype, inference_mode=inference_mode)
+        return None if once is None else once * self.length
+
+    def backward_flops(self, inputs, outputs, forward, *, input_gradients=True):
+        if forward is None:
+            return None
+        return (forward if input_gradients else 0) + (forward if self.param_specs(inputs) else 0)
