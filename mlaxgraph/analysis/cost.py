@@ -191,7 +191,8 @@ def _count(value) -> str:
     return "-" if value is None else f"{value:,}"
 
 
-def _bytes(value: int) -> str:
+def _bytes(count: int) -> str:
+    value: float = count
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":
             return f"{value:,} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
@@ -199,11 +200,13 @@ def _bytes(value: int) -> str:
     return ""
 
 
-def _evaluate(value, dims: Mapping[str, int]) -> int | None:
-    if value is None:
-        return None
+def _evaluate(value: Dim, dims: Mapping[str, int]) -> int:
     (result,) = bind_dims((value,), dims)
     return int(result)
+
+
+def _evaluate_optional(value: Dim | None, dims: Mapping[str, int]) -> int | None:
+    return None if value is None else _evaluate(value, dims)
 
 
 # --- the layer calls ----------------------------------------------------------------
@@ -312,7 +315,8 @@ def cost_table(model, *example: Any, inference_mode: bool = False, xla: bool = T
             step.input_specs, step.output_specs, forward, input_gradients=flows[step.path])
         activations = _sum(size(o) * o.dtype.itemsize for o in step.output_specs)
         row = LayerCost(step.path, op.op_name, trainable, nontrainable, forward, training,
-                        activations, _evaluate(forward, bindings), _evaluate(training, bindings),
+                        activations, _evaluate_optional(forward, bindings),
+                        _evaluate_optional(training, bindings),
                         _evaluate(activations, bindings))
         if xla:
             caveat = op.xla_cost_caveat(inference_mode)

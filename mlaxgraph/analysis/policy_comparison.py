@@ -114,7 +114,7 @@ def _label(policy: Any) -> tuple[str, Policy]:
     raise DTypeError(f"a policy must be an mg.Policy or a name, got {type(policy).__name__}")
 
 
-def compare_policies(graph, policies: Sequence[Any], *example: Any,
+def compare_policies(graph, policies: Sequence[Any] | Mapping[str, Any], *example: Any,
                      inference_mode: bool = False, **dims: int) -> PolicyComparison:
     """Compiles ``graph`` under each policy and counts the converts, dots, convolutions
     and fusions of its StableHLO and XLA's optimized HLO.
@@ -149,8 +149,10 @@ def compare_policies(graph, policies: Sequence[Any], *example: Any,
     for label, policy in pairs:
         model = compile(graph, policy)
         at = dim_values(model, example, dims)
-        stablehlo[label] = model.hlo(*example, inference_mode=inference_mode, debug_info=False, **dims)
-        optimized[label] = model.hlo(*example, optimized=True, inference_mode=inference_mode, **dims)
+        stablehlo[label] = model.hlo(*example, optimized=False, inference_mode=inference_mode,
+                                     debug_info=False, **dims)
+        optimized[label] = model.hlo(*example, optimized=True, inference_mode=inference_mode,
+                                     debug_info=True, **dims)
         counts[label] = {"stablehlo": count_stablehlo(stablehlo[label]),
                          "optimized": count_optimized_hlo(optimized[label])}
     return PolicyComparison(graph.name, at, labels, tuple(p for _, p in pairs),

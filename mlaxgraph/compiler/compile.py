@@ -58,10 +58,10 @@ class CompiledModel:
         self.sharding = sharding  # a distributed.plan.ShardingPlan, or None without a mesh
         self.init_fn = make_init(program, (policy or Policy()).param_dtype, sharding)
         self.apply_fn = make_apply(program, sharding)
-        created_sharded = {}
-        if sharding is not None:  # init creates each weight on its devices
-            created_sharded = {"out_shardings": (sharding.params, sharding.state)}
-        self.init = jax.jit(self.init_fn, **created_sharded)
+        if sharding is None:
+            self.init = jax.jit(self.init_fn)
+        else:  # init creates each weight on its devices
+            self.init = jax.jit(self.init_fn, out_shardings=(sharding.params, sharding.state))
         self.apply = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
 
     # Inspection is in inspect.py; these are its user-facing entry points.

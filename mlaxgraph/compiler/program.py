@@ -15,6 +15,7 @@ reads and of its inner layers' outputs (``Program.values``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -136,7 +137,7 @@ class Program:
             specs = step.param_specs if which == "params" else step.state_specs
             if specs:
                 tree = set_in(tree, step.weights,
-                              _map_specs(specs, lambda p, s, step=step: leaf(step, p, s)))
+                              _map_specs(specs, functools.partial(leaf, step)))
         return tree
 
 

@@ -12,6 +12,7 @@ import linecache
 import os
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 __all__ = [
     "MlaxGraphError",
@@ -89,7 +90,7 @@ def _internal(code) -> bool:
 
 def capture_source() -> SourceInfo | None:
     """The innermost caller frame outside mlaxgraph itself."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and _internal(frame.f_code):
         frame = frame.f_back
     if frame is None:

@@ -4,15 +4,18 @@ so no file can make mlaxgraph import or run code."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from .errors import GraphError
 
+if TYPE_CHECKING:
+    from ..ir.op import Layer
+
 __all__ = ["register", "lookup", "registered_ops"]
 
-_REGISTRY: dict[str, type] = {}
+_REGISTRY: dict[str, type[Layer]] = {}
 
-T = TypeVar("T", bound=type)
+T = TypeVar("T", bound="type[Layer]")
 
 
 def register(op_name: str) -> Callable[[T], T]:
@@ -43,7 +46,7 @@ def register(op_name: str) -> Callable[[T], T]:
     return decorate
 
 
-def lookup(op_name: str) -> type:
+def lookup(op_name: str) -> type[Layer]:
     """The Layer class registered as ``op_name``; ``GraphError`` when there is none."""
     try:
         return _REGISTRY[op_name]
@@ -52,5 +55,5 @@ def lookup(op_name: str) -> type:
                          f"{', '.join(sorted(_REGISTRY))}") from None
 
 
-def registered_ops() -> dict[str, type]:
+def registered_ops() -> dict[str, type[Layer]]:
     return dict(sorted(_REGISTRY.items()))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import numpy as np
@@ -26,7 +26,10 @@ __all__ = ["Dim", "TensorSpec", "ParamSpec", "Initializer", "flatten_specs", "sp
 #: The one symbolic scope of every mlaxgraph dim.
 SCOPE = export.SymbolicScope()
 
-Dim = int | Any  # an int or a jax.export symbolic dimension expression
+# An int or a jax.export symbolic dimension expression. The expressions have no public
+# type (their class is private to jax), and ints and expressions are mixed freely in
+# arithmetic, so the alias is ``Any``; ``is_symbolic`` tells the two apart at run time.
+Dim: TypeAlias = Any
 
 _SHORT_DTYPES = {
     "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",

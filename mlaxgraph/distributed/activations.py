@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..core.axes import input_axes
 from ..core.errors import MlaxGraphError, ShardingError, node_message
+from ..ir.graph import InputLayer
 
 if TYPE_CHECKING:
     from ..compiler.program import Program
@@ -27,7 +28,9 @@ def propagate(program: Program) -> dict[str, tuple]:
     axes: dict = {}
     for name in program.inputs:
         node = program.graph.node(name)
-        axes[(name, 0)] = input_axes(node.outputs[0], node.op.axes)
+        op = node.op
+        assert isinstance(op, InputLayer)  # a graph's inputs are input ops (verified)
+        axes[(name, 0)] = input_axes(node.outputs[0], op.axes)
     for step in program.steps:
         node = step.node
         args = tuple(axes[ref] for ref in step.inputs)

@@ -225,7 +225,7 @@ def plan_sharding(program: Program, mesh: Any, rules: Mapping[str, Any] | None =
     activations = {}
     for path, axes in propagate(program).items():
         node = nodes[path]
-        specs = []
+        out_specs = []
         for index, (spec_axes, out) in enumerate(zip(axes, node.outputs)):
             try:
                 spec = partition_spec(out.shape, spec_axes, rules, mesh)
@@ -234,8 +234,8 @@ def plan_sharding(program: Program, mesh: Any, rules: Mapping[str, Any] | None =
                                          f"logical axes come from its inputs and weights "
                                          f"(ops.constrain sets them)", expected=e.expected),
                      got=f"{out} with logical axes {axes_str(spec_axes)}")
-            specs.append(None if all(e is P.UNCONSTRAINED for e in spec) else spec)
-        activations[path] = tuple(specs) if any(s is not None for s in specs) else None
+            out_specs.append(None if all(e is P.UNCONSTRAINED for e in spec) else spec)
+        activations[path] = tuple(out_specs) if any(s is not None for s in out_specs) else None
     for name, targets in rules.items():
         missing = [m for m in targets if m not in mesh.shape]
         if missing:

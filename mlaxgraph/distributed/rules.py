@@ -94,7 +94,9 @@ def partition_spec(shape, axes, rules, mesh: Mesh) -> P:
     """The PartitionSpec of an array with these logical axes. Raises a short
     ShardingError (the caller names the layer) for a rule naming a mesh axis the mesh
     lacks or a concrete dim its mesh axes do not divide."""
-    entries, used = [], set()
+    # PartitionSpec entries: None, P.UNCONSTRAINED, a mesh axis name or a tuple of them.
+    entries: list[Any] = []
+    used: set[str] = set()
     for i, (size, name) in enumerate(zip(shape, axes)):
         if name is UNKNOWN:
             entries.append(P.UNCONSTRAINED)

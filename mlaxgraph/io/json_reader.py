@@ -95,7 +95,7 @@ class Reader:
         outputs = tuple(_spec(s, f"{where}.outputs[{i}]") for i, s in enumerate(raw_outputs))
         return Node(name, op, inputs, outputs, layer, _source(data["source"], f"{where}.source"))
 
-    def op(self, cls: type, attrs: dict, layer: str, where: str, depth: int) -> Layer:
+    def op(self, cls: type[Layer], attrs: dict, layer: str, where: str, depth: int) -> Layer:
         fields = {f.name: f for f in dataclasses.fields(cls) if f.compare}
         for key in attrs:
             if key not in fields:
@@ -229,7 +229,7 @@ def _matches(value: Any, hint: Any) -> bool:
 
 
 def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) if isinstance(hint, type) else str(hint).replace("typing.", "")
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 # --- field readers ---------------------------------------------------------------------

@@ -17,11 +17,14 @@ import secrets
 import stat
 import struct
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
 from ..core.errors import SerializationError
+
+if TYPE_CHECKING:
+    from safetensors import safe_open
 
 __all__ = ["SAFETENSORS_DTYPES", "flatten_tree", "rebuild_tree", "write_atomic",
            "write_safetensors", "SafetensorsReader"]
@@ -75,7 +78,7 @@ def rebuild_tree(template: Mapping, prefix: str, leaf: Callable[[str], Any]) -> 
 # --- writing --------------------------------------------------------------------------
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
     """Writes a file so that ``path`` holds either its old content or the complete new
     one, whenever the process or the machine stops.
 
@@ -187,8 +190,10 @@ class SafetensorsReader:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        self._handle = None
-        self._file = None
+        self._file: safe_open | None = None
+        # What ``safe_open.__enter__`` returns, set by ``__enter__``; safetensors' stubs
+        # leave that method's return type out.
+        self._handle: Any = None
 
     def __enter__(self) -> SafetensorsReader:
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from ..core.specs import Dim, TensorSpec, as_dtype
 from .builder import Call, SymbolicTensor, trace_graph
 from .node import Node, Value
 from .op import Layer, field
+
+if TYPE_CHECKING:
+    from .block import Block
 
 __all__ = ["Graph", "Input", "InputLayer"]
 
@@ -59,8 +62,11 @@ def Input(shape: Sequence[Any], dtype: Any = "float32", *, name: str | None = No
       >>> mg.Input(("batch", 784), name="pixels")
       SymbolicTensor(f32[batch,784], from 'pixels')
     """
-    layer = InputLayer(tuple(shape) if not isinstance(shape, (str, int)) else shape,
-                       dtype, None if axes is None else tuple(axes), name=name)
+    # Fields' converters take raw values (a bare name or int reaches the shape converter,
+    # which rejects it with a ShapeError); mypy types a dataclass's __init__ with the
+    # converted forms, so the raw shape goes in as Any.
+    raw_shape: Any = tuple(shape) if not isinstance(shape, (str, int)) else shape
+    layer = InputLayer(raw_shape, dtype, None if axes is None else tuple(axes), name=name)
     call = Call(layer, (), (TensorSpec(layer.shape, layer.dtype),), capture_source())
     return SymbolicTensor(call.outputs[0], call, 0)
 
@@ -88,6 +94,15 @@ class Graph:
     """
 
     __slots__ = ("_nodes", "_inputs", "_outputs", "_name", "_index", "_hash", "_block")
+    # The slots, set once by _set (through object.__setattr__: the graph is immutable)
+    # except the two caches, filled on first use.
+    _nodes: tuple[Node, ...]
+    _inputs: tuple[str, ...]
+    _outputs: tuple[Value, ...]
+    _name: str
+    _index: dict[str, Node]
+    _hash: int | None
+    _block: Block | None
 
     def __init__(self, inputs: Any, outputs: Any, name: str = "graph"):
         if not isinstance(name, str) or not name:
@@ -206,9 +221,11 @@ class Graph:
         return hash(self) == hash(other) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        if self._hash is None:
-            object.__setattr__(self, "_hash", hash(self._key()))
-        return self._hash
+        value = self._hash
+        if value is None:
+            value = hash(self._key())
+            object.__setattr__(self, "_hash", value)
+        return value
 
     def __reduce__(self):
         return (Graph.from_parts, (self._nodes, self._inputs, self._outputs, self._name))
@@ -223,9 +240,11 @@ class Graph:
         """
         from .block import Block
 
-        if self._block is None:
-            object.__setattr__(self, "_block", Block(self))
-        return self._block(*inputs)
+        block = self._block
+        if block is None:
+            block = Block(self)
+            object.__setattr__(self, "_block", block)
+        return block(*inputs)
 
     def as_block(self, name: str | None = None):
         """A new block layer running this graph, with its own weights and ``name``."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 import jax
 
@@ -44,8 +44,12 @@ __all__ = ["Layer", "field", "Converter"]
 #: order the fields are declared, so one may read a field converted before it.
 Converter = Callable[[Any, "Layer"], Any]
 
+# The class declaring the field: its converter gets an instance of it, so a converter may
+# read that class's fields (``Conv``'s data_format converter reads ``kernel_size``).
+_L = TypeVar("_L", bound="Layer")
 
-def field(*, converter: Converter, **kwargs: Any) -> Any:
+
+def field(*, converter: Callable[[Any, _L], Any], **kwargs: Any) -> Any:
     """A hyperparameter normalized by ``converter`` when the layer is made (as
     Equinox's field converters), so the field holds, and its annotation says, one form:
     ``kernel_size: tuple[int, ...] = field(converter=...)`` takes ``3`` or ``[3, 3]``

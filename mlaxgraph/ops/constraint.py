@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ..core.axes import as_axes
 from ..core.errors import MlaxGraphError, ShapeError, ShardingError
@@ -12,7 +13,7 @@ from .base import Layer, expect_count, field
 __all__ = ["Constrain", "constrain"]
 
 
-def _axes(value, layer) -> tuple[str | None, ...]:
+def _axes(value: Any, layer: Layer) -> tuple[str | None, ...]:
     try:
         axes = as_axes(value, "axes")
     except MlaxGraphError as e:

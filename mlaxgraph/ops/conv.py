@@ -50,7 +50,7 @@ def window_output_size(size, window: int, stride: int, padding, dilation: int = 
     return ((padded - effective) // stride + 1).max(0)
 
 
-def _data_format(value: Any, layer: Layer) -> str:
+def _data_format(value: Any, layer: Conv) -> str:
     """``NHWC``/``channels_last`` or ``NCHW``/``channels_first``, in the form for the
     layer's number of spatial dims (``NWC``, ``NHWC``, ``NDHWC``; ``NCW``, ...)."""
     n = len(layer.kernel_size)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import jax.numpy as jnp
 
@@ -174,7 +175,7 @@ def transpose(x, perm):
     return Transpose(tuple(perm))(x)
 
 
-def _sections(value, layer) -> int | tuple[int, ...]:
+def _sections(value: Any, layer: Layer) -> int | tuple[int, ...]:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     try:

@@ -42,7 +42,7 @@ def _rows(graph, expand_nested: bool, indent: str = "", sharding=None, prefix: s
 
 
 def _size(count: int, dtype: np.dtype) -> str:
-    size = count * dtype.itemsize
+    size: float = count * dtype.itemsize
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
@@ -55,7 +55,7 @@ def summarize(graph, expand_nested: bool = False, param_dtype="float32",
     """The summary table; nested blocks' layers listed under them with ``expand_nested``;
     sizes of weights at ``param_dtype``; with ``sharding`` (path -> text, from a
     compiled model's sharding plan) a last column showing each layer's sharding."""
-    header = ("layer", "op", "output shape", "dtype", "params", "connected to")
+    header: tuple[str, ...] = ("layer", "op", "output shape", "dtype", "params", "connected to")
     if sharding is not None:
         header += ("sharding",)
     rows = list(_rows(graph, expand_nested, sharding=sharding))

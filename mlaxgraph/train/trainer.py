@@ -98,7 +98,9 @@ class Trainer:
         self.metric_fns = resolve_metrics(metrics)
         self.loss_scale = self._initial_loss_scale(loss_scale)
         self._needs_rng = bool(model.program.random_paths())
-        self._key_impl = None           # the default PRNG; init_fn records the key's own
+        # None: the default PRNG; init_fn records the key's own, as jax.random.key_impl
+        # gives it (a name or jax's PRNGSpec, a class jax does not export).
+        self._key_impl: Any = None
         self._update = _standard_promotion(optimizer.update)
         self.trace_counts: collections.Counter = collections.Counter()
         self.init = jax.jit(self.init_fn)

@@ -206,7 +206,7 @@ def _stablehlo_operations(text: str, paths: frozenset[str]):
         operations.append(HloOperation(op.name, op.opcode, op.type, "main",
                                        tuple(dict.fromkeys(names)), found,
                                        tuple(i.opcode for i in nested), op.line, owner=owner))
-    return operations, None
+    return operations
 
 
 # --- by layer --------------------------------------------------------------------------
@@ -259,8 +259,10 @@ def hlo_by_layer(model, *example: Any, optimized: bool = True, inference_mode: b
     text = model.hlo(*example, optimized=optimized, inference_mode=inference_mode, **dims)
     all_paths = [step.path for step in model.program.steps]
     paths = frozenset(all_paths)
-    parse = _optimized_operations if optimized else _stablehlo_operations
-    operations, found = parse(text, paths)
+    if optimized:
+        operations, unnamed = _optimized_operations(text, paths)
+    else:
+        operations, unnamed = _stablehlo_operations(text, paths), None
     layers: dict[str, list[HloOperation]] = {p: [] for p in all_paths}
     unattributed = []
     for operation in operations:
@@ -268,8 +270,9 @@ def hlo_by_layer(model, *example: Any, optimized: bool = True, inference_mode: b
             layers[layer].append(operation)
         if not operation.layers:
             unattributed.append(operation)
-    if optimized:
-        _infer_unnamed(model, layers, *found, example, dims)
+    if unnamed is not None:
+        every, by_name = unnamed
+        _infer_unnamed(model, layers, every, by_name, example, dims)
     return HloByLayer({k: tuple(v) for k, v in layers.items()}, optimized, text,
                       tuple(unattributed))
 

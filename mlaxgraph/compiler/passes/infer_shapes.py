@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from ...core.errors import DTypeError, ShapeError, node_message
+from ...core.specs import TensorSpec
 from ...ir.builder import infer_outputs, weight_shapes
 from ...ir.graph import Graph
+from ...ir.node import Value
 from ...ir.printer import context_lines
 
 __all__ = ["infer_shapes"]
@@ -17,15 +19,16 @@ def infer_shapes(graph: Graph) -> Graph:
     its op infers from its inputs' specs (a graph loaded from a file cannot claim
     shapes its ops do not produce), nested blocks included. Returns the graph.
     """
-    specs = {}
+    specs: dict[Value, TensorSpec] = {}
     weights: dict[str, tuple[str, dict]] = {}  # layer -> (first node, weight shapes)
     for node in graph.nodes:
         op = node.op
         if node.name in graph.inputs:
             outputs = op.infer(())
         else:
-            if op.subgraph() is not None:
-                infer_shapes(op.subgraph())
+            inner = op.subgraph()
+            if inner is not None:
+                infer_shapes(inner)
             got = tuple(specs[v] for v in node.inputs)
             outputs = infer_outputs(op, got, node.name, node.source,
                                     lambda name=node.name: context_lines(graph, name))

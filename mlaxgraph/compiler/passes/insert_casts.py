@@ -6,7 +6,7 @@ import dataclasses
 
 from ...core.specs import TensorSpec, dtype_str
 from ...ir.builder import infer_outputs
-from ...ir.graph import Graph
+from ...ir.graph import Graph, InputLayer
 from ...ir.node import Node, Value
 from ...ops.cast import Cast
 from ..policy import Policy
@@ -57,8 +57,10 @@ def insert_casts(graph: Graph, policy: Policy, *, nested: bool = False) -> Graph
             spec = node.outputs[0]
             if nested and spec.is_float:
                 # A block's inputs arrive in the compute dtype of its caller.
-                node = node.replace(op=type(node.op)(node.op.shape, policy.compute_dtype,
-                                                     node.op.axes, name=node.op.name),
+                input_op = node.op
+                assert isinstance(input_op, InputLayer)  # verify: graph inputs are input ops
+                node = node.replace(op=type(input_op)(input_op.shape, policy.compute_dtype,
+                                                      input_op.axes, name=input_op.name),
                                     outputs=(spec.with_dtype(policy.compute_dtype),))
             nodes.append(node)
             specs[node.value()] = node.outputs[0]
@@ -69,11 +71,12 @@ def insert_casts(graph: Graph, policy: Policy, *, nested: bool = False) -> Graph
             inputs = node.inputs
         else:
             inputs = tuple(cast(v, dtype, node.source) for v in node.inputs)
-        if op.subgraph() is not None:
+        subgraph = op.subgraph()
+        if subgraph is not None:
             # The block computes in the dtype its inputs were cast to (an override of
             # the block's name makes that its layers' compute dtype).
             inner = policy if dtype == policy.compute_dtype else dataclasses.replace(policy, compute_dtype=dtype)
-            op = op.with_subgraph(insert_casts(op.subgraph(), inner, nested=True))
+            op = op.with_subgraph(insert_casts(subgraph, inner, nested=True))
         unchanged = (op is node.op and inputs == node.inputs
                      and all(specs[v] is recorded[v] for v in inputs))
         if not unchanged:  # a node whose inputs kept their specs keeps its outputs
@@ -83,7 +86,7 @@ def insert_casts(graph: Graph, policy: Policy, *, nested: bool = False) -> Graph
         nodes.append(node)
         for i, spec in enumerate(node.outputs):
             specs[node.value(i)] = spec
-    outputs = graph.outputs
+    results = graph.outputs
     if not nested:
-        outputs = tuple(cast(v, policy.output_dtype, None) for v in graph.outputs)
-    return graph.replace(nodes=tuple(nodes), outputs=outputs)
+        results = tuple(cast(v, policy.output_dtype, None) for v in graph.outputs)
+    return graph.replace(nodes=tuple(nodes), outputs=results)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ...core.specs import TensorSpec
 from ...ir.graph import Graph
-from ...ir.node import Value
+from ...ir.node import Node, Value
 from ...ops.cast import Cast
 
 __all__ = ["remove_redundant_casts"]
@@ -22,8 +23,8 @@ def remove_redundant_casts(graph: Graph) -> Graph:
     replace: dict[Value, Value] = {}
     inserted_input: dict[Value, Value] = {}  # inserted cast's output -> what it casts
     merged: dict[tuple[Value, str], Value] = {}
-    specs = {}
-    nodes = []
+    specs: dict[Value, TensorSpec] = {}
+    nodes: list[Node] = []
     for node in graph.nodes:
         inputs = tuple(replace.get(v, v) for v in node.inputs)
         op = node.op
@@ -42,8 +43,8 @@ def remove_redundant_casts(graph: Graph) -> Graph:
                 merged[key] = node.value()
                 inserted_input[node.value()] = x
             inputs = (x,)
-        elif op.subgraph() is not None:
-            op = op.with_subgraph(remove_redundant_casts(op.subgraph()))
+        elif (inner := op.subgraph()) is not None:
+            op = op.with_subgraph(remove_redundant_casts(inner))
         if inputs != node.inputs or op is not node.op:
             node = node.replace(inputs=inputs, op=op)
         nodes.append(node)

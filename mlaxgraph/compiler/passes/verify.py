@@ -107,8 +107,9 @@ def verify(graph: Graph) -> Graph:
         if owner is not node and owner.op != node.op:
             raise _fail(graph, node, f"shares the weights of layer {node.layer!r} but holds another op",
                         got=repr(node.op), expected=repr(owner.op))
-        if node.op.subgraph() is not None:
-            verify(node.op.subgraph())
+        inner = node.op.subgraph()
+        if inner is not None:
+            verify(inner)
         seen[node.name] = node
     for v in graph.outputs:
         if not _is_value(v) or v.node not in seen or not 0 <= v.index < len(seen[v.node].outputs):
