@@ -97,6 +97,8 @@ def _import(name: str):
         if not file.is_file():
             raise UsageError(f"no such file: {name}")
         module_spec = importlib.util.spec_from_file_location(file.stem, file)
+        if module_spec is None or module_spec.loader is None:
+            raise UsageError(f"cannot import {name} as a Python module")
         module = importlib.util.module_from_spec(module_spec)
         try:
             module_spec.loader.exec_module(module)

@@ -70,7 +70,7 @@ def flatten(graph: Graph, prefix: tuple[str, ...] = ()) -> Program:
                 random=node.op.uses_rng(),
                 rng_path=(at if scan else names)[len(prefix):],  # keys are the body's own
                 param_specs=node.op.param_specs(specs), state_specs=node.op.state_specs(specs),
-                body=flatten(node.op.graph, names) if scan else None))
+                body=flatten(inner, names) if scan and inner is not None else None))
             values[path] = tuple((path, i) for i in range(len(node.outputs)))
 
     inputs = tuple("/".join(prefix + (name,)) for name in graph.inputs)

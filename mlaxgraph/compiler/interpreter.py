@@ -114,6 +114,7 @@ def _run_scan(step: Step, params: Any, state: Any, args: list, key: jax.Array | 
     stacked weights (and, in training, one key per block: the key the block would
     have had, ``key`` folded with its name)."""
     body = step.body
+    assert body is not None  # a scan step
     names = step.op.names  # type: ignore[attr-defined]
     keys = None
     if key is not None:

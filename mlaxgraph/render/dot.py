@@ -496,7 +496,7 @@ class _Writer:
                                f'color="{_BLOCK_LINE}", label=<nested block>')
             else:
                 entries.append('shape=box, style="rounded", penwidth=2, label=<block>')
-        ids = []
+        ids: list[str] = []
         for entry in entries:
             ident = f"legend_{len(ids)}"
             ids.append(ident)

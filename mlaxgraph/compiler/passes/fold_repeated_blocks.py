@@ -52,7 +52,7 @@ def fold_repeated_blocks(graph: Graph) -> Graph:
         if not _foldable(node, graph, sharers):
             continue
         previous = by_name[node.inputs[0].node]
-        if (_foldable(previous, graph, sharers) and previous.op.graph == node.op.graph
+        if (_foldable(previous, graph, sharers) and previous.op.subgraph() == node.op.subgraph()
                 and node.inputs[0] == Value(previous.name, 0)
                 and readers.get(previous.name) == [node.name] and previous.name not in outputs):
             successor[previous.name] = node.name
@@ -76,10 +76,12 @@ def fold_repeated_blocks(graph: Graph) -> Graph:
             continue
         if node.name not in runs:
             continue
-        run = [by_name[name] for name in runs[node.name]]
-        first = run[0]
-        name = f"{first.name}..{run[-1].name}"
-        scan = Scan(first.op.graph, tuple(n.name for n in run), name=name)
+        blocks = [by_name[member] for member in runs[node.name]]
+        first = blocks[0]
+        body = first.op.subgraph()
+        assert body is not None  # _foldable: a block
+        name = f"{first.name}..{blocks[-1].name}"
+        scan = Scan(body, tuple(n.name for n in blocks), name=name)
         inputs = tuple(renamed.get(v, v) for v in first.inputs)
         folded.append(Node(name, scan, inputs, node.outputs, name, first.source))
         renamed[Value(node.name, 0)] = Value(name, 0)
