@@ -44,6 +44,8 @@ class LayerCost:
       xla_flops: XLA's count for the layer's ``apply`` lowered alone at the table's
         dims; None when not comparable (see ``note``) or not asked for.
       note: why the rule and XLA differ, or why XLA's number is not shown.
+      within: for a layer of a scanned run of blocks, the scan's path: the row counts
+        one block (the scan's row counts them all), and the totals leave it out.
     """
 
     layer: str
@@ -58,6 +60,7 @@ class LayerCost:
     activation_bytes: int
     xla_flops: int | None = None
     note: str = ""
+    within: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +97,10 @@ class CostTable:
     def __iter__(self) -> Iterator[LayerCost]:
         return iter(self.rows)
 
+    @property
+    def _counted(self) -> tuple[LayerCost, ...]:
+        return tuple(r for r in self.rows if r.within is None)
+
     def __len__(self) -> int:
         return len(self.rows)
 
@@ -105,38 +112,38 @@ class CostTable:
 
     @property
     def params(self) -> int:
-        return sum(r.params for r in self.rows)
+        return sum(r.params for r in self._counted)
 
     @property
     def flops_formula(self) -> Dim:
         """The forward FLOPs of the layers that have a rule, as a formula."""
-        return _sum(r.flops_formula for r in self.rows if r.flops_formula is not None)
+        return _sum(r.flops_formula for r in self._counted if r.flops_formula is not None)
 
     @property
     def flops(self) -> int:
-        return sum(r.flops for r in self.rows if r.flops is not None)
+        return sum(r.flops for r in self._counted if r.flops is not None)
 
     @property
     def training_flops_formula(self) -> Dim:
-        return _sum(r.training_flops_formula for r in self.rows
+        return _sum(r.training_flops_formula for r in self._counted
                     if r.training_flops_formula is not None)
 
     @property
     def training_flops(self) -> int:
-        return sum(r.training_flops for r in self.rows if r.training_flops is not None)
+        return sum(r.training_flops for r in self._counted if r.training_flops is not None)
 
     @property
     def activation_bytes_formula(self) -> Dim:
-        return _sum(r.activation_bytes_formula for r in self.rows)
+        return _sum(r.activation_bytes_formula for r in self._counted)
 
     @property
     def activation_bytes(self) -> int:
-        return sum(r.activation_bytes for r in self.rows)
+        return sum(r.activation_bytes for r in self._counted)
 
     @property
     def xla_flops(self) -> int | None:
         """The sum of XLA's per-layer counts over the layers where it is comparable."""
-        counts = [r.xla_flops for r in self.rows if r.xla_flops is not None]
+        counts = [r.xla_flops for r in self._counted if r.xla_flops is not None]
         return sum(counts) if counts else None
 
     def __str__(self) -> str:
@@ -146,7 +153,8 @@ class CostTable:
                   "activations", "XLA forward", "note")
         rows = [(r.layer, r.op, f"{r.params:,}", _formula(r.flops_formula), _count(r.flops),
                  _count(r.training_flops), _bytes(r.activation_bytes), _count(r.xla_flops),
-                 r.note) for r in self.rows]
+                 r.note if r.within is None else "; ".join(filter(None, ("one block", r.note))))
+                for r in self.rows]
         total = ("total", "", f"{self.params:,}", _formula(self.flops_formula),
                  _count(self.flops), _count(self.training_flops), _bytes(self.activation_bytes),
                  _count(self.xla_flops), "")
@@ -212,10 +220,11 @@ def _evaluate_optional(value: Dim | None, dims: Mapping[str, int]) -> int | None
 # --- the layer calls ----------------------------------------------------------------
 
 
-def _gradient_flows(program) -> dict[str, bool]:
+def _gradient_flows(program, into_inputs: bool = False) -> dict[str, bool]:
     """Step path -> whether a gradient flows back into its inputs (some of them depend
-    on trainable weights); the graph's inputs get none."""
-    flows: dict = {(name, 0): False for name in program.inputs}
+    on trainable weights); the graph's inputs get none (a scan's body's inputs: the
+    previous blocks' outputs, ``into_inputs``)."""
+    flows: dict = {(name, 0): into_inputs for name in program.inputs}
     into = {}
     for step in program.steps:
         into[step.path] = any(flows[ref] for ref in step.inputs)
@@ -254,6 +263,34 @@ def _xla_total(model, example, dims, inference_mode) -> int | None:
     from .lowered import _lowered
 
     return _flops_of(_lowered(model, example, dims, inference_mode).cost_analysis())
+
+
+def _row(step, input_gradients: bool, params, state, policy, bindings, inference_mode: bool,
+         xla: bool) -> LayerCost:
+    op = step.op
+    shared = not step.owns_weights and bool(step.param_specs or step.state_specs)
+    trainable = 0 if shared else sum(p.size for _, p in flatten_specs(step.param_specs))
+    nontrainable = 0 if shared else sum(p.size for _, p in flatten_specs(step.state_specs))
+    forward = op.flops(step.input_specs, step.output_specs, param_dtype=policy.param_dtype,
+                       inference_mode=inference_mode)
+    training = None if forward is None else forward + op.backward_flops(
+        step.input_specs, step.output_specs, forward, input_gradients=input_gradients)
+    activations = _sum(size(o) * o.dtype.itemsize for o in step.output_specs)
+    row = LayerCost(step.path, op.op_name, trainable, nontrainable, forward, training,
+                    activations, _evaluate_optional(forward, bindings),
+                    _evaluate_optional(training, bindings), _evaluate(activations, bindings))
+    if xla:
+        caveat = op.xla_cost_caveat(inference_mode)
+        if caveat:
+            row = dataclasses.replace(row, note=f"XLA n/a: {caveat}")
+        else:
+            counted_by_xla = _xla_flops(step, params, state, bindings, inference_mode)
+            row = dataclasses.replace(row, xla_flops=counted_by_xla,
+                                      note=_note(row.flops, counted_by_xla))
+    if shared:
+        row = dataclasses.replace(row, note="; ".join(
+            filter(None, (f"shares the weights of {step.weights_path}", row.note))))
+    return row
 
 
 def _subtree(tree, step) -> Any:
@@ -305,36 +342,22 @@ def cost_table(model, *example: Any, inference_mode: bool = False, xla: bool = T
     flows = _gradient_flows(model.program)
     rows = []
     for step in model.program.steps:
-        op = step.op
-        shared = not step.owns_weights and bool(step.param_specs or step.state_specs)
-        trainable = 0 if shared else sum(p.size for _, p in flatten_specs(step.param_specs))
-        nontrainable = 0 if shared else sum(p.size for _, p in flatten_specs(step.state_specs))
-        forward = op.flops(step.input_specs, step.output_specs, param_dtype=policy.param_dtype,
-                           inference_mode=inference_mode)
-        training = None if forward is None else forward + op.backward_flops(
-            step.input_specs, step.output_specs, forward, input_gradients=flows[step.path])
-        activations = _sum(size(o) * o.dtype.itemsize for o in step.output_specs)
-        row = LayerCost(step.path, op.op_name, trainable, nontrainable, forward, training,
-                        activations, _evaluate_optional(forward, bindings),
-                        _evaluate_optional(training, bindings),
-                        _evaluate(activations, bindings))
-        if xla:
-            caveat = op.xla_cost_caveat(inference_mode)
-            if caveat:
-                row = dataclasses.replace(row, note=f"XLA n/a: {caveat}")
-            else:
-                counted_by_xla = _xla_flops(step, _subtree(params, step), _subtree(state, step),
-                                            bindings, inference_mode)
-                row = dataclasses.replace(row, xla_flops=counted_by_xla,
-                                          note=_note(row.flops, counted_by_xla))
-        if shared:
-            row = dataclasses.replace(row, note="; ".join(
-                filter(None, (f"shares the weights of {step.weights_path}", row.note))))
-        rows.append(row)
+        rows.append(_row(step, flows[step.path], _subtree(params, step), _subtree(state, step),
+                         policy, bindings, inference_mode, xla))
+        if step.body is None:
+            continue
+        # One block of the run: its layers' rows, with one block's weights.
+        one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                           (_subtree(params, step), _subtree(state, step)))
+        inner_flows = _gradient_flows(step.body, into_inputs=bool(step.param_specs))
+        for inner in step.body.steps:
+            row = _row(inner, inner_flows[inner.path], _subtree(one[0], inner),
+                       _subtree(one[1], inner), policy, bindings, inference_mode, xla)
+            rows.append(dataclasses.replace(row, within=step.path))
     total, total_note = None, ""
     if xla:
         total = _xla_total(model, example, bindings, inference_mode)
-        caveats = sorted({r.layer for r in rows if r.note.startswith("XLA n/a")})
+        caveats = sorted({r.layer for r in rows if r.within is None and r.note.startswith("XLA n/a")})
         if caveats:
             total_note = f"not comparable: it includes {', '.join(caveats)}"
     return CostTable(model.graph.name, None if model.policy is None else repr(model.policy),

@@ -14,6 +14,7 @@ from .lowering import make_apply, make_init
 from .passes import default_passes, run_passes
 from .policy import Policy
 from .program import Program
+from .remat import resolve_remat
 
 if TYPE_CHECKING:
     from ..distributed.plan import ShardingPlan
@@ -151,6 +152,9 @@ class CompiledModel:
         text = summarize(self.graph, expand_nested=expand_nested, param_dtype=param_dtype,
                          sharding=labels)
         text += f"\npolicy: {self.policy}"
+        remat = {(s.remat_group or s.path): s.remat for s in self.program.steps if s.remat}
+        if remat:
+            text += "\nremat: " + ", ".join(f"{path} {policy}" for path, policy in remat.items())
         return text if self.sharding is None else text + "\n" + self.sharding.describe()
 
     def to_dot(self, **options: Any) -> str:
@@ -186,7 +190,7 @@ def _check_overrides(graph: Graph, policy: Policy) -> None:
 
 
 def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
-            rules: Any = None, *, scan_blocks: bool = False) -> CompiledModel:
+            rules: Any = None, *, scan_blocks: bool = False, remat: Any = None) -> CompiledModel:
     """Runs the compiler's passes on ``graph`` and lowers it to a jitted init/apply.
 
     Args:
@@ -203,6 +207,10 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         run by ``lax.scan`` over the blocks' stacked weights: the block is traced and
         compiled once (docs/deep_models.md). ``init`` then gives the run's weights
         stacked (the same values); ``stack_weights``/``unstack_weights`` convert.
+      remat: what the backward pass recomputes instead of keeping (docs/deep_models.md):
+        ``"none"`` (the default), ``"full"`` (each block, or each layer of a graph
+        without blocks, under ``jax.checkpoint``), ``"dots"`` (keep only matmul results
+        without batch dims), or a dict of block or layer names to those.
 
     Raises:
       GraphError, ShapeError, DTypeError: for a graph the passes reject, naming the
@@ -218,7 +226,7 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
     if rules is not None and mesh is None:
         raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
     compiled = run_passes(graph, default_passes(policy, scan_blocks=bool(scan_blocks)))
-    program = flatten(compiled)
+    program = flatten(compiled, remat=resolve_remat(compiled, remat))
     if mesh is None:
         return CompiledModel(compiled, graph, policy, program)
     from ..distributed.plan import plan_sharding

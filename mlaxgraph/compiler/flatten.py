@@ -11,6 +11,8 @@ of concrete spatial sizes. A ``scan`` node (a run of equal blocks) is one step w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..core.specs import TensorSpec, match_shape, substitute
 from ..ir.graph import Graph
 from ..ir.node import Node
@@ -20,9 +22,12 @@ from .program import Program, Ref, Step
 __all__ = ["flatten"]
 
 
-def flatten(graph: Graph, prefix: tuple[str, ...] = ()) -> Program:
+def flatten(graph: Graph, prefix: tuple[str, ...] = (),
+            remat: Mapping[str, str] | None = None) -> Program:
     """The program of a verified graph (``mlaxgraph.compiler.passes.verify``); its
     paths start with ``prefix`` (a scan's body is flattened under the scan's path).
+    ``remat`` maps node paths (``block0``, ``block0/attention``) to the
+    rematerialization policy of that block's or layer's steps.
 
     Example:
       >>> from mlaxgraph.examples import residual_cnn
@@ -35,8 +40,11 @@ def flatten(graph: Graph, prefix: tuple[str, ...] = ()) -> Program:
     values: dict[str, tuple[Ref, ...]] = {}
     owned: set[tuple[str, ...]] = set()
 
+    remat = remat or {}
+
     def visit(g: Graph, at: tuple[str, ...], weights: tuple[str, ...],
-              arguments: tuple[Ref, ...], bindings: dict) -> None:
+              arguments: tuple[Ref, ...], bindings: dict,
+              group: tuple[str, str] | None) -> None:
         def bound(spec: TensorSpec) -> TensorSpec:
             return spec.with_shape(substitute(spec.shape, bindings)) if bindings else spec
 
@@ -52,11 +60,12 @@ def flatten(graph: Graph, prefix: tuple[str, ...] = ()) -> Program:
                            for v in node.inputs)
             specs = tuple(bound(g.spec(v)) for v in node.inputs)
             inner = node.op.subgraph()
+            own = group if group is not None or path not in remat else (remat[path], path)
             if inner is not None and not isinstance(node.op, Scan):
                 inner_bindings: dict = {}
                 for want, got in zip(inner.input_specs, specs):
                     match_shape(want.shape, got.shape, inner_bindings)
-                visit(inner, names, weights + (node.layer,), inputs, inner_bindings)
+                visit(inner, names, weights + (node.layer,), inputs, inner_bindings, own)
                 values[path] = tuple(values[f"{path}/{v.node}"][v.index] for v in inner.outputs)
                 continue
             owner = weights + (node.layer,)
@@ -70,11 +79,13 @@ def flatten(graph: Graph, prefix: tuple[str, ...] = ()) -> Program:
                 random=node.op.uses_rng(),
                 rng_path=(at if scan else names)[len(prefix):],  # keys are the body's own
                 param_specs=node.op.param_specs(specs), state_specs=node.op.state_specs(specs),
-                body=flatten(inner, names) if scan and inner is not None else None))
+                body=flatten(inner, names) if scan and inner is not None else None,
+                remat=None if own is None else own[0],
+                remat_group=None if own is None or scan else own[1]))
             values[path] = tuple((path, i) for i in range(len(node.outputs)))
 
     inputs = tuple("/".join(prefix + (name,)) for name in graph.inputs)
-    visit(graph, prefix, (), tuple((path, 0) for path in inputs), {})
+    visit(graph, prefix, (), tuple((path, 0) for path in inputs), {}, None)
     local = "/".join(prefix)
     outputs = tuple(values[f"{local}/{v.node}" if local else v.node][v.index] for v in graph.outputs)
     return Program(graph, inputs, tuple(steps), outputs, nodes, values)

@@ -11,6 +11,7 @@ compilation.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -129,6 +130,9 @@ def _run_scan(step: Step, params: Any, state: Any, args: list, key: jax.Array | 
                               bindings=bindings)
         return outs[0], new_state
 
+    if step.remat is not None:  # each block recomputed in the backward pass
+        one_block = jax.checkpoint(one_block, policy=REMAT_POLICIES[step.remat], prevent_cse=False)
+
     # Every block's scope is the body's: jax.named_scope inside the scan names the
     # body's layers (``b0..b31/attention``) in the jaxpr and the HLO.
     out, new_state = jax.lax.scan(one_block, x, (params, state, keys))
@@ -162,23 +166,82 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
     env: dict = {}
     for name, x in zip(program.inputs, inputs):
         env[(name, 0)] = hook(name, (x,))[0] if hook is not None else x
+    context = _Context(params, rng, inference_mode, bindings, hook)
+    steps = program.steps
     new_state = state
-    for step in program.steps:
-        args = [env[ref] for ref in step.inputs]
-        p = _weights(step, params, "params")
-        s = _weights(step, new_state, "state")
-        with jax.named_scope(scope_name(step.path)):
-            key = step_key(rng, step.rng_path) if step.random and rng is not None else None
-            if step.body is not None:
-                outs, s2 = _run_scan(step, p, s, args, key, inference_mode)
-            else:
-                outs, s2 = step.op.apply(p, s, args, rng=key, inference_mode=inference_mode)
-            outs = tuple(outs)
-            _check_outputs(step, outs, bindings)
-            if hook is not None:
-                outs = hook(step.path, outs)
-        if s2:
-            new_state = set_in(new_state, step.weights, s2)
-        for i, out in enumerate(outs):
-            env[(step.path, i)] = out
+    i = 0
+    while i < len(steps):
+        group = steps[i].remat_group
+        if group is None:
+            new_state = _run_step(steps[i], env, new_state, context)
+            i += 1
+            continue
+        j = i
+        while j < len(steps) and steps[j].remat_group == group:
+            j += 1
+        new_state = _run_rematerialized(program, i, j, env, new_state, context)
+        i = j
     return tuple(env[ref] for ref in program.outputs), dict(new_state)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    params: Any
+    rng: jax.Array | None
+    inference_mode: bool
+    bindings: Mapping[str, int] | None
+    hook: Hook | None
+
+
+def _run_step(step: Step, env: dict, state: Any, context: _Context) -> Any:
+    args = [env[ref] for ref in step.inputs]
+    p = _weights(step, context.params, "params")
+    s = _weights(step, state, "state")
+    rng = context.rng
+    with jax.named_scope(scope_name(step.path)):
+        key = step_key(rng, step.rng_path) if step.random and rng is not None else None
+        if step.body is not None:
+            outs, s2 = _run_scan(step, p, s, args, key, context.inference_mode)
+        else:
+            outs, s2 = step.op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
+        outs = tuple(outs)
+        _check_outputs(step, outs, context.bindings)
+        if context.hook is not None:
+            outs = context.hook(step.path, outs)
+    if s2:
+        state = set_in(state, step.weights, s2)
+    for i, out in enumerate(outs):
+        env[(step.path, i)] = out
+    return state
+
+
+#: ``remat`` policy name -> what ``jax.checkpoint`` may save (None: nothing).
+REMAT_POLICIES: dict[str, Any] = {
+    "full": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _run_rematerialized(program: Program, start: int, end: int, env: dict, state: Any,
+                        context: _Context) -> Any:
+    """Steps ``start:end`` (one block, or one layer, asked to be rematerialized) as one
+    function under ``jax.checkpoint``: the backward pass recomputes what they made
+    inside instead of keeping it, saving only what the policy allows."""
+    steps = program.steps[start:end]
+    made = {ref for step in steps for ref in step.outputs}
+    reads = [ref for step in steps for ref in step.inputs if ref not in made]
+    arguments = list(dict.fromkeys(reads))
+    later = {ref for step in program.steps[end:] for ref in step.inputs} | set(program.outputs)
+    results = [ref for step in steps for ref in step.outputs if ref in later]
+
+    def group(values, params, state, rng):
+        local = dict(zip(arguments, values))
+        inner = dataclasses.replace(context, params=params, rng=rng)
+        for step in steps:
+            state = _run_step(step, local, state, inner)
+        return [local[ref] for ref in results], state
+
+    checkpointed = jax.checkpoint(group, policy=REMAT_POLICIES[steps[0].remat or "full"])
+    outs, state = checkpointed([env[ref] for ref in arguments], context.params, state, context.rng)
+    env.update(zip(results, outs))
+    return state

@@ -62,6 +62,11 @@ class Step:
       param_specs, state_specs: its weights, as its op declares them.
       body: for a scan (a run of equal blocks), the program of one block, run by
         ``lax.scan`` once per block; None for other steps.
+      remat: the rematerialization policy asked for it (``"full"``, ``"dots"``), or
+        None: the backward pass recomputes its results instead of keeping them.
+      remat_group: the path of the block or layer whose steps are rematerialized
+        together (consecutive steps with one group run under one ``jax.checkpoint``);
+        None for a scan (its blocks are, one by one) or without remat.
     """
 
     path: str
@@ -77,6 +82,8 @@ class Step:
     param_specs: Mapping[str, Any]
     state_specs: Mapping[str, Any]
     body: Program | None = None
+    remat: str | None = None
+    remat_group: str | None = None
 
     @property
     def op(self) -> Layer:
@@ -120,6 +127,14 @@ class Program:
 
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps)
+
+    def all_steps(self) -> Iterator[Step]:
+        """Every step, a scan's body's steps right after the scan's (their paths under
+        the scan's: ``block0..block31/attention``)."""
+        for step in self.steps:
+            yield step
+            if step.body is not None:
+                yield from step.body.all_steps()
 
     def owners(self) -> Iterator[Step]:
         """The steps that own their weights: one per layer with weights."""

@@ -55,6 +55,21 @@ def expected_weights(graph: Graph, param_dtype: Any = "float32") -> tuple[dict, 
     return jax.eval_shape(model.init_fn, jax.random.key(0))
 
 
+def _unscanned(graph: Graph, params: Any, state: Any) -> tuple[Graph, Any, Any]:
+    """A graph compiled with ``scan_blocks`` (``model.graph``) and its stacked weights
+    as the graph's own calls of its blocks and their weights: files do not depend on
+    compile options."""
+    from ..compiler.flatten import flatten
+    from ..compiler.passes.fold_repeated_blocks import unfold_scans
+    from ..compiler.stacking import unstack_weights
+
+    unfolded = unfold_scans(graph)
+    if unfolded == graph:
+        return graph, params, state
+    params, state = unstack_weights(flatten(graph), params, state)
+    return unfolded, params, state
+
+
 def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping | None = None,
          *, param_dtype: Any = None) -> None:
     """Saves ``graph`` and its weights to one safetensors file at ``path``, atomically:
@@ -63,7 +78,9 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
     Args:
       path: the file to write (conventionally ``*.mlg``; it is a valid
         ``.safetensors`` file).
-      graph: the graph (a source graph or a compiled ``model.graph``).
+      graph: the graph (a source graph or a compiled ``model.graph``; a run of blocks
+        that ``scan_blocks`` folded is written as the blocks' calls, with each block's
+        weights, whichever layout they come in).
       params: the params tree ``mg.compile(graph, policy).init`` returns (or a trained
         version of it).
       state: the state tree ``init`` returns (or a trained version of it); may be
@@ -78,6 +95,7 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
     if not isinstance(graph, Graph):
         raise SerializationError(f"mg.save takes a Graph, got {type(graph).__name__}")
     state = {} if state is None else state
+    graph, params, state = _unscanned(graph, params, state)
     text = graph_to_json(graph)
     arrays = {**flatten_tree(params, "params", "params"), **flatten_tree(state, "state", "state")}
     if param_dtype is None:

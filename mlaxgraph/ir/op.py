@@ -149,6 +149,11 @@ class Layer:
         an output dim (``Linear``, ``Conv``, ...) override it."""
         return follow_inputs(input_axes, inputs, outputs)
 
+    def display_name(self, node_name: str) -> str:
+        """How summaries and renderings name a call of this layer (a scan names its run
+        of blocks and their count)."""
+        return node_name
+
     def subgraph(self) -> Graph | None:
         """The graph this layer runs inside it (a block's), or None: printing,
         rendering, saving and the passes descend into it."""

@@ -61,6 +61,18 @@ class Scan(Block):
     def length(self) -> int:
         return len(self.names)
 
+    def display_name(self, node_name: str) -> str:
+        """The run as summaries and renderings show it: ``block0 … block31:
+        transformer_block × 32``."""
+        return f"{self.names[0]} … {self.names[-1]}: {self.graph.name} × {self.length}"
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        raise NotImplementedError("a scan runs through its compiled program (lax.scan over "
+                                  "its body's program), not on its own")
+
+    def xla_cost_caveat(self, inference_mode: bool) -> str | None:
+        return f"XLA counts a scan's body once, not {self.length} times"
+
     def with_subgraph(self, graph: Graph) -> Scan:
         return self if graph is self.graph else Scan(graph, self.names, name=self.name)
 

@@ -289,7 +289,7 @@ class _Writer:
         return f"<<TABLE {' '.join(attrs)}>{rows}</TABLE>>"
 
     def body_lines(self, node, graph, counts, *, op_line: str, one_spec: bool) -> list[str]:
-        lines = [f"<B>{_html(node.name)}</B>", _html(op_line)]
+        lines = [f"<B>{_html(node.op.display_name(node.name))}</B>", _html(op_line)]
         if self.o["show_attrs"]:
             lines += [f'<FONT POINT-SIZE="8">{_html(t)}</FONT>' for t in self.op_attrs(node)]
         if one_spec:

@@ -30,7 +30,7 @@ def _rows(graph, expand_nested: bool, indent: str = "", sharding=None, prefix: s
             params = f"(shared with {node.layer})"
         else:
             params = f"{trainable + state:,}"
-        row = (indent + node.name, node.op.op_name,
+        row = (indent + node.op.display_name(node.name), node.op.op_name,
                ", ".join(shape_str(s.shape) for s in node.outputs),
                ", ".join(dtype_str(s.dtype) for s in node.outputs), params,
                ", ".join(str(v).lstrip("%") for v in node.inputs))

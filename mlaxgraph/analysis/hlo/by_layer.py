@@ -257,7 +257,9 @@ def hlo_by_layer(model, *example: Any, optimized: bool = True, inference_mode: b
       ('stablehlo.dot_general', 'stablehlo.add')
     """
     text = model.hlo(*example, optimized=optimized, inference_mode=inference_mode, **dims)
-    all_paths = [step.path for step in model.program.steps]
+    # A scan's body's layers have their own operations (inside the scan's loop); the
+    # scan itself has those of the loop around them.
+    all_paths = [step.path for step in model.program.all_steps()]
     paths = frozenset(all_paths)
     if optimized:
         operations, unnamed = _optimized_operations(text, paths)

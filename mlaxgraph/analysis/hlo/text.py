@@ -51,24 +51,31 @@ def scope_paths(op_name: str) -> list[str]:
 
 
 def layer_of(op_name: str, paths: Iterable[str]) -> str | None:
-    """The longest layer path of ``paths`` that prefixes the scope of ``op_name`` (the
-    first, for an operation combined from several), or None.
+    """The layer of ``paths`` that ``op_name``'s scope names (the first name, for an
+    operation combined from several), or None: the longest run of the scope's parts
+    that is a layer path, the innermost of equal length (a scan's body's operations
+    are named ``b0..b3/while/body/closed_call/b0..b3/attention/...``).
 
     Example:
       >>> layer_of("jit(apply)/block0/dense#1/dot_general", {"block0/dense@1", "block0"})
       'block0/dense@1'
+      >>> layer_of("jit(apply)/s/while/body/closed_call/s/fc/add", {"s", "s/fc", "fc"})
+      's/fc'
     """
     paths = paths if isinstance(paths, (set, frozenset, dict)) else frozenset(paths)
     for scope in scope_paths(op_name):
         parts = scope.split("/")
-        for end in range(len(parts), 0, -1):
-            candidate = "/".join(parts[:end])
-            if candidate in paths:
-                return candidate
+        best: tuple[int, int] | None = None
+        for start in range(len(parts)):
+            for end in range(len(parts), start, -1):
+                if "/".join(parts[start:end]) in paths:
+                    if best is None or (end - start, start) > (best[1] - best[0], best[0]):
+                        best = (start, end)
+                    break
+        if best is not None:
+            return "/".join(parts[best[0]:best[1]])
     return None
 
-
-# --- optimized HLO text ------------------------------------------------------------
 
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
