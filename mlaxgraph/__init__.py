@@ -27,6 +27,7 @@ from .cost_table import CostTable, LayerCost
 from .hlo_layers import HloByLayer, HloOperation
 from .exported import ExportedModel, load_exported
 from .policy_comparison import PolicyComparison, compare_policies
+from .render.html import show, diff_html
 from . import train
 
 __version__ = "0.1.0"
@@ -37,6 +38,6 @@ __all__ = [
     "TensorSpec", "Graph", "Input", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
-    "PolicyComparison", "compare_policies", "train",
+    "PolicyComparison", "compare_policies", "show", "diff_html", "train",
     "__version__",
 ]

@@ -424,7 +424,7 @@ def test_repr_svg_and_html():
     svg = g._repr_svg_()
     assert svg.lstrip().startswith("<?xml") and "</svg>" in svg
     ET.fromstring(svg)
-    html = g._repr_html_()
+    html = gv.repr_html(g)
     assert html.count("<svg") == 1 and "<?xml" not in html and "<!DOCTYPE" not in html
     pre = html[html.index("<pre>") + 5: html.index("</pre>")]
     assert "<" not in pre and "&lt;b&gt;&amp;amp;&lt;/b&gt;" in pre
