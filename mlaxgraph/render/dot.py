@@ -36,7 +36,8 @@ from ..ir.printer import format_attr, format_node, non_default_attrs
 from ..ir.summary import count_params
 from ..specs import dtype_str, shape_str
 
-__all__ = ["graph_to_dot", "DEFAULT_OPTIONS", "DTYPE_COLORS", "dtype_category", "check_options"]
+__all__ = ["graph_to_dot", "DEFAULT_OPTIONS", "DTYPE_COLORS", "dtype_category", "check_options",
+           "FONTNAME"]
 
 #: The options of ``graph_to_dot`` (and of ``Graph.to_dot`` / ``Graph.render``).
 DEFAULT_OPTIONS: dict[str, Any] = {
@@ -44,7 +45,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "show_dtype": True,      # output dtypes (f32, bf16, ...)
     "show_params": True,     # parameter counts (trainable + non-trainable)
     "show_attrs": False,     # the op's non-default hyperparameters
-    "expand_nested": False,  # nested blocks as clusters of their own layers
+    "expand_nested": False,  # nested blocks as clusters of their own layers (or a list of names)
     "rankdir": "TB",         # TB, LR, BT or RL, as Graphviz
     "show_legend": False,    # a legend of the dtype colours and marks used
     "sharding": None,        # layer path -> sharding text (CompiledModel.to_dot fills it)
@@ -110,12 +111,36 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"rankdir must be one of {', '.join(_RANKDIRS)}, got {rankdir!r}")
     merged["rankdir"] = rankdir.upper()
     for key in DEFAULT_OPTIONS:
-        if key not in ("rankdir", "sharding"):
+        if key not in ("rankdir", "sharding", "expand_nested"):
             merged[key] = bool(merged[key])
+    merged["expand_nested"] = _expand_option(merged["expand_nested"])
     if merged["sharding"] is not None and not isinstance(merged["sharding"], dict):
         raise TypeError(f"sharding must be a dict of layer path -> text, got "
                         f"{type(merged['sharding']).__name__}")
     return merged
+
+
+def _expand_option(value: Any) -> bool | frozenset:
+    """``expand_nested``: a bool (all blocks or none), or the names (or paths, such as
+    ``block0/attention``) of the blocks to expand, as a str or a list of them."""
+    if isinstance(value, (bool, np.bool_)) or value is None:
+        return bool(value)
+    if isinstance(value, str):
+        value = [value]
+    try:
+        names = list(value)
+    except TypeError:
+        raise TypeError(f"expand_nested must be True, False or a list of block names, got "
+                        f"{type(value).__name__}") from None
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"expand_nested must be True, False or a list of block names, got {bad[0]!r}")
+    return frozenset(names)
+
+
+#: Fonts for labels, the first a system has: fontconfig reads the list when Graphviz
+#: measures the labels, and the SVG's font-family hands the same list to the viewer.
+FONTNAME = "DejaVu Sans,Liberation Sans,Arial,Helvetica,sans-serif"
 
 
 # --- escaping ---------------------------------------------------------------------------
@@ -223,6 +248,13 @@ class _Writer:
         self.reversed = options["rankdir"] in ("BT", "RL")
         self.prefix = ""  # the path of the expanded block being drawn, for sharding labels
 
+    def expands(self, node) -> bool:
+        """Whether the block ``node`` is drawn as a cluster of its layers."""
+        which = self.o["expand_nested"]
+        if isinstance(which, frozenset):
+            return node.name in which or self.prefix + node.name in which
+        return which
+
     def new_id(self) -> str:
         ident = f"n{self.count}"
         self.count += 1
@@ -271,7 +303,7 @@ class _Writer:
         bands = []
         if in_cells:
             bands.append(f"<TD>{self.ports('i', in_cells)}</TD>")
-        bands.append(f'<TD CELLPADDING="3">{body}</TD>')
+        bands.append(f'<TD CELLPADDING="5">{body}</TD>')
         if out_cells:
             bands.append(f"<TD>{self.ports('o', out_cells)}</TD>")
         if self.reversed:
@@ -361,7 +393,7 @@ class _Writer:
                 continue
 
             input_specs = graph.input_specs_of(node)
-            if isinstance(node.op, Block) and self.o["expand_nested"]:
+            if isinstance(node.op, Block) and self.expands(node):
                 outs = self.emit_cluster(node, graph, counts, indent, lines,
                                          [(out_of[(v.node, v.index)], s)
                                           for v, s in zip(node.inputs, input_specs)])
@@ -510,6 +542,21 @@ class _Writer:
         return lines
 
 
+def _check_blocks(graph, names: frozenset) -> None:
+    """``GraphError`` for a name in ``expand_nested`` that is no block's name or path."""
+    from ..errors import GraphError
+    from ..ir.graph import Block
+
+    blocks: set[str] = set()
+    for path, node in graph.walk():
+        if isinstance(node.op, Block):
+            blocks |= {path, node.name}
+    unknown = sorted(names - blocks)
+    if unknown:
+        raise GraphError(f"expand_nested names {unknown[0]!r}, which is no block of graph "
+                         f"{graph.name!r} (its blocks: {', '.join(sorted(blocks)) or 'none'})")
+
+
 def graph_to_dot(graph, **options: Any) -> str:
     """The graph as DOT text (no dependency; render it with Graphviz's ``dot``).
 
@@ -522,7 +569,9 @@ def graph_to_dot(graph, **options: Any) -> str:
       show_params: show parameter counts (trainable + non-trainable). Default True.
       show_attrs: show each op's non-default hyperparameters. Default False.
       expand_nested: draw nested blocks as clusters of their layers, wired to the
-        block's inputs and outputs; otherwise one node per block. Default False.
+        block's inputs and outputs; otherwise one node per block. True expands every
+        block, a list of names (or paths: ``block0/attention``) only those blocks.
+        Default False. A name that is no block of the graph raises ``GraphError``.
       rankdir: ``"TB"`` (top to bottom), ``"LR"``, ``"BT"`` or ``"RL"``. Default "TB".
       show_legend: add a legend of the dtype colours and marks the drawing uses.
       sharding: layer path (``layer`` or ``block/layer``) -> a sharding label shown
@@ -536,6 +585,8 @@ def graph_to_dot(graph, **options: Any) -> str:
     if not isinstance(graph, Graph):
         raise TypeError(f"graph_to_dot takes an mg.Graph, got {type(graph).__name__}")
     o = check_options(options)
+    if isinstance(o["expand_nested"], frozenset):
+        _check_blocks(graph, o["expand_nested"])
     writer = _Writer(o)
     body: list[str] = []
     writer.emit_graph(graph, "  ", None, body)
@@ -546,10 +597,10 @@ def graph_to_dot(graph, **options: Any) -> str:
         title += f" &middot; {total:,} params"
     head = [
         f"digraph {_plain_id(graph.name)} {{",
-        f'  graph [rankdir={o["rankdir"]}, label=<{title}>, labelloc=t, fontname="Helvetica", '
+        f'  graph [rankdir={o["rankdir"]}, label=<{title}>, labelloc=t, fontname="{FONTNAME}", '
         f'fontsize=12, nodesep=0.3, ranksep=0.35, tooltip={_esc_string(graph.name)}];',
-        '  node [fontname="Helvetica", fontsize=10, margin="0.08,0.04"];',
-        f'  edge [fontname="Helvetica", fontsize=8, arrowsize=0.7, penwidth=1.2];',
+        f'  node [fontname="{FONTNAME}", fontsize=10, margin="0.12,0.05"];',
+        f'  edge [fontname="{FONTNAME}", fontsize=8, arrowsize=0.7, penwidth=1.2];',
     ]
     tail = []
     if o["show_legend"]:
