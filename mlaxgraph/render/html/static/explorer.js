@@ -15,7 +15,7 @@
   var RAMP = [[255, 247, 236], [253, 187, 132], [215, 48, 31], [127, 0, 0]];
   var OVERLAY_NAMES = {dtype: "dtype", flops: "FLOPs", params: "params",
                        activation_bytes: "activation bytes", custom: "values"};
-  var NODE_H = 42, GAP_X = 24, GAP_Y = 34, PAD = 12, HEAD = 28, MAX_CHARS = 48;
+  var NODE_H = 42, GAP_X = 24, GAP_Y = 34, PAD = 12, HEAD = 28, MAX_CHARS = 56;
   var FONT = '12px "DejaVu Sans", "Liberation Sans", Arial, sans-serif';
   var FONT_B = 'bold ' + FONT;
 
