@@ -17,6 +17,7 @@ its own scope in ``sub``; a run of equal consecutive blocks is folded into one n
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Any, Mapping
 
@@ -55,7 +56,36 @@ def _evaluate(value, dims: Mapping[str, int], unbound: dict[str, None]) -> float
     for name in names:
         if name not in dims:
             unbound.setdefault(name)
-    return float(value._evaluate({n: int(dims.get(n, 1)) for n in names}))
+    env = {n: int(dims.get(n, 1)) for n in names}
+    try:
+        return float(_arithmetic(ast.parse(str(value), mode="eval").body, env))
+    except (ValueError, SyntaxError, ZeroDivisionError):
+        return None
+
+
+_FUNCTIONS = {"max": max, "min": min, "non_negative": lambda a: max(a, 0),
+              "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
+_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+              ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
+              ast.Mod: lambda a, b: a % b}
+
+
+def _arithmetic(tree, env: Mapping[str, int]) -> int:
+    """A dimension expression's printed form evaluated with Python ints (JAX's own
+    evaluation is int32, and the FLOPs of a large model are not). Only arithmetic on
+    integers and the dims' names: anything else raises ValueError."""
+    if isinstance(tree, ast.Constant) and isinstance(tree.value, int):
+        return tree.value
+    if isinstance(tree, ast.Name) and tree.id in env:
+        return env[tree.id]
+    if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.USub):
+        return -_arithmetic(tree.operand, env)
+    if isinstance(tree, ast.BinOp) and type(tree.op) in _OPERATORS:
+        return _OPERATORS[type(tree.op)](_arithmetic(tree.left, env), _arithmetic(tree.right, env))
+    if (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name)
+            and tree.func.id in _FUNCTIONS and not tree.keywords):
+        return _FUNCTIONS[tree.func.id](*(_arithmetic(a, env) for a in tree.args))
+    raise ValueError(f"not a dimension expression: {ast.dump(tree)}")
 
 
 def _formula(value) -> str | None:

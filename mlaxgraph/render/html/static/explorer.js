@@ -530,4 +530,8 @@
   relayout();
   fit();
   document.body.setAttribute("data-ready", "true");
+  // When the first frame is on screen (after the next paint), for measuring.
+  requestAnimationFrame(function () {
+    setTimeout(function () { document.body.setAttribute("data-painted-ms", String(Math.round(performance.now()))); }, 0);
+  });
 })();
