@@ -200,7 +200,9 @@ class _Builder:
         scope = {"n": nodes, "e": edges, "i": [[index[name], 0] for name in graph.inputs],
                  "o": [[index[v.node], v.index] for v in graph.outputs]}
         if self.fold:
-            scope = _fold_runs(graph, scope, self)
+            from .fold import fold_runs
+
+            scope = fold_runs(graph, scope, self)
         return scope
 
     def totals(self, item: dict, members: list[dict]) -> None:
@@ -243,79 +245,6 @@ def _casts_around(graph) -> dict[str, list[str]]:
                 result.setdefault(node.name, []).append(
                     f"{source.name}: casts the input to {dtype_str(source.outputs[0].dtype)}")
     return result
-
-
-def _fold_runs(graph, scope: dict, builder: _Builder) -> dict:
-    """The scope with each run of two or more equal consecutive blocks (structurally
-    equal graphs, each one's only output the next one's only input, read by nothing
-    else) folded into one node whose ``sub`` chains them."""
-    from ...ir.graph import Block
-    from ...ir.node import Value
-
-    nodes = graph.nodes
-    consumers = graph.consumers()
-    outputs = {v.node for v in graph.outputs}
-
-    def link(a, b) -> bool:
-        return (isinstance(a.op, Block) and isinstance(b.op, Block) and not a.shares_weights
-                and not b.shares_weights and len(a.outputs) == 1 and len(b.outputs) == 1
-                and b.inputs == (Value(a.name, 0),) and consumers[a.name] == [b]
-                and a.name not in outputs and a.op.graph == b.op.graph)
-
-    runs = []  # (first position, last position)
-    start = 0
-    for k in range(1, len(nodes) + 1):
-        if k < len(nodes) and link(nodes[k - 1], nodes[k]):
-            continue
-        if k - 1 > start:
-            runs.append((start, k - 1))
-        start = k
-    if not runs:
-        return scope
-    old = scope["n"]
-    new_index: dict[int, tuple[int, str]] = {}  # old index -> (new index, role)
-    new_nodes: list[dict] = []
-    first_of = {a: b for a, b in runs}
-    position = 0
-    while position < len(old):
-        if position in first_of:
-            last = first_of[position]
-            members = old[position:last + 1]
-            fold = _fold_node(members, graph.node(nodes[position].name).op.graph.name, builder)
-            for k in range(position, last + 1):
-                new_index[k] = (len(new_nodes), "first" if k == position else
-                                "last" if k == last else "inner")
-            new_nodes.append(fold)
-            position = last + 1
-        else:
-            new_index[position] = (len(new_nodes), "")
-            new_nodes.append(old[position])
-            position += 1
-    edges = []
-    for s, out, t, slot in scope["e"]:
-        (ns, rs), (nt, rt) = new_index[s], new_index[t]
-        if ns == nt:  # inside a fold: its chain
-            continue
-        edges.append([ns, out, nt, slot])
-    return {"n": new_nodes, "e": edges, "i": [[new_index[k][0], slot] for k, slot in scope["i"]],
-            "o": [[new_index[k][0], j] for k, j in scope["o"]]}
-
-
-def _fold_node(members: list[dict], graph_name: str, builder: _Builder) -> dict:
-    first, last = members[0], members[-1]
-    count = len(members)
-    fold = {"id": f"{first['id']}\u2026{last['name']}", "name": f"{first['name']} \u2026 {last['name']}",
-            "op": "block", "fold": count, "graph": graph_name,
-            "title": f"{first['name']} \u2026 {last['name']}: {graph_name} \u00d7 {count}",
-            "outs": last["outs"], "cat": last["cat"], "layers": first.get("layers", 0),
-            "params": sum(m.get("params", 0) for m in members),
-            "sub": {"n": members, "e": [[k, 0, k + 1, 0] for k in range(count - 1)],
-                    "i": [[0, k] for k in range(first.get("nin", 1))], "o": [[count - 1, 0]]}}
-    flops = [m.get("_flops") for m in members]
-    fold["flops_f"] = None if any(f is None for f in flops) else _sum(flops)
-    fold["act_f"] = _sum(m.get("_act", 0) for m in members)
-    builder.finish(fold)
-    return fold
 
 
 def walk_payload(scope: dict):
