@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup graphviz lint test demo bench docs clean
+.PHONY: setup graphviz chromium lint test demo bench docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -23,6 +23,17 @@ graphviz:
 	    echo "warning: graphviz's dot is missing; rendering needs it (sudo apt-get install graphviz)"; \
 	  fi; }
 
+# Debian's chromium and chromium-driver run the explorer's browser tests (headless,
+# offline); installed when missing and we are root.
+chromium:
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium and chromium-driver"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null; \
+	  else \
+	    echo "warning: chromium or chromedriver is missing; the browser tests need them (sudo apt-get install chromium chromium-driver)"; \
+	  fi; }
+
 setup: $(STAMP) graphviz
 
 # ruff and mypy over mlaxgraph/ (settings in pyproject.toml), then the test suite.
@@ -30,7 +41,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check
 	$(PY) -m mypy
 
-test: setup lint
+test: setup chromium lint
 	$(PY) -m pytest -q
 
 demo: setup

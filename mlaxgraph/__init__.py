@@ -26,6 +26,7 @@ from .io.exported import ExportedModel, load_exported
 from .io.functions import register_function
 from .io.model_file import load, save
 from .ir import Graph, Input, Node, SymbolicTensor, Value
+from .render.html import diff_html, show
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,6 @@ __all__ = [
     "TensorSpec", "Graph", "Input", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
-    "PolicyComparison", "compare_policies", "train",
+    "PolicyComparison", "compare_policies", "show", "diff_html", "train",
     "__version__",
 ]

@@ -14,6 +14,7 @@ import pytest
 import mlaxgraph as mg
 from mlaxgraph import examples, ops
 from mlaxgraph.render import dot as dot_module
+from mlaxgraph.render import dot_style
 from mlaxgraph.render import graphviz as gv
 from mlaxgraph.render.dot import DTYPE_COLORS, graph_to_dot
 
@@ -307,7 +308,7 @@ def test_hostile_names_are_escaped(options):
     names = [path.rsplit("/", 1)[-1] for path, _ in g.walk()] if options.get("expand_nested") \
         else [n.name for n in g.nodes]
     for name in names + [g.name]:
-        shown = dot_module._visible(name)  # control characters shown as escapes
+        shown = dot_style._visible(name)  # control characters shown as escapes
         assert shown in joined, (name, shown)
     assert "tab\\tctl\\x01\\x7f" in texts and "x\\u2028y" in texts
     assert HOSTILE[7] in texts  # \\N and \\G stay themselves, not the node's id
@@ -318,7 +319,7 @@ def test_hostile_names_are_escaped(options):
         assert re.fullmatch(r"[A-Za-z0-9_:\-&#;>]+", title.text), title.text
     # tooltips (xlink:title) carry each node's printed line, names as they are
     tooltips = [a.get("{http://www.w3.org/1999/xlink}title") for a in root.iter(SVG + "a")]
-    assert any(t and t.startswith("%" + dot_module._visible(HOSTILE[7])) for t in tooltips)
+    assert any(t and t.startswith("%" + dot_style._visible(HOSTILE[7])) for t in tooltips)
     assert any(t and t.startswith('%q"uote:') for t in tooltips)
 
 
@@ -396,8 +397,9 @@ def test_missing_dot_gives_the_install_hint(no_dot, tmp_path):
     assert g.render(tmp_path / "mlp.dot").exists()  # DOT text needs no Graphviz
     assert g.to_dot()
     assert g._repr_svg_() is None
-    html = g._repr_html_()
+    html = gv.repr_html(g)
     assert "<svg" not in html and "<pre>" in html and "logits" in html
+    assert "<iframe srcdoc=" in g._repr_html_()  # the explorer needs no Graphviz
 
 
 def test_dot_failure_and_timeout_are_clear_errors(monkeypatch, tmp_path):
@@ -424,9 +426,58 @@ def test_repr_svg_and_html():
     svg = g._repr_svg_()
     assert svg.lstrip().startswith("<?xml") and "</svg>" in svg
     ET.fromstring(svg)
-    html = g._repr_html_()
+    html = gv.repr_html(g)
     assert html.count("<svg") == 1 and "<?xml" not in html and "<!DOCTYPE" not in html
     pre = html[html.index("<pre>") + 5: html.index("</pre>")]
     assert "<" not in pre and "&lt;b&gt;&amp;amp;&lt;/b&gt;" in pre
     # the whole of it is well-formed (the SVG is XML; the summary is escaped)
     ET.fromstring(html.replace("\x01", "").replace("\x7f", ""))
+
+
+# --- expanding some blocks; fonts -------------------------------------------------------
+
+
+def two_block_graph():
+    inner = examples.residual_block(16, "inner")
+    x = mg.Input(("batch", 8, 8, 16), name="x")
+    outer_x = mg.Input(("batch", 8, 8, 16), name="x")
+    outer = mg.Graph(outer_x, inner.as_block("inner")(outer_x), name="outer")
+    h = examples.residual_block(16, "block0").as_block("block0")(x)
+    h = outer.as_block("block1")(h)
+    return mg.Graph(x, h, name="two_blocks")
+
+
+def cluster_titles(text: str) -> list[str]:
+    return re.findall(r"label=<<B>([^<]*)</B>", "\n".join(
+        line for line in text.splitlines() if line.strip().startswith("label=<<B>")))
+
+
+def test_expand_nested_takes_the_names_of_the_blocks_to_expand():
+    g = two_block_graph()
+    assert cluster_titles(g.to_dot(expand_nested=True)) == ["block0", "block1", "inner"]
+    assert cluster_titles(g.to_dot(expand_nested=["block0"])) == ["block0"]
+    assert cluster_titles(g.to_dot(expand_nested="block1")) == ["block1"]
+    # a nested block by its path (or its name), inside an expanded one
+    assert cluster_titles(g.to_dot(expand_nested=["block1", "block1/inner"])) == ["block1", "inner"]
+    assert cluster_titles(g.to_dot(expand_nested=["block1", "inner"])) == ["block1", "inner"]
+    assert cluster_titles(g.to_dot(expand_nested=[])) == []
+    text = g.to_dot(expand_nested=["block0"])
+    assert len(re.findall(r"<B>block1</B>", text)) == 1 and "block outer (1 layers)" in text
+
+
+def test_expand_nested_rejects_what_is_no_block():
+    g = two_block_graph()
+    with pytest.raises(mg.GraphError, match="'block7', which is no block of graph 'two_blocks'"):
+        g.to_dot(expand_nested=["block7"])
+    with pytest.raises(TypeError, match="expand_nested"):
+        g.to_dot(expand_nested=[3])
+
+
+def test_labels_name_fonts_the_system_has():
+    text = examples.mlp().to_dot()
+    assert text.count(f'fontname="{dot_module.FONTNAME}"') == 3 and "Helvetica\"" not in text
+    families = subprocess.run(["fc-list", ":", "family"], capture_output=True, text=True,
+                              timeout=60).stdout
+    installed = {name.strip() for line in families.splitlines() for name in line.split(",")}
+    first = dot_module.FONTNAME.split(",")[0]
+    assert first in installed, f"{first} is not installed (fonts-dejavu-core)"

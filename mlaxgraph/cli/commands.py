@@ -1,5 +1,5 @@
 """The inspection subcommands of the command line: ``summary``, ``render``, ``hlo``,
-``export``, ``cost`` and ``compare``. Each takes a model: a saved graph file (``.mlg``
+``export``, ``cost``, ``compare`` and ``view``. Each takes a model: a saved graph file (``.mlg``
 from ``mg.save``, ``.json`` from ``Graph.to_json``) or ``module:function`` (a module
 path or a ``file.py``) returning a ``Graph``.
 
@@ -24,6 +24,7 @@ EXAMPLES = """\
   mlaxgraph summary cnn.mlg                              layers, shapes, dtypes, params
   mlaxgraph summary mlaxgraph.examples:residual_cnn --policy bfloat16
   mlaxgraph render cnn.mlg --out cnn.svg                 svg, png, pdf or dot by suffix
+  mlaxgraph view cnn.mlg --out cnn.html                  the interactive explorer page
   mlaxgraph hlo cnn.mlg --batch 8 --optimized --out cnn.hlo
   mlaxgraph hlo cnn.mlg --batch 8 --by-layer             each layer's operations
   mlaxgraph export cnn.mlg --batch 8 --out cnn-export    artifact, HLO texts, weights
@@ -236,6 +237,18 @@ def run_render(args) -> int:
     return 0
 
 
+def run_view(args) -> int:
+    _check_out(args.out)
+    loaded, model = _compiled(args)
+    dims = _dims(args)
+    if args.hlo:
+        dims = _needed_dims(model, dims)
+    out = args.out or f"{model.graph.name}.html"
+    path = model.to_html(out, hlo=args.hlo, **dims)
+    print(f"wrote {path}")
+    return 0
+
+
 def run_hlo(args) -> int:
     _check_out(args.out)
     loaded, model = _compiled(args)
@@ -335,6 +348,16 @@ def add_commands(commands) -> None:
               "  mlaxgraph render cnn.mlg --out cnn.svg\n  mlaxgraph render model.py:build --out model.dot\n")
     sub.add_argument("--out", metavar="FILE", help="the file to write (default: <graph name>.svg)")
     sub.add_argument("--expand", action="store_true", help="draw nested blocks as clusters")
+
+    sub = add("view", "write the interactive explorer page of the model (one offline HTML file)",
+              "Writes the explorer page of the compiled graph (casts included) to --out: "
+              "nested blocks expand on a click, search, overlays, a details panel per "
+              "layer; with --hlo each layer's optimized HLO operations (needs --batch).",
+              [model, policy, dims], run_view,
+              "  mlaxgraph view cnn.mlg --out cnn.html\n"
+              "  mlaxgraph view mlaxgraph.examples:residual_cnn --policy bfloat16 --batch 8 --hlo\n")
+    sub.add_argument("--out", metavar="FILE", help="the page to write (default: <graph name>.html)")
+    sub.add_argument("--hlo", action="store_true", help="list each layer's optimized HLO operations")
 
     sub = add("hlo", "print the StableHLO or optimized HLO of the model's apply",
               "Prints the StableHLO of the lowered apply (with locations naming each "

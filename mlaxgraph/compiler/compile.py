@@ -171,8 +171,19 @@ class CompiledModel:
             options.setdefault("sharding", self.sharding.labels())
         return self.graph.render(path, format=format, **options)
 
+    def to_html(self, path: Any = None, *, hlo: bool = False, **options: Any):
+        """The explorer page of the compiled graph (docs/explorer.md): casts, weights at
+        the policy's dtype, sharding and, with ``hlo=True``, each layer's optimized HLO
+        operations (give every symbolic dim: ``batch=8``). The text, or with ``path``
+        the page written there and its path."""
+        from ..render.html.page import to_html
+
+        return to_html(self, path, hlo=hlo, **options)
+
     def _repr_html_(self):
-        return self.graph._repr_html_()
+        from ..render.html.page import notebook_html
+
+        return notebook_html(self.to_html())
 
     def __repr__(self) -> str:
         return f"<CompiledModel {self.graph.name!r} policy={self.policy}>"

@@ -308,10 +308,25 @@ class Graph:
 
         return repr_svg(self)
 
-    def _repr_html_(self):
-        from ..render.graphviz import repr_html
+    def to_html(self, path: Any = None, **options: Any):
+        """The interactive explorer page (self-contained HTML; docs/explorer.md): its
+        text, or with ``path`` the page written there and its path. Options as
+        ``mlaxgraph.render.html.page.to_html`` (``overlay=``, dims such as ``batch=8``)."""
+        from ..render.html.page import to_html
 
-        return repr_html(self)
+        return to_html(self, path, **options)
+
+    def to_model_explorer(self, path: Any, overlay: Any = None, **dims: int):
+        """Writes the graph in Google Model Explorer's JSON graph format to ``path``, and
+        a node-data file per overlay beside it; returns the paths written."""
+        from ..render.html.model_explorer import write_model_explorer
+
+        return write_model_explorer(self, path, overlay=overlay, **dims)
+
+    def _repr_html_(self):
+        from ..render.html.page import notebook_html
+
+        return notebook_html(self.to_html())
 
     def summary(self, expand_nested: bool = False) -> str:
         """A table of layers: name, op, output shape, dtype, params, connected to; then

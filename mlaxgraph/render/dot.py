@@ -25,174 +25,31 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import re
-import textwrap
-import unicodedata
 from typing import Any
 
-import numpy as np
-
 from ..core.specs import dtype_str, shape_str
-from ..ir.printer import format_attr, format_node, non_default_attrs
+from .dot_style import (
+    _BLOCK_FILL,
+    _BLOCK_LINE,
+    _COMPASS,
+    _INPUT_SHAPE,
+    _TEXT_GREY,
+    DEFAULT_OPTIONS,
+    DTYPE_COLORS,
+    FONTNAME,
+    _attrs_text,
+    _check_blocks,
+    _esc_string,
+    _html,
+    _node_line,
+    _plain_id,
+    check_options,
+    dtype_category,
+)
 from .summary import count_params
 
-__all__ = ["graph_to_dot", "DEFAULT_OPTIONS", "DTYPE_COLORS", "dtype_category", "check_options"]
-
-#: The options of ``graph_to_dot`` (and of ``Graph.to_dot`` / ``Graph.render``).
-DEFAULT_OPTIONS: dict[str, Any] = {
-    "show_shapes": True,     # output shapes, symbolic dims by name
-    "show_dtype": True,      # output dtypes (f32, bf16, ...)
-    "show_params": True,     # parameter counts (trainable + non-trainable)
-    "show_attrs": False,     # the op's non-default hyperparameters
-    "expand_nested": False,  # nested blocks as clusters of their own layers
-    "rankdir": "TB",         # TB, LR, BT or RL, as Graphviz
-    "show_legend": False,    # a legend of the dtype colours and marks used
-    "sharding": None,        # layer path -> sharding text (CompiledModel.to_dot fills it)
-}
-
-_RANKDIRS = ("TB", "LR", "BT", "RL")
-
-#: dtype category -> (fill colour, line colour). Categories: see ``dtype_category``.
-DTYPE_COLORS: dict[str, tuple[str, str]] = {
-    "float32": ("#d0e4f5", "#1c5d99"),
-    "bfloat16": ("#ffd8a8", "#d9480f"),
-    "float16": ("#fff3bf", "#e67700"),
-    "float64": ("#e5dbff", "#5f3dc4"),
-    "float8": ("#ffc9c9", "#c92a2a"),
-    "int": ("#d3f9d8", "#2b8a3e"),
-    "bool": ("#e9ecef", "#495057"),
-    "complex": ("#c5f6fa", "#0b7285"),
-    "other": ("#f8f9fa", "#495057"),
-}
-
-_BLOCK_FILL = "#f1f3f5"
-_BLOCK_LINE = "#868e96"
-_TEXT_GREY = "#495057"
-
-
-def dtype_category(dtype: Any) -> str:
-    """The colour category of a dtype: ``float32``, ``bfloat16``, ``float16``,
-    ``float64``, ``float8`` (any other float, e.g. float8_e4m3fn), ``int`` (signed and
-    unsigned), ``bool``, ``complex`` or ``other``.
-
-    Example:
-      >>> dtype_category("int32"), dtype_category(np.dtype("float16"))
-      ('int', 'float16')
-    """
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        return "other"
-    name = dt.name
-    if name in ("float32", "bfloat16", "float16", "float64"):
-        return name
-    if dt.kind == "b":
-        return "bool"
-    if dt.kind in "iu":
-        return "int"
-    if dt.kind == "c":
-        return "complex"
-    if name.startswith("float") or dt.kind == "f":
-        return "float8"
-    return "other"
-
-
-def check_options(options: dict[str, Any]) -> dict[str, Any]:
-    """``DEFAULT_OPTIONS`` updated with ``options``; ``TypeError`` for an unknown option,
-    ``ValueError`` for a bad ``rankdir``."""
-    unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown rendering option(s) {', '.join(map(repr, unknown))}; the "
-                        f"options are {', '.join(DEFAULT_OPTIONS)}")
-    merged = {**DEFAULT_OPTIONS, **options}
-    rankdir = merged["rankdir"]
-    if not isinstance(rankdir, str) or rankdir.upper() not in _RANKDIRS:
-        raise ValueError(f"rankdir must be one of {', '.join(_RANKDIRS)}, got {rankdir!r}")
-    merged["rankdir"] = rankdir.upper()
-    for key in DEFAULT_OPTIONS:
-        if key not in ("rankdir", "sharding"):
-            merged[key] = bool(merged[key])
-    if merged["sharding"] is not None and not isinstance(merged["sharding"], dict):
-        raise TypeError(f"sharding must be a dict of layer path -> text, got "
-                        f"{type(merged['sharding']).__name__}")
-    return merged
-
-
-# --- escaping ---------------------------------------------------------------------------
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def _visible(text: Any) -> str:
-    """``text`` with every character that is not printable text (control characters,
-    line and paragraph separators, lone surrogates, non-characters) written as a
-    Python escape, so it is valid XML and shows what is there."""
-    text = str(text)
-    if text.isascii() and text.isprintable():  # nearly every label: nothing to escape
-        return text
-    out = []
-    for ch in text:
-        code = ord(ch)
-        category = unicodedata.category(ch)
-        if category in ("Cc", "Cs", "Zl", "Zp") or 0xFDD0 <= code <= 0xFDEF or (code & 0xFFFE) == 0xFFFE:
-            if ch == "\n":
-                out.append("\\n")
-            elif ch == "\t":
-                out.append("\\t")
-            elif ch == "\r":
-                out.append("\\r")
-            elif code <= 0xFF:
-                out.append(f"\\x{code:02x}")
-            elif code <= 0xFFFF:
-                out.append(f"\\u{code:04x}")
-            else:
-                out.append(f"\\U{code:08x}")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def _html(text: Any) -> str:
-    """Text for an HTML-like label: visible, with the XML specials as entities and
-    backslashes doubled (Graphviz expands \\N, \\G, \\E in HTML text too, and reads
-    ``\\\\`` as one backslash)."""
-    text = _visible(text)
-    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace('"', "&quot;").replace("'", "&#39;").replace("\\", "\\\\"))
-
-
-def _esc_string(text: Any) -> str:
-    """A double-quoted DOT string for an escString attribute (tooltips). Backslashes
-    come in pairs, so no backslash can escape the closing quote, and Graphviz's escape
-    sequences (\\N, \\G, \\n, ...) cannot be formed from a name."""
-    text = _visible(text)
-    return '"' + text.replace("\\", "\\\\\\\\").replace('"', '\\"') + '"'
-
-
-def _plain_id(name: str) -> str:
-    """A DOT identifier made from a name: letters, digits and underscores only."""
-    ident = re.sub(r"[^A-Za-z0-9_]", "_", name) or "graph"
-    return ident if not ident[0].isdigit() else "g_" + ident
-
-
-def _node_line(node) -> str:
-    """The node's printed line (for tooltips), without memory addresses."""
-    return _ADDRESS.sub("", format_node(node))
-
-
-def _attrs_text(op) -> list[str]:
-    """The op's non-default hyperparameters, wrapped to lines of at most 40 characters,
-    without memory addresses (which differ between runs)."""
-    attrs = non_default_attrs(op)
-    if not attrs:
-        return []
-    text = ", ".join(f"{k}={_ADDRESS.sub('', format_attr(v))}" for k, v in attrs.items())
-    if len(text) > 160:
-        text = text[:159] + "\u2026"
-    return textwrap.wrap(text, 40, break_long_words=True, break_on_hyphens=False) or [text]
-
-
-# --- the writer -----------------------------------------------------------------------
+__all__ = ["graph_to_dot", "DEFAULT_OPTIONS", "DTYPE_COLORS", "dtype_category", "check_options",
+           "FONTNAME"]
 
 
 @dataclasses.dataclass
@@ -204,11 +61,6 @@ class _Endpoint:
         """The DOT endpoint: the node, or its port with the side edges attach to."""
         return f"{self.node}:{self.port}:{compass}" if self.port else self.node
 
-
-_COMPASS = {"TB": ("s", "n"), "BT": ("n", "s"), "LR": ("e", "w"), "RL": ("w", "e")}
-# Input nodes point along the flow.
-_INPUT_SHAPE = {"TB": "shape=invhouse", "BT": "shape=house", "LR": "shape=invhouse, orientation=90",
-                "RL": "shape=invhouse, orientation=270"}
 
 
 class _Writer:
@@ -222,6 +74,13 @@ class _Writer:
         self.horizontal = options["rankdir"] in ("LR", "RL")
         self.reversed = options["rankdir"] in ("BT", "RL")
         self.prefix = ""  # the path of the expanded block being drawn, for sharding labels
+
+    def expands(self, node) -> bool:
+        """Whether the block ``node`` is drawn as a cluster of its layers."""
+        which = self.o["expand_nested"]
+        if isinstance(which, frozenset):
+            return node.name in which or self.prefix + node.name in which
+        return which
 
     def new_id(self) -> str:
         ident = f"n{self.count}"
@@ -271,7 +130,7 @@ class _Writer:
         bands = []
         if in_cells:
             bands.append(f"<TD>{self.ports('i', in_cells)}</TD>")
-        bands.append(f'<TD CELLPADDING="3">{body}</TD>')
+        bands.append(f'<TD CELLPADDING="5">{body}</TD>')
         if out_cells:
             bands.append(f"<TD>{self.ports('o', out_cells)}</TD>")
         if self.reversed:
@@ -361,7 +220,7 @@ class _Writer:
                 continue
 
             input_specs = graph.input_specs_of(node)
-            if node.op.subgraph() is not None and self.o["expand_nested"]:
+            if node.op.subgraph() is not None and self.expands(node):
                 outs = self.emit_cluster(node, graph, counts, indent, lines,
                                          [(out_of[(v.node, v.index)], s)
                                           for v, s in zip(node.inputs, input_specs)])
@@ -520,7 +379,9 @@ def graph_to_dot(graph, **options: Any) -> str:
       show_params: show parameter counts (trainable + non-trainable). Default True.
       show_attrs: show each op's non-default hyperparameters. Default False.
       expand_nested: draw nested blocks as clusters of their layers, wired to the
-        block's inputs and outputs; otherwise one node per block. Default False.
+        block's inputs and outputs; otherwise one node per block. True expands every
+        block, a list of names (or paths: ``block0/attention``) only those blocks.
+        Default False. A name that is no block of the graph raises ``GraphError``.
       rankdir: ``"TB"`` (top to bottom), ``"LR"``, ``"BT"`` or ``"RL"``. Default "TB".
       show_legend: add a legend of the dtype colours and marks the drawing uses.
       sharding: layer path (``layer`` or ``block/layer``) -> a sharding label shown
@@ -534,6 +395,8 @@ def graph_to_dot(graph, **options: Any) -> str:
     if not isinstance(graph, Graph):
         raise TypeError(f"graph_to_dot takes an mg.Graph, got {type(graph).__name__}")
     o = check_options(options)
+    if isinstance(o["expand_nested"], frozenset):
+        _check_blocks(graph, o["expand_nested"])
     writer = _Writer(o)
     body: list[str] = []
     writer.emit_graph(graph, "  ", None, body)
@@ -544,10 +407,10 @@ def graph_to_dot(graph, **options: Any) -> str:
         title += f" &middot; {total:,} params"
     head = [
         f"digraph {_plain_id(graph.name)} {{",
-        f'  graph [rankdir={o["rankdir"]}, label=<{title}>, labelloc=t, fontname="Helvetica", '
+        f'  graph [rankdir={o["rankdir"]}, label=<{title}>, labelloc=t, fontname="{FONTNAME}", '
         f'fontsize=12, nodesep=0.3, ranksep=0.35, tooltip={_esc_string(graph.name)}];',
-        '  node [fontname="Helvetica", fontsize=10, margin="0.08,0.04"];',
-        '  edge [fontname="Helvetica", fontsize=8, arrowsize=0.7, penwidth=1.2];',
+        f'  node [fontname="{FONTNAME}", fontsize=10, margin="0.12,0.05"];',
+        f'  edge [fontname="{FONTNAME}", fontsize=8, arrowsize=0.7, penwidth=1.2];',
     ]
     tail = []
     if o["show_legend"]:

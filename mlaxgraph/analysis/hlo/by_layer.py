@@ -103,6 +103,12 @@ class HloByLayer(Mapping[str, tuple]):
             raise GraphError(f"HLO by layer has no layer {layer!r}{hint} Its layers: "
                              f"{', '.join(self.layers)}") from None
 
+    def __contains__(self, layer: object) -> bool:
+        return layer in self.layers
+
+    def get(self, layer: str, default: Any = None) -> Any:
+        return self.layers.get(layer, default)
+
     def own(self, layer: str) -> tuple[HloOperation, ...]:
         """The operations of ``layer`` that are its own (named after it)."""
         return tuple(op for op in self[layer] if op.owner in (layer, None))

@@ -7,7 +7,7 @@ from ...ir.graph import Graph
 from ...ir.node import Node, Value
 from ...ir.scan import Scan
 
-__all__ = ["fold_repeated_blocks", "unfold_scans"]
+__all__ = ["fold_repeated_blocks", "unfold_scans", "repeated_runs"]
 
 
 def _foldable(node: Node, graph: Graph, sharers: set[str]) -> bool:
@@ -19,6 +19,36 @@ def _foldable(node: Node, graph: Graph, sharers: set[str]) -> bool:
     inner = op.graph
     return (len(node.inputs) == 1 and len(node.outputs) == 1 and len(inner.inputs) == 1
             and len(inner.outputs) == 1 and graph.spec(node.inputs[0]) == node.outputs[0])
+
+
+def repeated_runs(graph: Graph) -> list[tuple[str, ...]]:
+    """The names of the nodes of each run of two or more calls of equal blocks (equal
+    graphs, each with its own weights), each call reading the previous one's output
+    and nothing else reading it, in the graph's order: what ``fold_repeated_blocks``
+    folds (the explorer draws the same runs folded)."""
+    sharers = {node.layer for node in graph.nodes if node.shares_weights}
+    readers: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        for v in node.inputs:
+            readers.setdefault(v.node, []).append(node.name)
+    outputs = {v.node for v in graph.outputs}
+    successor: dict[str, str] = {}
+    for node in graph.nodes:
+        if not _foldable(node, graph, sharers):
+            continue
+        previous = graph.node(node.inputs[0].node)
+        if (_foldable(previous, graph, sharers) and previous.op.subgraph() == node.op.subgraph()
+                and node.inputs[0] == Value(previous.name, 0)
+                and readers.get(previous.name) == [node.name] and previous.name not in outputs):
+            successor[previous.name] = node.name
+    runs = []
+    for node in graph.nodes:
+        if node.name in successor and node.name not in successor.values():
+            run = [node.name]
+            while run[-1] in successor:
+                run.append(successor[run[-1]])
+            runs.append(tuple(run))
+    return runs
 
 
 def fold_repeated_blocks(graph: Graph) -> Graph:
@@ -39,37 +69,18 @@ def fold_repeated_blocks(graph: Graph) -> Graph:
       >>> [(n.name, n.op.op_name) for n in folded.nodes]
       [('x', 'input'), ('b0..b2', 'scan')]
     """
-    nodes = [_fold_inside(node) for node in graph.nodes]
-    sharers = {node.layer for node in nodes if node.shares_weights}
-    readers: dict[str, list[str]] = {}
-    for node in nodes:
-        for v in node.inputs:
-            readers.setdefault(v.node, []).append(node.name)
-    outputs = {v.node for v in graph.outputs}
-    by_name = {node.name: node for node in nodes}
-    successor: dict[str, str] = {}
-    for node in nodes:
-        if not _foldable(node, graph, sharers):
-            continue
-        previous = by_name[node.inputs[0].node]
-        if (_foldable(previous, graph, sharers) and previous.op.subgraph() == node.op.subgraph()
-                and node.inputs[0] == Value(previous.name, 0)
-                and readers.get(previous.name) == [node.name] and previous.name not in outputs):
-            successor[previous.name] = node.name
-    if not successor:
-        return graph if all(a is b for a, b in zip(nodes, graph.nodes)) else graph.replace(nodes=nodes)
-    starts = [name for name in successor if name not in successor.values()]
-    runs: dict[str, list[str]] = {}  # last member -> the run
-    members: set[str] = set()
-    for start in starts:
-        run = [start]
-        while run[-1] in successor:
-            run.append(successor[run[-1]])
-        runs[run[-1]] = run
-        members.update(run)
+    nodes = tuple(_fold_inside(node) for node in graph.nodes)
+    if any(a is not b for a, b in zip(nodes, graph.nodes)):
+        graph = graph.replace(nodes=nodes)
+    found = repeated_runs(graph)
+    if not found:
+        return graph
+    by_name = {node.name: node for node in graph.nodes}
+    runs = {run[-1]: run for run in found}  # last member -> the run
+    members = {name for run in found for name in run}
     renamed: dict[Value, Value] = {}
     folded = []
-    for node in nodes:
+    for node in graph.nodes:
         node = node.replace(inputs=tuple(renamed.get(v, v) for v in node.inputs))
         if node.name not in members:
             folded.append(node)

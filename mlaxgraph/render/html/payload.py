@@ -1,0 +1,345 @@
+"""The explorer's data: a graph (or a compiled model) as plain JSON-ready dicts.
+
+The page draws what this module describes and computes nothing about the model itself:
+each node carries its path (as in params: ``block0/attention``), its registered op name,
+its attributes, output specs, weights, FLOPs and activation bytes (as formulas of the
+symbolic dims, from the ops' own rules, and as numbers at the given dims), the user's
+``file:line`` and, for a compiled model, its sharding, the casts the policy put around it
+and, when asked for, its optimized HLO operations.
+
+A level of the graph is a *scope*: ``{"n": nodes, "e": edges, "i": inputs, "o": outputs}``
+where an edge is ``[source index, output index, target index, input slot]``, ``i[k]`` is
+``[node index, input slot]`` where input ``k`` of the enclosing block enters, and ``o[j]``
+is ``[node index, output index]`` of the block's output ``j``. A nested block's node holds
+its own scope in ``sub``; a run of equal consecutive blocks is folded into one node
+(``fold``: the count) whose ``sub`` chains them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ...core.errors import GraphError
+from ...core.specs import dtype_str, flatten_specs, is_symbolic, match_shape, shape_str, substitute
+from ...ir.printer import format_attr
+from ...ops.flops import size
+from ..dot import dtype_category
+from ..summary import count_params
+
+__all__ = ["OVERLAYS", "graph_payload", "model_payload", "scope_of", "walk_payload"]
+
+#: The overlays the page colours nodes by; a dict of numbers is the ``custom`` one.
+OVERLAYS = ("dtype", "flops", "params", "activation_bytes")
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+#: Attribute texts longer than this are cut (a callable's repr, a long tuple).
+ATTR_WIDTH = 200
+
+
+def _text(value: Any) -> str:
+    text = _ADDRESS.sub("", format_attr(value))
+    return text if len(text) <= ATTR_WIDTH else text[:ATTR_WIDTH - 1] + "\u2026"
+
+
+def _evaluate(value, dims: Mapping[str, int], unbound: dict[str, None]) -> float | None:
+    """A formula's number at ``dims``; a dim without a value counts as 1 (and is
+    recorded in ``unbound``, which the page names in its legend)."""
+    if value is None:
+        return None
+    if not is_symbolic(value):
+        return float(value)
+    names = value._get_vars()
+    for name in names:
+        if name not in dims:
+            unbound.setdefault(name)
+    env = {n: int(dims.get(n, 1)) for n in names}
+    try:
+        return float(_arithmetic(ast.parse(str(value), mode="eval").body, env))
+    except (ValueError, SyntaxError, ZeroDivisionError):
+        return None
+
+
+_FUNCTIONS: dict[str, Any] = {"max": max, "min": min, "non_negative": lambda a: max(a, 0),
+              "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
+_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+              ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
+              ast.Mod: lambda a, b: a % b}
+
+
+def _arithmetic(tree, env: Mapping[str, int]) -> int:
+    """A dimension expression's printed form evaluated with Python ints (JAX's own
+    evaluation is int32, and the FLOPs of a large model are not). Only arithmetic on
+    integers and the dims' names: anything else raises ValueError."""
+    if isinstance(tree, ast.Constant) and isinstance(tree.value, int):
+        return tree.value
+    if isinstance(tree, ast.Name) and tree.id in env:
+        return env[tree.id]
+    if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.USub):
+        return -_arithmetic(tree.operand, env)
+    if isinstance(tree, ast.BinOp) and type(tree.op) in _OPERATORS:
+        return _OPERATORS[type(tree.op)](_arithmetic(tree.left, env), _arithmetic(tree.right, env))
+    if (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name)
+            and tree.func.id in _FUNCTIONS and not tree.keywords):
+        return _FUNCTIONS[tree.func.id](*(_arithmetic(a, env) for a in tree.args))
+    raise ValueError(f"not a dimension expression: {ast.dump(tree)}")
+
+
+def _formula(value) -> str | None:
+    return None if value is None else str(value).replace(" ", "")
+
+
+def _sum(values):
+    total = 0
+    for v in values:
+        total = total + v
+    return total
+
+
+class _Builder:
+    """Walks a graph into scopes; one instance per payload."""
+
+    def __init__(self, *, param_dtype, dims, sharding, hlo, overlay, fold: bool):
+        self.param_dtype = np.dtype(param_dtype)
+        self.dims = dict(dims)
+        self.sharding = sharding or {}
+        self.hlo = hlo
+        self.custom = overlay
+        self.fold = fold
+        self.unbound: dict[str, None] = {}
+
+    # --- one node ----------------------------------------------------------------------
+
+    def node(self, graph, node, path: str, inputs, outputs, counts, casts) -> dict:
+        from ...ir.graph import InputLayer
+
+        op = node.op
+        item: dict[str, Any] = {"id": path, "name": node.name, "op": op.op_name,
+                                "outs": [[dtype_str(s.dtype), shape_str(s.shape), dtype_category(s.dtype)]
+                                         for s in outputs],
+                                "cat": dtype_category(outputs[0].dtype) if outputs else "other"}
+        if op.subgraph() is None:
+            attrs = [[k, _text(v)] for k, v in op.attrs().items() if v is not None]
+            if attrs:
+                item["attrs"] = attrs
+        if len(node.inputs) > 1:
+            item["nin"] = len(node.inputs)
+        if node.source is not None:
+            item["src"] = str(node.source)
+        if node.shares_weights:
+            item["shares"] = node.layer
+        trainable, state = counts.get(node.layer, (0, 0))
+        item["params"] = 0 if node.shares_weights else int(trainable + state)
+        if getattr(op, "inserted", False):
+            item["inserted"] = True
+        if path in self.sharding and self.sharding[path]:
+            item["sharding"] = self.sharding[path]
+        if casts.get(node.name):
+            item["casts"] = casts[node.name]
+        if self.hlo is not None and path in self.hlo:
+            item["hlo"] = [str(o) for o in self.hlo[path]]
+        if isinstance(op, InputLayer):
+            if op.axes is not None:
+                item["axes"] = [a if a is not None else "-" for a in op.axes]
+            item["flops_f"], item["act_f"] = 0, 0
+            return item
+        if op.subgraph() is not None:
+            return item  # totals and the nested scope are filled by the caller
+        weights = []
+        for kind, specs in (("param", op.param_specs(inputs)), ("state", op.state_specs(inputs))):
+            for name, spec in flatten_specs(specs):
+                weights.append([name, shape_str(spec.shape), dtype_str(self.param_dtype), kind,
+                                None if spec.axes is None else
+                                ",".join(a if a is not None else "-" for a in spec.axes)])
+        if weights:
+            item["weights"] = weights
+        flops = op.flops(inputs, outputs, param_dtype=self.param_dtype, inference_mode=False)
+        activations = _sum(size(o) * o.dtype.itemsize for o in outputs)
+        item["flops_f"], item["act_f"] = flops, activations
+        return item
+
+    # --- one level ---------------------------------------------------------------------
+
+    def scope(self, graph, bindings: Mapping[str, Any], prefix: str = "") -> dict:
+        """The scope of ``graph``; ``bindings``: its symbolic input dims -> the dims it is
+        called with (outer graph's dims), so formulas are in the top level's dims."""
+        def bound(spec):
+            return spec.with_shape(substitute(spec.shape, bindings))
+
+        counts = count_params(graph)
+        casts = _casts_around(graph)
+        index: dict[str, int] = {}
+        nodes: list[dict] = []
+        edges: list[list[int]] = []
+        for node in graph.nodes:
+            path = prefix + node.name
+            inputs = tuple(bound(s) for s in graph.input_specs_of(node))
+            outputs = tuple(bound(s) for s in node.outputs)
+            item = self.node(graph, node, path, inputs, outputs, counts, casts)
+            body = node.op.subgraph()
+            if body is not None:
+                inner: dict[str, Any] = {}
+                for want, got in zip(body.input_specs, inputs):
+                    match_shape(want.shape, got.shape, inner)
+                sub = self.scope(body, inner, path + "/")
+                item["sub"] = sub
+                item["graph"] = body.name
+                item["layers"] = sum(1 for n in node.op.graph.nodes
+                                     if n.name not in node.op.graph.inputs)
+                self.totals(item, sub["n"])
+            index[node.name] = len(nodes)
+            nodes.append(item)
+            for slot, v in enumerate(node.inputs):
+                edges.append([index[v.node], v.index, index[node.name], slot])
+        for item in nodes:
+            self.finish(item)
+        scope = {"n": nodes, "e": edges, "i": [[index[name], 0] for name in graph.inputs],
+                 "o": [[index[v.node], v.index] for v in graph.outputs]}
+        if self.fold:
+            from .fold import fold_runs
+
+            scope = fold_runs(graph, scope, self)
+        return scope
+
+    def totals(self, item: dict, members: list[dict]) -> None:
+        """A block's (or a fold's) FLOPs and activation bytes: the sum of its layers'."""
+        flops = [m.get("_flops") for m in members]
+        item["flops_f"] = None if any(f is None for f in flops) else _sum(flops)
+        item["act_f"] = _sum(m.get("_act", 0) for m in members)
+
+    def finish(self, item: dict) -> None:
+        """Formulas to text and numbers (the objects themselves are not JSON)."""
+        if "flops_f" not in item:
+            return
+        flops, act = item.pop("flops_f"), item.pop("act_f")
+        item["flops"] = _formula(flops)
+        item["flops_v"] = _evaluate(flops, self.dims, self.unbound)
+        item["act"] = _formula(act)
+        item["act_v"] = _evaluate(act, self.dims, self.unbound)
+        item["_flops"], item["_act"] = flops, act  # kept for folds; dropped at the end
+        if self.custom is not None:
+            value = self.custom.get(item["id"])
+            if value is None and "sub" in item:  # a block: the sum of what its layers have
+                inner = [m["val"] for m in item["sub"]["n"] if "val" in m]
+                value = sum(inner) if inner else None
+            if value is not None:
+                item["val"] = value
+
+
+def _casts_around(graph) -> dict[str, list[str]]:
+    """Node name -> the policy-inserted casts that feed it or read it."""
+    result: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        if getattr(node.op, "inserted", False):
+            for v in node.inputs:
+                result.setdefault(v.node, []).append(
+                    f"{node.name}: casts the output to {dtype_str(node.outputs[0].dtype)}")
+    for node in graph.nodes:
+        for v in node.inputs:
+            source = graph.node(v.node)
+            if getattr(source.op, "inserted", False) and not getattr(node.op, "inserted", False):
+                result.setdefault(node.name, []).append(
+                    f"{source.name}: casts the input to {dtype_str(source.outputs[0].dtype)}")
+    return result
+
+
+def walk_payload(scope: dict):
+    """Every node dict of a scope, nested scopes' included (depth first)."""
+    for item in scope["n"]:
+        yield item
+        if "sub" in item:
+            yield from walk_payload(item["sub"])
+
+
+def _strip(scope: dict) -> None:
+    for item in walk_payload(scope):
+        item.pop("_flops", None)
+        item.pop("_act", None)
+
+
+def _check_overlay(overlay, paths: set[str]):
+    """``(initial overlay name, custom values or None)``; ``GraphError`` for anything else."""
+    if overlay is None or (isinstance(overlay, str) and overlay in OVERLAYS):
+        return overlay or "dtype", None
+    if isinstance(overlay, str):
+        raise GraphError(f"overlay must be one of {', '.join(OVERLAYS)} or a dict of layer "
+                         f"path -> number, got {overlay!r}")
+    if not isinstance(overlay, Mapping):
+        raise GraphError(f"overlay must be one of {', '.join(OVERLAYS)} or a dict of layer "
+                         f"path -> number, got {type(overlay).__name__}")
+    values = {}
+    for key, value in overlay.items():
+        if not isinstance(key, str):
+            raise GraphError(f"overlay keys are layer paths (str), got {key!r}")
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise GraphError(f"overlay[{key!r}] must be a number, got {value!r}")
+        if not np.isfinite(float(value)):
+            raise GraphError(f"overlay[{key!r}] must be finite, got {value!r}")
+        values[key] = float(value)
+    unknown = sorted(set(values) - paths)
+    if unknown:
+        raise GraphError(f"overlay names {unknown[0]!r}, which is no layer path of the graph "
+                         f"(paths look like 'block0/attention')")
+    return "custom", values
+
+
+def _all_paths(graph) -> set[str]:
+    from ...compiler.flatten import flatten
+
+    return set(flatten(graph).nodes)
+
+
+def scope_of(graph, *, param_dtype="float32", dims=None, sharding=None, hlo=None,
+             overlay=None, fold: bool = True) -> tuple[dict, dict]:
+    """The root scope of ``graph`` and the facts about it the page needs (``overlay``
+    chosen, which dims were left at 1)."""
+    from ...ir.graph import Graph
+
+    if not isinstance(graph, Graph):
+        raise GraphError(f"the explorer draws an mg.Graph or mg.CompiledModel, got "
+                         f"{type(graph).__name__}")
+    dims = dict(dims or {})
+    for name, value in dims.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise GraphError(f"dim {name}={value!r}: dims are non-negative ints (batch=8)")
+    initial, custom = _check_overlay(overlay, _all_paths(graph))
+    builder = _Builder(param_dtype=param_dtype, dims=dims, sharding=sharding, hlo=hlo,
+                       overlay=custom, fold=fold)
+    root = builder.scope(graph, {})
+    _strip(root)
+    facts = {"overlay": initial, "custom": custom is not None,
+             "dims": {k: int(v) for k, v in dims.items()}, "unbound": list(builder.unbound)}
+    return root, facts
+
+
+def graph_payload(graph, *, overlay=None, dims=None, title: str | None = None,
+                  fold: bool = True) -> dict:
+    """The page data of a graph (see the module's docstring)."""
+    root, facts = scope_of(graph, dims=dims, overlay=overlay, fold=fold)
+    counts = count_params(graph).values()
+    return {"version": 1, "title": title or graph.name, "graph": graph.name,
+            "params": int(sum(t + s for t, s in counts)), "compiled": False, "policy": None,
+            "root": root, **facts}
+
+
+def model_payload(model, *, overlay=None, dims=None, hlo: bool = False,
+                  title: str | None = None, fold: bool = True) -> dict:
+    """The page data of a compiled model: its compiled graph (inserted casts as nodes),
+    weights at the policy's ``param_dtype``, sharding labels with a mesh and, with
+    ``hlo=True``, each layer's optimized HLO operations (needs every symbolic dim)."""
+    from ...compiler.policy import Policy
+
+    policy = model.policy or Policy()
+    by_layer = model.hlo_by_layer(optimized=True, **(dims or {})) if hlo else None
+    sharding = None if model.sharding is None else model.sharding.labels()
+    root, facts = scope_of(model.graph, param_dtype=policy.param_dtype, dims=dims,
+                           sharding=sharding, hlo=by_layer, overlay=overlay, fold=fold)
+    counts = count_params(model.graph).values()
+    return {"version": 1, "title": title or model.graph.name, "graph": model.graph.name,
+            "params": int(sum(t + s for t, s in counts)), "compiled": True,
+            "policy": None if model.policy is None else repr(model.policy),
+            "hlo": bool(hlo), "root": root, **facts}
