@@ -1,7 +1,7 @@
 """Example graphs used by the demo, the docs and the tests, and the bundled data."""
 
 from .data import load_digits
-from .models import lstm_classifier, mlp, residual_block, residual_cnn, transformer_block
+from .models import lstm_classifier, mlp, residual_block, residual_cnn, transformer_block, transformer_lm
 
-__all__ = ["mlp", "residual_block", "residual_cnn", "transformer_block", "lstm_classifier",
+__all__ = ["mlp", "residual_block", "residual_cnn", "transformer_block", "transformer_lm", "lstm_classifier",
            "load_digits"]

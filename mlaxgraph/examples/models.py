@@ -1,5 +1,6 @@
 """Example graphs: an MLP, a residual CNN (with a ResNet basic block), a Transformer
-encoder block and an LSTM sequence classifier."""
+encoder block, a deep causal Transformer language model and an LSTM sequence
+classifier."""
 
 from __future__ import annotations
 
@@ -96,3 +97,27 @@ def lstm_classifier(vocab: int = 100, length: int = 20, width: int = 32, hidden:
     h = ops.Embedding(vocab, width, name="embed")(tokens)
     _, final_h, _ = ops.LSTM(hidden, return_state=True, name="lstm")(h)
     return Graph(tokens, ops.Linear(classes, name="logits")(final_h), name="lstm_classifier")
+
+
+def transformer_lm(vocab: int = 256, length: int = 64, depth: int = 4, width: int = 128,
+                   heads: int = 4, mlp: int | None = None, dropout: float = 0.0) -> Graph:
+    """A causal Transformer language model: token ids ``(batch, length)`` -> embeddings
+    -> ``depth`` pre-norm causal blocks (``block0``, ``block1``, ..., each a call of
+    one ``transformer_block`` graph with weights of its own) -> a final LayerNorm ->
+    next-token logits ``(batch, length, vocab)``. The blocks form one run of equal
+    blocks, which ``mg.compile(..., scan_blocks=True)`` folds into one scan.
+
+    Example:
+      >>> lm = transformer_lm(vocab=32, length=8, depth=3, width=16, heads=2)
+      >>> [node.name for node in lm.nodes]
+      ['tokens', 'embed', 'block0', 'block1', 'block2', 'ln_final', 'logits']
+      >>> lm.output_specs
+      (f32[batch,8,32],)
+    """
+    tokens = Input(("batch", length), "int32", name="tokens")
+    block = transformer_block(length, width, heads, mlp or 4 * width, causal=True, dropout=dropout)
+    h = ops.Embedding(vocab, width, name="embed")(tokens)
+    for i in range(depth):
+        h = block.as_block(f"block{i}")(h)
+    h = ops.LayerNorm(name="ln_final")(h)
+    return Graph(tokens, ops.Linear(vocab, name="logits")(h), name="transformer_lm")
