@@ -226,3 +226,26 @@ def test_random_chains_of_equal_blocks_scanned_match_the_reference_interpreter(d
     assert "scan" in [n.op.op_name for n in scan.graph.nodes]
     out, _ = scan.apply(*scan.stack_weights(params, state), xs, inference_mode=True)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_memory_planner_fits_its_budget_as_xla_measures_it():
+    lm = examples.transformer_lm(vocab=32, length=16, depth=4, width=32, heads=2)
+    unplanned = mg.compile(lm, scan_blocks=True, memory_budget=2**40, dims={"batch": 4})
+    plan = unplanned.memory_plan()
+    assert plan.choice == {} and plan.measured_peak == plan.baseline_peak
+    budget = int(plan.baseline_peak * 0.6)
+    model = mg.compile(lm, scan_blocks=True, memory_budget=budget, dims={"batch": 4})
+    plan = model.memory_plan()
+    assert plan.choice and plan.measured_peak <= budget < plan.baseline_peak, str(plan)
+    # the measurement is XLA's: compile the gradient step again and read it back
+    from mlaxgraph.compiler.memory import _peak, gradient_step
+    params, state = jax.eval_shape(model.init_fn, jax.random.key(0))
+    tokens = jax.ShapeDtypeStruct((4, 16), jnp.int32)
+    assert _peak(gradient_step(model.apply_fn, params, state, (tokens,))) == plan.measured_peak
+    assert "remat:" in model.summary()
+    with pytest.raises(mg.GraphError, match="cannot be met"):
+        mg.compile(lm, scan_blocks=True, memory_budget=10_000, dims={"batch": 4})
+    with pytest.raises(mg.GraphError, match="pass dims="):
+        mg.compile(lm, memory_budget="1GiB")
+    with pytest.raises(mg.GraphError, match="compiled without memory_budget"):
+        mg.compile(lm).memory_plan()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -56,6 +57,7 @@ class CompiledModel:
         self.source_graph = source_graph
         self.policy = policy
         self.program = program
+        self._memory_plan = None  # set by compile() when planned for a memory budget
         self.sharding = sharding  # a distributed.plan.ShardingPlan, or None without a mesh
         self.init_fn = make_init(program, (policy or Policy()).param_dtype, sharding)
         self.apply_fn = make_apply(program, sharding)
@@ -125,6 +127,14 @@ class CompiledModel:
 
         return save_hlo(self, directory, *example, params=params, state=state,
                         inference_mode=inference_mode, **dims)
+
+    def memory_plan(self):
+        """What ``memory_budget`` chose: an ``mlaxgraph.compiler.memory.MemoryPlan``
+        with the choice, the predicted and the measured peak."""
+        if self._memory_plan is None:
+            raise GraphError("this model was compiled without memory_budget: "
+                             "mg.compile(graph, memory_budget='2GiB', dims={'batch': 64})")
+        return self._memory_plan
 
     def stack_weights(self, params: Any, state: Any = None) -> tuple[Any, Any]:
         """``(params, state)`` in the graph's own layout (each block's weights under its
@@ -201,7 +211,8 @@ def _check_overrides(graph: Graph, policy: Policy) -> None:
 
 
 def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
-            rules: Any = None, *, scan_blocks: bool = False, remat: Any = None) -> CompiledModel:
+            rules: Any = None, *, scan_blocks: bool = False, remat: Any = None,
+            memory_budget: Any = None, dims: Mapping[str, int] | None = None) -> CompiledModel:
     """Runs the compiler's passes on ``graph`` and lowers it to a jitted init/apply.
 
     Args:
@@ -222,6 +233,10 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         ``"none"`` (the default), ``"full"`` (each block, or each layer of a graph
         without blocks, under ``jax.checkpoint``), ``"dots"`` (keep only matmul results
         without batch dims), or a dict of block or layer names to those.
+      memory_budget: bytes, or a size such as ``"2GiB"``: a planner chooses the
+        rematerialization (instead of ``remat``) so that the gradient step's peak
+        memory, measured by XLA at ``dims``, fits; ``model.memory_plan()`` shows it.
+      dims: the symbolic dims' values (``{"batch": 64}``) the budget is for.
 
     Raises:
       GraphError, ShapeError, DTypeError: for a graph the passes reject, naming the
@@ -237,9 +252,43 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
     if rules is not None and mesh is None:
         raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
     compiled = run_passes(graph, default_passes(policy, scan_blocks=bool(scan_blocks)))
+    plan = None
+    if memory_budget is not None:
+        if remat is not None:
+            raise GraphError("give remat or memory_budget, not both: the planner chooses the remat")
+        plan = _plan_memory(compiled, policy, memory_budget, dims)
+        remat = dict(plan.choice)
     program = flatten(compiled, remat=resolve_remat(compiled, remat))
-    if mesh is None:
-        return CompiledModel(compiled, graph, policy, program)
-    from ..distributed.plan import plan_sharding
+    sharding = None
+    if mesh is not None:
+        from ..distributed.plan import plan_sharding
 
-    return CompiledModel(compiled, graph, policy, program, plan_sharding(program, mesh, rules))
+        sharding = plan_sharding(program, mesh, rules)
+    model = CompiledModel(compiled, graph, policy, program, sharding)
+    model._memory_plan = plan
+    return model
+
+
+def _plan_memory(compiled: Graph, policy: Policy | None, budget: Any, dims: Mapping[str, int] | None):
+    """The planner's choice for ``memory_budget`` (compiler/memory.py): each choice
+    measured on the compiled gradient step at ``dims``."""
+    from ..core.specs import dim_names
+    from .memory import gradient_step, parse_bytes, plan_memory
+
+    budget = parse_bytes(budget)
+    dims = dict(dims or {})
+    needed = [n for s in compiled.input_specs for n in dim_names(s.shape)]
+    missing = [n for n in dict.fromkeys(needed) if n not in dims]
+    if missing:
+        raise GraphError(f"memory_budget plans for given sizes: pass dims={{{missing[0]!r}: ...}} "
+                         f"(the graph's symbolic dims: {', '.join(dict.fromkeys(needed))})")
+    param_dtype = (policy or Policy()).param_dtype
+    base = flatten(compiled)
+    params, state = jax.eval_shape(make_init(base, param_dtype), jax.random.key(0))
+    inputs = tuple(s.bind(dims) for s in compiled.input_specs)
+
+    def measure(choice):
+        program = flatten(compiled, remat=resolve_remat(compiled, dict(choice)))
+        return gradient_step(make_apply(program), params, state, inputs)
+
+    return plan_memory(base, budget, dims, measure)

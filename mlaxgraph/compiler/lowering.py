@@ -67,20 +67,29 @@ def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[di
                 leaves.append((which, step.weights, path, salt(prefix + path), spec))
                 # The tree's order is the layers' (the values come by groups).
                 trees[which] = set_in(trees[which], step.weights + tuple(path.split("/")), None)
+    # Every weight's key: ``key`` folded with its layer path's names and its own; the
+    # chains of one length folded in one vmapped call.
+    chains: dict[int, list[list[int]]] = {}
+    where: list[tuple[int, int]] = []  # per leaf: (chain length, its row)
+    for _, weights, _, path_salt, _ in leaves:
+        rows = chains.setdefault(len(weights) + 1, [])
+        where.append((len(weights) + 1, len(rows)))
+        rows.append([salt(n) for n in weights] + [path_salt])
+    keys = {length: jax.vmap(lambda chain: _fold_all(key, chain))(jnp.asarray(rows, jnp.uint32))
+            for length, rows in chains.items()}
     groups: dict = {}
-    for leaf in leaves:
+    for index, leaf in enumerate(leaves):
         spec = leaf[4]
-        groups.setdefault((spec.init, tuple(spec.shape), len(leaf[1])), []).append(leaf)
-    for (initializer, shape, _), members in groups.items():
-        # One key per weight: ``key`` folded with its layer path's names and its own.
-        chains = jnp.asarray([[salt(n) for n in weights] + [path_salt]
-                              for _, weights, _, path_salt, _ in members], jnp.uint32)
-        keys = jax.vmap(lambda chain: _fold_all(key, chain))(chains)
+        groups.setdefault((spec.init, tuple(spec.shape)), []).append(index)
+    for (initializer, shape), members in groups.items():
+        member_keys = [keys[length][row] for length, row in (where[i] for i in members)]
         if len(members) == 1:
-            values = initializer(keys[0], shape, dtype)[None]
+            values = initializer(member_keys[0], shape, dtype)[None]
         else:
-            values = jax.vmap(lambda k, init=initializer, shape=shape: init(k, shape, dtype))(keys)
-        for i, (which, weights, path, _, _) in enumerate(members):
+            values = jax.vmap(lambda k, init=initializer, shape=shape: init(k, shape, dtype))(
+                jnp.stack(member_keys))
+        for i, index in enumerate(members):
+            which, weights, path, _, _ = leaves[index]
             trees[which] = set_in(trees[which], weights + tuple(path.split("/")), values[i])
     return trees["params"], trees["state"]
 
