@@ -20,9 +20,10 @@ F32, BF16, I32, BOOL = "float32", "bfloat16", "int32", "bool"
 
 # Structural ops, not layers a user calls: "input" is made by mg.Input and is the graph's
 # argument (it has no apply); "block" is a Graph called on tensors, which the lowering
-# runs by walking the inner graph (it has no apply of its own either). Both are covered
-# by the model tests (test_models_numerics.py), not here.
-STRUCTURAL = {"input", "block"}
+# runs by walking the inner graph (it has no apply of its own either), and "scan" a run
+# of blocks the compiler folds (tests/test_scan.py). They are covered by the model
+# tests (test_models_numerics.py, test_scan.py), not here.
+STRUCTURAL = {"input", "block", "scan"}
 
 
 def _two(a, b):
