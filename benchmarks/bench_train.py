@@ -59,11 +59,12 @@ import models_hand
 import models_mg
 import models_spec as S
 
-SYSTEMS = ("mlaxgraph", "hand", "linen", "nnx", "haiku", "equinox")
+SYSTEMS = ("mlaxgraph", "hand", "linen", "nnx", "haiku", "equinox", "keras")
 LABELS = {"mlaxgraph": "mlaxgraph", "hand": "hand-written JAX", "linen": "Flax linen",
-          "nnx": "Flax NNX", "haiku": "Haiku", "equinox": "Equinox"}
+          "nnx": "Flax NNX", "haiku": "Haiku", "equinox": "Equinox", "keras": "Keras 3"}
 PEERS = {"linen": ("models_flax", "make_linen", "flax"), "nnx": ("models_flax", "make_nnx", "flax"),
-         "haiku": ("models_haiku", "make", "haiku"), "equinox": ("models_equinox", "make", "equinox")}
+         "haiku": ("models_haiku", "make", "haiku"), "equinox": ("models_equinox", "make", "equinox"),
+         "keras": ("models_keras", "make", "keras")}
 GOALS = {"step": 1.02, "call": 1.05, "first": 1.10, "fused": 0.25}
 FUSED_K = 32
 
@@ -87,6 +88,10 @@ HOW = {
     "equinox": ("`models_equinox.py`", "`eqx.Module`s acting on one example, `jax.vmap`-ed (with "
                 "`axis_name` for BatchNorm) and `eqx.nn.State`; `eqx.filter_jit(donate=\"all-except-first\")` "
                 "and `eqx.filter_value_and_grad`"),
+    "keras": ("`models_keras.py`", "Keras 3 functional models of built-in layers on the JAX backend; "
+              "the custom JAX loop Keras documents: `model.stateless_call` inside a jitted "
+              "`jax.value_and_grad`, the same optax Adam, the state donated (Keras's own "
+              "`train_on_batch` and `fit` are timed beside it on the MLP)"),
 }
 DIFFERENCES = (
     "Where the systems' versions of a model differ (each uses its library's own layers): conv "
@@ -118,7 +123,7 @@ def makers() -> tuple[dict, dict]:
 
 def versions() -> dict[str, str]:
     out = {}
-    for dist in ("jax", "jaxlib", "optax", "flax", "dm-haiku", "equinox"):
+    for dist in ("jax", "jaxlib", "optax", "flax", "dm-haiku", "equinox", "keras"):
         try:
             from importlib.metadata import version
 
@@ -450,6 +455,12 @@ def run(quick: bool = False, models=None, seed: int = 0) -> dict:
         print(f"   steady steps: {name}", file=sys.stderr, flush=True)
         extra = {f"hand:{v}": _hand_variant(v) for v, m in models_hand.VARIANTS.items() if m == name}
         res["steady"][name] = steady(name, make, rounds, chunk, seed + i, extra=extra)
+    if "keras" in make and "mlp" in models:
+        print("   keras fit and train_on_batch: mlp", file=sys.stderr, flush=True)
+        import models_keras
+
+        x, y = S.batch(S.SPECS["mlp"])
+        res["keras_own"] = models_keras.fit_and_train_on_batch("mlp", x, y)
     print("   per-call overhead: tiny_mlp", file=sys.stderr, flush=True)
     res["call"] = steady("tiny_mlp", make, 20 if quick else 50, 0.01 if quick else 0.02, seed + 10,
                          block_each=True)
@@ -560,6 +571,14 @@ def markdown(res: dict) -> str:
             "the other processes on the machine):", "",
             md_table(["model", "median ratio", "95% CI of the median", "IQR of rounds",
                       "CPU-time ratio (median)", "steps per chunk"], rows), ""]
+    if "keras_own" in res and "mlp" in res["steady"]:
+        hand = s["steady"]["mlp"]["hand"]["time"]
+        own = res["keras_own"]
+        out += ["Keras's own training on the MLP (Adam, `jit_compile=True`), per step, against the "
+                "hand-written step of the table above (its median; the Keras runs come after the "
+                "interleaved rounds, so their ratios are less exact):", "",
+                md_table(["Keras 3", "per step", "ratio to hand-written"],
+                         [[f"`{k}`", fmt_time(v), f"{v / hand:.2f}"] for k, v in own.items()]), ""]
 
     # Design variants.
     VARIANT_TEXT = {
