@@ -64,7 +64,8 @@ def flatten(graph: Graph) -> Program:
                 inputs=inputs, input_specs=specs,
                 output_specs=tuple(bound(s) for s in node.outputs),
                 rng_path=names if node.op.uses_rng() else (),
-                param_specs=node.op.param_specs(specs), state_specs=node.op.state_specs(specs)))
+                param_specs=node.op.param_specs(specs), state_specs=node.op.state_specs(specs),
+                dims=bindings))
             values[path] = tuple((path, i) for i in range(len(node.outputs)))
 
     visit(graph, (), (), tuple((name, 0) for name in graph.inputs), {})

@@ -93,7 +93,7 @@ def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | Non
                                           got=str(out.dtype), expected=str(spec.dtype),
                                           source=node.source,
                                           context=context_lines(step.graph, node.name)))
-        if bindings is None:
+        if bindings is None or any(is_symbolic(v) for v in bindings.values()):
             continue
         try:
             want = bind_dims(spec.shape, bindings)
@@ -119,7 +119,9 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
       inputs: one array per graph input.
       rng: the apply key (None: no step may need one).
       inference_mode: passed to every layer.
-      bindings: the values of the symbolic dims (to check output shapes), or None.
+      bindings: the values of the symbolic dims by name, or None: ops whose
+        hyperparameters hold symbolic dims are bound to them, and when they are ints,
+        output shapes are checked against them.
       hook: sees the inputs and every step's outputs (see ``Hook``).
     """
     env: dict = {}
@@ -132,7 +134,10 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
         s = _weights(step, new_state, "state")
         with jax.named_scope(scope_name(step.path)):
             key = step_key(rng, step.rng_path) if step.rng_path and rng is not None else None
-            outs, s2 = step.op.apply(p, s, args, rng=key, inference_mode=inference_mode)
+            op = step.op
+            if op.symbolic_fields and bindings is not None:
+                op = op.bind(step.dims).bind(bindings)
+            outs, s2 = op.apply(p, s, args, rng=key, inference_mode=inference_mode)
             outs = tuple(outs)
             _check_outputs(step, outs, bindings)
             if hook is not None:

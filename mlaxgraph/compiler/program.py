@@ -58,6 +58,9 @@ class Step:
       rng_path: the names folded into the apply key for it (its path's names), or
         ``()`` when it needs no key.
       param_specs, state_specs: its weights, as its op declares them.
+      dims: the symbolic dims of the block holding it, by name, as dims of the graph
+        being compiled (empty at the top level): ops with symbolic hyperparameters are
+        bound to them before the graph's own.
     """
 
     path: str
@@ -71,6 +74,7 @@ class Step:
     rng_path: tuple[str, ...]
     param_specs: Mapping[str, Any]
     state_specs: Mapping[str, Any]
+    dims: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def op(self) -> Layer:

@@ -5,5 +5,7 @@ from .builder import SymbolicTensor
 from .graph import Graph, Input, InputLayer
 from .node import Node, SourceInfo, Value
 from .op import Layer
+from .sequential import Sequential
 
-__all__ = ["Layer", "Node", "Value", "SourceInfo", "SymbolicTensor", "Graph", "Input", "InputLayer", "Block"]
+__all__ = ["Layer", "Node", "Value", "SourceInfo", "SymbolicTensor", "Graph", "Input", "InputLayer", "Block",
+           "Sequential"]

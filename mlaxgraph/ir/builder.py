@@ -10,7 +10,10 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import GraphError, MlaxGraphError, ShapeError, SourceInfo, capture_source, node_message
+from ..core.registry import lookup
 from ..core.specs import TensorSpec, flatten_specs
 from .node import Node, Value
 
@@ -83,6 +86,87 @@ class SymbolicTensor:
     def __array__(self, *args, **kwargs):
         raise GraphError("a symbolic tensor has no data; wrap array code in ops.F(fn) to "
                          "make it a layer")
+
+    # Operators: each records an ordinary op node (``add``, ``getitem``, ...). A Python
+    # scalar operand becomes the op's ``constant``, weakly typed: it never changes the
+    # tensor's dtype. ``==`` and ``!=`` keep their Python meaning (identity), so that
+    # tensors can be compared and hashed; ``ops.equal`` and ``ops.not_equal`` make nodes.
+
+    __array_priority__ = 100  # NumPy scalars on the left defer to our reflected operators
+
+    def __add__(self, other):
+        return _binary("add", self, other)
+
+    def __radd__(self, other):
+        return _binary("add", self, other, reverse=True)
+
+    def __sub__(self, other):
+        return _binary("sub", self, other)
+
+    def __rsub__(self, other):
+        return _binary("sub", self, other, reverse=True)
+
+    def __mul__(self, other):
+        return _binary("mul", self, other)
+
+    def __rmul__(self, other):
+        return _binary("mul", self, other, reverse=True)
+
+    def __truediv__(self, other):
+        return _binary("div", self, other)
+
+    def __rtruediv__(self, other):
+        return _binary("div", self, other, reverse=True)
+
+    def __pow__(self, other):
+        return _binary("pow", self, other)
+
+    def __rpow__(self, other):
+        return _binary("pow", self, other, reverse=True)
+
+    def __matmul__(self, other):
+        return _binary("matmul", self, other, scalars=False)
+
+    def __rmatmul__(self, other):
+        return _binary("matmul", self, other, reverse=True, scalars=False)
+
+    def __lt__(self, other):
+        return _binary("less", self, other)
+
+    def __le__(self, other):
+        return _binary("less_equal", self, other)
+
+    def __gt__(self, other):
+        return _binary("greater", self, other)
+
+    def __ge__(self, other):
+        return _binary("greater_equal", self, other)
+
+    def __neg__(self):
+        return lookup("neg")()(self)
+
+    def __pos__(self):
+        return self
+
+    def __getitem__(self, index):
+        return lookup("getitem")(index if isinstance(index, tuple) else (index,))(self)
+
+    __hash__ = object.__hash__
+
+
+_SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def _binary(op_name: str, tensor: SymbolicTensor, other: Any, *, reverse: bool = False,
+            scalars: bool = True):
+    """``tensor <op> other`` (``other <op> tensor`` when ``reverse``) as a node."""
+    cls = lookup(op_name)
+    if isinstance(other, SymbolicTensor):
+        return cls()(other, tensor) if reverse else cls()(tensor, other)
+    if scalars and isinstance(other, _SCALARS) and np.ndim(other) == 0:
+        value = other.item() if isinstance(other, np.generic) else other
+        return cls(constant=value, reverse=reverse)(tensor)
+    return NotImplemented
 
 
 def call_layer(layer, args: Sequence[Any], kwargs: dict[str, Any]):
