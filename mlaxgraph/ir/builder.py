@@ -174,6 +174,8 @@ def call_layer(layer, args: Sequence[Any], kwargs: dict[str, Any]):
     source = capture_source()
     try:
         args = layer.call_inputs(*args, **kwargs)
+    except MlaxGraphError as e:
+        raise type(e)(node_message(label(layer), layer.op_name, e.problem, source=source)) from None
     except TypeError as e:
         raise TypeError(node_message(label(layer), layer.op_name, str(e), source=source)) from None
     for arg in args:

@@ -256,8 +256,10 @@ class MultiHeadAttention(Layer):
             count = count + 2 * scores  # to float32 for the softmax and back
         if len(inputs) == 3 or self.causal:
             count = count + scores  # the mask's select
-        if len(inputs) == 3 and self.causal:
-            count = count + scores  # and of the two masks
+        if len(inputs) == 3 and self.causal:  # the and of the two masks
+            mask = inputs[2].shape
+            mask = (1, 1) + mask if len(mask) == 2 else mask[:1] + (1,) + mask[1:] if len(mask) == 3 else mask
+            count = count + size(broadcast_shapes(mask, (1, 1, q_len, kv_len)))
         if self.causal:
             count = count + q_len * kv_len  # compare of two iotas
         if self.dropout > 0 and not inference_mode:

@@ -194,8 +194,11 @@ class Conv(SpatialLayer):
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """``2 * in_channels / groups * features`` per kernel tap that lands on the
         input (taps on the padding are not counted, as XLA does), per example; the
-        bias add, and the converts of the weights and of a ``preferred_element_type``
-        result."""
+        bias add, the activation, and the converts of the weights and of a
+        ``preferred_element_type`` result."""
+        if isinstance(self.kernel_size, int):
+            return self.resolved(inputs).flops(inputs, outputs, param_dtype=param_dtype,
+                                               inference_mode=inference_mode)
         (x,), (y,) = inputs, outputs
         first = 1 if self.channels_last else 2
         spatial_in = x.shape[first:first + len(self.kernel_size)]

@@ -10,7 +10,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import ShapeError
+from ..core.errors import DTypeError, ShapeError
 from ..core.registry import register
 from ..core.specs import is_symbolic, shape_str
 from .base import Layer, expect_count, field, same_dtype
@@ -50,6 +50,22 @@ def to_scalar(value, layer):
     layer.invalid(f"constant must be a Python scalar (bool, int, float), got {type(value).__name__}")
 
 
+def _kind(value) -> int:
+    return 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2
+
+
+def _check_constant(spec, constant) -> None:
+    """A constant may not be of a wider kind than the tensor (a float with an integer
+    tensor, an int with a boolean one): that would promote the tensor's dtype."""
+    dtype = np.dtype(spec.dtype)
+    kind = 0 if dtype == np.dtype(bool) else 2 if spec.is_float else 1
+    if _kind(constant) > kind:
+        raise DTypeError(f"the constant {constant!r} would promote the {dtype} tensor; cast the "
+                         f"tensor with ops.cast(x, dtype) or write the constant as a "
+                         f"{'bool' if kind == 0 else 'int'}",
+                         expected=f"a {dtype} tensor and a {'bool' if kind == 0 else 'int'} constant")
+
+
 @dataclasses.dataclass(frozen=True)
 class Binary(Layer):
     """``fn(a, b)`` of two tensors, or of one tensor and ``constant`` (``fn(x,
@@ -73,6 +89,7 @@ class Binary(Layer):
     def infer(self, inputs):
         if self.constant is not None:
             expect_count(inputs, 1)
+            _check_constant(inputs[0], self.constant)
             return (inputs[0].with_dtype(self._dtype(inputs[0].dtype)),)
         expect_count(inputs, 2)
         same_dtype(inputs)
@@ -117,18 +134,16 @@ class Mul(Binary):
 @register("div")
 @dataclasses.dataclass(frozen=True)
 class Div(Binary):
-    """True division (``/``): integer tensors give the default float, as in NumPy."""
+    """True division (``/``) of float tensors (cast integers first: no silent
+    promotion)."""
 
     fn = staticmethod(jnp.true_divide)
 
-    def _dtype(self, dtype):
-        return np.dtype(jnp.result_type(dtype if self.constant is None else
-                                        jnp.result_type(dtype, self.constant), float))
-
-    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        """A divide per output element, and the converts of integer inputs."""
-        (y,) = outputs
-        return size(y) + sum(size(s) for s in inputs if s.dtype != y.dtype)
+    def infer(self, inputs):
+        if inputs and not inputs[0].is_float:
+            raise DTypeError(f"true division needs float tensors, got {inputs[0].dtype}",
+                             expected="a float dtype; cast with ops.cast(x, 'float32')")
+        return super().infer(inputs)
 
 
 @register("pow")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from ..core.errors import ShapeError
@@ -40,6 +39,11 @@ def interpolation(n_in: int, n_out: int, method: str):
     low = np.minimum(np.floor(src).astype(np.int32), n_in - 1)
     high = np.minimum(low + 1, n_in - 1)
     return low, high, src - low
+
+
+def _gather(x, axis: int, indices: np.ndarray):
+    """``x`` at the (in-range) ``indices`` along ``axis``: one gather, no index checks."""
+    return x.at[(slice(None),) * axis + (indices,)].get(mode="promise_in_bounds")
 
 
 class _Interpolate(Layer):
@@ -80,12 +84,12 @@ class _Interpolate(Layer):
                 continue
             low, high, weight = interpolation(n_in, n_out, self.method)
             if weight is None:
-                x = jnp.take(x, low, axis=a)
+                x = _gather(x, a, low)
                 continue
             shape = [1] * x.ndim
             shape[a] = n_out
-            w = np.asarray(weight, x.dtype).reshape(shape)
-            x = jnp.take(x, low, axis=a) * (1 - w) + jnp.take(x, high, axis=a) * w
+            w = weight.reshape(shape)
+            x = _gather(x, a, low) * np.asarray(1 - w, x.dtype) + _gather(x, a, high) * np.asarray(w, x.dtype)
         return x
 
     def _flops(self, x):

@@ -104,10 +104,11 @@ class Where(Layer):
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         cond, rest = inputs[0], list(inputs[1:])
-        x = self.x_constant if self.x_constant is not None else rest.pop(0)
-        y = self.y_constant if self.y_constant is not None else rest.pop(0)
-        dtype = (inputs[1] if len(inputs) > 1 else cond).dtype
-        return (jnp.where(cond, x, y).astype(dtype),), state
+        dtype = rest[0].dtype
+        # Constants are made in the tensor's dtype (no convert, no promotion).
+        x = np.asarray(self.x_constant, dtype) if self.x_constant is not None else rest.pop(0)
+        y = np.asarray(self.y_constant, dtype) if self.y_constant is not None else rest.pop(0)
+        return (jnp.where(cond, x, y),), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         return size(outputs[0])  # a select per element
