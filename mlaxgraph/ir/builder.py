@@ -175,7 +175,9 @@ def call_layer(layer, args: Sequence[Any], kwargs: dict[str, Any]):
     try:
         args = layer.call_inputs(*args, **kwargs)
     except MlaxGraphError as e:
-        raise type(e)(node_message(label(layer), layer.op_name, e.problem, source=source)) from None
+        got = ", ".join(str(a.spec) for a in args if isinstance(a, SymbolicTensor)) or None
+        raise type(e)(node_message(label(layer), layer.op_name, e.problem, got=got,
+                                   expected=e.expected, source=source)) from None
     except TypeError as e:
         raise TypeError(node_message(label(layer), layer.op_name, str(e), source=source)) from None
     for arg in args:

@@ -201,11 +201,15 @@ class MultiHeadAttention(Layer):
         q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
         # Grouped-query attention: query head n * group + g reads key/value head n.
         group = self.num_heads // self.kv_heads
-        q = q.reshape(q.shape[:2] + (self.kv_heads, group, head_dim))
         # The softmax runs in at least float32 (float64 inputs keep float64).
         softmax_dtype = q.dtype if jnp.finfo(q.dtype).bits > 32 else jnp.float32
-        scores = jnp.einsum("bqngk,bsnk->bngqs", q, k).astype(softmax_dtype)
-        scores = scores.reshape((scores.shape[0], self.num_heads) + scores.shape[3:])
+        if group == 1:
+            scores = jnp.einsum("bqhk,bshk->bhqs", q, k)
+        else:
+            grouped = q.reshape(q.shape[:2] + (self.kv_heads, group, head_dim))
+            scores = jnp.einsum("bqngk,bsnk->bngqs", grouped, k)
+            scores = scores.reshape((scores.shape[0], self.num_heads) + scores.shape[3:])
+        scores = scores.astype(softmax_dtype)
         mask = self._mask(inputs, scores.shape)
         if mask is not None:
             scores = jnp.where(mask, scores, jnp.finfo(softmax_dtype).min)
@@ -213,9 +217,12 @@ class MultiHeadAttention(Layer):
         if self.dropout > 0 and not inference_mode:
             keep = jax.random.bernoulli(rng, 1.0 - self.dropout, weights.shape)
             weights = jnp.where(keep, weights / jnp.asarray(1.0 - self.dropout, weights.dtype), 0)
-        weights = weights.reshape((weights.shape[0], self.kv_heads, group) + weights.shape[2:])
-        attended = jnp.einsum("bngqs,bsnk->bqngk", weights, v)
-        attended = attended.reshape(attended.shape[:2] + (self.num_heads, head_dim))
+        if group == 1:
+            attended = jnp.einsum("bhqs,bshk->bqhk", weights, v)
+        else:
+            weights = weights.reshape((weights.shape[0], self.kv_heads, group) + weights.shape[2:])
+            attended = jnp.einsum("bngqs,bsnk->bqngk", weights, v)
+            attended = attended.reshape(attended.shape[:2] + (self.num_heads, head_dim))
         out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
         if self.use_bias:
             out = out + p["out"]["bias"]
