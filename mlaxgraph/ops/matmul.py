@@ -56,4 +56,5 @@ class MatMul(Layer):
 
 
 def matmul(a, b):
+    """``MatMul()(a, b)``, as ``a @ b``."""
     return MatMul()(a, b)

@@ -216,6 +216,7 @@ class ExpandDims(Layer):
 
 
 def identity(x):
+    """``Identity()(x)``."""
     return Identity()(x)
 
 
@@ -229,8 +230,10 @@ def where(condition, x, y):
 
 
 def squeeze(x, axis):
+    """``Squeeze(axis)(x)``."""
     return Squeeze(axis)(x)
 
 
 def expand_dims(x, axis):
+    """``ExpandDims(axis)(x)``."""
     return ExpandDims(axis)(x)
