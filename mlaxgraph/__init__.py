@@ -20,20 +20,28 @@ from .analysis.hlo.by_layer import HloByLayer, HloOperation
 from .analysis.policy_comparison import PolicyComparison, compare_policies
 from .compiler.compile import CompiledModel, compile
 from .compiler.policy import Policy
-from .core.errors import DTypeError, GraphError, MlaxGraphError, SerializationError, ShapeError, ShardingError
+from .core.errors import (
+    ConfigError,
+    DTypeError,
+    GraphError,
+    MlaxGraphError,
+    SerializationError,
+    ShapeError,
+    ShardingError,
+)
 from .core.specs import TensorSpec
 from .io.exported import ExportedModel, load_exported
 from .io.functions import register_function
 from .io.model_file import load, save
-from .ir import Graph, Input, Node, SymbolicTensor, Value
+from .ir import Graph, Input, Node, Sequential, SymbolicTensor, Value
 from .render.html import diff_html, show
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
-    "ShardingError",
-    "TensorSpec", "Graph", "Input", "Node", "Value", "SymbolicTensor",
+    "ShardingError", "ConfigError",
+    "TensorSpec", "Graph", "Input", "Sequential", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
     "PolicyComparison", "compare_policies", "show", "diff_html", "train",

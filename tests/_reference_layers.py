@@ -205,13 +205,14 @@ def lstm(x, input_kernel, recurrent_kernel, bias):
     return seq, h, c
 
 
-def gru(x, input_kernel, recurrent_kernel, bias):
-    """"Reset after" GRU, gate order r, z, n along the 3h axis; zero initial state:
-    ``r = sigmoid(x W_r + b_r + h U_r)``, ``z = sigmoid(x W_z + b_z + h U_z)``,
-    ``n = tanh(x W_n + b_n + r * (h U_n))``, ``h' = (1 - z) n + z h``.
+def gru(x, input_kernel, recurrent_kernel, bias, recurrent_bias=None):
+    """"Reset after" GRU (PyTorch's), gate order r, z, n along the 3h axis; zero initial
+    state: ``r = sigmoid(x W_r + b_ir + h U_r + b_hr)``, ``z`` likewise,
+    ``n = tanh(x W_n + b_in + r * (h U_n + b_hn))``, ``h' = (1 - z) n + z h``.
     Returns (sequence of h, final h)."""
     x = _f64(x)
     W, U, b = _f64(input_kernel), _f64(recurrent_kernel), _f64(bias)
+    bh = np.zeros_like(b) if recurrent_bias is None else _f64(recurrent_bias)
     hidden = U.shape[0]
     batch, time, _ = x.shape
     h = np.zeros((batch, hidden))
@@ -219,7 +220,7 @@ def gru(x, input_kernel, recurrent_kernel, bias):
     sl = [slice(k * hidden, (k + 1) * hidden) for k in range(3)]
     for t in range(time):
         xw = x[:, t] @ W + b
-        hu = h @ U
+        hu = h @ U + bh
         r = sigmoid(xw[:, sl[0]] + hu[:, sl[0]])
         z = sigmoid(xw[:, sl[1]] + hu[:, sl[1]])
         n = np.tanh(xw[:, sl[2]] + r * hu[:, sl[2]])

@@ -272,13 +272,46 @@ OP_CASES = {
         ops.split(ops.concat([x, x], axis=2), 2, axis=-1)[0], (-1,))),
     "cast": lambda x: ops.cast(x, "bfloat16"),
     "dropout_inference": lambda x: ops.Dropout(0.5)(x),
+    "conv_int_kernel_activation": lambda x: ops.Conv(4, 3, padding="SAME", activation="silu")(x),
+    "linear_activation": lambda x: ops.Linear(5, activation="relu")(x),
+    "conv_transpose_same": lambda x: ops.ConvTranspose(4, (3, 3), strides=2, padding="SAME")(x),
+    "conv_transpose_valid": lambda x: ops.ConvTranspose(3, (2, 3), strides=(3, 2))(x),
+    "conv_transpose_pairs_nchw": lambda x: ops.ConvTranspose(
+        5, (3, 3), strides=2, padding=((1, 0), (2, 1)), dilation=(1, 2), data_format="NCHW")(
+        ops.transpose(x, (0, 3, 1, 2))),
+    "upsample_nearest": lambda x: ops.Upsample(2)(x),
+    "upsample_bilinear": lambda x: ops.Upsample((2, 3), method="bilinear")(x),
+    "resize_bilinear_nchw": lambda x: ops.resize(ops.transpose(x, (0, 3, 1, 2)), (4, 13),
+                                                 data_format="NCHW"),
+    "max_pool_nchw": lambda x: ops.MaxPool((2, 2), data_format="NCHW")(ops.transpose(x, (0, 3, 1, 2))),
+    "global_avg_pool_nchw": lambda x: ops.GlobalAvgPool(data_format="NCHW")(x),
+    "operators": lambda x: -((x * 2.0 + 1.0) / (x - 3.0)) ** 2 - (1.0 - x) ** 3,
+    "compare_where": lambda x: ops.where(x > 0.5, x, 0.0) + ops.where(x <= x * x, 1.0, x),
+    "maximum_minimum": lambda x: ops.Maximum()(x, x * 3.0) + ops.Minimum(constant=0.5)(x),
+    "matmul_getitem": lambda x: x[:, 0, :, ::2] @ ops.transpose(x[:, 1, :, ::2], (0, 2, 1)),
+    "reductions": lambda x: ops.sum(x, axis=(1, 2)) + ops.mean(x, axis=1)[:, 0] + ops.max(x, 2)[:, 0],
+    "squeeze_expand_pad_identity": lambda x: ops.identity(ops.squeeze(ops.expand_dims(
+        ops.pad(x, ((0, 0), (1, 1), (0, 2), (0, 0))), 1), 1)),
+    "broadcast_param": lambda x: x + ops.broadcast_to(ops.Param((1, 1, 1, 6))(), (x.shape[0], 9, 10, 6)),
 }
 SEQUENCE_CASES = {
     "attention": (lambda x: ops.MultiHeadAttention(3, 5)(x), ()),
     "attention_causal": (lambda x: ops.MultiHeadAttention(3, 5, out_features=4)(
         x, mask=ops.causal_mask(x)), ()),
     "attention_cross": (lambda x, kv: ops.MultiHeadAttention(2)(x, kv), (("batch", 5, 8),)),
+    "attention_gqa_rope_causal": (lambda x: ops.MultiHeadAttention(4, 4, num_kv_heads=2, rope=True,
+                                                                   causal=True)(x), ()),
+    "attention_key_padding_causal": (lambda x, m: ops.MultiHeadAttention(2, 6, causal=True)(
+        x, mask=ops.cast(m, "int32")), (("batch", 7),)),
+    "rotary_embedding": (lambda x: ops.rotary_embedding(x), ()),
+    "embedding_attend": (lambda x: _attend(x), ()),
 }
+
+
+def _attend(x):
+    emb = ops.Embedding(20, 12)
+    emb(ops.arange(x.shape[1]))
+    return emb.attend(x)
 
 
 def _cases():
@@ -360,7 +393,7 @@ def unrolled_gru(x, wi, wh, b):
     projected = jnp.einsum("bti,ig->tbg", x, wi) + b
     for t in range(x.shape[1]):
         xr, xz, xn = jnp.split(projected[t], 3, axis=-1)
-        hr, hz, hn = jnp.split(h @ wh, 3, axis=-1)
+        hr, hz, hn = jnp.split(h @ wh + b, 3, axis=-1)  # b also stands for recurrent_bias
         r, z = jax.nn.sigmoid(xr + hr), jax.nn.sigmoid(xz + hz)
         n = jnp.tanh(xn + r * hn)
         h = (1 - z) * n + z * h

@@ -74,7 +74,8 @@ def test_dtype_error_for_integer_input_to_linear():
 
 
 def test_bad_hyperparameter_names_the_line():
-    with pytest.raises(mg.ShapeError) as info:
+    assert issubclass(mg.ConfigError, ValueError) and issubclass(mg.ConfigError, mg.MlaxGraphError)
+    with pytest.raises(mg.ConfigError) as info:
         where = next_line()
         ops.Linear(-3, name="neg")
     assert "'neg'" in str(info.value) and where in str(info.value)
@@ -236,7 +237,69 @@ def test_invalid_in_a_custom_layers_validate_names_the_users_line():
             if self.factor <= 0:
                 self.invalid(f"factor must be positive, got {self.factor}")
 
-    with pytest.raises(mg.ShapeError) as info:
+    with pytest.raises(mg.ConfigError) as info:
         where = next_line()
         Scale(-1.0, name="scale")
     assert "layer 'scale' (op test_scale)" in str(info.value) and where in str(info.value)
+
+
+# --- the forms of issue 16: operators, slices, tied heads, grouped-query attention ------
+
+
+def test_operators_on_shapes_that_do_not_broadcast_name_the_users_line():
+    a, b = mg.Input(("batch", 4)), mg.Input(("batch", 5))
+    with pytest.raises(mg.ShapeError) as info:
+        where = next_line()
+        a + b
+    assert "(op add)" in str(info.value) and where in str(info.value)
+    with pytest.raises(mg.ShapeError) as info:
+        where = next_line()
+        a @ mg.Input((3, 2))
+    assert "(op matmul)" in str(info.value) and where in str(info.value)
+
+
+def test_slices_out_of_range_name_the_users_line():
+    x = mg.Input(("batch", 8, 16))
+    with pytest.raises(mg.ShapeError) as info:
+        where = next_line()
+        x[:, 8]
+    assert "(op getitem)" in str(info.value) and "out of range" in str(info.value)
+    assert where in str(info.value)
+    with pytest.raises(mg.ShapeError) as info:
+        where = next_line()
+        x[..., :64]
+    assert "out of range" in str(info.value) and where in str(info.value)
+    with pytest.raises(mg.ShapeError, match="4 indices for a rank-3"):
+        x[0, 0, 0, 0]
+
+
+def test_attend_without_the_embedding_called_names_the_users_line():
+    emb = ops.Embedding(10, 8, name="tokens")
+    h = mg.Input(("batch", 8))
+    with pytest.raises(mg.GraphError) as info:
+        where = next_line()
+        emb.attend(h)
+    assert "layer 'tokens' (op embedding)" in str(info.value) and where in str(info.value)
+    with pytest.raises(mg.DTypeError, match="attend"):
+        emb(h)
+
+
+def test_heads_that_num_kv_heads_does_not_divide_are_a_config_error():
+    with pytest.raises(mg.ConfigError) as info:
+        where = next_line()
+        ops.MultiHeadAttention(6, 8, num_kv_heads=4, name="attn")
+    assert "layer 'attn' (op multi_head_attention)" in str(info.value)
+    assert "num_kv_heads=4 does not divide num_heads=6" in str(info.value)
+    assert where in str(info.value)
+
+
+def test_int_kernel_sizes_and_config_errors_of_the_new_layers():
+    x = mg.Input(("batch", 8, 8, 3))
+    assert ops.Conv(8, 3)(x).shape[1:] == (6, 6, 8)
+    with pytest.raises(mg.ConfigError, match="padding must be 'SAME' or 'VALID' when kernel_size"):
+        ops.Conv(8, 3, padding=((1, 1), (1, 1)))
+    for make in (lambda: ops.ConvTranspose(0, 2), lambda: ops.Upsample(2, method="cubic"),
+                 lambda: ops.Pad(((1, -1),)), lambda: ops.Linear(4, activation="nope"),
+                 lambda: ops.MultiHeadAttention(2, dropout=1.0)):
+        with pytest.raises(mg.ConfigError):
+            make()

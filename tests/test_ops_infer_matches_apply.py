@@ -37,6 +37,7 @@ def _with_rng(x, rng):
 # op name -> [(layer, [[(shape, dtype), ...] input lists...]), ...]
 CASES = {
     "linear": [
+        (ops.Linear(4, activation="gelu"), [[(("batch", 8), F32)]]),
         (ops.Linear(5), [[(("batch", 8), F32)], [((3, 8), F32)], [(("batch", 4, 8), F32)],
                          [((8,), F32)], [(("batch", 8), BF16)]]),
         (ops.Linear(3, use_bias=False), [[(("batch", "time", 8), F32)]]),
@@ -60,6 +61,7 @@ CASES = {
         (ops.Dropout(0.5), [[(("batch", 8), F32)], [((2, 3, 4), BF16)]]),
     ],
     "max_pool": [
+        (ops.MaxPool((2, 2), data_format="NCHW"), [[(("batch", 3, 8, 7), F32)]]),
         (ops.MaxPool((2, 2)), [[(("batch", 8, 8, 3), F32)], [(("batch", 7, 9, 3), BF16)],
                                [((2, 4, 4, 1), I32)]]),
         (ops.MaxPool((3,), strides=(2,), padding="SAME"), [[(("batch", 7, 2), F32)]]),
@@ -118,6 +120,8 @@ CASES = {
         (ops.GroupNorm(num_groups=2), [[(("batch", 4, 4, 6), F32)], [(("batch", 3, 4), BF16)]]),
     ],
     "avg_pool": [
+        (ops.AvgPool((3,), strides=2, padding="SAME", count_include_pad=False, data_format="NCW"),
+         [[(("batch", 2, 9), F32)]]),
         (ops.AvgPool((2, 2)), [[(("batch", 8, 8, 3), F32)], [(("batch", 7, 9, 3), BF16)]]),
         (ops.AvgPool((3, 3), strides=(2, 2), padding="SAME", count_include_pad=False),
          [[(("batch", 7, 7, 2), F32)]]),
@@ -127,6 +131,7 @@ CASES = {
         (ops.GlobalAvgPool(keepdims=True), [[(("batch", 5, 3), BF16)]]),
     ],
     "global_max_pool": [
+        (ops.GlobalMaxPool(data_format="NCHW", keepdims=True), [[(("batch", 3, 4, 5), F32)]]),
         (ops.GlobalMaxPool(), [[(("batch", 5, 3), F32)], [(("batch", 2, 3, 4, 2), BF16)]]),
     ],
     "transpose": [
@@ -144,6 +149,9 @@ CASES = {
     "multi_head_attention": [
         (ops.MultiHeadAttention(2), [[(("batch", 5, 8), F32), (("batch", 5, 8), F32)],
                                      [(("batch", 5, 8), BF16), (("batch", 5, 8), BF16)]]),
+        (ops.MultiHeadAttention(4, 2, causal=True, num_kv_heads=2, rope=True, dropout=0.1),
+         [[(("batch", 5, 8), F32), (("batch", 5, 8), F32)],
+          [(("batch", 5, 8), BF16), (("batch", 5, 8), BF16), (("batch", 1, 1, 5), BOOL)]]),
         (ops.MultiHeadAttention(2, head_dim=3, out_features=6),
          [[(("batch", 4, 8), F32), (("batch", 7, 5), F32)],
           [(("batch", 5, 8), F32), (("batch", 5, 8), F32), ((5, 5), BOOL)],
@@ -159,6 +167,67 @@ CASES = {
     "gru": [
         (ops.GRU(3), [[(("batch", 6, 2), F32)], [((2, 4, 2), BF16)]]),
         (ops.GRU(3, return_state=True), [[(("batch", 6, 2), F32)]]),
+    ],
+    "conv_transpose": [
+        (ops.ConvTranspose(4, (3, 3), strides=2, padding="SAME"),
+         [[(("batch", 5, 6, 3), F32)], [((2, 4, 4, 3), BF16)], [(("batch", "h", "w", 3), F32)]]),
+        (ops.ConvTranspose(2, 2, strides=3), [[(("batch", 4, 3), F32)], [(("batch", 2, 3, 2, 3), F32)]]),
+        (ops.ConvTranspose(3, (3, 2), strides=(2, 1), padding=((1, 0), (0, 1)), dilation=(1, 2),
+                           data_format="NCHW", use_bias=False), [[(("batch", 2, 5, 6), F32)]]),
+    ],
+    "upsample": [
+        (ops.Upsample(2), [[(("batch", 4, 5, 3), F32)], [(("batch", 3, 2), BF16)]]),
+        (ops.Upsample((2, 3), method="bilinear", data_format="NCHW"), [[(("batch", 2, 3, 4), F32)]]),
+    ],
+    "resize": [
+        (ops.Resize((7, 3)), [[(("batch", 4, 5, 3), F32)], [((2, 9, 9, 1), BF16)]]),
+        (ops.Resize((5,), method="nearest", data_format="NCHW"), [[(("batch", 2, 3), F32)]]),
+    ],
+    **{name: [
+        (cls(), [[(("batch", 4), F32), (("batch", 4), F32)],
+                 [(("batch", 1, 5), BF16), (("batch", 4, 1), BF16)]]),
+        (cls(constant=2), [[(("batch", 4), F32)], [((3, 2), BF16)]]
+         + ([] if cls is ops.Div else [[((3,), I32)]])),
+        (cls(constant=0.5, reverse=True), [[(("batch", 4), BF16)]]),
+    ] for name, cls in (("div", ops.Div), ("pow", ops.Pow), ("maximum", ops.Maximum),
+                        ("minimum", ops.Minimum), ("equal", ops.Equal),
+                        ("not_equal", ops.NotEqual), ("less", ops.Less),
+                        ("less_equal", ops.LessEqual), ("greater", ops.Greater),
+                        ("greater_equal", ops.GreaterEqual))},
+    "matmul": [
+        (ops.MatMul(), [[(("batch", 3, 4), F32), ((4, 5), F32)], [((4,), BF16), ((2, 4, 3), BF16)],
+                        [(("batch", 2, 3, 4), F32), (("batch", 1, 4, 2), F32)], [((3, 4), I32), ((4,), I32)]]),
+    ],
+    "getitem": [
+        (ops.GetItem((slice(None), 0)), [[(("batch", 3, 4), F32)], [((2, 5), BF16)]]),
+        (ops.GetItem((Ellipsis, slice(1, None, 2))), [[(("batch", 3, 7), F32)]]),
+        (ops.GetItem((slice(None), None, -1)), [[(("batch", "seq", 4), F32)], [(("batch", 3), I32)]]),
+        (ops.GetItem((slice(None), slice(None, 2))), [[(("batch", "seq", 4), F32)]]),
+    ],
+    "neg": [(ops.Neg(), [[(("batch", 4), F32)], [((3,), I32)]])],
+    "identity": [(ops.Identity(), [[(("batch", 4), F32)], [((3,), BOOL)]])],
+    "where": [
+        (ops.Where(), [[(("batch", 4), BOOL), (("batch", 4), F32), ((4,), F32)]]),
+        (ops.Where(y_constant=0.0), [[(("batch", 1), BOOL), (("batch", 4), BF16)]]),
+        (ops.Where(x_constant=-1), [[((3,), BOOL), ((2, 3), I32)]]),
+    ],
+    "pad": [
+        (ops.Pad(((0, 0), (1, 2))), [[(("batch", 4), F32)]]),
+        (ops.Pad(((0, 0), (2, 1), (0, 0)), mode="reflect"), [[(("batch", 4, 3), BF16)]]),
+    ],
+    "squeeze": [(ops.Squeeze(1), [[(("batch", 1, 4), F32)]]), (ops.Squeeze((0, -1)), [[((1, 3, 1), BF16)]])],
+    "expand_dims": [(ops.ExpandDims(1), [[(("batch", 4), F32)]]), (ops.ExpandDims((0, -1)), [[((3,), I32)]])],
+    "sum": [(ops.Sum(), [[(("batch", 4), F32)]]), (ops.Sum((1, 2), keepdims=True), [[(("batch", 3, 4), BF16)]]),
+            (ops.Sum(-1), [[((2, 3), BOOL)], [((2, 3), I32)]])],
+    "mean": [(ops.Mean(1), [[(("batch", 4), F32)], [((2, 3, 4), BF16)]])],
+    "max": [(ops.Max(0, keepdims=True), [[(("batch", 4), F32)], [((2, 3), I32)]])],
+    "arange": [(ops.Arange(5), [[]]), (ops.Arange("seq", "float32"), [[]])],
+    "broadcast_to": [(ops.BroadcastTo(("batch", 3, 4)), [[((1, 1, 4), F32)], [((3, 1), BF16)]])],
+    "param": [(ops.Param((1, 1, 8)), [[]]), (ops.Param((3,), dtype=BF16), [[]])],
+    "rotary_embedding": [
+        (ops.RotaryEmbedding(), [[(("batch", 6, 4, 8), F32)], [(("batch", "seq", 8), BF16)],
+                                 [(("batch", 6, 4), F32), ((6,), I32)],
+                                 [(("batch", 6, 2, 4), F32), (("batch", 6), I32)]]),
     ],
     "function": [
         (ops.F(jnp.tanh), [[(("batch", 4), F32)], [((2, 3), BF16)]]),

@@ -116,7 +116,7 @@ def test_file_layout_is_plain_safetensors(tmp_path):
     np.testing.assert_array_equal(kernel, np.asarray(params["res1"]["conv_a"]["kernel"]))
     assert sorted(meta) == ["mlaxgraph.format", "mlaxgraph.graph", "mlaxgraph.param_dtype",
                             "mlaxgraph.version"]
-    assert meta["mlaxgraph.format"] == "mlaxgraph.model" and meta["mlaxgraph.version"] == "1"
+    assert meta["mlaxgraph.format"] == "mlaxgraph.model" and meta["mlaxgraph.version"] == "2"
     assert meta["mlaxgraph.param_dtype"] == "bfloat16"
     assert meta["mlaxgraph.graph"] == compiled.to_json()
     raw = path.read_bytes()

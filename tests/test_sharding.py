@@ -64,7 +64,10 @@ LAYERS_WITH_WEIGHTS = [
     (ops.LSTM(4), [spec("batch", 5, 3)], {"input_kernel": ("embed", "mlp"),
                                          "recurrent_kernel": (None, "mlp"), "bias": ("mlp",)}),
     (ops.GRU(4), [spec("batch", 5, 3)], {"input_kernel": ("embed", "mlp"),
-                                        "recurrent_kernel": (None, "mlp"), "bias": ("mlp",)}),
+                                        "recurrent_kernel": (None, "mlp"), "bias": ("mlp",),
+                                        "recurrent_bias": ("mlp",)}),
+    (ops.ConvTranspose(8, 3, strides=2), [spec("batch", 9, 9, 4)],
+     {"kernel": ("mlp", None, None, "embed"), "bias": ("mlp",)}),
 ]
 
 

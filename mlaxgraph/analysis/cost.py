@@ -238,7 +238,7 @@ def _gradient_flows(program, into_inputs: bool = False) -> dict[str, bool]:
 
 def _xla_flops(step, params, state, dims: Mapping[str, int], inference_mode: bool) -> int | None:
     """XLA's flops for the layer's apply lowered alone, unoptimized, at ``dims``."""
-    op = step.op
+    op = step.op.bind(step.dims).bind(dims)
     inputs = tuple(s.bind(dims) for s in step.input_specs)
     rng = jax.eval_shape(jax.random.key, 0) if op.uses_rng() and not inference_mode else None
 

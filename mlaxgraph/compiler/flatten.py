@@ -81,7 +81,8 @@ def flatten(graph: Graph, prefix: tuple[str, ...] = (),
                 param_specs=node.op.param_specs(specs), state_specs=node.op.state_specs(specs),
                 body=flatten(inner, names) if scan and inner is not None else None,
                 remat=None if own is None else own[0],
-                remat_group=None if own is None or scan else own[1]))
+                remat_group=None if own is None or scan else own[1],
+                dims=bindings))
             values[path] = tuple((path, i) for i in range(len(node.outputs)))
 
     inputs = tuple("/".join(prefix + (name,)) for name in graph.inputs)

@@ -95,7 +95,7 @@ def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | Non
                                           got=str(out.dtype), expected=str(spec.dtype),
                                           source=node.source,
                                           context=context_lines(step.graph, node.name)))
-        if bindings is None:
+        if bindings is None or any(is_symbolic(v) for v in bindings.values()):
             continue
         try:
             want = bind_dims(spec.shape, bindings)
@@ -143,8 +143,6 @@ def _bindings(program: Program, x: Any) -> dict | None:
     bindings: dict = {}
     if not match_shape(program.input_specs[0].shape, x.shape, bindings):
         return None
-    if any(not isinstance(v, (int, np.integer)) for v in bindings.values()):
-        return None
     return bindings
 
 
@@ -160,7 +158,9 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
       inputs: one array per graph input.
       rng: the apply key (None: no step may need one).
       inference_mode: passed to every layer.
-      bindings: the values of the symbolic dims (to check output shapes), or None.
+      bindings: the values of the symbolic dims by name, or None: ops whose
+        hyperparameters hold symbolic dims are bound to them, and when they are ints,
+        output shapes are checked against them.
       hook: sees the inputs and every step's outputs (see ``Hook``).
     """
     env: dict = {}
@@ -203,7 +203,10 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context) -> Any:
         if step.body is not None:
             outs, s2 = _run_scan(step, p, s, args, key, context.inference_mode)
         else:
-            outs, s2 = step.op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
+            op = step.op
+            if op.symbolic_fields and context.bindings is not None:
+                op = op.bind(step.dims).bind(context.bindings)
+            outs, s2 = op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
         outs = tuple(outs)
         _check_outputs(step, outs, context.bindings)
         if context.hook is not None:

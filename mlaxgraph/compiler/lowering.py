@@ -132,7 +132,8 @@ def make_apply(program: Program, sharding: ShardingPlan | None = None) -> Callab
 
 def check_inputs(graph, specs: Sequence[TensorSpec], inputs: Sequence[Any]) -> dict | None:
     """Checks the arrays given to ``apply`` against the graph's inputs; returns the
-    values of the symbolic dims (None when the arrays themselves are symbolic)."""
+    values of the symbolic dims by name (ints, or symbolic dims when the arrays
+    themselves are symbolic, as under ``jax.export``)."""
     if len(inputs) != len(specs):
         names = ", ".join(f"{n}: {s}" for n, s in zip(graph.inputs, specs))
         raise ShapeError(f"graph {graph.name!r} takes {len(specs)} inputs ({names}), "
@@ -149,6 +150,4 @@ def check_inputs(graph, specs: Sequence[TensorSpec], inputs: Sequence[Any]) -> d
             raise DTypeError(node_message(name, "input", "apply got an array of another dtype "
                                           "(cast it, or build the Input with this dtype)",
                                           got=got, expected=str(spec), source=node.source))
-    if any(not isinstance(v, (int, np.integer)) for v in bindings.values()):
-        return None
     return bindings

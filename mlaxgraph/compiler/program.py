@@ -67,6 +67,9 @@ class Step:
       remat_group: the path of the block or layer whose steps are rematerialized
         together (consecutive steps with one group run under one ``jax.checkpoint``);
         None for a scan (its blocks are, one by one) or without remat.
+      dims: the symbolic dims of the block holding it, by name, as dims of the graph
+        being compiled (empty at the top level): ops with symbolic hyperparameters are
+        bound to them before the graph's own.
     """
 
     path: str
@@ -84,6 +87,7 @@ class Step:
     body: Program | None = None
     remat: str | None = None
     remat_group: str | None = None
+    dims: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def op(self) -> Layer:

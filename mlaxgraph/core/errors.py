@@ -21,6 +21,7 @@ __all__ = [
     "DTypeError",
     "SerializationError",
     "ShardingError",
+    "ConfigError",
     "SourceInfo",
     "capture_source",
     "node_message",
@@ -44,6 +45,12 @@ class MlaxGraphError(Exception):
 
 class GraphError(MlaxGraphError, ValueError):
     """The graph's structure is wrong: cycles, unknown or duplicate names, unknown ops."""
+
+
+class ConfigError(MlaxGraphError, ValueError):
+    """A layer's hyperparameter is wrong (a negative size, an unknown padding, heads that
+    ``num_kv_heads`` does not divide): raised when the layer is made, naming it and the
+    user's line."""
 
 
 class ShapeError(MlaxGraphError, ValueError):

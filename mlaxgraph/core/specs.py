@@ -227,6 +227,10 @@ class ParamSpec:
     shape: tuple[int, ...]
     init: Initializer
     axes: tuple[str | None, ...] | None = None
+    #: The weights-file layout version (``mlaxgraph.version``) that first holds this
+    #: weight: a file of an older layout lacks it and loads it as zeros, the value that
+    #: computes what the layer computed before the weight was added.
+    added_in: int = 1
 
     @property
     def size(self) -> int:

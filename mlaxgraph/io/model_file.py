@@ -31,7 +31,9 @@ __all__ = ["save", "load", "expected_weights", "FORMAT", "VERSION"]
 #: ``mlaxgraph.format`` in the safetensors metadata.
 FORMAT = "mlaxgraph.model"
 #: ``mlaxgraph.version``: the weights-file layout this code writes and the newest it reads.
-VERSION = 1
+#: Layout 2 adds weights (``ParamSpec.added_in == 2``: GRU's ``recurrent_bias``) that a
+#: layout-1 file lacks; they load as zeros.
+VERSION = 2
 
 META_FORMAT = "mlaxgraph.format"
 META_VERSION = "mlaxgraph.version"
@@ -163,9 +165,16 @@ def load(path: str | os.PathLike) -> tuple[Graph, dict, dict]:
             raise SerializationError(f"{where}: {e}") from e.__cause__
         expected, (params_tree, state_tree) = _expected(graph, param_dtype, f"{where}: the graph")
         names = reader.names()
-        _compare(expected, {name: reader.spec(name) for name in names}, where)
+        found = {name: reader.spec(name) for name in names}
+        # Weights added by a later layout than the file's: zeros (see ParamSpec.added_in).
+        added = {name: expected[name] for name in _added_after(graph, int(version))
+                 if name in expected and name not in found}
+        _compare(expected, {**found, **added}, where)
         arrays = {}
         for name in sorted(expected):
+            if name in added:
+                arrays[name] = jnp.zeros(added[name][1], added[name][0])
+                continue
             array = reader.array(name)
             want_dtype, want_shape = expected[name]
             if (np.dtype(array.dtype).name, tuple(array.shape)) != (want_dtype, want_shape):
@@ -191,6 +200,23 @@ def _expected(graph: Graph, param_dtype: str, what: str):
             **flatten_tree(state, "state", "init's state")}
     specs = {k: (np.dtype(v.dtype).name, tuple(int(d) for d in v.shape)) for k, v in flat.items()}
     return specs, (params, state)
+
+
+def _added_after(graph: Graph, version: int) -> set[str]:
+    """The array names of the weights the graph's layers declare as added after weights
+    layout ``version`` (none for a file of the current layout)."""
+    if version >= VERSION:
+        return set()
+    from ..compiler.compile import compile
+    from ..core.specs import flatten_specs
+
+    names = set()
+    for step in compile(graph).program.steps:
+        for kind, specs in (("params", step.param_specs), ("state", step.state_specs)):
+            for path, spec in flatten_specs(specs):
+                if spec.added_in > version:
+                    names.add("/".join((kind, *step.weights, path)))
+    return names
 
 
 def _compare(expected: dict[str, tuple[str, tuple]], got: dict[str, tuple], where: str) -> None:

@@ -6,5 +6,7 @@ from .graph import Graph, Input, InputLayer
 from .node import Node, SourceInfo, Value
 from .op import Layer
 from .scan import Scan
+from .sequential import Sequential
 
-__all__ = ["Layer", "Node", "Value", "SourceInfo", "SymbolicTensor", "Graph", "Input", "InputLayer", "Block", "Scan"]
+__all__ = ["Layer", "Node", "Value", "SourceInfo", "SymbolicTensor", "Graph", "Input", "InputLayer", "Block",
+           "Scan", "Sequential"]

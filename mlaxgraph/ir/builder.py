@@ -10,7 +10,10 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import GraphError, MlaxGraphError, ShapeError, SourceInfo, capture_source, node_message
+from ..core.registry import lookup
 from ..core.specs import TensorSpec, flatten_specs
 from .node import Node, Value
 
@@ -84,12 +87,97 @@ class SymbolicTensor:
         raise GraphError("a symbolic tensor has no data; wrap array code in ops.F(fn) to "
                          "make it a layer")
 
+    # Operators: each records an ordinary op node (``add``, ``getitem``, ...). A Python
+    # scalar operand becomes the op's ``constant``, weakly typed: it never changes the
+    # tensor's dtype. ``==`` and ``!=`` keep their Python meaning (identity), so that
+    # tensors can be compared and hashed; ``ops.equal`` and ``ops.not_equal`` make nodes.
+
+    __array_priority__ = 100  # NumPy scalars on the left defer to our reflected operators
+
+    def __add__(self, other):
+        return _binary("add", self, other)
+
+    def __radd__(self, other):
+        return _binary("add", self, other, reverse=True)
+
+    def __sub__(self, other):
+        return _binary("sub", self, other)
+
+    def __rsub__(self, other):
+        return _binary("sub", self, other, reverse=True)
+
+    def __mul__(self, other):
+        return _binary("mul", self, other)
+
+    def __rmul__(self, other):
+        return _binary("mul", self, other, reverse=True)
+
+    def __truediv__(self, other):
+        return _binary("div", self, other)
+
+    def __rtruediv__(self, other):
+        return _binary("div", self, other, reverse=True)
+
+    def __pow__(self, other):
+        return _binary("pow", self, other)
+
+    def __rpow__(self, other):
+        return _binary("pow", self, other, reverse=True)
+
+    def __matmul__(self, other):
+        return _binary("matmul", self, other, scalars=False)
+
+    def __rmatmul__(self, other):
+        return _binary("matmul", self, other, reverse=True, scalars=False)
+
+    def __lt__(self, other):
+        return _binary("less", self, other)
+
+    def __le__(self, other):
+        return _binary("less_equal", self, other)
+
+    def __gt__(self, other):
+        return _binary("greater", self, other)
+
+    def __ge__(self, other):
+        return _binary("greater_equal", self, other)
+
+    def __neg__(self):
+        return lookup("neg")()(self)
+
+    def __pos__(self):
+        return self
+
+    def __getitem__(self, index):
+        return lookup("getitem")(index if isinstance(index, tuple) else (index,))(self)
+
+    __hash__ = object.__hash__
+
+
+_SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def _binary(op_name: str, tensor: SymbolicTensor, other: Any, *, reverse: bool = False,
+            scalars: bool = True):
+    """``tensor <op> other`` (``other <op> tensor`` when ``reverse``) as a node."""
+    cls: Any = lookup(op_name)  # a binary op class, with its constant and reverse fields
+    if isinstance(other, SymbolicTensor):
+        return cls()(other, tensor) if reverse else cls()(tensor, other)
+    if scalars and isinstance(other, _SCALARS) and np.ndim(other) == 0:
+        value = other.item() if isinstance(other, np.generic) else other
+        return cls(constant=value, reverse=reverse)(tensor)
+    return NotImplemented
+
 
 def call_layer(layer, args: Sequence[Any], kwargs: dict[str, Any]):
     """Records ``layer(*args, **kwargs)``; returns one symbolic tensor or a tuple."""
     source = capture_source()
     try:
         args = layer.call_inputs(*args, **kwargs)
+    except MlaxGraphError as e:
+        got = ", ".join(str(a.spec) for a in args if isinstance(a, SymbolicTensor)) or None
+        raise type(e)(node_message(label(layer), layer.op_name, e.problem, got=got,
+                                   expected=e.expected, source=source)) from None
     except TypeError as e:
         raise TypeError(node_message(label(layer), layer.op_name, str(e), source=source)) from None
     for arg in args:

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 import jax
 
 from ..core.axes import follow_inputs
-from ..core.errors import ShapeError, capture_source, node_message
-from ..core.specs import ParamSpec, TensorSpec
+from ..core.errors import ConfigError, capture_source, node_message
+from ..core.specs import ParamSpec, TensorSpec, substitute
 from .builder import call_layer
 
 if TYPE_CHECKING:
@@ -83,6 +83,9 @@ class Layer:
     precision_sensitive: ClassVar[bool] = False
     #: Needs an rng when ``inference_mode=False``.
     random: ClassVar[bool] = False
+    #: Fields holding symbolic dims (``ops.arange(tokens.shape[1])``): the interpreter
+    #: evaluates them with the values the dims take in the running call (``bind``).
+    symbolic_fields: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         # Where the user made the layer, for errors raised by validate() (it may live in
@@ -164,6 +167,23 @@ class Layer:
         through it)."""
         raise TypeError(f"{type(self).__name__} holds no graph")
 
+    def bind(self, dims: Mapping[str, Any]) -> Layer:
+        """This layer with the symbolic dims in its ``symbolic_fields`` replaced by their
+        values (ints, or the dims of the arrays being traced), by variable name; itself
+        when it has none."""
+        if not self.symbolic_fields or not dims:
+            return self
+        changes: dict[str, Any] = {}
+        for name in self.symbolic_fields:
+            value = getattr(self, name)
+            if isinstance(value, tuple):
+                changes[name] = substitute(value, dims)
+            elif value is not None:
+                changes[name] = substitute((value,), dims)[0]
+        bound = dataclasses.replace(self, **changes)
+        object.__setattr__(bound, "_created_at", self.__dict__.get("_created_at"))
+        return bound
+
     # --- shared behaviour -----------------------------------------------------------
 
     def call_inputs(self, *args: Any, **kwargs: Any) -> tuple:
@@ -190,8 +210,10 @@ class Layer:
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         return call_layer(self, inputs, kwargs)
 
-    def invalid(self, problem: str, error: type = ShapeError) -> NoReturn:
-        """Raises ``error`` for a bad hyperparameter, naming the layer and the user's line."""
+    def invalid(self, problem: str, error: type = ConfigError) -> NoReturn:
+        """Raises ``error`` (``ConfigError`` unless another fits better: a
+        ``DTypeError`` for a dtype, a ``ShardingError`` for axes) for a bad
+        hyperparameter, naming the layer and the user's line."""
         source = self.__dict__.get("_created_at") or capture_source()
         raise error(node_message(self.name or self.default_name, self.op_name, problem,
                                  source=source))

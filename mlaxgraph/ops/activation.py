@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 
@@ -161,3 +162,42 @@ def softmax(x, axis: int = -1):
 
 def log_softmax(x, axis: int = -1):
     return LogSoftmax(axis)(x)
+
+
+# --- ``activation=`` on Linear and Conv --------------------------------------------------
+
+_ACTIVATIONS: dict[str, Callable[[], Layer]] = {"relu": Relu, "gelu": Gelu, "gelu_tanh": lambda: Gelu(approximate=True),
+                "silu": Silu, "tanh": Tanh, "sigmoid": Sigmoid}
+
+
+def to_activation(value, layer) -> str | None:
+    """An ``activation=`` argument as the name of an activation: ``"relu"``,
+    ``"gelu"`` (exact), ``"gelu_tanh"``, ``"silu"``, ``"tanh"``, ``"sigmoid"``; the
+    functional forms (``ops.relu``) are taken by their name."""
+    if value is None:
+        return None
+    name = value if isinstance(value, str) else getattr(value, "__name__", None)
+    if name == "swish":
+        name = "silu"
+    if name not in _ACTIVATIONS:
+        layer.invalid(f"activation must be one of {', '.join(map(repr, _ACTIVATIONS))} or None, "
+                      f"got {value!r}")
+    return name
+
+
+def _activation_layer(name: str) -> Unary:
+    return _ACTIVATIONS[name]()
+
+
+def apply_activation(name: str | None, x):
+    return x if name is None else _activation_layer(name).fn(x)
+
+
+def activation_flops(name: str | None, spec) -> int:
+    if name is None:
+        return 0
+    return _activation_layer(name).flops([spec], [spec], param_dtype=spec.dtype, inference_mode=True)
+
+
+def activation_caveat(name: str | None) -> str | None:
+    return None if name is None else _activation_layer(name).xla_cost_caveat(True)

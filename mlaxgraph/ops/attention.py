@@ -10,14 +10,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.axes import weight_axes
+from ..core.axes import same_dim, weight_axes
 from ..core.errors import DTypeError, ShapeError
 from ..core.registry import register
 from ..core.specs import TensorSpec, is_symbolic, shape_str
+from ..ir.builder import SymbolicTensor
 from . import initializers
 from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float, field, to_param_axes
-from .elementwise import broadcast_shapes
+from .elementwise import NotEqual, broadcast_shapes
 from .flops import size, weight_converts
+from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base
+from .tensor import ExpandDims
 
 __all__ = ["MultiHeadAttention", "CausalMask", "causal_mask"]
 
@@ -38,14 +41,25 @@ class MultiHeadAttention(Layer):
     """Multi-head dot-product attention: ``mha(q)`` (self), ``mha(q, kv)`` (cross) or
     ``mha(q, kv, mask=mask)``.
 
-    Inputs are ``(batch, q_len, d)`` and ``(batch, kv_len, d_kv)``; the optional mask
+    Inputs are ``(batch, q_len, d)`` and ``(batch, kv_len, d_kv)``. The optional mask
     is boolean (True = attend) and broadcasts to ``(batch, heads, q_len, kv_len)``
-    (``(q_len, kv_len)``, ``(batch, q_len, kv_len)`` or rank 4). Scores are scaled by
-    ``1/sqrt(head_dim)``; the softmax runs in float32 (float64 for float64 inputs).
-    ``head_dim`` defaults to ``d // num_heads`` (which must divide).
+    (``(q_len, kv_len)``, ``(batch, q_len, kv_len)`` or rank 4), or is a key-padding
+    mask ``(batch, kv_len)`` as Hugging Face passes ``attention_mask``: integer (1 =
+    attend, 0 = padding) or boolean. A rank-2 mask is a key-padding mask when it is
+    integer, or when its first dim is the batch dim and not ``q_len``. Scores are
+    scaled by ``1/sqrt(head_dim)``; the softmax runs in float32 (float64 for float64
+    inputs). ``head_dim`` defaults to ``d // num_heads`` (which must divide).
 
-    Params: ``query``, ``key``, ``value``: ``kernel (d, heads, head_dim)``, ``bias
-    (heads, head_dim)``; ``out``: ``kernel (heads, head_dim, out)``, ``bias (out,)``.
+    ``causal=True`` lets query ``i`` attend to keys ``j <= i`` (with the mask, if any).
+    ``dropout`` drops attention weights in training (needs an rng). ``num_kv_heads``
+    (dividing ``num_heads``) gives grouped-query attention: query head ``h`` reads
+    key/value head ``h // (num_heads // num_kv_heads)``, as Hugging Face's
+    ``repeat_kv``. ``rope=True`` (base 10000) or ``rope=base`` rotates queries and keys
+    by their positions ``0 .. length - 1`` first (``ops.rotary_embedding``).
+
+    Params: ``query``: ``kernel (d, heads, head_dim)``, ``bias (heads, head_dim)``;
+    ``key``, ``value``: ``kernel (d_kv, kv_heads, head_dim)``, ``bias (kv_heads,
+    head_dim)``; ``out``: ``kernel (heads, head_dim, out)``, ``bias (out,)``.
     Defaults: kernels LeCun normal (fan in), biases zeros; ``out_features`` = ``d``.
     Logical axes (for sharding): projection kernels ``("embed", "heads", "kv")``,
     their biases ``("heads", "kv")``, ``out`` kernel ``("heads", "kv", "embed")`` and
@@ -67,18 +81,41 @@ class MultiHeadAttention(Layer):
     kernel_init: Initializer | None = None
     param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
         default=None, converter=to_param_axes)
+    causal: bool = False
+    dropout: float = 0.0
+    num_kv_heads: int | None = None
+    rope: float | None = field(default=None, converter=to_rope_base)
 
     def validate(self):
-        for name in ("num_heads", "head_dim", "out_features"):
+        for name in ("num_heads", "head_dim", "out_features", "num_kv_heads"):
             value = getattr(self, name)
             if value is None and name != "num_heads":
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 self.invalid(f"{name} must be a positive int, got {value!r}")
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            self.invalid(f"num_kv_heads={self.num_kv_heads} does not divide "
+                         f"num_heads={self.num_heads}")
+        if not 0.0 <= float(self.dropout) < 1.0:
+            self.invalid(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    def uses_rng(self) -> bool:
+        return self.dropout > 0
+
+    def xla_cost_caveat(self, inference_mode):
+        if self.dropout > 0 and not inference_mode:
+            return "XLA counts the integer ops of the random bits (threefry) of the dropout"
+        return None
 
     def call_inputs(self, query, key_value=None, *, mask=None):
         inputs = (query, query if key_value is None else key_value)
-        return inputs if mask is None else inputs + (mask,)
+        if mask is None:
+            return inputs
+        return inputs + (_key_padding(mask, query) if isinstance(mask, SymbolicTensor) else mask,)
 
     def _dims(self, inputs):
         if len(inputs) not in (2, 3):
@@ -103,7 +140,12 @@ class MultiHeadAttention(Layer):
                                  f"query features; give head_dim or another num_heads",
                                  expected=f"features divisible by {self.num_heads}")
             head_dim = q.shape[-1] // self.num_heads
+        if self.rope is not None and head_dim % 2:
+            raise ShapeError(f"rope rotates pairs of features: head_dim {head_dim} is odd",
+                             expected="an even head_dim")
         return q, kv, head_dim
+
+
 
     def infer(self, inputs):
         q, kv, _ = self._dims(inputs)
@@ -125,14 +167,14 @@ class MultiHeadAttention(Layer):
         h, out = self.num_heads, self.out_features or q.shape[-1]
         init = self.kernel_init or _head_kernel
 
-        def projection(d):
+        def projection(d, h):
             spec = {"kernel": ParamSpec((d, h, head_dim), init, ("embed", "heads", "kv"))}
             if self.use_bias:
                 spec["bias"] = ParamSpec((h, head_dim), initializers.zeros, ("heads", "kv"))
             return spec
 
-        specs = {"query": projection(q.shape[-1]), "key": projection(kv.shape[-1]),
-                 "value": projection(kv.shape[-1]),
+        specs = {"query": projection(q.shape[-1], h), "key": projection(kv.shape[-1], self.kv_heads),
+                 "value": projection(kv.shape[-1], self.kv_heads),
                  "out": {"kernel": ParamSpec((h, head_dim, out), self.kernel_init or _out_kernel,
                                              ("heads", "kv", "embed"))}}
         if self.use_bias:
@@ -153,20 +195,54 @@ class MultiHeadAttention(Layer):
 
         q, k, v = project(q_in, p["query"]), project(kv_in, p["key"]), project(kv_in, p["value"])
         head_dim = q.shape[-1]
+        if self.rope is not None:
+            q = _rope(q, self.rope)
+            k = _rope(k, self.rope)
         q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
+        # Grouped-query attention: query head n * group + g reads key/value head n.
+        group = self.num_heads // self.kv_heads
         # The softmax runs in at least float32 (float64 inputs keep float64).
         softmax_dtype = q.dtype if jnp.finfo(q.dtype).bits > 32 else jnp.float32
-        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(softmax_dtype)
-        if len(inputs) == 3:
-            mask = inputs[2]
-            mask = mask[None, None] if mask.ndim == 2 else mask[:, None] if mask.ndim == 3 else mask
+        if group == 1:
+            scores = jnp.einsum("bqhk,bshk->bhqs", q, k)
+        else:
+            grouped = q.reshape(q.shape[:2] + (self.kv_heads, group, head_dim))
+            scores = jnp.einsum("bqngk,bsnk->bngqs", grouped, k)
+            scores = scores.reshape((scores.shape[0], self.num_heads) + scores.shape[3:])
+        scores = scores.astype(softmax_dtype)
+        mask = self._mask(inputs, scores.shape)
+        if mask is not None:
             scores = jnp.where(mask, scores, jnp.finfo(softmax_dtype).min)
         weights = jax.nn.softmax(scores, axis=-1).astype(q_in.dtype)
-        attended = jnp.einsum("bhqs,bshk->bqhk", weights, v)
+        if self.dropout > 0 and not inference_mode:
+            keep = jax.random.bernoulli(rng, 1.0 - self.dropout, weights.shape)
+            weights = jnp.where(keep, weights / jnp.asarray(1.0 - self.dropout, weights.dtype), 0)
+        if group == 1:
+            attended = jnp.einsum("bhqs,bshk->bqhk", weights, v)
+        else:
+            weights = weights.reshape((weights.shape[0], self.kv_heads, group) + weights.shape[2:])
+            attended = jnp.einsum("bngqs,bsnk->bqngk", weights, v)
+            attended = attended.reshape(attended.shape[:2] + (self.num_heads, head_dim))
         out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
         if self.use_bias:
             out = out + p["out"]["bias"]
         return (out,), state
+
+    def _mask(self, inputs, shape):
+        """The boolean mask broadcasting to the scores ``(batch, heads, q_len, kv_len)``:
+        the given one and the causal one, combined; None when there is neither."""
+        mask = None
+        if len(inputs) == 3:
+            mask = inputs[2]
+            if mask.ndim == 2:
+                mask = mask[None, None]
+            elif mask.ndim == 3:
+                mask = mask[:, None]
+        if self.causal:
+            q_len, kv_len = shape[-2:]
+            causal = jnp.arange(q_len)[:, None] >= jnp.arange(kv_len)[None, :]
+            mask = causal if mask is None else jnp.logical_and(mask, causal)
+        return mask
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """The q, k, v projections (dots and bias adds), the scaling of q, the two
@@ -176,7 +252,7 @@ class MultiHeadAttention(Layer):
         (y,) = outputs
         batch, q_len, kv_len, heads = q.shape[0], q.shape[1], kv.shape[1], self.num_heads
         per_query = batch * q_len * heads * head_dim  # elements of q after projection
-        per_key = batch * kv_len * heads * head_dim
+        per_key = batch * kv_len * self.kv_heads * head_dim
         scores = batch * heads * q_len * kv_len
         bias = 1 if self.use_bias else 0
         count = (2 * q.shape[-1] + bias) * per_query + 2 * (2 * kv.shape[-1] + bias) * per_key
@@ -185,10 +261,41 @@ class MultiHeadAttention(Layer):
         count = count + 4 * scores - batch * heads * q_len  # softmax over kv_len
         if np.dtype(q.dtype).itemsize < 4:
             count = count + 2 * scores  # to float32 for the softmax and back
-        if len(inputs) == 3:
+        if len(inputs) == 3 or self.causal:
             count = count + scores  # the mask's select
+        if len(inputs) == 3 and self.causal:  # the and of the two masks
+            mask = inputs[2].shape
+            mask = (1, 1) + mask if len(mask) == 2 else mask[:1] + (1,) + mask[1:] if len(mask) == 3 else mask
+            count = count + size(broadcast_shapes(mask, (1, 1, q_len, kv_len)))
+        if self.causal:
+            count = count + q_len * kv_len  # compare of two iotas
+        if self.dropout > 0 and not inference_mode:
+            count = count + 3 * scores  # compare, divide, select
+        if self.rope is not None:
+            count = count + rotary_flops(per_query, q_len, head_dim, q.dtype)
+            count = count + rotary_flops(per_key, kv_len, head_dim, q.dtype)
         count = count + 2 * per_query * y.shape[-1] + bias * size(y)
         return count + weight_converts(self.param_specs(inputs), param_dtype, q.dtype)
+
+
+def _key_padding(mask, query):
+    """A key-padding mask ``(batch, kv_len)`` (integer, or boolean with the batch dim
+    first and not ``q_len``), as the ``(batch, 1, 1, kv_len)`` boolean mask it means:
+    nodes recorded at the user's call. Other masks are returned as they are."""
+    if mask.ndim != 2:
+        return mask
+    integer = jnp.issubdtype(mask.dtype, jnp.integer)
+    batch_first = same_dim(mask.shape[0], query.shape[0]) and not same_dim(mask.shape[0], query.shape[1])
+    if not integer and not (mask.dtype == np.dtype(bool) and batch_first):
+        return mask
+    attend = NotEqual(constant=0)(mask) if integer else mask
+    return ExpandDims((1, 2))(attend)
+
+
+def _rope(x, base: float):
+    """Rotates ``(batch, length, heads, head_dim)`` by the positions ``0 .. length - 1``."""
+    cos, sin = rotary_tables(jnp.arange(x.shape[1]), x.shape[-1], base, x.dtype)
+    return rotate(x, cos[None, :, None], sin[None, :, None])
 
 
 @register("causal_mask")

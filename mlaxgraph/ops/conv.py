@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 from jax import lax
@@ -13,60 +12,31 @@ from ..core.errors import ShapeError
 from ..core.registry import register
 from ..core.specs import is_symbolic, shape_str
 from . import initializers
+from .activation import activation_caveat, activation_flops, apply_activation, to_activation
 from .base import (
     Initializer,
-    Layer,
     ParamSpec,
     cast_params,
     expect_count,
     expect_float,
     field,
-    padding_for,
-    per_spatial_dim,
-    spatial_dims,
     to_axes,
     to_optional_dtype,
     to_param_axes,
     to_precision,
 )
 from .flops import dim_max, size, weight_converts, window_taps
+from .spatial import SpatialLayer, any_rank_padding, any_rank_per_dim, any_rank_size, data_format
+from .spatial import window_output_size as window_output_size
 
 __all__ = ["Conv", "window_output_size"]
-
-_CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
-_CHANNELS_FIRST = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
-
-
-def window_output_size(size, window: int, stride: int, padding, dilation: int = 1):
-    """Output length of a sliding window; ``size`` may be symbolic. None if it is empty."""
-    effective = (window - 1) * dilation + 1
-    if padding == "SAME":
-        return -(-size // stride)
-    low, high = (0, 0) if padding == "VALID" else padding
-    padded = size + low + high
-    if not is_symbolic(padded):
-        return None if padded < effective else (padded - effective) // stride + 1
-    # The form jax.eval_shape gives, so that inferred and traced shapes compare equal.
-    return ((padded - effective) // stride + 1).max(0)
-
-
-def _data_format(value: Any, layer: Conv) -> str:
-    """``NHWC``/``channels_last`` or ``NCHW``/``channels_first``, in the form for the
-    layer's number of spatial dims (``NWC``, ``NHWC``, ``NDHWC``; ``NCW``, ...)."""
-    n = len(layer.kernel_size)
-    fmt = value.upper() if isinstance(value, str) else None
-    if fmt in ("NHWC", "CHANNELS_LAST", _CHANNELS_LAST[n]):
-        return _CHANNELS_LAST[n]
-    if fmt in ("NCHW", "CHANNELS_FIRST", _CHANNELS_FIRST[n]):
-        return _CHANNELS_FIRST[n]
-    layer.invalid(f"data_format must be {_CHANNELS_LAST[n]!r} or {_CHANNELS_FIRST[n]!r} "
-                  f"for a {n}D convolution, got {value!r}")
 
 
 @register("conv")
 @dataclasses.dataclass(frozen=True)
-class Conv(Layer):
-    """An N-D convolution (N = ``len(kernel_size)``: 1, 2 or 3).
+class Conv(SpatialLayer):
+    """An N-D convolution (N = ``len(kernel_size)``: 1, 2 or 3; an int ``kernel_size``
+    means every spatial dim of the input, as ``ops.Conv(16, 3)``).
 
     Params: ``kernel`` in OHWI layout for channel-last data (``features, *kernel_size,
     in // groups``) or OIHW for channel-first (``features, in // groups, *kernel_size``),
@@ -82,6 +52,8 @@ class Conv(Layer):
 
     ``data_format`` is ``"NHWC"`` (channel-last; also the default for 1D and 3D, where
     it means ``NWC`` / ``NDHWC``) or channel-first ``"NCHW"`` (``NCW`` / ``NCDHW``).
+    ``activation`` (``"relu"``, ``"gelu"``, ``"silu"``, ``"tanh"``, ``"sigmoid"`` or
+    the functional form, ``ops.relu``) is applied to the output, as Keras's.
 
     Example:
       >>> import mlaxgraph as mg
@@ -91,14 +63,14 @@ class Conv(Layer):
     """
 
     features: int
-    kernel_size: tuple[int, ...] = field(converter=spatial_dims("kernel_size"))
-    strides: tuple[int, ...] = field(default=1, converter=per_spatial_dim("strides", "kernel_size"))
+    kernel_size: int | tuple[int, ...] = field(converter=any_rank_size("kernel_size"))
+    strides: int | tuple[int, ...] = field(default=1, converter=any_rank_per_dim("strides", "kernel_size"))
     padding: str | tuple[tuple[int, int], ...] = field(default="VALID",
-                                                       converter=padding_for("kernel_size"))
-    dilation: tuple[int, ...] = field(default=1, converter=per_spatial_dim("dilation", "kernel_size"))
+                                                       converter=any_rank_padding("kernel_size"))
+    dilation: int | tuple[int, ...] = field(default=1, converter=any_rank_per_dim("dilation", "kernel_size"))
     groups: int = 1
     use_bias: bool = True
-    data_format: str = field(default="NHWC", converter=_data_format)
+    data_format: str = field(default="NHWC", converter=data_format)
     kernel_init: Initializer | None = None
     bias_init: Initializer | None = None
     kernel_axes: tuple[str | None, ...] | None = field(default=None, converter=to_axes)
@@ -106,16 +78,23 @@ class Conv(Layer):
     preferred_element_type: np.dtype | None = field(default=None, converter=to_optional_dtype)
     param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
         default=None, converter=to_param_axes)
+    activation: str | None = field(default=None, converter=to_activation)
+
+    per_dim_fields = ("strides", "dilation")
 
     def validate(self):
         if not isinstance(self.features, int) or isinstance(self.features, bool) or self.features < 1:
             self.invalid(f"features must be a positive int, got {self.features!r}")
         for what in ("kernel_size", "strides", "dilation"):
-            if any(v < 1 for v in getattr(self, what)):
+            value = getattr(self, what)
+            if any(v < 1 for v in ((value,) if isinstance(value, int) else value)):
                 self.invalid(f"{what} must be positive, got {getattr(self, what)}")
         if not isinstance(self.groups, int) or self.groups < 1 or self.features % self.groups:
             self.invalid(f"groups must be a positive int dividing features={self.features}, "
                          f"got {self.groups!r}")
+
+    def xla_cost_caveat(self, inference_mode):
+        return activation_caveat(self.activation)
 
     @property
     def channels_last(self) -> bool:
@@ -141,6 +120,8 @@ class Conv(Layer):
         return x, channels
 
     def infer(self, inputs):
+        if isinstance(self.kernel_size, int):
+            return self.resolved(inputs).infer(inputs)
         x, _ = self._check(inputs)
         spatial = x.shape[1:-1] if self.channels_last else x.shape[2:]
         pads = self.padding if not isinstance(self.padding, str) else (self.padding,) * len(spatial)
@@ -161,6 +142,8 @@ class Conv(Layer):
         return (x.with_shape(shape),)
 
     def param_specs(self, inputs):
+        if isinstance(self.kernel_size, int):
+            return self.resolved(inputs).param_specs(inputs)
         _, channels = self._check(inputs)
         per_group = channels // self.groups
         if self.channels_last:
@@ -178,6 +161,8 @@ class Conv(Layer):
         return specs
 
     def output_axes(self, input_axes, inputs, outputs):
+        if isinstance(self.kernel_size, int):
+            return self.resolved(inputs).output_axes(input_axes, inputs, outputs)
         kernel = weight_axes(self, inputs)[0]["kernel"][1]
         x, out, channel = inputs[0], outputs[0], self._channel_axis() % inputs[0].rank
         axes = [a if same_dim(x.shape[i], out.shape[i]) else UNKNOWN
@@ -186,6 +171,9 @@ class Conv(Layer):
         return (tuple(axes),)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
+        if isinstance(self.kernel_size, int):
+            return self.resolved(inputs).apply(params, state, inputs, rng=rng,
+                                               inference_mode=inference_mode)
         (x,) = inputs
         p = cast_params(params, x.dtype)
         n = len(self.kernel_size)
@@ -201,13 +189,16 @@ class Conv(Layer):
         if self.use_bias:
             bias = p["bias"] if self.channels_last else p["bias"].reshape((-1,) + (1,) * n)
             y = y + bias.astype(y.dtype)
-        return (y.astype(x.dtype),), state
+        return (apply_activation(self.activation, y.astype(x.dtype)),), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """``2 * in_channels / groups * features`` per kernel tap that lands on the
         input (taps on the padding are not counted, as XLA does), per example; the
-        bias add, and the converts of the weights and of a ``preferred_element_type``
-        result."""
+        bias add, the activation, and the converts of the weights and of a
+        ``preferred_element_type`` result."""
+        if isinstance(self.kernel_size, int):
+            return self.resolved(inputs).flops(inputs, outputs, param_dtype=param_dtype,
+                                               inference_mode=inference_mode)
         (x,), (y,) = inputs, outputs
         first = 1 if self.channels_last else 2
         spatial_in = x.shape[first:first + len(self.kernel_size)]
@@ -228,4 +219,4 @@ class Conv(Layer):
         count = count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
         if self.preferred_element_type is not None and self.preferred_element_type != x.dtype:
             count = count + size(y) + (self.features if self.use_bias else 0)
-        return count
+        return count + activation_flops(self.activation, y)

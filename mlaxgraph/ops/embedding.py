@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core.axes import weight_axes
-from ..core.errors import DTypeError
+from ..core.errors import DTypeError, ShapeError
 from ..core.registry import register
 from .base import Initializer, Layer, ParamSpec, expect_count, field, to_dtype, to_param_axes
 from .flops import size
@@ -34,6 +34,11 @@ class Embedding(Layer):
     initializer: standard normal (as PyTorch). Logical axes (for sharding):
     ``embedding`` ``("vocab", "embed")`` (``param_axes`` overrides them); the output's
     last dim takes the table's last name.
+
+    ``embedding.attend(h)`` is ``h @ embedding.T`` with the same weights (a tied output
+    head, as Flax's ``Embed.attend``): ``(..., features) -> (..., num_embeddings)`` in
+    ``h``'s dtype. It is another call of the same layer (a node reading float input),
+    so the embedding must have been called on ids first.
     """
 
     num_embeddings: int
@@ -51,9 +56,36 @@ class Embedding(Layer):
         if not jnp.issubdtype(self.dtype, jnp.floating):
             self.invalid(f"dtype must be a float dtype, got {self.dtype}", DTypeError)
 
+    def call_inputs(self, *args, attend: bool = False, **kwargs):
+        inputs = super().call_inputs(*args, **kwargs)
+        if not attend and len(inputs) == 1 and jnp.issubdtype(inputs[0].dtype, jnp.floating):
+            raise DTypeError(f"takes integer ids, got {inputs[0].dtype}; for the tied output "
+                             f"head h @ embedding.T call embedding.attend(h)")
+        return inputs
+
+    def attend(self, h):
+        """``h @ embedding.T``: logits over the vocabulary with this layer's weights."""
+        if self.__dict__.get("_first_call") is None:
+            from ..core.errors import GraphError, capture_source, node_message
+            raise GraphError(node_message(
+                self.name or self.default_name, self.op_name,
+                "attend() shares the embedding's weights, but the embedding was never called; "
+                "call it on the ids first (h = embedding(ids)), then embedding.attend(h)",
+                source=capture_source()))
+        return self(h, attend=True)
+
+    def _attends(self, inputs) -> bool:
+        return bool(inputs) and jnp.issubdtype(inputs[0].dtype, jnp.floating)
+
     def infer(self, inputs):
         expect_count(inputs, 1)
         (ids,) = inputs
+        if self._attends(inputs):
+            if ids.shape[-1:] != (self.features,):
+                raise ShapeError(f"attend() takes (..., {self.features}) features, got "
+                                 f"{ids.shape[-1] if ids.rank else 'a scalar'}",
+                                 expected=f"{ids.dtype}[...,{self.features}]")
+            return (ids.with_shape(ids.shape[:-1] + (self.num_embeddings,)),)
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             raise DTypeError(f"takes integer ids, got {ids.dtype}",
                              expected=f"int32{list(ids.shape)}".replace(" ", ""))
@@ -65,10 +97,15 @@ class Embedding(Layer):
 
     def output_axes(self, input_axes, inputs, outputs):
         table = weight_axes(self, inputs)[0]["embedding"][1]
+        if self._attends(inputs):
+            return (tuple(input_axes[0][:-1]) + table[:1],)
         return (tuple(input_axes[0]) + table[-1:],)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (ids,) = inputs
+        if self._attends(inputs):
+            table = params["embedding"].astype(ids.dtype)
+            return (jnp.einsum("...d,vd->...v", ids, table),), state
         table = params["embedding"].astype(self.dtype)
         # take() would wrap negative ids to rows from the end: send them out of range too.
         ids = jnp.where(ids < 0, self.num_embeddings, ids)
@@ -77,7 +114,13 @@ class Embedding(Layer):
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """The lookup moves data; per id, redirecting negative ids (compare, select)
         and the bounds check of the fill mode (six ops); per output element, the select
-        of the fill value; the converts of the table when its dtype is not ``dtype``."""
+        of the fill value; the converts of the table when its dtype is not ``dtype``.
+        ``attend``: ``2 * features`` per logit and the converts of the table."""
+        if self._attends(inputs):
+            count = 2 * size(outputs[0]) * self.features
+            if np.dtype(param_dtype) != inputs[0].dtype:
+                count = count + self.num_embeddings * self.features
+            return count
         count = 8 * size(inputs[0]) + size(outputs[0])
         if np.dtype(param_dtype) != self.dtype:
             count = count + self.num_embeddings * self.features

@@ -12,6 +12,7 @@ from ..core.errors import ShapeError
 from ..core.registry import register
 from ..core.specs import is_symbolic
 from . import initializers
+from .activation import activation_caveat, activation_flops, apply_activation, to_activation
 from .base import (
     Initializer,
     Layer,
@@ -44,6 +45,8 @@ class Linear(Layer):
     ``precision`` (``"default"``, ``"high"``, ``"highest"``) and
     ``preferred_element_type`` (the accumulation dtype, e.g. float32 for bfloat16
     inputs) go to ``lax.dot_general``; the output is cast back to the input's dtype.
+    ``activation`` (``"relu"``, ``"gelu"``, ``"silu"``, ... or ``ops.relu``) is applied
+    to the output, as Keras's.
 
     Example:
       >>> import mlaxgraph as mg
@@ -61,6 +64,10 @@ class Linear(Layer):
     preferred_element_type: np.dtype | None = field(default=None, converter=to_optional_dtype)
     param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
         default=None, converter=to_param_axes)
+    activation: str | None = field(default=None, converter=to_activation)
+
+    def xla_cost_caveat(self, inference_mode):
+        return activation_caveat(self.activation)
 
     def validate(self):
         if not isinstance(self.features, int) or isinstance(self.features, bool) or self.features < 1:
@@ -104,7 +111,7 @@ class Linear(Layer):
                             preferred_element_type=self.preferred_element_type)
         if self.use_bias:
             y = y + p["bias"].astype(y.dtype)
-        return (y.astype(x.dtype),), state
+        return (apply_activation(self.activation, y.astype(x.dtype)),), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """The dot (``2 * in * out`` per row), the bias add, and the converts of the
@@ -114,4 +121,4 @@ class Linear(Layer):
         count = count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
         if self.preferred_element_type is not None and self.preferred_element_type != x.dtype:
             count = count + size(y) + (self.features if self.use_bias else 0)
-        return count
+        return count + activation_flops(self.activation, y)

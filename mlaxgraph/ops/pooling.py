@@ -1,4 +1,5 @@
-"""Pooling over channel-last inputs, 1D, 2D or 3D by ``len(window)``, and global pooling."""
+"""Pooling, 1D, 2D or 3D by ``len(window)``, and global pooling, over channel-last
+(``data_format="NHWC"``, the default) or channel-first (``"NCHW"``) inputs."""
 
 from __future__ import annotations
 
@@ -12,14 +13,22 @@ from ..core.errors import ShapeError
 from ..core.registry import register
 from ..core.specs import is_symbolic, shape_str
 from .base import Layer, expect_count, field, padding_for, per_spatial_dim, spatial_dims
-from .conv import window_output_size
 from .flops import size, upcast_sum
+from .spatial import any_data_format, data_format, window_output_size
 
 __all__ = ["MaxPool", "AvgPool", "GlobalMaxPool", "GlobalAvgPool"]
 
 
 class _Pool(Layer):
     """Windowed pooling; ``strides`` defaults to ``window`` (as in Keras and PyTorch)."""
+
+    data_format: str  # a field of each subclass
+
+    size_field = "window"
+
+    @property
+    def channels_last(self) -> bool:
+        return self.data_format.endswith("C")
 
     def validate(self):
         if any(v < 1 for v in self.window + self.strides):
@@ -30,9 +39,9 @@ class _Pool(Layer):
         (x,) = inputs
         n = len(self.window)
         if x.rank != n + 2:
-            raise ShapeError(f"{n}D pooling takes (batch, {n} spatial dims, channels)",
+            raise ShapeError(f"{n}D pooling takes {self.data_format} input of rank {n + 2}",
                              expected=f"rank {n + 2}")
-        spatial = x.shape[1:-1]
+        spatial = x.shape[1:-1] if self.channels_last else x.shape[2:]
         pads = self.padding if not isinstance(self.padding, str) else (self.padding,) * n
         out = []
         for extent, w, s, p in zip(spatial, self.window, self.strides, pads):
@@ -41,15 +50,22 @@ class _Pool(Layer):
                 raise ShapeError(f"the window {self.window} is larger than the input "
                                  f"{shape_str(spatial)}", expected=f"spatial dims >= {self.window}")
             out.append(o)
-        return (x.with_shape((x.shape[0], *out, x.shape[-1])),)
+        if self.channels_last:
+            return (x.with_shape((x.shape[0], *out, x.shape[-1])),)
+        return (x.with_shape((x.shape[0], x.shape[1], *out)),)
 
     def _window_flops(self, outputs):
         """``window - 1`` per output element: XLA's count of a reduce_window."""
         return size(outputs[0]) * (size(self.window) - 1)
 
     def _reduce(self, x, init, op):
-        padding = self.padding if isinstance(self.padding, str) else ((0, 0), *self.padding, (0, 0))
-        return lax.reduce_window(x, init, op, (1, *self.window, 1), (1, *self.strides, 1), padding)
+        if self.channels_last:
+            window, strides = (1, *self.window, 1), (1, *self.strides, 1)
+            padding = self.padding if isinstance(self.padding, str) else ((0, 0), *self.padding, (0, 0))
+        else:
+            window, strides = (1, 1, *self.window), (1, 1, *self.strides)
+            padding = self.padding if isinstance(self.padding, str) else ((0, 0), (0, 0), *self.padding)
+        return lax.reduce_window(x, init, op, window, strides, padding)
 
 
 @register("max_pool")
@@ -67,6 +83,7 @@ class MaxPool(_Pool):
     window: tuple[int, ...] = field(converter=spatial_dims("window"))
     strides: tuple[int, ...] = field(default=None, converter=per_spatial_dim("strides", "window", "window"))
     padding: str | tuple[tuple[int, int], ...] = field(default="VALID", converter=padding_for("window"))
+    data_format: str = field(default="NHWC", converter=data_format)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
@@ -93,6 +110,7 @@ class AvgPool(_Pool):
     window: tuple[int, ...] = field(converter=spatial_dims("window"))
     strides: tuple[int, ...] = field(default=None, converter=per_spatial_dim("strides", "window", "window"))
     padding: str | tuple[tuple[int, int], ...] = field(default="VALID", converter=padding_for("window"))
+    data_format: str = field(default="NHWC", converter=data_format)
     count_include_pad: bool = True
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
@@ -104,7 +122,11 @@ class AvgPool(_Pool):
             for w in self.window:
                 count *= w
             return (total / jnp.asarray(count, x.dtype),), state
-        counts = self._reduce(jnp.ones(x.shape[1:-1], x.dtype)[None, ..., None], zero, lax.add)
+        if self.channels_last:
+            ones = jnp.ones(x.shape[1:-1], x.dtype)[None, ..., None]
+        else:
+            ones = jnp.ones(x.shape[2:], x.dtype)[None, None]
+        counts = self._reduce(ones, zero, lax.add)
         return (total / counts,), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
@@ -114,7 +136,8 @@ class AvgPool(_Pool):
         (y,) = outputs
         count = self._window_flops(outputs) + size(y)
         if not (self.count_include_pad or self.padding == "VALID"):
-            count = count + size(y.shape[1:-1]) * (size(self.window) - 1)
+            spatial = y.shape[1:-1] if self.channels_last else y.shape[2:]
+            count = count + size(spatial) * (size(self.window) - 1)
         return count
 
 
@@ -123,13 +146,16 @@ class _GlobalPool(Layer):
         expect_count(inputs, 1)
         (x,) = inputs
         if x.rank < 3:
-            raise ShapeError("takes (batch, *spatial, channels)", expected="rank >= 3")
+            raise ShapeError(f"takes {self.data_format} input (batch, channels and spatial "
+                             f"dims)", expected="rank >= 3")
         spatial = (1,) * (x.rank - 2) if self.keepdims else ()
-        return (x.with_shape((x.shape[0], *spatial, x.shape[-1])),)
+        if self.data_format == "NHWC":
+            return (x.with_shape((x.shape[0], *spatial, x.shape[-1])),)
+        return (x.with_shape((x.shape[0], x.shape[1], *spatial)),)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
-        axes = tuple(range(1, x.ndim - 1))
+        axes = tuple(range(1, x.ndim - 1) if self.data_format == "NHWC" else range(2, x.ndim))
         return (self.reduce(x, axis=axes, keepdims=self.keepdims),), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
@@ -144,16 +170,20 @@ class _GlobalPool(Layer):
 @register("global_avg_pool")
 @dataclasses.dataclass(frozen=True)
 class GlobalAvgPool(_GlobalPool):
-    """The mean over all spatial axes: ``(batch, *spatial, C) -> (batch, C)``."""
+    """The mean over all spatial axes: ``(batch, *spatial, C) -> (batch, C)``
+    (``(batch, C, *spatial)`` with ``data_format="NCHW"``)."""
 
     keepdims: bool = False
+    data_format: str = field(default="NHWC", converter=any_data_format)
     reduce = staticmethod(jnp.mean)
 
 
 @register("global_max_pool")
 @dataclasses.dataclass(frozen=True)
 class GlobalMaxPool(_GlobalPool):
-    """The maximum over all spatial axes: ``(batch, *spatial, C) -> (batch, C)``."""
+    """The maximum over all spatial axes: ``(batch, *spatial, C) -> (batch, C)``
+    (``(batch, C, *spatial)`` with ``data_format="NCHW"``)."""
 
     keepdims: bool = False
+    data_format: str = field(default="NHWC", converter=any_data_format)
     reduce = staticmethod(jnp.max)

@@ -85,7 +85,7 @@ class Recurrent(Layer):
         # the loop keeps a (time, batch, gates) tensor and its gradient alive; on CPU
         # that measured 1.3x slower per train step (benchmarks/RESULTS.md).
         def body(c, x_t):
-            return step(c, x_t @ p["input_kernel"] + p["bias"], p["recurrent_kernel"])
+            return step(c, x_t @ p["input_kernel"] + p["bias"], p)
 
         return lax.scan(body, carry, jnp.swapaxes(x, 0, 1))
 
@@ -129,9 +129,9 @@ class LSTM(Recurrent):
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
 
-        def step(carry, xw, recurrent):
+        def step(carry, xw, p):
             h, c = carry
-            i, f, g, o = jnp.split(xw + h @ recurrent, 4, axis=-1)
+            i, f, g, o = jnp.split(xw + h @ p["recurrent_kernel"], 4, axis=-1)
             c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
             h = jax.nn.sigmoid(o) * jnp.tanh(c)
             return (h, c), h
@@ -145,14 +145,18 @@ class LSTM(Recurrent):
 @register("gru")
 @dataclasses.dataclass(frozen=True)
 class GRU(Recurrent):
-    """Gated recurrent unit, "reset after" (as PyTorch and Keras), gate order r, z, n:
-    ``n = tanh(x W_n + b_n + r * (h U_n))``, ``h' = (1 - z) * n + z * h``.
+    """Gated recurrent unit, "reset after", gate order r, z, n, exactly PyTorch's
+    ``nn.GRU`` and Keras's ``GRU(reset_after=True)``:
+    ``r = sigmoid(x W_r + b_ir + h U_r + b_hr)``, ``z`` likewise,
+    ``n = tanh(x W_n + b_in + r * (h U_n + b_hn))``, ``h' = (1 - z) * n + z * h``.
 
     Input ``(batch, time, in)`` -> ``(batch, time, hidden)``; ``return_state=True`` adds
     the final ``h``. Params: ``input_kernel (in, 3h)`` (LeCun normal),
-    ``recurrent_kernel (h, 3h)`` (orthogonal), ``bias (3h,)`` (zeros). Logical axes
-    (for sharding): ``("embed", "mlp")``, ``(None, "mlp")``, ``("mlp",)``;
-    ``param_axes`` overrides them.
+    ``recurrent_kernel (h, 3h)`` (orthogonal), ``bias (3h,)`` (PyTorch's ``b_ih``,
+    zeros) and ``recurrent_bias (3h,)`` (``b_hh``, zeros). Logical axes (for
+    sharding): ``("embed", "mlp")``, ``(None, "mlp")``, ``("mlp",)`` and ``("mlp",)``;
+    ``param_axes`` overrides them. A model file saved before ``recurrent_bias``
+    existed (weights layout 1) loads it as zeros: the one-bias GRU it computed.
     """
 
     hidden: int
@@ -165,10 +169,16 @@ class GRU(Recurrent):
 
     gates = 3
     default_bias = staticmethod(initializers.zeros)
-    step_adds = 0  # the gates add x W and h U themselves, counted in gate_flops
+    step_adds = 1  # h U + b_hh; the gates add x W and h U themselves, in gate_flops
     # r, z: an add and a sigmoid each; n: a multiply and an add; h': a subtract, two
     # multiplies and an add
     gate_flops = 2 * (1 + LOGISTIC) + 2 + 4
+
+    def param_specs(self, inputs):
+        specs = dict(super().param_specs(inputs))
+        specs["recurrent_bias"] = ParamSpec((3 * self.hidden,), self.bias_init or initializers.zeros,
+                                            ("mlp",), added_in=2)
+        return specs
 
     def infer(self, inputs):
         self._features(inputs)
@@ -179,9 +189,9 @@ class GRU(Recurrent):
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
 
-        def step(h, xw, recurrent):
+        def step(h, xw, p):
             xr, xz, xn = jnp.split(xw, 3, axis=-1)
-            hr, hz, hn = jnp.split(h @ recurrent, 3, axis=-1)
+            hr, hz, hn = jnp.split(h @ p["recurrent_kernel"] + p["recurrent_bias"], 3, axis=-1)
             r = jax.nn.sigmoid(xr + hr)
             z = jax.nn.sigmoid(xz + hz)
             n = jnp.tanh(xn + r * hn)

@@ -1,0 +1,120 @@
+"""Rotary position embeddings (RoPE), as Llama computes them (Hugging Face's
+``rotate_half`` form): the feature pairs ``(i, i + dim/2)`` of each position are rotated
+by ``position * base ** (-2i / dim)``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..core.errors import DTypeError, ShapeError
+from ..core.registry import register
+from ..core.specs import is_symbolic
+from .base import Layer, expect_float
+from .flops import size
+
+__all__ = ["RotaryEmbedding", "rotary_embedding", "rotary_tables", "rotate", "rotary_flops",
+           "to_rope_base"]
+
+
+def to_rope_base(value, layer) -> float | None:
+    """``rope=``: None or False (none), True (base 10000, as Llama) or the base."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return 10000.0
+    try:
+        base = float(value)
+    except (TypeError, ValueError):
+        layer.invalid(f"rope must be None, True or a base (a float > 1), got {value!r}")
+    if not base > 1.0:
+        layer.invalid(f"the rope base must be > 1, got {value!r}")
+    return base
+
+
+def rotary_tables(positions, dim: int, base: float, dtype):
+    """``(cos, sin)`` of shape ``positions.shape + (dim,)``: the angles
+    ``position * base ** (-2i / dim)``, computed in float32, repeated for both halves,
+    cast to ``dtype``."""
+    inv_freq = (1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))).astype(np.float32)
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def rotate(x, cos, sin):
+    """``x * cos + rotate_half(x) * sin``, ``rotate_half(x) = concat(-x2, x1)`` of the
+    two halves of the last axis."""
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def rotary_flops(rotated, positions, dim: int, dtype) -> object:
+    """The tables (convert the positions, multiply by the frequencies, the casts of cos
+    and sin to ``dtype`` unless float32) and the rotation of ``rotated`` elements (two
+    multiplies, an add, the negation of half)."""
+    count = positions + positions * (dim // 2)
+    if np.dtype(dtype) != np.float32:
+        count = count + 2 * positions * dim
+    return count + 3 * rotated + rotated // 2
+
+
+@register("rotary_embedding")
+@dataclasses.dataclass(frozen=True)
+class RotaryEmbedding(Layer):
+    """Rotates ``x`` of shape ``(batch, length, ..., dim)`` (``dim`` even) by its
+    positions along axis 1: ``0 .. length - 1``, or the integer ``positions`` input of
+    shape ``(length,)`` or ``(batch, length)``. ``base`` 10000 as Llama.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> q = mg.Input(("batch", 16, 4, 32))
+      >>> ops.rotary_embedding(q)
+      SymbolicTensor(f32[batch,16,4,32], from 'rotary_embedding')
+    """
+
+    base: float = 10000.0
+
+    def validate(self):
+        if not float(self.base) > 1.0:
+            self.invalid(f"base must be > 1, got {self.base!r}")
+
+    def infer(self, inputs):
+        if len(inputs) not in (1, 2):
+            raise ShapeError(f"takes x and optional positions, got {len(inputs)} inputs",
+                             expected="1 or 2 tensors")
+        x = inputs[0]
+        expect_float(x)
+        if x.rank < 3 or is_symbolic(x.shape[-1]) or x.shape[-1] % 2:
+            raise ShapeError("takes (batch, length, ..., dim) with a known even dim",
+                             expected=f"{x.dtype}[batch,length,...,2k]")
+        if len(inputs) == 2:
+            pos = inputs[1]
+            if not jnp.issubdtype(pos.dtype, jnp.integer):
+                raise DTypeError(f"positions must be integers, got {pos.dtype}", expected="int32")
+            if pos.shape not in (x.shape[1:2], x.shape[:2]):
+                raise ShapeError("positions must be (length,) or (batch, length)",
+                                 expected=f"int32[{x.shape[1]}] or int32[{x.shape[0]},{x.shape[1]}]")
+        return (x,)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        x = inputs[0]
+        pos = inputs[1] if len(inputs) == 2 else jnp.arange(x.shape[1])
+        cos, sin = rotary_tables(pos, x.shape[-1], self.base, x.dtype)
+        # positions (length,) or (batch, length): the tables broadcast over the other axes.
+        shape = ((1,) if pos.ndim == 1 else (pos.shape[0],)) + (x.shape[1],) + (1,) * (x.ndim - 3) + (x.shape[-1],)
+        return (rotate(x, cos.reshape(shape), sin.reshape(shape)),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        x = inputs[0]
+        positions = size(inputs[1]) if len(inputs) == 2 else x.shape[1]
+        return rotary_flops(size(x), positions, x.shape[-1], x.dtype)
+
+
+def rotary_embedding(x, positions=None, base: float = 10000.0):
+    """``RotaryEmbedding(base)(x)`` or ``(x, positions)``."""
+    layer = RotaryEmbedding(base)
+    return layer(x) if positions is None else layer(x, positions)
