@@ -38,7 +38,7 @@ def data_format(value: Any, layer: Layer) -> str:
     layer whose number of spatial dims comes from its input (an int kernel size),
     ``NHWC`` or ``NCHW``."""
     fmt = value.upper() if isinstance(value, str) else None
-    size = getattr(layer, layer.size_field)
+    size = getattr(layer, getattr(layer, "size_field"))
     if isinstance(size, int):
         return any_data_format(value, layer)
     n = len(size)
