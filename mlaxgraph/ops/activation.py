@@ -185,7 +185,7 @@ def to_activation(value, layer) -> str | None:
     return name
 
 
-def _activation_layer(name: str) -> Layer:
+def _activation_layer(name: str) -> Unary:
     return _ACTIVATIONS[name]()
 
 

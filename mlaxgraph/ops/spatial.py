@@ -32,13 +32,13 @@ def window_output_size(size, window: int, stride: int, padding, dilation: int = 
     return ((padded - effective) // stride + 1).max(0)
 
 
-def data_format(value: Any, layer: Layer) -> str:
+def data_format(value: Any, layer: SpatialLayer) -> str:
     """``NHWC``/``channels_last`` or ``NCHW``/``channels_first``, in the form for the
     layer's number of spatial dims (``NWC``, ``NHWC``, ``NDHWC``; ``NCW``, ...); for a
     layer whose number of spatial dims comes from its input (an int kernel size),
     ``NHWC`` or ``NCHW``."""
     fmt = value.upper() if isinstance(value, str) else None
-    size = getattr(layer, getattr(layer, "size_field"))
+    size = getattr(layer, layer.size_field)
     if isinstance(size, int):
         return any_data_format(value, layer)
     n = len(size)
