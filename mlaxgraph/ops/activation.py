@@ -166,8 +166,9 @@ def log_softmax(x, axis: int = -1):
 
 # --- ``activation=`` on Linear and Conv --------------------------------------------------
 
-_ACTIVATIONS: dict[str, Callable[[], Layer]] = {"relu": Relu, "gelu": Gelu, "gelu_tanh": lambda: Gelu(approximate=True),
-                "silu": Silu, "tanh": Tanh, "sigmoid": Sigmoid}
+_ACTIVATIONS: dict[str, Callable[[], Unary]] = {
+    "relu": Relu, "gelu": Gelu, "gelu_tanh": lambda: Gelu(approximate=True), "silu": Silu,
+    "tanh": Tanh, "sigmoid": Sigmoid}
 
 
 def to_activation(value, layer) -> str | None:
