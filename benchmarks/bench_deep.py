@@ -30,6 +30,7 @@ from jax import lax
 
 import mlaxgraph as mg
 from mlaxgraph import examples
+from mlaxgraph.compiler.compile import INIT_COMPILER_OPTIONS as INIT_OPTIONS
 
 LENGTH, WIDTH, HEADS, MLP, BATCH = 64, 128, 4, 512, 8
 EPS = 1e-5
@@ -85,10 +86,10 @@ def hand_scanned(params_stacked, x):
 # --- timing --------------------------------------------------------------------------
 
 
-def compile_seconds(fn, *args) -> tuple[float, object]:
+def compile_seconds(fn, *args, options=None) -> tuple[float, object]:
     gc.collect()
     start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
+    compiled = jax.jit(fn, compiler_options=options).lower(*args).compile()
     return time.perf_counter() - start, compiled
 
 
@@ -101,13 +102,14 @@ def run_depth(depth: int, unscanned: bool) -> dict:
     scan = mg.compile(graph, scan_blocks=True)
     x = jnp.ones((BATCH, LENGTH, WIDTH), jnp.float32)
     row: dict = {"depth": depth}
-    row["init_scanned"], _ = compile_seconds(scan.init_fn, jax.random.key(0))
+    # init as model.init compiles it (its compiler options)
+    row["init_scanned"], _ = compile_seconds(scan.init_fn, jax.random.key(0), options=INIT_OPTIONS)
     stacked, state = scan.init(jax.random.key(0))
     row["scanned"], _ = compile_seconds(grad_of(lambda p, x: scan.apply_fn(p, state, x)[0]), stacked, x)
     row["hand_scan"], _ = compile_seconds(grad_of(hand_scanned), stacked["block0..block" + str(depth - 1)], x)
     if unscanned:
         flat = mg.compile(graph)
-        row["init_unscanned"], _ = compile_seconds(flat.init_fn, jax.random.key(0))
+        row["init_unscanned"], _ = compile_seconds(flat.init_fn, jax.random.key(0), options=INIT_OPTIONS)
         params, _ = flat.init(jax.random.key(0))
         row["unscanned"], _ = compile_seconds(grad_of(lambda p, x: flat.apply_fn(p, {}, x)[0]), params, x)
         row["hand_unrolled"], _ = compile_seconds(grad_of(hand_unrolled(depth)), params, x)
