@@ -20,7 +20,15 @@ from .analysis.hlo.by_layer import HloByLayer, HloOperation
 from .analysis.policy_comparison import PolicyComparison, compare_policies
 from .compiler.compile import CompiledModel, compile
 from .compiler.policy import Policy
-from .core.errors import DTypeError, GraphError, MlaxGraphError, SerializationError, ShapeError, ShardingError
+from .core.errors import (
+    DTypeError,
+    GraphError,
+    MlaxGraphError,
+    SerializationError,
+    ShapeError,
+    ShardingError,
+    UnverifiedFileWarning,
+)
 from .core.specs import TensorSpec
 from .io.exported import ExportedModel, load_exported
 from .io.functions import register_function
@@ -31,7 +39,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
-    "ShardingError",
+    "ShardingError", "UnverifiedFileWarning",
     "TensorSpec", "Graph", "Input", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",

@@ -5,6 +5,7 @@ at random times leaves the old or the new file, never a part of one."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -114,9 +115,10 @@ def test_file_layout_is_plain_safetensors(tmp_path):
     assert "state/stem_bn/var" in names and "params/logits/bias" in names
     assert all(n.startswith(("params/", "state/")) for n in names)
     np.testing.assert_array_equal(kernel, np.asarray(params["res1"]["conv_a"]["kernel"]))
-    assert sorted(meta) == ["mlaxgraph.format", "mlaxgraph.graph", "mlaxgraph.param_dtype",
+    assert sorted(meta) == ["mlaxgraph.checksums", "mlaxgraph.format", "mlaxgraph.graph",
+                            "mlaxgraph.header_checksum", "mlaxgraph.param_dtype",
                             "mlaxgraph.version"]
-    assert meta["mlaxgraph.format"] == "mlaxgraph.model" and meta["mlaxgraph.version"] == "1"
+    assert meta["mlaxgraph.format"] == "mlaxgraph.model" and meta["mlaxgraph.version"] == "2"
     assert meta["mlaxgraph.param_dtype"] == "bfloat16"
     assert meta["mlaxgraph.graph"] == compiled.to_json()
     raw = path.read_bytes()
@@ -126,6 +128,17 @@ def test_file_layout_is_plain_safetensors(tmp_path):
     offsets = sorted(v["data_offsets"] for k, v in header.items() if k != "__metadata__")
     assert offsets[0][0] == 0 and offsets[-1][1] == len(raw) - 8 - header_len
     assert all(a[1] == b[0] for a, b in zip(offsets, offsets[1:]))  # no holes
+    # The checksums: blake2b-128 of each array's bytes in the file, and of the header's
+    # bytes with the header digest's own 32 hex digits written as zeros.
+    data = raw[8 + header_len:]
+    checksums = json.loads(meta["mlaxgraph.checksums"])
+    assert sorted(checksums) == names
+    for name in names:
+        begin, end = header[name]["data_offsets"]
+        assert checksums[name] == hashlib.blake2b(data[begin:end], digest_size=16).hexdigest()
+    recorded = meta["mlaxgraph.header_checksum"]
+    zeroed = raw[8:8 + header_len].replace(recorded.encode(), b"0" * 32)
+    assert recorded == hashlib.blake2b(zeroed, digest_size=16).hexdigest()
 
 
 def test_saving_twice_gives_the_same_bytes(tmp_path):

@@ -20,6 +20,7 @@ __all__ = [
     "DTypeError",
     "SerializationError",
     "ShardingError",
+    "UnverifiedFileWarning",
     "SourceInfo",
     "capture_source",
     "node_message",
@@ -60,6 +61,12 @@ class SerializationError(MlaxGraphError, ValueError):
 class ShardingError(MlaxGraphError, ValueError):
     """Logical axes, rules and a mesh do not fit: a rule names a mesh axis the mesh
     lacks, a dim is not divisible by its mesh axes, or one mesh axis shards two dims."""
+
+
+class UnverifiedFileWarning(UserWarning):
+    """A file written before mlaxgraph's files carried checksums was loaded: its bytes
+    could not be checked. Saving it again adds them. Turn it into an error with
+    ``warnings.simplefilter("error", mg.UnverifiedFileWarning)``."""
 
 
 @dataclasses.dataclass(frozen=True)
