@@ -21,6 +21,7 @@ from .analysis.policy_comparison import PolicyComparison, compare_policies
 from .compiler.compile import CompiledModel, compile
 from .compiler.policy import Policy
 from .core.errors import (
+    CheckError,
     DTypeError,
     GraphError,
     MlaxGraphError,
@@ -39,7 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
-    "ShardingError", "UnverifiedFileWarning",
+    "ShardingError", "CheckError", "UnverifiedFileWarning",
     "TensorSpec", "Graph", "Input", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",

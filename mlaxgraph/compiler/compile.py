@@ -10,7 +10,7 @@ import jax
 from ..core.errors import GraphError, ShardingError
 from ..ir.graph import Graph
 from .flatten import flatten
-from .lowering import make_apply, make_init
+from .lowering import checked, make_apply, make_init
 from .passes import default_passes, run_passes
 from .policy import Policy
 from .program import Program
@@ -34,7 +34,8 @@ class CompiledModel:
       apply: ``apply(params, state, *inputs, rng=None, inference_mode=False) ->
         (outputs, new_state)``, jitted with ``inference_mode`` static.
       init_fn, apply_fn: the same functions before ``jax.jit``, for composing into a
-        wider jitted region (a train step).
+        wider jitted region (a train step); ``apply_fn`` has no run-time checks.
+      checks: whether ``apply`` runs the run-time checks (``compile(..., checks=True)``).
 
     Example:
       >>> import jax, jax.numpy as jnp, mlaxgraph as mg
@@ -50,7 +51,7 @@ class CompiledModel:
     """
 
     def __init__(self, graph: Graph, source_graph: Graph, policy: Policy | None,
-                 program: Program, sharding: ShardingPlan | None = None):
+                 program: Program, sharding: ShardingPlan | None = None, checks: bool = False):
         self.graph = graph
         self.source_graph = source_graph
         self.policy = policy
@@ -62,7 +63,11 @@ class CompiledModel:
         if sharding is not None:  # init creates each weight on its devices
             created_sharded = {"out_shardings": (sharding.params, sharding.state)}
         self.init = jax.jit(self.init_fn, **created_sharded)
-        self.apply = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
+        self.checks = checks
+        if checks:  # the checks are traced only here: checks=False costs nothing
+            self.apply = checked(make_apply(program, sharding, checks=True))
+        else:
+            self.apply = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
 
     # Inspection is in inspect.py; these are its user-facing entry points.
 
@@ -171,7 +176,7 @@ def _check_overrides(graph: Graph, policy: Policy) -> None:
 
 
 def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
-            rules: Any = None) -> CompiledModel:
+            rules: Any = None, checks: bool = False) -> CompiledModel:
     """Runs the compiler's passes on ``graph`` and lowers it to a jitted init/apply.
 
     Args:
@@ -183,12 +188,17 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         creates the weights sharded and ``apply`` runs with matching shardings.
       rules: logical axis -> mesh axis (``{"batch": "data", "mlp": "model"}``); a
         logical axis without a rule is replicated. Needs ``mesh``.
+      checks: make ``apply`` check, at run time through ``jax.experimental.checkify``,
+        that embedding ids are in range and that no layer outputs NaN or inf, raising
+        ``mg.CheckError`` naming the first layer that failed (docs/errors.md). Off by
+        default: then nothing is checked and nothing is traced for it.
 
     Raises:
       GraphError, ShapeError, DTypeError: for a graph the passes reject, naming the
         layer and where it was created.
       ShardingError: for rules and axes that do not fit the mesh, naming the layer.
     """
+    checks = bool(checks)
     if not isinstance(graph, Graph):
         raise GraphError(f"mg.compile takes a Graph, got {type(graph).__name__}")
     if policy is not None and not isinstance(policy, Policy):
@@ -200,7 +210,8 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
     compiled = run_passes(graph, default_passes(policy))
     program = flatten(compiled)
     if mesh is None:
-        return CompiledModel(compiled, graph, policy, program)
+        return CompiledModel(compiled, graph, policy, program, checks=checks)
     from ..distributed.plan import plan_sharding
 
-    return CompiledModel(compiled, graph, policy, program, plan_sharding(program, mesh, rules))
+    return CompiledModel(compiled, graph, policy, program, plan_sharding(program, mesh, rules),
+                         checks=checks)

@@ -107,9 +107,23 @@ def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | Non
                                           context=context_lines(step.graph, node.name)))
 
 
+def _runtime_checks(step: Step, args: Sequence[Any], outs: tuple) -> None:
+    """``checkify`` checks of the step: the op's own (an id range), then NaN and inf in
+    each float output, each message naming the layer's path and op."""
+    from jax.experimental import checkify
+
+    where = f"layer {step.path!r} (op {step.node.op.op_name})"
+    for ok, what in step.op.runtime_checks(args):
+        checkify.check(ok, f"{where}: {what}")
+    for i, out in enumerate(outs):
+        if jax.numpy.issubdtype(out.dtype, jax.numpy.inexact):
+            checkify.check(~jax.numpy.any(jax.numpy.isnan(out)), f"{where}: output {i} has NaN")
+            checkify.check(~jax.numpy.any(jax.numpy.isinf(out)), f"{where}: output {i} has inf")
+
+
 def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
         rng: jax.Array | None, inference_mode: bool, bindings: Mapping[str, int] | None,
-        hook: Hook | None = None) -> tuple[tuple, dict]:
+        hook: Hook | None = None, checks: bool = False) -> tuple[tuple, dict]:
     """Runs the program: ``(outputs, new_state)``.
 
     Args:
@@ -121,6 +135,8 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
       inference_mode: passed to every layer.
       bindings: the values of the symbolic dims (to check output shapes), or None.
       hook: sees the inputs and every step's outputs (see ``Hook``).
+      checks: add ``checkify`` checks to every step (see ``_runtime_checks``); the
+        caller functionalizes them with ``checkify.checkify``. Off, nothing is traced.
     """
     env: dict = {}
     for name, x in zip(program.inputs, inputs):
@@ -135,6 +151,8 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
             outs, s2 = step.op.apply(p, s, args, rng=key, inference_mode=inference_mode)
             outs = tuple(outs)
             _check_outputs(step, outs, bindings)
+            if checks:
+                _runtime_checks(step, args, outs)
             if hook is not None:
                 outs = hook(step.path, outs)
         if s2:

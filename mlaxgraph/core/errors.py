@@ -21,6 +21,7 @@ __all__ = [
     "SerializationError",
     "ShardingError",
     "UnverifiedFileWarning",
+    "CheckError",
     "SourceInfo",
     "capture_source",
     "node_message",
@@ -61,6 +62,11 @@ class SerializationError(MlaxGraphError, ValueError):
 class ShardingError(MlaxGraphError, ValueError):
     """Logical axes, rules and a mesh do not fit: a rule names a mesh axis the mesh
     lacks, a dim is not divisible by its mesh axes, or one mesh axis shards two dims."""
+
+
+class CheckError(MlaxGraphError, ValueError):
+    """A run-time check of a model compiled with ``mg.compile(..., checks=True)``
+    failed: an embedding id out of range, a NaN or an inf, naming the layer."""
 
 
 class UnverifiedFileWarning(UserWarning):
