@@ -288,3 +288,13 @@ def test_version_1_export_folder_loads_with_a_warning(model):
     hidden = np.maximum(x.astype(np.float64) @ kernel + bias, 0)
     expected = hidden @ reference["logits/kernel"] + reference["logits/bias"]
     np.testing.assert_allclose(loaded(x)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_manifest_whose_version_was_lowered_is_refused(model, tmp_path):
+    m, params, state = model
+    m.save_hlo(tmp_path, params=params, state=state)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["version"] = 1       # as if written before the checksums: must not skip them
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(mg.SerializationError, match="the manifest is damaged: it says version 1"):
+        mg.load_exported(tmp_path)

@@ -260,7 +260,10 @@ def _read_manifest(path: pathlib.Path, verify: bool) -> dict[str, Any]:
         raise SerializationError(f"{path}: export layout version {version}, but this "
                                  f"mlaxgraph reads up to {VERSION}; upgrade mlaxgraph")
     if version < 2:
-        manifest.pop("checksums", None)
+        if "checksums" in manifest or "checksum" in manifest:  # e.g. its version edited
+            raise SerializationError(f"{path}: the manifest is damaged: it says version "
+                                     f"{version}, whose manifests record no checksums, and "
+                                     f"it has them")
         if verify:
             warn_unverified(str(path.parent), "the export folder", stacklevel=4)
         return manifest
