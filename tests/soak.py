@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import platform
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -483,7 +484,9 @@ def main(argv=None) -> int:
             except Exception as e:  # a worker that died: a crash (BrokenProcessPool)
                 crashes.append(f"{kind}: {type(e).__name__}: {e}")
     minutes = (time.monotonic() - start) / 60
-    text = report(args, results, crashes, minutes)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_minutes = (usage.ru_utime + usage.ru_stime) / 60
+    text = report(args, results, crashes, minutes, cpu_minutes)
     with open(args.out, "w") as f:
         f.write(text)
     print(text)
@@ -493,7 +496,7 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-def report(args, results, crashes, minutes) -> str:
+def report(args, results, crashes, minutes, cpu_minutes) -> str:
     graphs: dict = {}
     graph_failures: list[str] = []
     for counts, failures in results["graphs"] + results["ops"]:
@@ -513,7 +516,9 @@ def report(args, results, crashes, minutes) -> str:
     lines = [
         "# Soak", "",
         f"`make soak` ran `{command}` on {platform.machine()} with {os.cpu_count()} cores "
-        f"in {minutes:.1f} minutes ({time.strftime('%Y-%m-%d')}).", "",
+        f"in {minutes:.1f} minutes of wall time and {cpu_minutes:.1f} minutes of CPU time "
+        f"over its processes ({time.strftime('%Y-%m-%d')}; the machine's load average was "
+        f"{os.getloadavg()[0]:.1f} at the end, other work sharing the cores).", "",
         "## Random graphs against the reference interpreter", "",
         "| what | count |", "|---|---|",
         f"| random valid graphs compiled and equal to the reference (inference) | {graphs.get('graphs', 0):,} |",
@@ -536,7 +541,7 @@ def report(args, results, crashes, minutes) -> str:
               f"{', '.join(f'{k} {v}' for k, v in sorted(kills.get('stages', {}).items()))}); "
               f"after each the file loaded as one whole version: the new one "
               f"{kills.get('replaced', 0)} times, the old one {kills.get('kept', 0)} times.", ""]
-    lines += ["## Crashes", "", f"{len(crashes)} worker processes died." if crashes or True else ""]
+    lines += ["## Crashes", "", f"{len(crashes)} worker processes died."]
     lines += [f"    {c}" for c in crashes]
     return "\n".join(lines) + "\n"
 
