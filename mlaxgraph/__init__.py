@@ -21,6 +21,7 @@ from .analysis.policy_comparison import PolicyComparison, compare_policies
 from .compiler.compile import CompiledModel, compile
 from .compiler.policy import Policy
 from .core.errors import (
+    CheckError,
     ConfigError,
     DTypeError,
     GraphError,
@@ -28,6 +29,7 @@ from .core.errors import (
     SerializationError,
     ShapeError,
     ShardingError,
+    UnverifiedFileWarning,
 )
 from .core.specs import TensorSpec
 from .io.exported import ExportedModel, load_exported
@@ -40,7 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
-    "ShardingError", "ConfigError",
+    "ShardingError", "ConfigError", "CheckError", "UnverifiedFileWarning",
     "TensorSpec", "Graph", "Input", "Sequential", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",

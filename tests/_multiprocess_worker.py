@@ -14,13 +14,25 @@ import os
 import sys
 
 
+#: The exit status of process 0 when the coordinator's port was taken meanwhile (the
+#: test picks a free port and releases it before the coordinator binds it): the test
+#: then starts both processes again on another port.
+PORT_TAKEN = 75
+
+
 def main(process_id: int, port: int, out_dir: str) -> None:
     import jax
 
     # The CPU collectives: gloo is JAX 0.10's default; set it for older versions.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
-                               process_id=process_id, initialization_timeout=120)
+    try:
+        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                                   process_id=process_id, initialization_timeout=120)
+    except Exception as e:
+        if process_id == 0 and "Failed to start RPC server" in str(e):
+            print(f"port {port} was taken before the coordinator could bind it: {e}", flush=True)
+            sys.exit(PORT_TAKEN)
+        raise
     jax.config.update("jax_numpy_dtype_promotion", "strict")
     import numpy as np
     import optax

@@ -86,7 +86,7 @@ def test_folder_holds_texts_weights_and_a_manifest(tmp_path):
     assert (tmp_path / "optimized_hlo.txt").read_text().startswith("HloModule")
     assert "tensor<?x8x8x1xf32>" in (tmp_path / "exported.mlir").read_text()  # batch symbolic
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["format"] == "mlaxgraph.exported" and manifest["version"] == 1
+    assert manifest["format"] == "mlaxgraph.exported" and manifest["version"] == 2
     assert manifest["inputs"] == {"image": "f32[batch,8,8,1]"}
     assert manifest["outputs"] == ["f32[batch,10]"] and manifest["dims"] == {"batch": 4}
     assert manifest["inference_mode"] is True and "bfloat16" in manifest["policy"]
@@ -117,8 +117,8 @@ def test_bare_artifact_file_and_training_mode(tmp_path):
     model = mg.compile(residual_cnn())
     params, state = model.init(jax.random.key(0))
     model.save_hlo(tmp_path, inference_mode=False)
-    loaded = mg.load_exported(tmp_path / "exported.jax")
-    assert loaded.params is None and loaded.manifest == {}
+    loaded = mg.load_exported(tmp_path / "exported.jax")  # checked by the manifest beside it
+    assert loaded.params is None and loaded.manifest["files"]["artifact"] == "exported.jax"
     with pytest.raises(mg.SerializationError, match="without weights"):
         loaded(jnp.ones((2, 8, 8, 1)))
     x, key = jnp.ones((2, 8, 8, 1)), jax.random.key(3)
@@ -148,5 +148,7 @@ def test_weights_file_of_another_kind_is_refused(tmp_path):
     params, state = model.init(jax.random.key(0))
     model.save_hlo(tmp_path)
     mg.save(tmp_path / "weights.safetensors", model.graph, params, state)  # an .mlg, not ours
-    with pytest.raises(mg.SerializationError, match="not the weights of an mlaxgraph export"):
+    with pytest.raises(mg.SerializationError, match="lists no checksum for this file"):
         mg.load_exported(pathlib.Path(tmp_path))
+    with pytest.raises(mg.SerializationError, match="not the weights of an mlaxgraph export"):
+        mg.load_exported(pathlib.Path(tmp_path), verify=False)

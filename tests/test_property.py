@@ -737,12 +737,22 @@ def _walk_ops(graph):
             yield from _walk_ops(node.op.graph)
 
 
+def apply_kwargs(graph, training):
+    if training and any(isinstance(op, ops.Dropout) for op in _walk_ops(graph)):
+        return {"rng": jax.random.key(0)}  # only rate-0 dropouts get here
+    return {}
+
+
 def check_against_reference(prog, graph, model, params, state, bindings, training, rng):
     arrays = make_inputs(prog, bindings, rng)
-    kwargs = {}
-    if training and any(isinstance(op, ops.Dropout) for op in _walk_ops(graph)):
-        kwargs["rng"] = jax.random.key(0)  # only rate-0 dropouts get here
-    out, new_state = model.apply(params, state, *arrays, inference_mode=not training, **kwargs)
+    out, new_state = model.apply(params, state, *arrays, inference_mode=not training,
+                                 **apply_kwargs(graph, training))
+    compare_with_reference(prog, graph, params, state, arrays, out, new_state, bindings, training)
+
+
+def compare_with_reference(prog, graph, params, state, arrays, out, new_state, bindings, training):
+    """Checks what the compiled apply gave for ``arrays`` against the reference
+    interpreter (also used by tests/soak.py, which runs the applies in batches)."""
     used: set = set()
     ref, ref_state = reference(graph, params, state, [as_reference_input(a) for a in arrays],
                                training, used)

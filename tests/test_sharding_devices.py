@@ -65,9 +65,17 @@ def _jax_version() -> str:
 
 
 def _free_port() -> int:
+    """A port free now; another process may take it before the coordinator binds it,
+    which ``_start_pair`` notices and retries."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _start_pair(out: pathlib.Path, attempt: int) -> list[subprocess.Popen]:
+    port = _free_port()
+    return [_start([HERE / "_multiprocess_worker.py", i, port, out], 2,
+                   out / f"process{i}-attempt{attempt}.log") for i in (0, 1)]
 
 
 def _start(args, devices: int, log: pathlib.Path) -> subprocess.Popen:
@@ -94,11 +102,9 @@ PARTS = ("mlp,transformer", "cnn")
 def workers(tmp_path_factory):
     """Starts the 8-device workers and the two-process pair at once."""
     out = tmp_path_factory.mktemp("sharding")
-    port = _free_port()
     eight = [_start([HERE / "_sharding_worker.py", out, part], 8, out / f"eight-{part}.log")
              for part in PARTS]
-    pair = [_start([HERE / "_multiprocess_worker.py", i, port, out], 2, out / f"process{i}.log")
-            for i in (0, 1)]
+    pair = _start_pair(out, 0)
     yield out, eight, pair
     for process in [*eight, *pair]:
         if process.poll() is None:
@@ -124,8 +130,22 @@ def eight(workers):
 @pytest.fixture(scope="module")
 def two_processes(workers):
     out, _, pair = workers
+    from _multiprocess_worker import PORT_TAKEN
+
+    attempt = 0
+    while True:  # the port released by _free_port can be taken before the coordinator binds it
+        try:
+            taken = pair[0].wait(timeout=TIMEOUT) == PORT_TAKEN
+        except subprocess.TimeoutExpired:
+            taken = False
+        if not taken or attempt == 4:
+            break
+        pair[1].kill()
+        pair[1].wait()
+        attempt += 1
+        pair[:] = _start_pair(out, attempt)
     for i, process in enumerate(pair):
-        _finish(process, out / f"process{i}.log",
+        _finish(process, out / f"process{i}-attempt{attempt}.log",
                 f"process {i} of the two-process jax.distributed run on CPU "
                 f"(tests/_multiprocess_worker.py; it needs CPU collectives through gloo, "
                 f"which JAX 0.10.2 has and uses by default; an installed JAX {_jax_version()} "

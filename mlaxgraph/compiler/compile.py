@@ -11,7 +11,7 @@ import jax
 from ..core.errors import GraphError, ShardingError
 from ..ir.graph import Graph
 from .flatten import flatten
-from .lowering import make_apply, make_init
+from .lowering import checked, make_apply, make_init
 from .passes import default_passes, run_passes
 from .policy import Policy
 from .program import Program
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["compile", "CompiledModel", "INIT_COMPILER_OPTIONS"]
 
 #: The XLA options ``model.init`` is compiled with.
-INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+INIT_COMPILER_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1}
 
 
 class CompiledModel:
@@ -39,7 +39,8 @@ class CompiledModel:
       apply: ``apply(params, state, *inputs, rng=None, inference_mode=False) ->
         (outputs, new_state)``, jitted with ``inference_mode`` static.
       init_fn, apply_fn: the same functions before ``jax.jit``, for composing into a
-        wider jitted region (a train step).
+        wider jitted region (a train step); ``apply_fn`` has no run-time checks.
+      checks: whether ``apply`` runs the run-time checks (``compile(..., checks=True)``).
 
     Example:
       >>> import jax, jax.numpy as jnp, mlaxgraph as mg
@@ -55,7 +56,7 @@ class CompiledModel:
     """
 
     def __init__(self, graph: Graph, source_graph: Graph, policy: Policy | None,
-                 program: Program, sharding: ShardingPlan | None = None):
+                 program: Program, sharding: ShardingPlan | None = None, checks: bool = False):
         self.graph = graph
         self.source_graph = source_graph
         self.policy = policy
@@ -66,12 +67,16 @@ class CompiledModel:
         self.apply_fn = make_apply(program, sharding)
         # init runs once: XLA's first level of backend optimization compiles it several
         # times faster than the default and gives the same values, bit for bit.
-        options = {"compiler_options": INIT_COMPILER_OPTIONS}
         if sharding is None:
-            self.init = jax.jit(self.init_fn, **options)
+            self.init = jax.jit(self.init_fn, compiler_options=INIT_COMPILER_OPTIONS)
         else:  # init creates each weight on its devices
-            self.init = jax.jit(self.init_fn, out_shardings=(sharding.params, sharding.state), **options)
-        self.apply = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
+            self.init = jax.jit(self.init_fn, out_shardings=(sharding.params, sharding.state),
+                                compiler_options=INIT_COMPILER_OPTIONS)
+        self.checks = checks
+        if checks:  # the checks are traced only here: checks=False costs nothing
+            self.apply = checked(make_apply(program, sharding, checks=True))
+        else:
+            self.apply = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
 
     # Inspection is in inspect.py; these are its user-facing entry points.
 
@@ -218,7 +223,8 @@ def _check_overrides(graph: Graph, policy: Policy) -> None:
 
 def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
             rules: Any = None, *, scan_blocks: bool = False, remat: Any = None,
-            memory_budget: Any = None, dims: Mapping[str, int] | None = None) -> CompiledModel:
+            memory_budget: Any = None, dims: Mapping[str, int] | None = None,
+            checks: bool = False) -> CompiledModel:
     """Runs the compiler's passes on ``graph`` and lowers it to a jitted init/apply.
 
     Args:
@@ -243,12 +249,17 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         rematerialization (instead of ``remat``) so that the gradient step's peak
         memory, measured by XLA at ``dims``, fits; ``model.memory_plan()`` shows it.
       dims: the symbolic dims' values (``{"batch": 64}``) the budget is for.
+      checks: make ``apply`` check, at run time through ``jax.experimental.checkify``,
+        that embedding ids are in range and that no layer outputs NaN or inf, raising
+        ``mg.CheckError`` naming the first layer that failed (docs/errors.md). Off by
+        default: then nothing is checked and nothing is traced for it.
 
     Raises:
       GraphError, ShapeError, DTypeError: for a graph the passes reject, naming the
         layer and where it was created.
       ShardingError: for rules and axes that do not fit the mesh, naming the layer.
     """
+    checks = bool(checks)
     if not isinstance(graph, Graph):
         raise GraphError(f"mg.compile takes a Graph, got {type(graph).__name__}")
     if policy is not None and not isinstance(policy, Policy):
@@ -270,7 +281,7 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         from ..distributed.plan import plan_sharding
 
         sharding = plan_sharding(program, mesh, rules)
-    model = CompiledModel(compiled, graph, policy, program, sharding)
+    model = CompiledModel(compiled, graph, policy, program, sharding, checks=checks)
     model._memory_plan = plan
     return model
 

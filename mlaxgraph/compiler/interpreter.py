@@ -110,7 +110,7 @@ def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | Non
 
 
 def _run_scan(step: Step, params: Any, state: Any, args: list, key: jax.Array | None,
-              inference_mode: bool) -> tuple[tuple, Any]:
+              inference_mode: bool, checks: bool = False) -> tuple[tuple, Any]:
     """A run of equal blocks: ``lax.scan`` of one block's program over the blocks'
     stacked weights (and, in training, one key per block: the key the block would
     have had, ``key`` folded with its name)."""
@@ -127,7 +127,7 @@ def _run_scan(step: Step, params: Any, state: Any, args: list, key: jax.Array | 
     def one_block(carry, per_block):
         p, s, k = per_block
         outs, new_state = run(body, p, s, (carry,), rng=k, inference_mode=inference_mode,
-                              bindings=bindings)
+                              bindings=bindings, checks=checks)
         return outs[0], new_state
 
     if step.remat is not None:  # each block recomputed in the backward pass
@@ -146,9 +146,23 @@ def _bindings(program: Program, x: Any) -> dict | None:
     return bindings
 
 
+def _runtime_checks(step: Step, args: Sequence[Any], outs: tuple) -> None:
+    """``checkify`` checks of the step: the op's own (an id range), then NaN and inf in
+    each float output, each message naming the layer's path and op."""
+    from jax.experimental import checkify
+
+    where = f"layer {step.path!r} (op {step.node.op.op_name})"
+    for ok, what in step.op.runtime_checks(args):
+        checkify.check(ok, f"{where}: {what}")
+    for i, out in enumerate(outs):
+        if jax.numpy.issubdtype(out.dtype, jax.numpy.inexact):
+            checkify.check(~jax.numpy.any(jax.numpy.isnan(out)), f"{where}: output {i} has NaN")
+            checkify.check(~jax.numpy.any(jax.numpy.isinf(out)), f"{where}: output {i} has inf")
+
+
 def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
         rng: jax.Array | None, inference_mode: bool, bindings: Mapping[str, int] | None,
-        hook: Hook | None = None) -> tuple[tuple, dict]:
+        hook: Hook | None = None, checks: bool = False) -> tuple[tuple, dict]:
     """Runs the program: ``(outputs, new_state)``.
 
     Args:
@@ -162,11 +176,13 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
         hyperparameters hold symbolic dims are bound to them, and when they are ints,
         output shapes are checked against them.
       hook: sees the inputs and every step's outputs (see ``Hook``).
+      checks: add ``checkify`` checks to every step (see ``_runtime_checks``); the
+        caller functionalizes them with ``checkify.checkify``. Off, nothing is traced.
     """
     env: dict = {}
     for name, x in zip(program.inputs, inputs):
         env[(name, 0)] = hook(name, (x,))[0] if hook is not None else x
-    context = _Context(params, rng, inference_mode, bindings, hook)
+    context = _Context(params, rng, inference_mode, bindings, hook, checks)
     steps = program.steps
     new_state = state
     i = 0
@@ -191,6 +207,7 @@ class _Context:
     inference_mode: bool
     bindings: Mapping[str, int] | None
     hook: Hook | None
+    checks: bool = False
 
 
 def _run_step(step: Step, env: dict, state: Any, context: _Context) -> Any:
@@ -201,7 +218,7 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context) -> Any:
     with jax.named_scope(scope_name(step.path)):
         key = step_key(rng, step.rng_path) if step.random and rng is not None else None
         if step.body is not None:
-            outs, s2 = _run_scan(step, p, s, args, key, context.inference_mode)
+            outs, s2 = _run_scan(step, p, s, args, key, context.inference_mode, context.checks)
         else:
             op = step.op
             if op.symbolic_fields and context.bindings is not None:
@@ -209,6 +226,8 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context) -> Any:
             outs, s2 = op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
         outs = tuple(outs)
         _check_outputs(step, outs, context.bindings)
+        if context.checks:
+            _runtime_checks(step, args, outs)
         if context.hook is not None:
             outs = context.hook(step.path, outs)
     if s2:

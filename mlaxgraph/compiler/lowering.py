@@ -7,6 +7,7 @@ its shardings where they are made.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from .program import Program, salt, set_in
 if TYPE_CHECKING:
     from ..distributed.plan import ShardingPlan
 
-__all__ = ["make_init", "make_apply", "check_inputs"]
+__all__ = ["make_init", "make_apply", "checked", "check_inputs"]
 
 
 def make_init(program: Program, param_dtype: Any,
@@ -100,9 +101,12 @@ def _fold_all(key: jax.Array, salts: jax.Array) -> jax.Array:
     return key
 
 
-def make_apply(program: Program, sharding: ShardingPlan | None = None) -> Callable:
+def make_apply(program: Program, sharding: ShardingPlan | None = None,
+               checks: bool = False) -> Callable:
     """A pure ``apply(params, state, *inputs, rng=None, inference_mode=False)``
-    returning ``(outputs, new_state)``: one array for one graph output, else a tuple."""
+    returning ``(outputs, new_state)``: one array for one graph output, else a tuple.
+    With ``checks``, each step adds ``jax.experimental.checkify`` checks (ids in range,
+    no NaN or inf), to be functionalized by ``checkify.checkify`` (``checked``)."""
     graph = program.graph
     randoms = program.random_paths()
     specs = graph.input_specs
@@ -122,12 +126,52 @@ def make_apply(program: Program, sharding: ShardingPlan | None = None) -> Callab
         if sharding is not None:
             params, state = sharding.constrain_weights(params, state)
         outputs, new_state = run(program, params, state, inputs, rng=rng,
-                                 inference_mode=inference_mode, bindings=bindings, hook=hook)
+                                 inference_mode=inference_mode, bindings=bindings, hook=hook,
+                                 checks=checks)
         if sharding is not None:
             new_state = sharding.constrain_weights(None, new_state)[1]
         return (outputs[0] if single else outputs), new_state
 
     return apply
+
+
+def checked(apply: Callable) -> Callable:
+    """``apply`` (made with ``checks=True``) functionalized by ``checkify``, jitted, and
+    raising ``CheckError`` naming the first failed check's layer."""
+    from jax.experimental import checkify
+
+    from ..core.errors import CheckError
+
+    run_checked = jax.jit(checkify.checkify(apply, errors=checkify.user_checks),
+                          static_argnames=("inference_mode",))
+
+    def apply_checked(params, state, *inputs, rng=None, inference_mode: bool = False):
+        error, result = run_checked(params, state, *inputs, rng=rng, inference_mode=inference_mode)
+        message = error.get()
+        if message is not None:
+            # checkify appends where the check was traced; the message names the layer.
+            raise CheckError(re.sub(r" \(`?check`? failed.*$", "", message.split("\n")[0]))
+        return result
+
+    return apply_checked
+
+
+def _fixed_batch_hint(dims: tuple, shape: tuple) -> str:
+    """When the array looks like a batch of what the input describes, or like it with
+    another first dim, the input was built with its first dim fixed (``mg.Input((28,
+    28, 1))`` in Keras's habit): say so, with the symbolic form to write instead."""
+    if dims and shape[1:] == tuple(dims) and len(shape) == len(dims) + 1:
+        symbolic = ("batch", *dims)
+    elif (dims and isinstance(dims[0], int) and len(shape) == len(dims)
+          and shape[1:] == tuple(dims[1:]) and shape[0] != dims[0]):
+        symbolic = ("batch", *dims[1:])
+    else:
+        return ""
+    form = "(" + ", ".join(f'"{d}"' if isinstance(d, str) else str(d) for d in symbolic) + ")"
+    return (f". The graph's first dim is fixed: mg.Input({tuple(dims)}) makes an input of "
+            f"exactly that shape, whose first dim {dims[0]} is the batch size (unlike "
+            f"Keras, the shape includes the batch dim). For any batch size write the "
+            f"batch dim symbolically: mg.Input({form})")
 
 
 def check_inputs(graph, specs: Sequence[TensorSpec], inputs: Sequence[Any]) -> dict | None:
@@ -144,7 +188,8 @@ def check_inputs(graph, specs: Sequence[TensorSpec], inputs: Sequence[Any]) -> d
         got = f"{dtype}{list(shape) if shape is not None else '?'}"
         node = graph.node(name)
         if shape is None or not match_shape(spec.shape, shape, bindings):
-            raise ShapeError(node_message(name, "input", "apply got an array of another shape",
+            raise ShapeError(node_message(name, "input", "apply got an array of another shape"
+                                          + _fixed_batch_hint(spec.shape, tuple(shape or ())),
                                           got=got, expected=str(spec), source=node.source))
         if np.dtype(dtype) != spec.dtype:
             raise DTypeError(node_message(name, "input", "apply got an array of another dtype "

@@ -22,6 +22,8 @@ __all__ = [
     "SerializationError",
     "ShardingError",
     "ConfigError",
+    "UnverifiedFileWarning",
+    "CheckError",
     "SourceInfo",
     "capture_source",
     "node_message",
@@ -68,6 +70,17 @@ class SerializationError(MlaxGraphError, ValueError):
 class ShardingError(MlaxGraphError, ValueError):
     """Logical axes, rules and a mesh do not fit: a rule names a mesh axis the mesh
     lacks, a dim is not divisible by its mesh axes, or one mesh axis shards two dims."""
+
+
+class CheckError(MlaxGraphError, ValueError):
+    """A run-time check of a model compiled with ``mg.compile(..., checks=True)``
+    failed: an embedding id out of range, a NaN or an inf, naming the layer."""
+
+
+class UnverifiedFileWarning(UserWarning):
+    """A file written before mlaxgraph's files carried checksums was loaded: its bytes
+    could not be checked. Saving it again adds them. Turn it into an error with
+    ``warnings.simplefilter("error", mg.UnverifiedFileWarning)``."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,8 @@ atomically, the last ``keep`` kept. Restoring fills a template TrainState (the o
 
 A checkpoint restores bit-identically: every array (params, BatchNorm state, the
 optimizer's moments and counters, the step, the run's key and the loss scale) is
-stored exactly, and the step's dropout key derives from the step.
+stored exactly, and the step's dropout key derives from the step. Each file carries
+the checksums of its header and arrays (``weights.py``), checked on restore.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import jax
 import numpy as np
 
 from ..core.errors import SerializationError
-from .weights import SafetensorsReader, write_atomic, write_safetensors
+from .weights import SafetensorsReader, warn_unverified, write_atomic, write_safetensors
 
 __all__ = ["CheckpointManager", "tree_arrays"]
 
 FORMAT = "mlaxgraph.checkpoint"
-VERSION = "1"
+#: The layout written; "1" (no checksums) is still read, with a warning.
+VERSION = "2"
+_READS = ("1", "2")
 _FILE = re.compile(r"^checkpoint_(\d{8,})\.safetensors$")
 
 
@@ -114,13 +117,22 @@ class CheckpointManager:
                 pass
         return path
 
-    def restore(self, template: Any, step: int | None = None) -> Any:
+    def restore(self, template: Any, step: int | None = None, *, verify: bool = True) -> Any:
         """The saved state of ``step`` (the latest when None), in the structure, dtypes
         and shardings of ``template``.
 
+        Args:
+          template: a TrainState of the same model and optimizer (``trainer.init``).
+          step: the step to restore; the latest when None.
+          verify: check the file's checksums (the default); ``False`` skips hashing.
+
         Raises:
-          SerializationError: no checkpoint, or one whose arrays do not match the
-            template (another model or optimizer).
+          SerializationError: no checkpoint, one whose arrays do not match the
+            template (another model or optimizer), or one whose bytes changed since it
+            was written (naming the header or the array).
+
+        Warns:
+          UnverifiedFileWarning: a checkpoint written before files carried checksums.
         """
         if step is None:
             step = self.latest_step()
@@ -131,14 +143,22 @@ class CheckpointManager:
             raise SerializationError(f"no checkpoint of step {step} in {self.directory!r} "
                                      f"(have {self.steps()})")
         expected = tree_arrays(template)
-        with SafetensorsReader(path) as reader:
+        with SafetensorsReader(path, verify=verify) as reader:
             metadata = reader.metadata()
             if metadata.get("format") != FORMAT:
                 raise SerializationError(f"{path}: not an mlaxgraph checkpoint (format "
                                          f"{metadata.get('format')!r})")
-            if metadata.get("version") != VERSION:
-                raise SerializationError(f"{path}: checkpoint version {metadata.get('version')!r}; "
-                                         f"this mlaxgraph reads version {VERSION}")
+            version = metadata.get("version")
+            if version not in _READS:
+                raise SerializationError(f"{path}: checkpoint version {version!r}; this "
+                                         f"mlaxgraph reads versions {', '.join(_READS)}")
+            if not reader.checksummed:
+                if version != "1":
+                    raise SerializationError(f"{path}: the header is damaged: a version "
+                                             f"{version} checkpoint records checksums, and "
+                                             f"this one has none")
+                if verify:
+                    warn_unverified(path, "the checkpoint")
             names = set(reader.names())
             missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
             if missing or extra:

@@ -12,11 +12,14 @@ A folder written by ``save_hlo`` holds:
 - ``weights.safetensors``: the weights, when given (arrays named ``params/<layer>/<name>``
   and ``state/...``, as in ``mg.save``);
 - ``manifest.json``: what the files are, the graph's inputs and outputs, the dims, the
-  policy, the versions.
+  policy, the versions, the blake2b digest of every file (``checksums``) and of the
+  manifest itself (``checksum``, over its content without that field, as compact JSON
+  with sorted keys); ``load_exported`` checks them.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pathlib
@@ -28,14 +31,15 @@ import numpy as np
 
 from ..core.errors import SerializationError
 from ..core.specs import dim_names
-from .weights import SafetensorsReader, flatten_tree, write_atomic, write_safetensors
+from .weights import SafetensorsReader, digest, flatten_tree, warn_unverified, write_atomic, write_safetensors
 
 __all__ = ["save_hlo", "load_exported", "ExportedModel", "FORMAT", "VERSION"]
 
 #: ``format`` in the manifest.
 FORMAT = "mlaxgraph.exported"
-#: ``version`` of the folder layout this code writes and the newest it reads.
-VERSION = 1
+#: ``version`` of the folder layout this code writes and the newest it reads; 2 added
+#: the checksums (a version 1 folder loads, unverified, with a warning).
+VERSION = 2
 
 ARTIFACT = "exported.jax"
 MANIFEST = "manifest.json"
@@ -83,11 +87,13 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
     folder.mkdir(parents=True, exist_ok=True)
     exported = model.export(inference_mode=inference_mode)
     written: dict[str, pathlib.Path] = {}
+    checksums: dict[str, str] = {}
 
     def write(kind: str, name: str, data: bytes) -> None:
         path = folder / name
         write_atomic(path, lambda f: f.write(data))
         written[kind] = path
+        checksums[name] = digest(data)
 
     write("artifact", ARTIFACT, bytes(exported.serialize()))
     write("exported_mlir", "exported.mlir", exported.mlir_module().encode())
@@ -102,9 +108,9 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
                   **flatten_tree(state or {}, "state", "state")}
         host = {name: np.asarray(array) for name, array in arrays.items()}
         metadata = {"mlaxgraph.format": _WEIGHTS_FORMAT, "mlaxgraph.version": str(VERSION)}
-        path = folder / WEIGHTS
-        write_atomic(path, lambda f: write_safetensors(f, host, metadata))
-        written["weights"] = path
+        buffer = io.BytesIO()
+        write_safetensors(buffer, host, metadata)
+        write("weights", WEIGHTS, buffer.getvalue())
     manifest = {
         "format": FORMAT, "version": VERSION, "graph": model.graph.name,
         "policy": None if model.policy is None else repr(model.policy),
@@ -115,7 +121,9 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
         "platforms": list(exported.platforms),
         "files": {kind: path.name for kind, path in written.items()},
         "mlaxgraph": __version__, "jax": jax.__version__,
+        "checksums": checksums,
     }
+    manifest["checksum"] = _manifest_digest(manifest)
     write("manifest", MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return written
 
@@ -157,10 +165,14 @@ class ExportedModel:
         return f"<ExportedModel {name!r} ({ins}) {weights}>"
 
 
-def load_exported(path: str | os.PathLike) -> ExportedModel:
+def load_exported(path: str | os.PathLike, verify: bool = True) -> ExportedModel:
     """Loads what ``save_hlo`` wrote: a folder (artifact, manifest and weights if
     present) or a bare ``exported.jax`` file. Needs no code of the graph: the artifact
     is deserialized with ``jax.export.deserialize``.
+
+    With ``verify`` (the default) the manifest's checksums are checked: its own, and
+    those of the artifact and the weights file. A bare artifact file is checked when
+    the manifest beside it names it; without one nothing records its digest.
 
     Example:
       >>> import tempfile, jax, numpy as np, mlaxgraph as mg
@@ -177,32 +189,63 @@ def load_exported(path: str | os.PathLike) -> ExportedModel:
     Raises:
       FileNotFoundError: no such folder or file.
       SerializationError: the manifest, artifact or weights file is not what
-        ``save_hlo`` writes.
+        ``save_hlo`` writes, or its bytes changed since (naming the file).
+
+    Warns:
+      UnverifiedFileWarning: a folder written before the manifest carried checksums.
     """
     where = pathlib.Path(os.fspath(path))
     manifest: dict[str, Any] = {}
+    folder = where if where.is_dir() else where.parent
+    manifest_path = folder / MANIFEST
+    if manifest_path.exists():
+        manifest = _read_manifest(manifest_path, verify)
+    files = manifest.get("files", {})
     if where.is_dir():
-        manifest_path = where / MANIFEST
-        if manifest_path.exists():
-            manifest = _read_manifest(manifest_path)
-        artifact = where / manifest.get("files", {}).get("artifact", ARTIFACT)
+        artifact = where / files.get("artifact", ARTIFACT)
         weights = where / WEIGHTS if (where / WEIGHTS).exists() else None
     else:
         artifact, weights = where, None
+        if files.get("artifact") != where.name:  # a manifest of another artifact
+            manifest = {}
     if not artifact.exists():
         raise FileNotFoundError(f"{artifact}: no such file (save_hlo writes {ARTIFACT})")
+    data = artifact.read_bytes()
+    _check_file(manifest, artifact, data, verify)
+    if weights is not None:
+        _check_file(manifest, weights, weights.read_bytes() if verify else b"", verify)
     try:
-        exported = jax.export.deserialize(bytearray(artifact.read_bytes()))
+        exported = jax.export.deserialize(bytearray(data))
     except Exception as e:  # flatbuffers raise assorted errors on foreign bytes
         raise SerializationError(f"{artifact}: not a jax.export artifact: "
                                  f"{type(e).__name__}: {e}") from e
     params = state = None
     if weights is not None:
-        params, state = _read_weights(weights)
+        params, state = _read_weights(weights, verify, "checksums" in manifest)
     return ExportedModel(exported, params, state, manifest)
 
 
-def _read_manifest(path: pathlib.Path) -> dict[str, Any]:
+def _manifest_digest(manifest: Mapping[str, Any]) -> str:
+    content = {k: v for k, v in manifest.items() if k != "checksum"}
+    return digest(json.dumps(content, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _check_file(manifest: Mapping[str, Any], path: pathlib.Path, data: bytes,
+                verify: bool) -> None:
+    """A file of a checksummed folder must be listed in its manifest, with its digest."""
+    checksums = manifest.get("checksums")
+    if not verify or checksums is None:
+        return
+    if path.name not in checksums:
+        raise SerializationError(f"{path}: the manifest lists no checksum for this file "
+                                 f"(it was not written by save_hlo with this manifest)")
+    if digest(data) != checksums[path.name]:
+        raise SerializationError(f"{path}: the file does not match its checksum in the "
+                                 f"manifest: it was changed or damaged after save_hlo wrote "
+                                 f"it (verify=False reads it unchecked)")
+
+
+def _read_manifest(path: pathlib.Path, verify: bool) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -216,14 +259,34 @@ def _read_manifest(path: pathlib.Path) -> dict[str, Any]:
     if version > VERSION:
         raise SerializationError(f"{path}: export layout version {version}, but this "
                                  f"mlaxgraph reads up to {VERSION}; upgrade mlaxgraph")
+    if version < 2:
+        if "checksums" in manifest or "checksum" in manifest:  # e.g. its version edited
+            raise SerializationError(f"{path}: the manifest is damaged: it says version "
+                                     f"{version}, whose manifests record no checksums, and "
+                                     f"it has them")
+        if verify:
+            warn_unverified(str(path.parent), "the export folder", stacklevel=4)
+        return manifest
+    checksums = manifest.get("checksums")
+    if (not isinstance(checksums, dict) or not isinstance(manifest.get("checksum"), str)
+            or not all(isinstance(v, str) for v in checksums.values())):
+        raise SerializationError(f"{path}: a version {version} manifest records the "
+                                 f"checksums of its files and its own; this one does not")
+    if verify and _manifest_digest(manifest) != manifest["checksum"]:
+        raise SerializationError(f"{path}: the manifest does not match its checksum: it was "
+                                 f"changed or damaged after save_hlo wrote it (verify=False "
+                                 f"reads it unchecked)")
     return manifest
 
 
-def _read_weights(path: pathlib.Path) -> tuple[dict, dict]:
+def _read_weights(path: pathlib.Path, verify: bool, checksummed: bool) -> tuple[dict, dict]:
     trees: dict[str, dict] = {"params": {}, "state": {}}
-    with SafetensorsReader(path) as reader:
+    with SafetensorsReader(path, verify=verify) as reader:
         if reader.metadata().get("mlaxgraph.format") != _WEIGHTS_FORMAT:
             raise SerializationError(f"{path}: not the weights of an mlaxgraph export")
+        if checksummed and not reader.checksummed:
+            raise SerializationError(f"{path}: the header is damaged: the weights of a "
+                                     f"checksummed export record checksums, and these have none")
         for name in reader.names():
             root, *keys = name.split("/")
             if root not in trees or not keys:

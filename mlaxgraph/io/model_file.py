@@ -24,16 +24,27 @@ import numpy as np
 from ..core.errors import MlaxGraphError, SerializationError
 from ..ir.graph import Graph
 from .json_format import graph_from_json, graph_to_json
-from .weights import SafetensorsReader, flatten_tree, rebuild_tree, write_atomic, write_safetensors
+from .weights import (
+    CHECKSUM_KEYS,
+    SafetensorsReader,
+    flatten_tree,
+    rebuild_tree,
+    warn_unverified,
+    write_atomic,
+    write_safetensors,
+)
 
 __all__ = ["save", "load", "expected_weights", "FORMAT", "VERSION"]
 
 #: ``mlaxgraph.format`` in the safetensors metadata.
 FORMAT = "mlaxgraph.model"
 #: ``mlaxgraph.version``: the weights-file layout this code writes and the newest it reads.
-#: Layout 2 adds weights (``ParamSpec.added_in == 2``: GRU's ``recurrent_bias``) that a
-#: layout-1 file lacks; they load as zeros.
+#: 2 added the checksums (version 1 files still load, unverified, with a warning) and
+#: weights that layout 1 lacks (``ParamSpec.added_in == 2``: GRU's ``recurrent_bias``),
+#: which load as zeros from a version 1 file.
 VERSION = 2
+#: The first version whose files must carry checksums.
+CHECKSUMMED_VERSION = 2
 
 META_FORMAT = "mlaxgraph.format"
 META_VERSION = "mlaxgraph.version"
@@ -120,29 +131,42 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
     write_atomic(path, lambda f: write_safetensors(f, host, metadata))
 
 
-def load(path: str | os.PathLike) -> tuple[Graph, dict, dict]:
+def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dict]:
     """Loads ``(graph, params, state)`` saved by ``mg.save``; params and state are
     nested dicts of ``jax.Array``, as ``init`` returns them.
 
     Nothing in the file is executed: ops and functions are looked up by name in
-    mlaxgraph's registries. The graph is verified and its shapes re-inferred, and every
-    array is checked against what the graph's ``init`` would create.
+    mlaxgraph's registries. The header and every array are checked against the
+    checksums the file records, the graph is verified and its shapes re-inferred, and
+    every array is checked against what the graph's ``init`` would create.
+
+    Args:
+      path: the file ``mg.save`` wrote.
+      verify: check the checksums (the default). ``False`` skips hashing the file's
+        bytes, for huge files read from storage you trust; every other check stays.
 
     Raises:
-      SerializationError: the file is not a valid mlaxgraph model file (naming what is
-        wrong: the header, the graph's field, the missing, extra or mismatched array).
+      SerializationError: the file is not a valid mlaxgraph model file, or its bytes
+        changed since it was written (naming what is wrong: the header, the graph's
+        field, the array that does not match its checksum, the missing, extra or
+        mismatched array).
       OSError: the path cannot be opened.
+
+    Warns:
+      UnverifiedFileWarning: the file was written before files carried checksums
+        (layout version 1); it loads, unverified.
     """
     import jax.numpy as jnp
 
     where = os.fspath(path)
-    with SafetensorsReader(path) as reader:
+    with SafetensorsReader(path, verify=verify) as reader:
         meta = reader.metadata()
         for key in _META_KEYS:
             if key not in meta:
                 raise SerializationError(f"{where}: not an mlaxgraph model file: its header "
                                          f"metadata has no {key!r}")
-        unknown = sorted(k for k in meta if k.startswith("mlaxgraph.") and k not in _META_KEYS)
+        unknown = sorted(k for k in meta if k.startswith("mlaxgraph.")
+                         and k not in _META_KEYS + CHECKSUM_KEYS)
         if unknown:
             raise SerializationError(f"{where}: unknown header metadata {unknown[0][:80]!r}")
         if meta[META_FORMAT] != FORMAT:
@@ -155,6 +179,7 @@ def load(path: str | os.PathLike) -> tuple[Graph, dict, dict]:
         if int(version) > VERSION:
             raise SerializationError(f"{where}: weights layout version {version}, but this "
                                      f"mlaxgraph reads up to {VERSION}; upgrade mlaxgraph")
+        _check_checksummed(reader, int(version), verify, where, "the model file")
         param_dtype = meta[META_PARAM_DTYPE]
         if param_dtype not in PARAM_DTYPES:
             raise SerializationError(f"{where}: {META_PARAM_DTYPE} must be one of "
@@ -184,6 +209,19 @@ def load(path: str | os.PathLike) -> tuple[Graph, dict, dict]:
     params = rebuild_tree(params_tree, "params", arrays.__getitem__)
     state = rebuild_tree(state_tree, "state", arrays.__getitem__)
     return graph, params, state
+
+
+def _check_checksummed(reader: SafetensorsReader, version: int, verify: bool, where: str,
+                       what: str) -> None:
+    """A file of a checksummed version must carry its checksums; an older one loads
+    with a warning."""
+    if reader.checksummed:
+        return
+    if version >= CHECKSUMMED_VERSION:
+        raise SerializationError(f"{where}: the header is damaged: a version {version} file "
+                                 f"records checksums, and this one has none")
+    if verify:
+        warn_unverified(where, what, stacklevel=4)
 
 
 def _expected(graph: Graph, param_dtype: str, what: str):

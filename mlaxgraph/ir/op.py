@@ -137,6 +137,13 @@ class Layer:
             return None
         return (forward if input_gradients else 0) + (forward if self.param_specs(inputs) else 0)
 
+    def runtime_checks(self, inputs: Sequence[jax.Array]) -> Sequence[tuple[jax.Array, str]]:
+        """``(ok, what)`` pairs checked at run time when compiled with ``checks=True``:
+        ``ok`` a boolean scalar computed from the input arrays, ``what`` the problem
+        when it is false (the compiler adds the layer's path). NaN and inf outputs are
+        checked for every layer; this adds what only the op knows (an id range)."""
+        return ()
+
     def xla_cost_caveat(self, inference_mode: bool) -> str | None:
         """Why XLA's cost analysis of this op cannot be compared with its rule (None
         when it can); the cost table prints the reason instead of XLA's number."""

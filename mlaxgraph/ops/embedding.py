@@ -111,6 +111,11 @@ class Embedding(Layer):
         ids = jnp.where(ids < 0, self.num_embeddings, ids)
         return (jnp.take(table, ids, axis=0, mode="fill", fill_value=np.nan),), state
 
+    def runtime_checks(self, inputs):
+        (ids,) = inputs
+        return ((jnp.all((ids >= 0) & (ids < self.num_embeddings)),
+                 f"an id is out of range: ids must be in [0, {self.num_embeddings})"),)
+
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """The lookup moves data; per id, redirecting negative ids (compare, select)
         and the bounds check of the fill mode (six ops); per output element, the select

@@ -10,9 +10,9 @@ from typing import Any
 import jax.numpy as jnp
 import optax
 
-from ..core.errors import GraphError
+from ..core.errors import DTypeError, GraphError, ShapeError
 
-__all__ = ["LOSSES", "METRICS", "resolve_loss", "resolve_metrics"]
+__all__ = ["LOSSES", "METRICS", "resolve_loss", "resolve_metrics", "check_targets"]
 
 Objective = Callable[[Any, Any], Any]
 
@@ -46,6 +46,42 @@ LOSSES: dict[str, Objective] = {
     "mean_squared_error": mean_squared_error,
 }
 METRICS: dict[str, Objective] = {"accuracy": accuracy}
+
+
+def _array(x: Any) -> str:
+    return f"{x.dtype}{list(x.shape)}"
+
+
+def check_targets(loss: str, outputs: Any, targets: Any, output_name: str) -> None:
+    """Checks, when the train step is traced, that the model's output and the targets
+    fit the named loss, before the loss itself fails inside optax with an axis number.
+
+    Raises:
+      ShapeError: several outputs for a named loss, or shapes that do not fit it,
+        naming the graph's output.
+      DTypeError: float targets for ``softmax_cross_entropy`` (it takes class ids).
+    """
+    if isinstance(outputs, tuple):
+        raise ShapeError(f"Trainer: the loss {loss!r} takes one model output, and the graph "
+                         f"has {len(outputs)}: give a loss function (outputs, targets) -> "
+                         f"per-example losses")
+    where = (f"Trainer: the loss {loss!r} got the graph's output {output_name!r} "
+             f"({_array(outputs)}) and targets {_array(targets)}")
+    if loss == "softmax_cross_entropy":
+        if outputs.ndim < 1 or tuple(targets.shape) != tuple(outputs.shape[:-1]):
+            hint = ""
+            if outputs.ndim > 2 and targets.ndim == 1:
+                hint = (f". The output has rank {outputs.ndim}: a layer such as Linear "
+                        f"contracts only the last axis and keeps the others; flatten or pool "
+                        f"before the classifier (ops.Flatten(), ops.GlobalAvgPool())")
+            raise ShapeError(f"{where}: it takes integer class ids shaped like the output "
+                             f"without its last (class) axis, {list(outputs.shape[:-1])}{hint}")
+        if not jnp.issubdtype(targets.dtype, jnp.integer):
+            raise DTypeError(f"{where}: it takes integer class ids; for one-hot or soft "
+                             f"targets give a loss function")
+    elif loss in LOSSES and tuple(targets.shape) != tuple(outputs.shape):
+        raise ShapeError(f"{where}: it takes targets of the output's shape "
+                         f"{list(outputs.shape)}")
 
 
 def resolve_loss(loss: str | Objective) -> Objective:

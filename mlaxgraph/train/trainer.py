@@ -16,7 +16,7 @@ import optax
 
 from ..core.errors import GraphError
 from .loss_scale import DynamicLossScale, all_finite
-from .objectives import resolve_loss, resolve_metrics
+from .objectives import check_targets, resolve_loss, resolve_metrics
 from .state import TrainState
 
 __all__ = ["Trainer"]
@@ -95,6 +95,8 @@ class Trainer:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = resolve_loss(loss)
+        self._loss_name = loss if isinstance(loss, str) else None
+        self._output_name = ", ".join(v.node for v in model.graph.outputs)
         self.metric_fns = resolve_metrics(metrics)
         self.loss_scale = self._initial_loss_scale(loss_scale)
         self._needs_rng = bool(model.program.random_paths())
@@ -142,6 +144,11 @@ class Trainer:
                                    rng=rng if self._needs_rng else None,
                                    inference_mode=inference_mode)
 
+    def _losses(self, outputs, targets) -> jax.Array:
+        if self._loss_name is not None:  # shapes are static: checked once per trace
+            check_targets(self._loss_name, outputs, jnp.asarray(targets), self._output_name)
+        return self.loss_fn(outputs, targets).astype(jnp.float32)
+
     def _metrics(self, outputs, targets, losses, weights=None) -> dict[str, jax.Array]:
         values = {"loss": losses, **{name: fn(outputs, targets).astype(jnp.float32)
                                      for name, fn in self.metric_fns.items()}}
@@ -169,7 +176,7 @@ class Trainer:
 
         def objective(params):
             outputs, new_state = self._forward(params, ts.state, inputs, rng, False)
-            losses = self.loss_fn(outputs, targets).astype(jnp.float32)
+            losses = self._losses(outputs, targets)
             loss = jnp.mean(losses)
             scaled = loss if scale is None else scale.scale_loss(loss)
             return scaled, (outputs, new_state, losses)
@@ -204,7 +211,7 @@ class Trainer:
         -> metrics`` averaged with per-example ``weights`` (all 1 when None)."""
         self.trace_counts["eval_step"] += 1
         outputs, _ = self._forward(ts.params, ts.state, inputs, None, True)
-        losses = self.loss_fn(outputs, targets).astype(jnp.float32)
+        losses = self._losses(outputs, targets)
         return self._metrics(outputs, targets, losses, weights)
 
     def predict(self, ts: TrainState, inputs: Any):

@@ -1,0 +1,137 @@
+"""Mistakes that used to pass without a word: an Input whose first dim fixes the batch
+size, embedding ids out of range and NaN or inf activations (found with
+``mg.compile(..., checks=True)``), and a model output that does not fit the loss's
+targets in the Trainer."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+
+THIS_FILE = __file__.rsplit("/", 1)[-1]
+
+# --- a fixed first dim --------------------------------------------------------------------
+
+
+def test_a_fixed_first_dim_is_named_with_its_symbolic_form():
+    x = mg.Input((28, 28, 1))          # line 23: Keras's habit, the batch dim left out
+    model = mg.compile(mg.Graph(x, ops.Linear(10)(ops.Flatten()(x))))
+    params, state = model.init(jax.random.key(0))
+    out, _ = model.apply(params, state, jnp.ones((28, 28, 1)))   # the shape it was given
+    assert out.shape == (28, 10)
+    with pytest.raises(mg.ShapeError) as info:
+        model.apply(params, state, jnp.ones((32, 28, 28, 1)))
+    message = str(info.value)
+    assert "The graph's first dim is fixed" in message
+    assert 'mg.Input(("batch", 28, 28, 1))' in message
+    assert "float32[32, 28, 28, 1]" in message and f"{THIS_FILE}:23" in message
+    with pytest.raises(mg.ShapeError, match=r'first dim is fixed.*mg.Input\(\("batch", 28, 1\)\)'):
+        model.apply(params, state, jnp.ones((16, 28, 1)))
+
+
+def test_other_shape_errors_get_no_batch_hint():
+    x = mg.Input(("batch", 4))
+    model = mg.compile(mg.Graph(x, ops.Linear(2)(x)))
+    params, state = model.init(jax.random.key(0))
+    with pytest.raises(mg.ShapeError) as info:
+        model.apply(params, state, jnp.ones((3, 5)))
+    assert "first dim is fixed" not in str(info.value)
+
+
+# --- checks=True --------------------------------------------------------------------------
+
+
+def embedding_model(checks):
+    ids = mg.Input(("batch", 5), "int32", name="ids")
+    h = ops.Embedding(10, 4, name="embed")(ids)
+    return mg.compile(mg.Graph(ids, ops.Linear(3, name="head")(h)), checks=checks)
+
+
+def test_out_of_range_ids_are_reported_by_layer():
+    model = embedding_model(checks=True)
+    params, state = model.init(jax.random.key(0))
+    ids = np.array([[0, 1, 2, 3, 9], [4, 5, 6, 7, 8]], np.int32)
+    out, _ = model.apply(params, state, ids)
+    table = np.asarray(params["embed"]["embedding"], np.float64)
+    expected = table[ids] @ np.asarray(params["head"]["kernel"]) + np.asarray(params["head"]["bias"])
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    for bad in (10, -1):
+        ids[1, 2] = bad
+        with pytest.raises(mg.CheckError, match=r"layer 'embed' \(op embedding\): an id is out of "
+                                                r"range: ids must be in \[0, 10\)"):
+            model.apply(params, state, ids)
+    # Unchecked, the same ids give NaN rows (the documented behaviour) and no error.
+    unchecked = embedding_model(checks=False)
+    out, _ = unchecked.apply(params, state, ids)
+    assert np.isnan(np.asarray(out)[1, 2]).all() and np.isfinite(np.asarray(out)[0]).all()
+
+
+def test_nan_and_inf_are_reported_by_the_first_layer_that_makes_them():
+    x = mg.Input(("batch", 3), name="x")
+    inner_x = mg.Input(("batch", 3), name="x")
+    block = mg.Graph(inner_x, ops.F(jnp.log, name="log")(inner_x), name="stats")
+    y = ops.Linear(2, name="fc")(block(ops.relu(x)))
+    model = mg.compile(mg.Graph(x, y), checks=True)
+    params, state = model.init(jax.random.key(0))
+    out, _ = model.apply(params, state, jnp.full((2, 3), 2.0))
+    np.testing.assert_allclose(out, np.full((2, 3), np.log(2.0)) @ np.asarray(params["fc"]["kernel"])
+                               + np.asarray(params["fc"]["bias"]), rtol=1e-5)
+    with pytest.raises(mg.CheckError, match=r"^layer 'stats/log' \(op function\): output 0 has inf$"):
+        model.apply(params, state, jnp.full((2, 3), -1.0))    # relu -> 0 -> log: -inf
+    # A NaN in the input: the first layer that reads it is named.
+    with pytest.raises(mg.CheckError, match=r"^layer 'relu' \(op relu\): output 0 has NaN$"):
+        model.apply(params, state, jnp.array([[np.nan, 1.0, 1.0], [1.0, 1.0, 1.0]], jnp.float32))
+
+
+def test_without_checks_nothing_is_traced_for_them():
+    checked, unchecked = embedding_model(checks=True), embedding_model(checks=False)
+    assert checked.checks and not unchecked.checks
+    default = embedding_model(checks=False)
+    text = str(unchecked.jaxpr(batch=2))
+    assert text == str(default.jaxpr(batch=2))
+    assert "check" not in text and "is_finite" not in text and "isnan" not in text
+    # The checked apply's functions are others; the unchecked apply_fn traces the same.
+    assert str(jax.make_jaxpr(checked.apply_fn)(*checked.init(jax.random.key(0)),
+                                                jnp.zeros((2, 5), jnp.int32))) == text
+
+
+# --- the Trainer checks outputs against targets -------------------------------------------
+
+
+def test_trainer_names_an_output_that_does_not_fit_the_targets():
+    x = mg.Input(("batch", 8, 8, 3), name="image")
+    y = ops.Linear(10, name="logits")(ops.Conv(4, (3, 3), padding="SAME", name="conv")(x))
+    trainer = mg.train.Trainer(mg.compile(mg.Graph(x, y)), optax.sgd(0.1))
+    ts = trainer.init(jax.random.key(0))
+    images, labels = jnp.ones((4, 8, 8, 3)), jnp.zeros((4,), jnp.int32)
+    with pytest.raises(mg.ShapeError) as info:
+        trainer.train_step(ts, images, labels)
+    message = str(info.value)
+    assert "output 'logits' (float32[4, 8, 8, 10]) and targets int32[4]" in message
+    assert "[4, 8, 8]" in message and "Flatten" in message
+    with pytest.raises(mg.ShapeError, match="'logits'"):
+        trainer.eval_step(ts, images, labels)
+    with pytest.raises(mg.DTypeError, match="integer class ids"):
+        trainer.eval_step(ts, images, jnp.zeros((4, 8, 8), jnp.float32))
+
+
+def test_trainer_checks_the_regression_losses_and_several_outputs():
+    x = mg.Input(("batch", 4), name="x")
+    y = ops.Linear(2, name="out")(x)
+    trainer = mg.train.Trainer(mg.compile(mg.Graph(x, y)), optax.sgd(0.1), loss="mean_squared_error")
+    ts = trainer.init(jax.random.key(0))
+    with pytest.raises(mg.ShapeError, match=r"output 'out' .* takes targets of the output's shape \[3, 2\]"):
+        trainer.eval_step(ts, jnp.ones((3, 4)), jnp.ones((3,)))   # would broadcast silently
+    metrics = trainer.eval_step(ts, jnp.ones((3, 4)), jnp.ones((3, 2)))
+    out = np.ones((3, 4)) @ np.asarray(ts.params["out"]["kernel"]) + np.asarray(ts.params["out"]["bias"])
+    np.testing.assert_allclose(metrics["loss"], np.mean((out - 1.0) ** 2), rtol=1e-5)
+    two = mg.Graph(x, [ops.Linear(2, name="a")(x), ops.Linear(2, name="b")(x)])
+    trainer = mg.train.Trainer(mg.compile(two), optax.sgd(0.1))
+    with pytest.raises(mg.ShapeError, match="takes one model output, and the graph has 2"):
+        trainer.eval_step(trainer.init(jax.random.key(0)), jnp.ones((3, 4)), jnp.zeros((3,), jnp.int32))
