@@ -6,12 +6,14 @@
 
 Benchmarks:
   bench_train           training side by side: mlaxgraph, hand-written JAX, Flax linen,
-                        Flax NNX, Haiku and Equinox on five models (steady step, per-call
+                        Flax NNX, Haiku, Equinox and Keras 3 on five models (steady step, per-call
                         overhead, first call, memory, HLO counts, fused multi-step); the
                         peers come from the ``bench`` extra (``pip install -e .[bench]``)
   bench_apply_overhead  per-call time of ``model.apply`` vs a hand-written ``jax.jit``
                         over the same params (paired, interleaved rounds), and the
                         first-call (trace + compile) time of both
+  bench_deep            deep models: gradient compile time against depth (scanned, unscanned,
+                        hand-written), init, the step and remat's peak memory, the planner
   bench_compile_scale   build + passes + ``mg.compile`` + lowering (trace, StableHLO) time
                         of 1,000 / 10,000 / 50,000 layer graphs, per layer; profiled with
                         cProfile when the time per layer grows with the size
@@ -27,12 +29,12 @@ import sys
 import time
 
 import _common  # noqa: F401  (sys.path and JAX_PLATFORMS)
-from _common import fmt_time, md_table
-
 import bench_apply_overhead
 import bench_compile_scale
+import bench_deep
 import bench_see_save
 import bench_train
+from _common import fmt_time, md_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -84,6 +86,8 @@ def main(argv=None) -> int:
     p.add_argument("--skip-scale", action="store_true", help="skip the compile-scale benchmark")
     p.add_argument("--skip-views", action="store_true",
                    help="skip the summary/to_dot/to_json scale benchmark")
+    p.add_argument("--skip-deep", action="store_true",
+                   help="skip the deep-models benchmark (compile time against depth, remat, planner)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="compile-scale: skip the passes of a size projected to take longer than "
                         "this many seconds (default 60; 'inf' runs all)")
@@ -112,7 +116,7 @@ def main(argv=None) -> int:
         for g in bench_train.summary(res)["goals"]:
             goals.append([g["goal"], f"{g['value']:.3f} (worst: {g['where']})",
                           "**met**" if g["met"] else f"**MISSED** by {100 * (g['value'] / bench_train.GOALS[g['key']] - 1):.1f}%"])
-        sections.append("## 1. Training: mlaxgraph vs hand-written JAX, Flax, Haiku and Equinox\n\n"
+        sections.append("## 1. Training: mlaxgraph vs hand-written JAX, Flax, Haiku, Equinox and Keras 3\n\n"
                         + bench_train.markdown(res)
                         + "\n\n### Goals of the training benchmark: by how much, why, what would close it\n\n"
                         + bench_train.analysis(res))
@@ -191,6 +195,18 @@ def main(argv=None) -> int:
         goals.append(bench_see_save.goal(res))
         sections.append("## 4. Views of deep graphs: summary, DOT, JSON\n\n"
                         + bench_see_save.markdown(res))
+
+    if not args.skip_deep:
+        print("== deep models: compile time against depth, remat, planner ...", file=sys.stderr, flush=True)
+        depths = (2, 4, 8, 16, 32) if args.quick else (2, 4, 8, 16, 32, 64)
+        res = bench_deep.run(depths, unscanned_max=16 if args.quick else 32, step_depth=16 if args.quick else 32)
+        for goal, measured, met in bench_deep.goals(res):
+            goals.append([goal, measured, "**met**" if met else "**MISSED**"])
+        sections.append("## 5. Deep models: repeated blocks on lax.scan, rematerialization, a memory "
+                        "budget\n\nA chain of N pre-norm Transformer blocks (length 64, width 128, 4 heads, "
+                        "MLP 512, batch 8; `benchmarks/bench_deep.py`), against the same model written "
+                        "by hand.\n\n" + bench_deep.markdown(res))
+        loads.append(f"after deep models: {loadavg()}")
 
     elapsed = time.perf_counter() - t_start
     header = [

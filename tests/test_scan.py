@@ -233,7 +233,8 @@ def test_the_memory_planner_fits_its_budget_as_xla_measures_it():
     lm = examples.transformer_lm(vocab=32, length=16, depth=4, width=32, heads=2)
     unplanned = mg.compile(lm, scan_blocks=True, memory_budget=2**40, dims={"batch": 4})
     plan = unplanned.memory_plan()
-    assert plan.choice == {} and plan.measured_peak == plan.baseline_peak
+    # any choice fits: the planner keeps the fastest of the plans it timed
+    assert plan.measured_peak <= plan.baseline_peak and set(plan.choice.values()) <= {"dots", "full"}
     budget = int(plan.baseline_peak * 0.6)
     model = mg.compile(lm, scan_blocks=True, memory_budget=budget, dims={"batch": 4})
     plan = model.memory_plan()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 
 from ..core.errors import GraphError, ShardingError
 from ..ir.graph import Graph
@@ -308,4 +310,12 @@ def _plan_memory(compiled: Graph, policy: Policy | None, budget: Any, dims: Mapp
         program = flatten(compiled, remat=resolve_remat(compiled, dict(choice)))
         return gradient_step(make_apply(program), params, state, inputs)
 
-    return plan_memory(base, budget, dims, measure)
+    arguments = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), (params, state, inputs))
+
+    def time_step(step) -> float:
+        jax.block_until_ready(step(*arguments))
+        start = time.perf_counter()
+        jax.block_until_ready(step(*arguments))
+        return time.perf_counter() - start
+
+    return plan_memory(base, budget, dims, measure, time_step)

@@ -144,10 +144,16 @@ def _peak(compiled) -> int:
 
 
 def plan_memory(program: Program, budget: int, dims: Mapping[str, int],
-                measure: Callable[[Mapping[str, str]], Any]) -> MemoryPlan:
+                measure: Callable[[Mapping[str, str]], Any],
+                time_step: Callable[[Any], float] | None = None) -> MemoryPlan:
     """Chooses the rematerialization that fits ``budget``; ``measure(choice)`` compiles
-    the gradient step with a choice and returns the compiled step."""
-    baseline = _peak(measure({}))
+    the gradient step with a choice and returns the compiled step. With ``time_step``
+    (the seconds of one run of a compiled step), the plans that fit (the greedy one,
+    and every candidate left alone, on ``"dots"`` or on ``"full"``) are timed and the
+    fastest is kept: recomputing can be faster than reading activations back, and only
+    a measurement says when."""
+    compiled = measure({})
+    baseline = _peak(compiled)
     options = _options(program, dims)
     choice: dict[str, str] = {}
     saved: dict[str, int] = {}
@@ -171,9 +177,25 @@ def plan_memory(program: Program, budget: int, dims: Mapping[str, int],
             raise GraphError(
                 f"memory_budget of {budget:,} bytes cannot be met: the gradient step needs "
                 f"{measured:,} bytes with every block rematerialized ({baseline:,} without)")
-        measured = _peak(measure(choice))
-    return MemoryPlan(budget, dict(dims), dict(choice), baseline, baseline - sum(saved.values()),
-                      measured, sum(flops.values()), tuple(options))
+        compiled = measure(choice)
+        measured = _peak(compiled)
+    if time_step is not None:
+        paths = list(dict.fromkeys(o.path for o in options))
+        plans: dict[tuple, tuple[dict[str, str], Any, int]] = {
+            tuple(sorted(choice.items())): (dict(choice), compiled, measured)}
+        for policy in ("none", "dots", "full"):
+            uniform = {} if policy == "none" else {p: policy for p in paths}
+            key = tuple(sorted(uniform.items()))
+            if key not in plans:
+                step = compiled if not uniform and not choice else measure(uniform)
+                plans[key] = (uniform, step, _peak(step))
+        fitting = [plan for plan in plans.values() if plan[2] <= budget]
+        seconds = {id(plan): min(time_step(plan[1]) for _ in range(3)) for plan in fitting}
+        choice, compiled, measured = min(fitting, key=lambda plan: seconds[id(plan)])
+    chosen = {o.path: o for o in options if choice.get(o.path) == o.policy}
+    return MemoryPlan(budget, dict(dims), dict(choice), baseline,
+                      baseline - sum(o.saved_bytes for o in chosen.values()), measured,
+                      sum(o.recomputed_flops for o in chosen.values()), tuple(options))
 
 
 def gradient_step(apply_fn: Callable, params: Any, state: Any, inputs: tuple) -> Callable:
