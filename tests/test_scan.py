@@ -251,3 +251,34 @@ def test_the_memory_planner_fits_its_budget_as_xla_measures_it():
         mg.compile(lm, memory_budget="1GiB")
     with pytest.raises(mg.GraphError, match="compiled without memory_budget"):
         mg.compile(lm).memory_plan()
+
+
+def test_remat_shows_in_the_rendering_and_policies_fold_with_their_casts():
+    stage = resnet_stage()
+    model = mg.compile(stage, remat={"block1": "full"})
+    assert model.remat == {"block1": "full"}
+    assert "remat full" in model.to_dot()
+    policy = mg.Policy(compute_dtype="bfloat16", output_dtype="float32")
+    flat, scan = compile_both(stage, policy=policy)
+    assert "block0..block2" in [n.name for n in scan.graph.nodes]
+    assert "cast" in [n.op.op_name for n in scan.graph.node("block0..block2").op.graph.nodes]
+    params, state = flat.init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (2, 6, 6, 4))
+    out, _ = flat.apply(params, state, x)
+    out_s, _ = scan.apply(*scan.stack_weights(params, state), x)
+    np.testing.assert_allclose(out_s, out, rtol=1e-2, atol=1e-2)  # bfloat16: the same casts
+    assert out_s.dtype == np.float32
+
+
+def test_fused_steps_and_checkpoints_of_a_scanned_model(tmp_path):
+    stage = resnet_stage()
+    flat, scan = compile_both(stage)
+    xs = jax.random.normal(jax.random.key(1), (2, 4, 6, 6, 4))
+    ys = jax.random.randint(jax.random.key(2), (2, 4), 0, 3)
+    trainers = [mg.train.Trainer(m, optax.sgd(1e-2), loss="softmax_cross_entropy") for m in (flat, scan)]
+    states = [t.train_steps(t.init(jax.random.key(0)), xs, ys)[0] for t in trainers]
+    assert_trees_close(scan.unstack_weights(states[1].params)[0], states[0].params, atol=1e-5)
+    manager = mg.train.CheckpointManager(tmp_path)
+    manager.save(states[1])
+    restored = manager.restore(trainers[1].init(jax.random.key(9)))
+    assert_trees_close(restored.params, states[1].params, rtol=0, atol=0)

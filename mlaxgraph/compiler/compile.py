@@ -175,16 +175,23 @@ class CompiledModel:
         text = summarize(self.graph, expand_nested=expand_nested, param_dtype=param_dtype,
                          sharding=labels)
         text += f"\npolicy: {self.policy}"
-        remat = {(s.remat_group or s.path): s.remat for s in self.program.steps if s.remat}
+        remat = self.remat
         if remat:
             text += "\nremat: " + ", ".join(f"{path} {policy}" for path, policy in remat.items())
         return text if self.sharding is None else text + "\n" + self.sharding.describe()
 
+    @property
+    def remat(self) -> dict[str, str]:
+        """Block or layer path -> its rematerialization policy (``"full"``, ``"dots"``)."""
+        return {(s.remat_group or s.path): s.remat for s in self.program.steps if s.remat}
+
     def to_dot(self, **options: Any) -> str:
         """DOT text of the compiled graph (options as ``Graph.to_dot``), each layer
-        labelled with its sharding when compiled with a mesh."""
+        labelled with its sharding when compiled with a mesh and its
+        rematerialization when compiled with one."""
         if self.sharding is not None:
             options.setdefault("sharding", self.sharding.labels())
+        options.setdefault("remat", self.remat)
         return self.graph.to_dot(**options)
 
     def render(self, path: Any, format: str | None = None, **options: Any):
@@ -192,6 +199,7 @@ class CompiledModel:
         when compiled with a mesh."""
         if self.sharding is not None:
             options.setdefault("sharding", self.sharding.labels())
+        options.setdefault("remat", self.remat)
         return self.graph.render(path, format=format, **options)
 
     def to_html(self, path: Any = None, *, hlo: bool = False, **options: Any):

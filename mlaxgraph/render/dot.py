@@ -62,7 +62,6 @@ class _Endpoint:
         return f"{self.node}:{self.port}:{compass}" if self.port else self.node
 
 
-
 class _Writer:
     def __init__(self, options: dict[str, Any]):
         self.o = options
@@ -163,11 +162,10 @@ class _Writer:
         lines += self.sharding_lines(node)
         return lines
 
-    def sharding_lines(self, node) -> list[str]:
-        text = (self.o["sharding"] or {}).get(self.prefix + node.name)
-        if not text:
-            return []
-        return [f'<FONT POINT-SIZE="8" COLOR="{_TEXT_GREY}">{_html(text)}</FONT>']
+    def sharding_lines(self, node) -> list[str]:  # a compiled model's notes: sharding, remat
+        path, remat = self.prefix + node.name, (self.o["remat"] or {}).get(self.prefix + node.name)
+        texts = [(self.o["sharding"] or {}).get(path), f"remat {remat}" if remat else None]
+        return [f'<FONT POINT-SIZE="8" COLOR="{_TEXT_GREY}">{_html(t)}</FONT>' for t in texts if t]
 
     def op_attrs(self, node) -> list[str]:
         from ..ir.graph import InputLayer
@@ -386,6 +384,8 @@ def graph_to_dot(graph, **options: Any) -> str:
       show_legend: add a legend of the dtype colours and marks the drawing uses.
       sharding: layer path (``layer`` or ``block/layer``) -> a sharding label shown
         under the layer; ``CompiledModel.to_dot`` fills it when compiled with a mesh.
+      remat: block or layer path -> its rematerialization policy, shown under it;
+        ``CompiledModel.to_dot`` fills it when compiled with ``remat``.
 
     Returns:
       The DOT text, ending with a newline; the same graph always gives the same text.

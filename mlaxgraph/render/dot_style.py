@@ -25,6 +25,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "rankdir": "TB",         # TB, LR, BT or RL, as Graphviz
     "show_legend": False,    # a legend of the dtype colours and marks used
     "sharding": None,        # layer path -> sharding text (CompiledModel.to_dot fills it)
+    "remat": None,           # block or layer path -> its rematerialization (likewise)
 }
 
 _RANKDIRS = ("TB", "LR", "BT", "RL")
@@ -43,12 +44,13 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"rankdir must be one of {', '.join(_RANKDIRS)}, got {rankdir!r}")
     merged["rankdir"] = rankdir.upper()
     for key in DEFAULT_OPTIONS:
-        if key not in ("rankdir", "sharding", "expand_nested"):
+        if key not in ("rankdir", "sharding", "remat", "expand_nested"):
             merged[key] = bool(merged[key])
     merged["expand_nested"] = _expand_option(merged["expand_nested"])
-    if merged["sharding"] is not None and not isinstance(merged["sharding"], dict):
-        raise TypeError(f"sharding must be a dict of layer path -> text, got "
-                        f"{type(merged['sharding']).__name__}")
+    for key in ("sharding", "remat"):
+        if merged[key] is not None and not isinstance(merged[key], dict):
+            raise TypeError(f"{key} must be a dict of layer path -> text, got "
+                            f"{type(merged[key]).__name__}")
     return merged
 
 
