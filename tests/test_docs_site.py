@@ -173,3 +173,15 @@ def test_site_from_disk_navigates_and_searches_offline(site):
         assert console_errors(browser) == []
     finally:
         quit_browser(browser)
+
+
+def test_the_notebooks_are_pages_with_their_outputs(site):
+    # Executed when the site is built: each notebook's page holds its code and what it
+    # printed (numbers computed then, not copied from the .ipynb file).
+    pages = sorted((site / "notebooks").glob("*.html"))
+    assert [p.stem for p in pages] == sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    deep = (site / "notebooks" / "07_deep_models.html").read_text()
+    assert "largest difference:" in deep and "block0 … block7: transformer_block × 8" in deep
+    assert "memory plan at batch=4" in deep
+    digits = (site / "notebooks" / "04_train_on_digits.html").read_text()
+    assert "accuracy" in digits
