@@ -83,12 +83,20 @@ def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[di
         spec = leaf[4]
         groups.setdefault((spec.init, tuple(spec.shape)), []).append(index)
     for (initializer, shape), members in groups.items():
-        member_keys = [keys[length][row] for length, row in (where[i] for i in members)]
+        if getattr(initializer, "keyless", False):  # a constant: nothing to draw
+            for index in members:
+                which, weights, path, _, _ = leaves[index]
+                trees[which] = set_in(trees[which], weights + tuple(path.split("/")),
+                                      initializer(None, shape, dtype))
+            continue
+        lengths = {where[i][0] for i in members}
+        member_keys = (keys[lengths.pop()][jnp.asarray([where[i][1] for i in members])]
+                       if len(lengths) == 1 else
+                       jnp.stack([keys[length][row] for length, row in (where[i] for i in members)]))
         if len(members) == 1:
             values = initializer(member_keys[0], shape, dtype)[None]
         else:
-            values = jax.vmap(lambda k, init=initializer, shape=shape: init(k, shape, dtype))(
-                jnp.stack(member_keys))
+            values = jax.vmap(lambda k, init=initializer, shape=shape: init(k, shape, dtype))(member_keys)
         for i, index in enumerate(members):
             which, weights, path, _, _ = leaves[index]
             trees[which] = set_in(trees[which], weights + tuple(path.split("/")), values[i])

@@ -21,6 +21,11 @@ def ones(key, shape, dtype):
     return jax.numpy.ones(shape, dtype)
 
 
+# Constants draw nothing: ``init`` calls them without a key (no key to derive or split).
+zeros.keyless = True  # type: ignore[attr-defined]
+ones.keyless = True  # type: ignore[attr-defined]
+
+
 def lecun_normal(key, shape, dtype):
     """Truncated normal with variance 1/fan_in; fan_in is the second-to-last axis."""
     return _dense(key, shape, dtype)
