@@ -282,3 +282,9 @@ def test_fused_steps_and_checkpoints_of_a_scanned_model(tmp_path):
     manager.save(states[1])
     restored = manager.restore(trainers[1].init(jax.random.key(9)))
     assert_trees_close(restored.params, states[1].params, rtol=0, atol=0)
+
+
+def test_the_explorer_draws_a_scanned_run_with_its_block_inside():
+    lm = examples.transformer_lm(vocab=16, length=8, depth=3, width=16, heads=2)
+    page = mg.compile(lm, scan_blocks=True).to_html(batch=2)
+    assert "block0..block2/attention" in page and '"op":"scan"' in page.replace(" ", "")

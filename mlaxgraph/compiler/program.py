@@ -132,6 +132,38 @@ class Program:
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps)
 
+    @functools.cached_property
+    def _specs(self) -> dict:
+        specs: dict = {(path, 0): spec for path, spec in zip(self.inputs, self.graph.input_specs)}
+        for step in self.steps:
+            specs.update(zip(step.outputs, step.output_specs))
+        return specs
+
+    def _holding(self, path: str) -> Program:
+        if path in self.nodes:
+            return self
+        for step in self.steps:
+            if step.body is not None and path.startswith(step.path + "/"):
+                return step.body._holding(path)
+        raise KeyError(path)
+
+    def node_specs(self, path: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """The input and output specs of the node at ``path`` (blocks, inputs and a
+        scan's body's nodes included), bound to the dims of the graph compiled."""
+        program = self._holding(path)
+        node = program.nodes[path]
+        local = path[:-len(node.name) - 1] if path != node.name else ""  # names may hold '/'
+        inputs = tuple(program._specs[program.values[f"{local}/{v.node}" if local else v.node][v.index]]
+                       for v in node.inputs)
+        return inputs, tuple(program._specs[ref] for ref in program.values[path])
+
+    def all_paths(self) -> Iterator[str]:
+        """The path of every node, a scan's body's included."""
+        yield from self.nodes
+        for step in self.steps:
+            if step.body is not None:
+                yield from step.body.all_paths()
+
     def all_steps(self) -> Iterator[Step]:
         """Every step, a scan's body's steps right after the scan's (their paths under
         the scan's: ``block0..block31/attention``)."""

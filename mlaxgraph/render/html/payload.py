@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ...core.errors import GraphError
-from ...core.specs import dtype_str, flatten_specs, is_symbolic, match_shape, shape_str, substitute
+from ...core.specs import dtype_str, flatten_specs, is_symbolic, shape_str
 from ...ir.printer import format_attr
 from ...ops.flops import size
 from ..dot import dtype_category
@@ -103,13 +103,14 @@ def _sum(values):
 class _Builder:
     """Walks a graph into scopes; one instance per payload."""
 
-    def __init__(self, *, param_dtype, dims, sharding, hlo, overlay, fold: bool):
+    def __init__(self, *, param_dtype, dims, sharding, hlo, overlay, fold: bool, program):
         self.param_dtype = np.dtype(param_dtype)
         self.dims = dict(dims)
         self.sharding = sharding or {}
         self.hlo = hlo
         self.custom = overlay
         self.fold = fold
+        self.program = program
         self.unbound: dict[str, None] = {}
 
     # --- one node ----------------------------------------------------------------------
@@ -164,12 +165,9 @@ class _Builder:
 
     # --- one level ---------------------------------------------------------------------
 
-    def scope(self, graph, bindings: Mapping[str, Any], prefix: str = "") -> dict:
-        """The scope of ``graph``; ``bindings``: its symbolic input dims -> the dims it is
-        called with (outer graph's dims), so formulas are in the top level's dims."""
-        def bound(spec):
-            return spec.with_shape(substitute(spec.shape, bindings))
-
+    def scope(self, graph, prefix: str = "") -> dict:
+        """The scope of ``graph``, a level of the hierarchy; its nodes' specs are the
+        program's, bound to the top level's dims (so formulas are in them)."""
         counts = count_params(graph)
         casts = _casts_around(graph)
         index: dict[str, int] = {}
@@ -177,15 +175,11 @@ class _Builder:
         edges: list[list[int]] = []
         for node in graph.nodes:
             path = prefix + node.name
-            inputs = tuple(bound(s) for s in graph.input_specs_of(node))
-            outputs = tuple(bound(s) for s in node.outputs)
+            inputs, outputs = self.program.node_specs(path)
             item = self.node(graph, node, path, inputs, outputs, counts, casts)
             body = node.op.subgraph()
             if body is not None:
-                inner: dict[str, Any] = {}
-                for want, got in zip(body.input_specs, inputs):
-                    match_shape(want.shape, got.shape, inner)
-                sub = self.scope(body, inner, path + "/")
+                sub = self.scope(body, path + "/")
                 item["sub"] = sub
                 item["graph"] = body.name
                 item["layers"] = sum(1 for n in node.op.graph.nodes
@@ -287,16 +281,14 @@ def _check_overlay(overlay, paths: set[str]):
     return "custom", values
 
 
-def _all_paths(graph) -> set[str]:
-    from ...compiler.flatten import flatten
-
-    return set(flatten(graph).nodes)
 
 
 def scope_of(graph, *, param_dtype="float32", dims=None, sharding=None, hlo=None,
-             overlay=None, fold: bool = True) -> tuple[dict, dict]:
+             overlay=None, fold: bool = True, program=None) -> tuple[dict, dict]:
     """The root scope of ``graph`` and the facts about it the page needs (``overlay``
-    chosen, which dims were left at 1)."""
+    chosen, which dims were left at 1); ``program``: the graph's flattened program
+    (a compiled model's; made here for a plain graph)."""
+    from ...compiler.flatten import flatten
     from ...ir.graph import Graph
 
     if not isinstance(graph, Graph):
@@ -306,10 +298,11 @@ def scope_of(graph, *, param_dtype="float32", dims=None, sharding=None, hlo=None
     for name, value in dims.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise GraphError(f"dim {name}={value!r}: dims are non-negative ints (batch=8)")
-    initial, custom = _check_overlay(overlay, _all_paths(graph))
+    program = program if program is not None else flatten(graph)
+    initial, custom = _check_overlay(overlay, set(program.all_paths()))
     builder = _Builder(param_dtype=param_dtype, dims=dims, sharding=sharding, hlo=hlo,
-                       overlay=custom, fold=fold)
-    root = builder.scope(graph, {})
+                       overlay=custom, fold=fold, program=program)
+    root = builder.scope(graph)
     _strip(root)
     facts = {"overlay": initial, "custom": custom is not None,
              "dims": {k: int(v) for k, v in dims.items()}, "unbound": list(builder.unbound)}
@@ -337,7 +330,8 @@ def model_payload(model, *, overlay=None, dims=None, hlo: bool = False,
     by_layer = model.hlo_by_layer(optimized=True, **(dims or {})) if hlo else None
     sharding = None if model.sharding is None else model.sharding.labels()
     root, facts = scope_of(model.graph, param_dtype=policy.param_dtype, dims=dims,
-                           sharding=sharding, hlo=by_layer, overlay=overlay, fold=fold)
+                           sharding=sharding, hlo=by_layer, overlay=overlay, fold=fold,
+                           program=model.program)
     counts = count_params(model.graph).values()
     return {"version": 1, "title": title or model.graph.name, "graph": model.graph.name,
             "params": int(sum(t + s for t, s in counts)), "compiled": True,
