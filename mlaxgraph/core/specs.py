@@ -19,7 +19,7 @@ from jax import export
 
 from .errors import DTypeError, ShapeError
 
-__all__ = ["Dim", "TensorSpec", "ParamSpec", "Initializer", "flatten_specs", "specs_str", "init_specs",
+__all__ = ["Dim", "TensorSpec", "ParamSpec", "Initializer", "flatten_specs", "specs_str",
            "SCOPE", "as_dim", "as_dtype", "is_symbolic", "dim_names", "bind_dims", "match_shape",
            "substitute", "shape_str", "dtype_str"]
 
@@ -249,22 +249,6 @@ def flatten_specs(specs: Mapping[str, Any], prefix: str = "") -> list[tuple[str,
         else:
             out.append((prefix + name, spec))
     return out
-
-
-def init_specs(specs: Mapping[str, Any], key: jax.Array, dtype: Any, salt) -> dict:
-    """Creates the weights ``specs`` declare (nested dicts allowed), each from a key
-    folded from ``key`` by the salt of its path."""
-
-    def build(tree, prefix):
-        out = {}
-        for name, spec in tree.items():
-            if isinstance(spec, Mapping):
-                out[name] = build(spec, f"{prefix}{name}/")
-            else:
-                out[name] = spec.init(jax.random.fold_in(key, salt(prefix + name)), spec.shape, dtype)
-        return out
-
-    return build(specs, "")
 
 
 def specs_str(specs: Sequence[TensorSpec]) -> str:
