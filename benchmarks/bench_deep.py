@@ -30,7 +30,7 @@ from jax import lax
 
 import mlaxgraph as mg
 from mlaxgraph import examples
-from mlaxgraph.compiler.compile import INIT_COMPILER_OPTIONS as INIT_OPTIONS
+from mlaxgraph.compiler.compile import init_compiler_options
 
 LENGTH, WIDTH, HEADS, MLP, BATCH = 64, 128, 4, 512, 8
 EPS = 1e-5
@@ -103,13 +103,13 @@ def run_depth(depth: int, unscanned: bool) -> dict:
     x = jnp.ones((BATCH, LENGTH, WIDTH), jnp.float32)
     row: dict = {"depth": depth}
     # init as model.init compiles it (its compiler options)
-    row["init_scanned"], _ = compile_seconds(scan.init_fn, jax.random.key(0), options=INIT_OPTIONS)
+    row["init_scanned"], _ = compile_seconds(scan.init_fn, jax.random.key(0), options=init_compiler_options())
     stacked, state = scan.init(jax.random.key(0))
     row["scanned"], _ = compile_seconds(grad_of(lambda p, x: scan.apply_fn(p, state, x)[0]), stacked, x)
     row["hand_scan"], _ = compile_seconds(grad_of(hand_scanned), stacked["block0..block" + str(depth - 1)], x)
     if unscanned:
         flat = mg.compile(graph)
-        row["init_unscanned"], _ = compile_seconds(flat.init_fn, jax.random.key(0), options=INIT_OPTIONS)
+        row["init_unscanned"], _ = compile_seconds(flat.init_fn, jax.random.key(0), options=init_compiler_options())
         params, _ = flat.init(jax.random.key(0))
         row["unscanned"], _ = compile_seconds(grad_of(lambda p, x: flat.apply_fn(p, {}, x)[0]), params, x)
         row["hand_unrolled"], _ = compile_seconds(grad_of(hand_unrolled(depth)), params, x)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import difflib
 import time
 from collections.abc import Mapping
@@ -24,8 +26,25 @@ if TYPE_CHECKING:
 
 __all__ = ["compile", "CompiledModel", "INIT_COMPILER_OPTIONS"]
 
-#: The XLA options ``model.init`` is compiled with.
-INIT_COMPILER_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1}
+#: The XLA options ``model.init`` is compiled with, where this jaxlib knows them. init
+#: runs once, so it is compiled for compile time: XLA's first level of backend
+#: optimization, and on CPU the elemental emitter rather than the fusion emitters, which
+#: compile each kernel several times slower (init has a kernel per weight).
+INIT_COMPILER_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1,
+                                         "xla_cpu_use_fusion_emitters": False}
+
+
+@functools.cache
+def init_compiler_options() -> dict[str, Any]:
+    """INIT_COMPILER_OPTIONS less those this jaxlib does not know."""
+    known = {}
+    for name, value in INIT_COMPILER_OPTIONS.items():
+        try:
+            jax.jit(lambda: 0).lower().compile(compiler_options={name: value})
+        except Exception:  # an option of another XLA version  # noqa: BLE001
+            continue
+        known[name] = value
+    return known
 
 
 class CompiledModel:
@@ -67,13 +86,12 @@ class CompiledModel:
         self.sharding = sharding  # a distributed.plan.ShardingPlan, or None without a mesh
         self.init_fn = make_init(program, (policy or Policy()).param_dtype, sharding)
         self.apply_fn = make_apply(program, sharding)
-        # init runs once: XLA's first level of backend optimization compiles it several
-        # times faster than the default and gives the same values, bit for bit.
+        # init runs once: compiled for compile time (the values are the same, bit for bit)
         if sharding is None:
-            self.init = jax.jit(self.init_fn, compiler_options=INIT_COMPILER_OPTIONS)
+            self.init = jax.jit(self.init_fn, compiler_options=init_compiler_options())
         else:  # init creates each weight on its devices
             self.init = jax.jit(self.init_fn, out_shardings=(sharding.params, sharding.state),
-                                compiler_options=INIT_COMPILER_OPTIONS)
+                                compiler_options=init_compiler_options())
         self.checks = checks
         if checks:  # the checks are traced only here: checks=False costs nothing
             self.apply = checked(make_apply(program, sharding, checks=True))

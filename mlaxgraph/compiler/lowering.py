@@ -32,9 +32,9 @@ def make_init(program: Program, param_dtype: Any,
     from ``key`` by the names of its layer's path and its own (so adding a layer does
     not change the others' initial values).
 
-    Weights of one shape and initializer are drawn together, in one call vmapped over
-    their keys (the same values as one call each), and a scan's blocks in one call
-    vmapped over the blocks: what XLA compiles grows with the kinds of weights, not
+    Weights of one shape and initializer are drawn together, in one loop over their
+    keys (the same values as one call each), and a scan's blocks in one call vmapped
+    over the blocks: what XLA compiles grows with the kinds of weights, not
     with their number."""
 
     def init(key: jax.Array) -> tuple[dict, dict]:
@@ -96,7 +96,10 @@ def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[di
         if len(members) == 1:
             values = initializer(member_keys[0], shape, dtype)[None]
         else:
-            values = jax.vmap(lambda k, init=initializer, shape=shape: init(k, shape, dtype))(member_keys)
+            # A loop over the keys, not vmap: XLA would fuse a vmapped draw into each
+            # member's slice, compiling one copy of the initializer per weight.
+            values = jax.lax.map(lambda k, init=initializer, shape=shape: init(k, shape, dtype),
+                                 member_keys)
         for i, index in enumerate(members):
             which, weights, path, _, _ = leaves[index]
             trees[which] = set_in(trees[which], weights + tuple(path.split("/")), values[i])
