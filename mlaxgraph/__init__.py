@@ -14,7 +14,7 @@ Example:
   ((32, 10), dtype('float32'))
 """
 
-from . import ops, train
+from . import models, ops, train
 from .analysis.cost import CostTable, LayerCost
 from .analysis.hlo.by_layer import HloByLayer, HloOperation
 from .analysis.policy_comparison import PolicyComparison, compare_policies
@@ -46,6 +46,6 @@ __all__ = [
     "TensorSpec", "Graph", "Input", "Sequential", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
-    "PolicyComparison", "compare_policies", "show", "diff_html", "train",
+    "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
     "__version__",
 ]

@@ -24,7 +24,7 @@ LAYERS = [
     ("io",),
     ("analysis",),
     ("render",),
-    ("examples",),
+    ("examples", "models"),
     ("train",),
     ("cli",),
 ]

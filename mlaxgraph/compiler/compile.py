@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-
 import difflib
+import functools
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any

@@ -121,12 +121,12 @@ def _run_scan(step: Step, params: Any, state: Any, args: list, key: jax.Array | 
     if key is not None:
         salts = jnp.asarray([salt(name) for name in names], jnp.uint32)
         keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(salts)
-    (x,) = args
+    x, *shared = args  # further inputs: the same for every block
     bindings = _bindings(body, x)
 
     def one_block(carry, per_block):
         p, s, k = per_block
-        outs, new_state = run(body, p, s, (carry,), rng=k, inference_mode=inference_mode,
+        outs, new_state = run(body, p, s, (carry, *shared), rng=k, inference_mode=inference_mode,
                               bindings=bindings, checks=checks)
         return outs[0], new_state
 

@@ -1,4 +1,5 @@
-"""Scan: a run of equal blocks, each one's output the next one's input, as one node.
+"""Scan: a run of equal blocks, each one's output the next one's input (their further
+inputs, an attention mask, the same for all), as one node.
 
 ``mg.compile(graph, scan_blocks=True)`` folds such a run (``block0`` ... ``block31``
 calling one graph, each with its own weights) into a ``scan`` node; the compiler runs

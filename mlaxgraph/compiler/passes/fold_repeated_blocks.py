@@ -11,20 +11,21 @@ __all__ = ["fold_repeated_blocks", "unfold_scans", "repeated_runs"]
 
 
 def _foldable(node: Node, graph: Graph, sharers: set[str]) -> bool:
-    """A block call with weights of its own (not shared, not sharing), one input and
-    one output of the same spec (so its output can feed the next one)."""
+    """A block call with weights of its own (not shared, not sharing) and one output of
+    its first input's spec (so its output can feed the next one); further inputs (an
+    attention mask) are the same for every block of a run."""
     op = node.op
     if type(op) is not Block or node.shares_weights or node.name in sharers:
         return False
-    inner = op.graph
-    return (len(node.inputs) == 1 and len(node.outputs) == 1 and len(inner.inputs) == 1
-            and len(inner.outputs) == 1 and graph.spec(node.inputs[0]) == node.outputs[0])
+    return (len(node.inputs) >= 1 and len(node.outputs) == 1 and len(op.graph.outputs) == 1
+            and graph.spec(node.inputs[0]) == node.outputs[0])
 
 
 def repeated_runs(graph: Graph) -> list[tuple[str, ...]]:
     """The names of the nodes of each run of two or more calls of equal blocks (equal
     graphs, each with its own weights), each call reading the previous one's output
-    and nothing else reading it, in the graph's order: what ``fold_repeated_blocks``
+    (and the same further inputs as it) and nothing else reading it, in the graph's
+    order: what ``fold_repeated_blocks``
     folds (the explorer draws the same runs folded)."""
     sharers = {node.layer for node in graph.nodes if node.shares_weights}
     readers: dict[str, list[str]] = {}
@@ -38,7 +39,7 @@ def repeated_runs(graph: Graph) -> list[tuple[str, ...]]:
             continue
         previous = graph.node(node.inputs[0].node)
         if (_foldable(previous, graph, sharers) and previous.op.subgraph() == node.op.subgraph()
-                and node.inputs[0] == Value(previous.name, 0)
+                and node.inputs[0] == Value(previous.name, 0) and node.inputs[1:] == previous.inputs[1:]
                 and readers.get(previous.name) == [node.name] and previous.name not in outputs):
             successor[previous.name] = node.name
     runs = []
@@ -125,8 +126,8 @@ def unfold_scans(graph: Graph) -> Graph:
             continue
         value = node.inputs[0]
         for name in node.op.names:
-            nodes.append(Node(name, Block(node.op.graph, name=name), (value,), node.outputs, name,
-                              node.source))
+            nodes.append(Node(name, Block(node.op.graph, name=name), (value, *node.inputs[1:]),
+                              node.outputs, name, node.source))
             value = Value(name, 0)
         renamed[Value(node.name, 0)] = value
     return graph.replace(nodes=tuple(nodes), outputs=tuple(renamed.get(v, v) for v in graph.outputs))

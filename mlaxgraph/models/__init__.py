@@ -1,0 +1,14 @@
+"""The model zoo: real architectures as graphs whose layers carry the original
+modules' names, and their original checkpoints (torchvision's, Hugging Face's) read
+and written without torch."""
+
+from .bert import bert
+from .gpt2 import gpt2
+from .llama import llama
+from .resnet import resnet18, resnet34, resnet50
+from .state_dict import load_state_dict, to_state_dict
+from .unet import unet
+from .vit import vit
+
+__all__ = ["resnet18", "resnet34", "resnet50", "gpt2", "bert", "vit", "llama", "unet",
+           "load_state_dict", "to_state_dict"]

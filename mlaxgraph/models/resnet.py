@@ -1,0 +1,120 @@
+"""ResNet (torchvision's ``resnet18``, ``resnet34`` and ``resnet50``, v1.5: the
+bottleneck strides on its 3 x 3 convolution), with torchvision's module names
+(``conv1``, ``bn1``, ``layer1.0`` ... ``layer4.2``, ``fc``) and layouts."""
+
+from __future__ import annotations
+
+from .. import ops
+from ..core.errors import ConfigError
+from ..ir.graph import Graph, Input
+from .torch_layout import TorchLayout, register_layout
+
+__all__ = ["resnet18", "resnet34", "resnet50"]
+
+_STAGES = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)), 50: ("bottleneck", (3, 4, 6, 3))}
+
+for _depth in _STAGES:
+    register_layout(f"resnet{_depth}", TorchLayout())
+
+
+class _Spatial:
+    """Layer factories for one data format: BatchNorm with PyTorch's numerics (momentum
+    0.1 there is 0.9 here: ``new = momentum * old + (1 - momentum) * batch``)."""
+
+    def __init__(self, data_format: str):
+        if data_format not in ("NHWC", "NCHW"):
+            raise ConfigError(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}")
+        self.data_format = data_format
+        self.axis = -1 if data_format == "NHWC" else 1
+
+    def conv(self, features: int, size: int, stride: int, name: str):
+        pad = size // 2
+        return ops.Conv(features, (size, size), strides=stride, padding=((pad, pad), (pad, pad)),
+                        use_bias=False, data_format=self.data_format, name=name)
+
+    def bn(self, name: str):
+        return ops.BatchNorm(momentum=0.9, epsilon=1e-5, axis=self.axis, name=name)
+
+    def shape(self, size: int, channels: int) -> tuple:
+        if self.data_format == "NHWC":
+            return ("batch", size, size, channels)
+        return ("batch", channels, size, size)
+
+
+def _block(f: _Spatial, kind: str, size: int, channels: int, planes: int, stride: int) -> Graph:
+    """One residual block on ``(size, size, channels)`` inputs; torchvision's names."""
+    x = Input(f.shape(size, channels), name="x")
+    out_channels = planes * (4 if kind == "bottleneck" else 1)
+    if kind == "basic":
+        h = ops.relu(f.bn("bn1")(f.conv(planes, 3, stride, "conv1")(x)))
+        h = f.bn("bn2")(f.conv(planes, 3, 1, "conv2")(h))
+    else:
+        h = ops.relu(f.bn("bn1")(f.conv(planes, 1, 1, "conv1")(x)))
+        h = ops.relu(f.bn("bn2")(f.conv(planes, 3, stride, "conv2")(h)))
+        h = f.bn("bn3")(f.conv(out_channels, 1, 1, "conv3")(h))
+    shortcut = x
+    if stride != 1 or channels != out_channels:
+        shortcut = f.bn("downsample.1")(f.conv(out_channels, 1, stride, "downsample.0")(x))
+    name = "Bottleneck" if kind == "bottleneck" else "BasicBlock"
+    return Graph(x, ops.relu(h + shortcut), name=name)
+
+
+def _resnet(depth: int, num_classes: int, data_format: str, image_size: int, width: int) -> Graph:
+    for what, value in (("num_classes", num_classes), ("image_size", image_size), ("width", width)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"resnet{depth}: {what} must be a positive int, got {value!r}")
+    kind, counts = _STAGES[depth]
+    f = _Spatial(data_format)
+    images = Input(f.shape(image_size, 3), name="images")
+    h = ops.relu(f.bn("bn1")(ops.Conv(width, (7, 7), strides=2, padding=((3, 3), (3, 3)), use_bias=False,
+                                      data_format=data_format, name="conv1")(images)))
+    h = ops.MaxPool((3, 3), strides=(2, 2), padding=((1, 1), (1, 1)), data_format=data_format,
+                    name="maxpool")(h)
+    size = (image_size + 1) // 2
+    size = (size + 1) // 2
+    channels = width
+    for stage, count in enumerate(counts, start=1):
+        planes = width * 2 ** (stage - 1)
+        stride = 1 if stage == 1 else 2
+        first = _block(f, kind, size, channels, planes, stride)
+        h = first.as_block(f"layer{stage}.0")(h)
+        size = (size - 1) // stride + 1
+        channels = planes * (4 if kind == "bottleneck" else 1)
+        rest = _block(f, kind, size, channels, planes, 1)
+        for i in range(1, count):
+            h = rest.as_block(f"layer{stage}.{i}")(h)
+    h = ops.GlobalAvgPool(data_format=data_format, name="avgpool")(h)
+    return Graph(images, ops.Linear(num_classes, name="fc")(h), name=f"resnet{depth}")
+
+
+def resnet18(num_classes: int = 1000, data_format: str = "NHWC", *, image_size: int = 224,
+             width: int = 64) -> Graph:
+    """torchvision's ResNet-18: ``images (batch, image_size, image_size, 3)`` (NHWC; or
+    ``(batch, 3, H, W)`` with ``data_format="NCHW"``) -> ``logits (batch,
+    num_classes)``.
+
+    Blocks ``layer1.0`` ... ``layer4.1`` (``BasicBlock``: ``conv1``, ``bn1``, ``conv2``,
+    ``bn2``, and ``downsample.0``/``downsample.1`` where the shape changes); BatchNorm
+    epsilon 1e-5 and momentum 0.9 (PyTorch's 0.1 counts the other way). ``width`` is the
+    stem's channels (64; the stages have 1, 2, 4 and 8 times as many).
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> mg.models.resnet18(num_classes=10, image_size=32).output_specs
+      (f32[batch,10],)
+    """
+    return _resnet(18, num_classes, data_format, image_size, width)
+
+
+def resnet34(num_classes: int = 1000, data_format: str = "NHWC", *, image_size: int = 224,
+             width: int = 64) -> Graph:
+    """torchvision's ResNet-34: as ``resnet18``, with 3, 4, 6 and 3 blocks per stage."""
+    return _resnet(34, num_classes, data_format, image_size, width)
+
+
+def resnet50(num_classes: int = 1000, data_format: str = "NHWC", *, image_size: int = 224,
+             width: int = 64) -> Graph:
+    """torchvision's ResNet-50 (v1.5): as ``resnet34`` with ``Bottleneck`` blocks
+    (``conv1`` 1 x 1, ``conv2`` 3 x 3 with the stride, ``conv3`` 1 x 1 to 4 times the
+    channels, each followed by its BatchNorm)."""
+    return _resnet(50, num_classes, data_format, image_size, width)

@@ -1,0 +1,310 @@
+"""State dicts: a graph's weights under the original framework's names and layouts
+(torchvision's, Hugging Face's), to and from NumPy mappings and safetensors files,
+without torch.
+
+``load_state_dict`` fills every weight of the graph exactly once, from a mapping of
+names to arrays, a ``.safetensors`` file or a folder of shards with its index; a
+missing, extra or mis-shaped weight is a ``SerializationError`` that names it.
+``to_state_dict`` gives the names and layouts back, so that a model trained here can be
+served by the original code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..compiler.flatten import flatten
+from ..compiler.program import Step, get_in, set_in
+from ..core.errors import SerializationError
+from ..core.specs import flatten_specs
+from ..io.weights import SafetensorsReader
+from ..ir.graph import Graph
+from .torch_layout import TorchLayout, exporter, importer, layout_for
+
+__all__ = ["load_state_dict", "to_state_dict"]
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if name else prefix
+
+
+def _layers(graph: Graph) -> Iterator[tuple[Step, str, dict[str, tuple[int, ...]]]]:
+    """(step, module name, {our weight path: shape}) of each layer with weights."""
+    if not isinstance(graph, Graph):
+        raise SerializationError(f"state dicts are read into an mg.Graph (the one the model "
+                                 f"was built as), got {type(graph).__name__}")
+    for step in flatten(graph).owners():
+        shapes = {path: tuple(spec.shape) for path, spec in flatten_specs(step.param_specs)}
+        shapes.update({f"state/{path}": tuple(spec.shape)
+                       for path, spec in flatten_specs(step.state_specs)})
+        yield step, ".".join(step.weights), shapes
+
+
+def _expected(graph: Graph, layout: TorchLayout) -> dict[str, tuple[Step, str, tuple[int, ...], np.dtype]]:
+    """Each name a state dict of ``graph`` holds -> (step, its name relative to the
+    layer, shape, dtype), from the converters run on shapes alone."""
+    expected: dict[str, Any] = {}
+    for step, module, shapes in _layers(graph):
+        export = exporter(step.op, step.path)
+        ours = {path: jax.ShapeDtypeStruct(shape, jnp.float32) for path, shape in shapes.items()}
+        theirs = jax.eval_shape(lambda ours, step=step, export=export: export(
+            step.op, layout, ours, jnp), ours)
+        for relative, struct in theirs.items():
+            name = _join(module, relative)
+            if layout.is_buffer(name):  # written, but neither needed nor checked
+                continue
+            if name in expected:
+                raise SerializationError(
+                    f"layers {expected[name][0].path!r} and {step.path!r} would both hold the "
+                    f"state dict's {name!r}: rename one of them")
+            expected[name] = (step, relative, tuple(struct.shape), np.dtype(struct.dtype))
+    return expected
+
+
+def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *,
+                  dtype: Any = None) -> dict[str, np.ndarray]:
+    """``graph``'s weights under the original framework's names and layouts, as NumPy
+    arrays (what ``safetensors.numpy.save_file`` writes and torch's
+    ``load_state_dict`` reads after ``torch.from_numpy``).
+
+    Args:
+      graph: the graph the weights belong to (a builder's graph of ``mg.models``, or
+        any graph whose layers are named after PyTorch modules).
+      params, state: the graph's own layout (``model.unstack_weights`` first for a
+        model compiled with ``scan_blocks=True``).
+      dtype: cast floating weights to it; by default they keep theirs.
+
+    Example:
+      >>> import jax, mlaxgraph as mg
+      >>> g = mg.models.gpt2({"n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 11,
+      ...                     "n_positions": 4})
+      >>> sd = mg.models.to_state_dict(g, *mg.compile(g).init(jax.random.key(0)))
+      >>> sd["h.0.attn.c_attn.weight"].shape
+      (8, 24)
+    """
+    layout = layout_for(graph.name)
+    state = state or {}
+    out: dict[str, np.ndarray] = {}
+    for step, module, shapes in _layers(graph):
+        ours = {}
+        for path in shapes:
+            tree, keys = (state, path.split("/")[1:]) if path.startswith("state/") else (params, path.split("/"))
+            try:
+                value = get_in(tree, step.weights + tuple(keys))
+            except (KeyError, TypeError):
+                which = "state" if tree is state else "params"
+                raise SerializationError(f"{which} has no weight {'/'.join(step.weights + tuple(keys))!r} "
+                                         f"(layer {step.path!r})") from None
+            value = np.asarray(value)
+            if value.shape != shapes[path]:
+                raise SerializationError(f"weight {'/'.join(step.weights + tuple(keys))!r} has shape "
+                                         f"{value.shape}; layer {step.path!r} holds {shapes[path]}")
+            ours[path] = value if dtype is None or not np.issubdtype(value.dtype, np.inexact) \
+                and value.dtype.name != "bfloat16" else value.astype(dtype)
+        for relative, tensor in exporter(step.op, step.path)(step.op, layout, ours, np).items():
+            out[_join(module, relative)] = np.asarray(tensor, order="C")
+    return out
+
+
+# --- sources: a mapping, a safetensors file, a folder of shards -----------------------
+
+
+class _Source:
+    """Names, shapes and arrays of a state dict, read lazily from files."""
+
+    def __init__(self, source: Any):
+        self.readers: dict[str, SafetensorsReader] = {}
+        self.where: dict[str, str] = {}
+        self.mapping: Mapping[str, Any] | None = None
+        if isinstance(source, Mapping):
+            self.mapping = source
+            self.label = "the state dict"
+            return
+        if not isinstance(source, (str, os.PathLike)):
+            raise SerializationError(f"a state dict is a mapping of names to arrays, a "
+                                     f".safetensors file or a folder of them, got "
+                                     f"{type(source).__name__}")
+        path = os.fspath(source)
+        self.label = path
+        if os.path.isdir(path):
+            self._open_folder(path)
+        else:
+            self._open(path, path)
+
+    def _open(self, path: str, label: str) -> SafetensorsReader:
+        reader = SafetensorsReader(path, verify=True).__enter__()
+        self.readers[path] = reader
+        for name in reader.names():
+            if name in self.where:
+                raise SerializationError(f"{label}: {name!r} is in two files: "
+                                         f"{self.where[name]} and {path}")
+            self.where[name] = path
+        return reader
+
+    def _open_folder(self, folder: str) -> None:
+        indexes = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors.index.json"))
+        if len(indexes) > 1:
+            raise SerializationError(f"{folder}: several shard indexes ({', '.join(indexes)}); "
+                                     f"pass the one to read's folder alone")
+        if not indexes:
+            files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+            if len(files) != 1:
+                raise SerializationError(f"{folder}: no *.safetensors.index.json, and "
+                                         f"{len(files)} .safetensors files (expected one)")
+            self._open(os.path.join(folder, files[0]), folder)
+            return
+        index_path = os.path.join(folder, indexes[0])
+        try:
+            with open(index_path, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError("weight_map is not an object")
+        except (ValueError, KeyError, TypeError) as e:
+            raise SerializationError(f"{index_path}: not a shard index ({e})") from None
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or os.path.basename(shard) != shard or shard in ("", ".", ".."):
+                raise SerializationError(f"{index_path}: {name!r} is in {shard!r}, which is not "
+                                         f"a file name in the folder")
+        for shard in sorted(set(weight_map.values())):
+            self._open(os.path.join(folder, shard), index_path)
+        listed, found = set(weight_map), set(self.where)
+        if listed != found:
+            extra = sorted(found - listed)[:5] or sorted(listed - found)[:5]
+            raise SerializationError(f"{index_path}: the index and the shards disagree on "
+                                     f"{', '.join(map(repr, extra))}")
+        for name, shard in weight_map.items():
+            if self.where[name] != os.path.join(folder, shard):
+                raise SerializationError(f"{index_path}: {name!r} is listed in {shard} but "
+                                         f"stored in {os.path.basename(self.where[name])}")
+
+    def close(self) -> None:
+        for reader in self.readers.values():
+            reader.__exit__(None, None, None)
+
+    def names(self) -> list[str]:
+        return list(self.mapping) if self.mapping is not None else list(self.where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if self.mapping is not None:
+            return tuple(np.shape(self.mapping[name]))
+        return self.readers[self.where[name]].spec(name)[1]
+
+    def array(self, name: str) -> np.ndarray:
+        if self.mapping is not None:
+            value = self.mapping[name]
+            if hasattr(value, "detach"):  # a torch tensor, when torch is there
+                value = value.detach().cpu().numpy()
+            return np.asarray(value)
+        return self.readers[self.where[name]].array(name)
+
+
+def _listing(names, limit: int = 6) -> str:
+    names = sorted(names)
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
+                    dtype: Any = "float32") -> tuple[dict, dict]:
+    """``(params, state)`` for ``graph`` from a state dict in the original framework's
+    names and layouts.
+
+    Args:
+      graph: a graph of ``mg.models`` (or any graph whose layers are named after
+        PyTorch modules).
+      state_dict: a mapping of names to arrays (NumPy, or anything ``np.asarray``
+        takes), a path to a ``.safetensors`` file, or a folder holding one, or shards
+        with their ``*.safetensors.index.json``. Files are read without torch.
+      strict: names the graph does not hold are an error (the weights of another head,
+        say); ``strict=False`` ignores them. Missing and mis-shaped weights are errors
+        either way.
+      dtype: the dtype of the floating weights returned (float32, as PyTorch and
+        Hugging Face load by default); None keeps the file's.
+
+    Returns:
+      ``(params, state)`` in the graph's own layout, as ``init`` returns them.
+
+    Raises:
+      SerializationError: a weight is missing, extra (``strict``), of another shape
+        or not floating; a tied copy differs from its weight; a file is damaged.
+    """
+    layout = layout_for(graph.name)
+    expected = _expected(graph, layout)
+    source = _Source(state_dict)
+    try:
+        return _load(graph, layout, expected, source, strict, dtype)
+    finally:
+        source.close()
+
+
+def _load(graph, layout, expected, source, strict, dtype):
+    names = source.names()
+    present = set(names)
+    # A prefix the file puts before every name ("transformer."): the one that finds the
+    # most of the graph's names.
+    prefix = max(("",) + layout.prefixes,
+                 key=lambda p: sum(p + name in present for name in expected))
+    found = {name: prefix + name for name in expected if prefix + name in present}
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise SerializationError(
+            f"{source.label}: missing {len(missing)} weight(s) of graph {graph.name!r}: "
+            f"{_listing(missing)}" + (f" (names read with the prefix {prefix!r})" if prefix else ""))
+    used = set(found.values())
+    tied = {prefix + copy if prefix + copy in present else copy: weight
+            for copy, weight in layout.tied}
+    extra = []
+    for name in names:
+        if name in used:
+            continue
+        bare = name[len(prefix):] if name.startswith(prefix) else name
+        if name in tied or layout.is_buffer(bare):
+            continue
+        extra.append(name)
+    if extra and strict:
+        raise SerializationError(
+            f"{source.label}: {len(extra)} weight(s) that graph {graph.name!r} does not hold: "
+            f"{_listing(extra)} (strict=False ignores them)")
+    arrays: dict[str, np.ndarray] = {}
+    for name, (step, _, shape, _) in expected.items():
+        file_name = found[name]
+        got = source.shape(file_name)
+        if got != shape:
+            raise SerializationError(
+                f"{source.label}: {file_name!r} has shape {tuple(got)}; layer {step.path!r} of "
+                f"graph {graph.name!r} needs {shape}")
+        array = source.array(file_name)
+        if not (np.issubdtype(array.dtype, np.floating) or array.dtype.name == "bfloat16"):
+            raise SerializationError(f"{source.label}: {file_name!r} is {array.dtype}; the "
+                                     f"weights of layer {step.path!r} are floating point")
+        arrays[name] = array if dtype is None else array.astype(dtype)
+    for copy, weight in layout.tied:
+        file_name = next((n for n in (prefix + copy, copy) if n in present), None)
+        if file_name is not None and file_name not in used:
+            value = source.array(file_name)
+            if value.shape != arrays[weight].shape or not np.array_equal(
+                    value.astype(arrays[weight].dtype), arrays[weight]):
+                raise SerializationError(
+                    f"{source.label}: {file_name!r} differs from {weight!r}; graph "
+                    f"{graph.name!r} ties them (one weight), so they must be equal")
+    params: dict = {}
+    state: dict = {}
+    layers: dict[str, dict[str, np.ndarray]] = {}
+    for name, (step, relative, _, _) in expected.items():
+        if name in arrays:
+            layers.setdefault(step.path, {})[relative] = arrays[name]
+    for step, _, shapes in _layers(graph):
+        ours = importer(step.op, step.path)(step.op, layout, layers[step.path], shapes)
+        for path, value in ours.items():
+            if path.startswith("state/"):
+                state = set_in(state, step.weights + tuple(path.split("/")[1:]), jnp.asarray(value))
+            else:
+                params = set_in(params, step.weights + tuple(path.split("/")), jnp.asarray(value))
+    return params, state

@@ -1,0 +1,240 @@
+"""PyTorch's names and layouts of our layers' weights, for state dicts.
+
+A layer's weights in a PyTorch state dict are named ``<its path, dotted>.<name>``: the
+layer ``h.0/attn`` of a graph is the module ``h.0.attn``. Each op with weights has a
+converter between our weights (flat paths: ``kernel``, ``query/bias``, state as
+``state/mean``) and the module's tensors (``weight``, ``q_proj.bias``), written with
+array methods and ``xp.concatenate`` only, so that one function serves NumPy arrays
+and ``jax.eval_shape``'s shapes. A ``TorchLayout`` holds what differs between
+checkpoint families: GPT-2's ``Conv1D`` stores linear weights ``(in, out)``, attention
+projections have the original module's names, files may add a prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..core.errors import SerializationError
+
+__all__ = ["TorchLayout", "register_layout", "layout_for", "exporter", "importer", "supported_ops"]
+
+#: A separate projection per attention weight, named as Llama's modules.
+SEPARATE = (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj"), ("out", "o_proj"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchLayout:
+    """How one family of checkpoints names and lays out weights.
+
+    Attributes:
+      linear: ``"out_in"`` (``torch.nn.Linear``: weight ``(out, in)``) or ``"in_out"``
+        (GPT-2's ``Conv1D``: weight ``(in, out)``).
+      attention: ``MultiHeadAttention``'s projections as modules: pairs of (our name,
+        the module's name relative to the layer), or ``(("qkv", "c_attn"), ("out",
+        "c_proj"))`` for one fused query-key-value projection.
+      prefixes: prefixes a file may put before every name (``"transformer."`` for
+        GPT2LMHeadModel's files); they are accepted on loading, not written.
+      tied: names a file may hold as copies of another weight (``"lm_head.weight"``
+        of a tied head): accepted when equal to it, not written.
+      buffers: a regular expression of the names of buffers the model computes rather
+        than loads (GPT-2's causal mask ``attn.bias``): accepted and ignored.
+    """
+
+    linear: str = "out_in"
+    attention: tuple[tuple[str, str], ...] = SEPARATE
+    prefixes: tuple[str, ...] = ()
+    tied: tuple[tuple[str, str], ...] = ()
+    buffers: str | None = None
+
+    def is_buffer(self, name: str) -> bool:
+        return name.endswith(".num_batches_tracked") or (
+            self.buffers is not None and re.fullmatch(self.buffers, name) is not None)
+
+
+_LAYOUTS: dict[str, TorchLayout] = {}
+
+
+def register_layout(graph_name: str, layout: TorchLayout) -> None:
+    """The layout of the graphs named ``graph_name`` (the zoo's builders name theirs)."""
+    _LAYOUTS[graph_name] = layout
+
+
+def layout_for(graph_name: str) -> TorchLayout:
+    """The registered layout of a graph's name; PyTorch's defaults for other graphs."""
+    return _LAYOUTS.get(graph_name, TorchLayout())
+
+
+# --- converters: ours (flat paths) <-> the module's tensors (names relative to it) -----
+
+Weights = Mapping[str, Any]
+
+
+def _linear_out(w, layout):  # our (in, out) kernel -> the module's weight
+    return w.T if layout.linear == "out_in" else w
+
+
+def _linear_in(w, layout):
+    return w.T if layout.linear == "out_in" else w
+
+
+def _renamed(pairs: tuple[tuple[str, str], ...]) -> tuple[Callable, Callable]:
+    def export(op, layout, ours, xp):
+        return {theirs: ours[mine] for mine, theirs in pairs if mine in ours}
+
+    def import_(op, layout, theirs, shapes):
+        return {mine: theirs[name] for mine, name in pairs if mine in shapes}
+    return export, import_
+
+
+def _linear_export(op, layout, ours, xp):
+    out = {"weight": _linear_out(ours["kernel"], layout)}
+    if "bias" in ours:
+        out["bias"] = ours["bias"]
+    return out
+
+
+def _linear_import(op, layout, theirs, shapes):
+    out = {"kernel": _linear_in(theirs["weight"], layout)}
+    if "bias" in shapes:
+        out["bias"] = theirs["bias"]
+    return out
+
+
+def _conv_perm(rank: int, channels_last: bool, transposed: bool) -> tuple[int, ...]:
+    """The permutation of our kernel's axes that gives PyTorch's: ``(out, in, *window)``
+    for Conv, ``(in, out, *window)`` for ConvTranspose."""
+    if channels_last:  # ours (out, *window, in)
+        first = (rank - 1, 0) if transposed else (0, rank - 1)
+        return first + tuple(range(1, rank - 1))
+    return ((1, 0) if transposed else (0, 1)) + tuple(range(2, rank))
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sorted(range(len(perm)), key=perm.__getitem__))
+
+
+def _conv(transposed: bool) -> tuple[Callable, Callable]:
+    def export(op, layout, ours, xp):
+        kernel = ours["kernel"]
+        out = {"weight": kernel.transpose(_conv_perm(kernel.ndim, op.channels_last, transposed))}
+        if "bias" in ours:
+            out["bias"] = ours["bias"]
+        return out
+
+    def import_(op, layout, theirs, shapes):
+        weight = theirs["weight"]
+        out = {"kernel": weight.transpose(_inverse(_conv_perm(weight.ndim, op.channels_last, transposed)))}
+        if "bias" in shapes:
+            out["bias"] = theirs["bias"]
+        return out
+    return export, import_
+
+
+def _batch_norm_export(op, layout, ours, xp):
+    import numpy as np
+
+    out = _renamed((("scale", "weight"), ("bias", "bias"), ("state/mean", "running_mean"),
+                    ("state/var", "running_var")))[0](op, layout, ours, xp)
+    # PyTorch's count of training batches: it matters only to momentum=None (a
+    # cumulative average), which has no counterpart here; a new module's value.
+    out["num_batches_tracked"] = np.zeros((), np.int64)
+    return out
+
+
+def _attention(op, layout) -> tuple[dict[str, str], bool]:
+    names = dict(layout.attention)
+    return names, "qkv" in names
+
+
+def _attention_export(op, layout, ours, xp):
+    names, fused = _attention(op, layout)
+    out = {}
+
+    def flat_in(kernel):  # (d, heads, head_dim) -> (d, heads * head_dim)
+        return kernel.reshape(kernel.shape[0], -1)
+
+    projections = ("query", "key", "value")
+    if fused:
+        kernels = [flat_in(ours[f"{p}/kernel"]) for p in projections]
+        out[f"{names['qkv']}.weight"] = _linear_out(xp.concatenate(kernels, axis=1), layout)
+        if "query/bias" in ours:
+            out[f"{names['qkv']}.bias"] = xp.concatenate([ours[f"{p}/bias"].reshape(-1) for p in projections])
+    else:
+        for p in projections:
+            out[f"{names[p]}.weight"] = _linear_out(flat_in(ours[f"{p}/kernel"]), layout)
+            if f"{p}/bias" in ours:
+                out[f"{names[p]}.bias"] = ours[f"{p}/bias"].reshape(-1)
+    kernel = ours["out/kernel"]  # (heads, head_dim, out)
+    out[f"{names['out']}.weight"] = _linear_out(kernel.reshape(-1, kernel.shape[-1]), layout)
+    if "out/bias" in ours:
+        out[f"{names['out']}.bias"] = ours["out/bias"]
+    return out
+
+
+def _attention_import(op, layout, theirs, shapes):
+    names, fused = _attention(op, layout)
+    out = {}
+    projections = ("query", "key", "value")
+    if fused:
+        kernel = _linear_in(theirs[f"{names['qkv']}.weight"], layout)
+        start = 0
+        for p in projections:
+            shape = shapes[f"{p}/kernel"]
+            width = shape[1] * shape[2]
+            out[f"{p}/kernel"] = kernel[:, start:start + width].reshape(shape)
+            if f"{p}/bias" in shapes:
+                out[f"{p}/bias"] = theirs[f"{names['qkv']}.bias"][start:start + width].reshape(shapes[f"{p}/bias"])
+            start += width
+    else:
+        for p in projections:
+            out[f"{p}/kernel"] = _linear_in(theirs[f"{names[p]}.weight"], layout).reshape(shapes[f"{p}/kernel"])
+            if f"{p}/bias" in shapes:
+                out[f"{p}/bias"] = theirs[f"{names[p]}.bias"].reshape(shapes[f"{p}/bias"])
+    out["out/kernel"] = _linear_in(theirs[f"{names['out']}.weight"], layout).reshape(shapes["out/kernel"])
+    if "out/bias" in shapes:
+        out["out/bias"] = theirs[f"{names['out']}.bias"]
+    return out
+
+
+_SCALE_BIAS = _renamed((("scale", "weight"), ("bias", "bias")))
+
+_CONVERTERS: dict[str, tuple[Callable, Callable]] = {
+    "linear": (_linear_export, _linear_import),
+    "conv": _conv(transposed=False),
+    "conv_transpose": _conv(transposed=True),
+    "batch_norm": (_batch_norm_export, _renamed((("scale", "weight"), ("bias", "bias"),
+                                                  ("state/mean", "running_mean"),
+                                                  ("state/var", "running_var")))[1]),
+    "layer_norm": _SCALE_BIAS,
+    "rms_norm": _SCALE_BIAS,
+    "group_norm": _SCALE_BIAS,
+    "embedding": _renamed((("embedding", "weight"),)),
+    "param": _renamed((("value", ""),)),
+    "multi_head_attention": (_attention_export, _attention_import),
+}
+
+
+def supported_ops() -> list[str]:
+    return sorted(_CONVERTERS)
+
+
+def _converter(op, path: str) -> tuple[Callable, Callable]:
+    try:
+        return _CONVERTERS[op.op_name]
+    except KeyError:
+        raise SerializationError(
+            f"layer {path!r} ({op.op_name}) has no PyTorch layout; state dicts hold the "
+            f"weights of {', '.join(supported_ops())}") from None
+
+
+def exporter(op, path: str) -> Callable:
+    """``export(op, layout, ours, xp) -> {module-relative name: tensor}``."""
+    return _converter(op, path)[0]
+
+
+def importer(op, path: str) -> Callable:
+    """``import_(op, layout, theirs, shapes) -> {our weight path: array}``."""
+    return _converter(op, path)[1]

@@ -1,0 +1,85 @@
+"""ViT (Hugging Face's ``ViTModel``): NCHW ``pixel_values`` -> ``(last_hidden_state,
+pooler_output)``, with the original's module names (``embeddings.cls_token``,
+``embeddings.patch_embeddings.projection``, ``encoder.layer.0`` ..., ``layernorm``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import ops
+from ..ir.graph import Graph, Input
+from .common import activation, dropout
+from .config import Config
+from .torch_layout import TorchLayout, register_layout
+
+__all__ = ["vit", "VIT_DEFAULTS"]
+
+#: ViTConfig's defaults: ViT-Base/16 at 224 x 224.
+VIT_DEFAULTS = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0, "layer_norm_eps": 1e-12,
+                "image_size": 224, "patch_size": 16, "num_channels": 3, "qkv_bias": True}
+
+register_layout("vit", TorchLayout(
+    attention=(("query", "attention.query"), ("key", "attention.key"),
+               ("value", "attention.value"), ("out", "output.dense")),
+    prefixes=("vit.",)))
+
+
+def vit(config: Any = None) -> Graph:
+    """ViT from its Hugging Face config: ``pixel_values (batch, num_channels,
+    image_size, image_size)`` float32, channel-first as Hugging Face passes them ->
+    ``(last_hidden_state (batch, patches + 1, hidden_size), pooler_output (batch,
+    hidden_size))``.
+
+    The patches are a ``patch_size`` convolution with stride ``patch_size``
+    (``embeddings.patch_embeddings.projection``, OIHW as in the files); then the
+    ``embeddings.cls_token`` and ``embeddings.position_embeddings`` params; pre-norm
+    layers ``encoder.layer.{i}`` (``layernorm_before``, ``attention``, whose weights
+    are ``attention.attention.query`` ... ``attention.output.dense`` in files,
+    ``layernorm_after``, ``intermediate.dense`` with ``hidden_act``, ``output.dense``);
+    ``layernorm``; the pooler ``tanh(pooler.dense(h[:, 0]))``. LayerNorm epsilon
+    ``layer_norm_eps`` (1e-12).
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> g = mg.models.vit({"image_size": 32, "patch_size": 8, "hidden_size": 64,
+      ...                    "num_hidden_layers": 2, "num_attention_heads": 4,
+      ...                    "intermediate_size": 128})
+      >>> g.output_specs
+      (f32[batch,17,64], f32[batch,64])
+    """
+    c = Config("vit", config, VIT_DEFAULTS)
+    c.unsupported("qkv_bias", True)
+    c.unsupported("use_mask_token", False)
+    width, heads = c.positive_int("hidden_size"), c.positive_int("num_attention_heads")
+    eps = c.number("layer_norm_eps", 0.0, 1.0)
+    size, patch, channels = c.positive_int("image_size"), c.positive_int("patch_size"), c.positive_int("num_channels")
+    if size % patch:
+        from ..core.errors import ConfigError
+        raise ConfigError(f"vit: patch_size {patch} does not divide image_size {size}")
+    patches = (size // patch) ** 2
+
+    x = Input(("batch", patches + 1, width), name="hidden_states")
+    h = ops.LayerNorm(epsilon=eps, name="layernorm_before")(x)
+    a = ops.MultiHeadAttention(heads, dropout=c.number("attention_probs_dropout_prob", 0.0, 1.0),
+                               name="attention")(h)
+    h = x + dropout(c, "hidden_dropout_prob", "attention.output.dropout", a)
+    m = ops.Linear(c.positive_int("intermediate_size"), name="intermediate.dense")(
+        ops.LayerNorm(epsilon=eps, name="layernorm_after")(h))
+    m = ops.Linear(width, name="output.dense")(activation(c, "hidden_act", "intermediate.intermediate_act_fn")(m))
+    layer = Graph(x, h + dropout(c, "hidden_dropout_prob", "output.dropout", m), name="ViTLayer")
+
+    pixels = Input(("batch", channels, size, size), name="pixel_values")
+    e = ops.Conv(width, patch, strides=patch, data_format="NCHW",
+                 name="embeddings.patch_embeddings.projection")(pixels)
+    e = ops.transpose(ops.reshape(e, (width, patches)), (0, 2, 1))
+    cls = ops.Param((1, 1, width), name="embeddings.cls_token")()
+    e = ops.concat([ops.broadcast_to(cls, (pixels.shape[0], 1, width)), e], axis=1)
+    e = e + ops.Param((1, patches + 1, width), name="embeddings.position_embeddings")()
+    h = dropout(c, "hidden_dropout_prob", "embeddings.dropout", e)
+    for i in range(c.positive_int("num_hidden_layers")):
+        h = layer.as_block(f"encoder.layer.{i}")(h)
+    h = ops.LayerNorm(epsilon=eps, name="layernorm")(h)
+    pooled = ops.Tanh(name="pooler.activation")(ops.Linear(width, name="pooler.dense")(h[:, 0]))
+    return Graph(pixels, [h, pooled], name="vit")

@@ -1,0 +1,289 @@
+"""The model zoo (``mg.models``) against independent float64 NumPy implementations of
+each architecture written from the original code's formulas (``_zoo_transformers``,
+``_zoo_cnn``): state dicts with the original names and layouts are written to
+safetensors files, loaded without torch, run, compared; and back (``to_state_dict``)
+exactly. Then the errors: missing, extra, mis-shaped and non-float weights, tied
+copies that differ, damaged shard indexes and config fields a builder does not
+support."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import _zoo_cnn as cnn
+import _zoo_transformers as tf
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import mlaxgraph as mg
+
+RNG = np.random.default_rng(0)
+
+
+def ids(batch=2, length=7, vocab=50, seed=0):
+    return np.random.default_rng(seed).integers(0, vocab, (batch, length)).astype(np.int32)
+
+
+def bert_inputs():
+    mask = np.ones((2, 7), np.int32)
+    mask[1, 4:] = 0  # the second sequence is padded after 4 tokens
+    return ids(), ids(vocab=2, seed=1), mask
+
+
+def pixels(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# (builder, its args, a state dict, the reference forward, the inputs): small configs.
+TEXT = {
+    "gpt2": (lambda: mg.models.gpt2(tf.gpt2_config()), tf.gpt2_config(), lambda: (ids(),)),
+    "gpt2_relu_inner": (lambda: mg.models.gpt2(tf.gpt2_config(activation_function="relu", n_inner=40)),
+                        tf.gpt2_config(activation_function="relu", n_inner=40), lambda: (ids(),)),
+    "bert": (lambda: mg.models.bert(tf.bert_config()), tf.bert_config(), bert_inputs),
+    "vit": (lambda: mg.models.vit(tf.vit_config()), tf.vit_config(), lambda: (pixels(2, 3, 16, 16),)),
+    "llama": (lambda: mg.models.llama(tf.llama_config()), tf.llama_config(), lambda: (ids(),)),
+    "llama_tied_biased": (lambda: mg.models.llama(tf.llama_config(tie_word_embeddings=True, attention_bias=True,
+                                                                  head_dim=16)),
+                          tf.llama_config(tie_word_embeddings=True, attention_bias=True, head_dim=16),
+                          lambda: (ids(),)),
+}
+
+
+def arch(case: str) -> str:
+    return case.split("_")[0]
+
+
+def close(got, want, scale=1.0):
+    got = np.asarray(got, np.float64)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * max(scale, np.abs(want).max()))
+
+
+def check_round_trip(graph, params, state, sd):
+    back = mg.models.to_state_dict(graph, params, state)
+    assert set(back) == set(sd)
+    for name, value in sd.items():
+        assert back[name].dtype == value.dtype and back[name].shape == value.shape, name
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("case", sorted(TEXT))
+def test_transformers_match_numpy_from_a_safetensors_file(case, tmp_path):
+    build, config, inputs = TEXT[case]
+    sd = tf.state_dict(arch(case), config)
+    path = tmp_path / "model.safetensors"
+    save_file(sd, str(path))
+    graph = build()
+    params, state = mg.models.load_state_dict(graph, str(path))
+    xs = inputs()
+    got, _ = mg.compile(graph).apply(params, state, *xs, inference_mode=True)
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = tf.forward(arch(case), sd, config, *xs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        close(g, w)
+    check_round_trip(graph, params, state, sd)
+
+
+@pytest.mark.parametrize("depth", [18, 34, 50])
+def test_resnets_match_torchvisions_formulas(depth):
+    sd = cnn.resnet_state_dict(depth, num_classes=10, width=8)
+    graph = getattr(mg.models, f"resnet{depth}")(num_classes=10, image_size=32, width=8)
+    params, state = mg.models.load_state_dict(graph, sd)
+    x = pixels(2, 32, 32, 3)
+    got, _ = mg.compile(graph).apply(params, state, x, inference_mode=True)
+    close(got, cnn.resnet_forward(sd, depth, x))
+    check_round_trip(graph, params, state, sd)
+    # torchvision's names read like the code: blocks layer1.0 ..., a stem conv1, a head fc
+    names = [node.name for node in graph.nodes]
+    assert names[:3] == ["images", "conv1", "bn1"] and names[-2:] == ["avgpool", "fc"]
+    assert [n for n in names if n.startswith("layer4.")] == [f"layer4.{i}" for i in range(2 if depth == 18 else 3)]
+
+
+def test_resnet_channel_first_equals_channel_last():
+    sd = cnn.resnet_state_dict(18, num_classes=10, width=8)
+    x = pixels(2, 32, 32, 3)
+    outs = []
+    for data_format, xs in (("NHWC", x), ("NCHW", x.transpose(0, 3, 1, 2))):
+        graph = mg.models.resnet18(10, data_format, image_size=32, width=8)
+        params, state = mg.models.load_state_dict(graph, sd)
+        outs.append(np.asarray(mg.compile(graph).apply(params, state, xs, inference_mode=True)[0]))
+        check_round_trip(graph, params, state, sd)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-4)
+
+
+def test_unet_matches_the_pytorch_unet_formulas():
+    sd = cnn.unet_state_dict(3, 2, width=4, depth=2)
+    graph = mg.models.unet(3, 2, width=4, depth=2, image_size=16)
+    params, state = mg.models.load_state_dict(graph, sd)
+    x = pixels(2, 16, 16, 3)
+    got, _ = mg.compile(graph).apply(params, state, x, inference_mode=True)
+    close(got, cnn.unet_forward(sd, x, depth=2))
+    check_round_trip(graph, params, state, sd)
+    assert [n.name for n in graph.nodes] == ["images", "inc", "down1", "down2", "up1", "up2", "outc"]
+
+
+def test_a_folder_of_shards_with_its_index(tmp_path):
+    config = tf.gpt2_config()
+    sd = tf.state_dict("gpt2", config)
+    names = sorted(sd)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, members in shards.items():
+        save_file({n: sd[n] for n in members}, str(tmp_path / shard))
+    index = {"metadata": {}, "weight_map": {n: shard for shard, members in shards.items() for n in members}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    graph = mg.models.gpt2(config)
+    params, state = mg.models.load_state_dict(graph, str(tmp_path))
+    check_round_trip(graph, params, state, sd)
+    # an index naming a file outside the folder is refused before anything is read
+    index["weight_map"][names[0]] = "../elsewhere.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(mg.SerializationError, match="not a file name in the folder"):
+        mg.models.load_state_dict(graph, str(tmp_path))
+
+
+def test_lm_head_files_with_prefixes_buffers_and_tied_copies():
+    """GPT2LMHeadModel's state dict: ``transformer.`` before each name, the tied
+    ``lm_head.weight`` and the causal-mask buffers; BertForPreTraining's: ``bert.``
+    and the pretraining heads, which only ``strict=False`` ignores."""
+    config = tf.gpt2_config()
+    sd = tf.state_dict("gpt2", config)
+    graph = mg.models.gpt2(config)
+    full = {f"transformer.{k}": v for k, v in sd.items()}
+    full["lm_head.weight"] = sd["wte.weight"].copy()
+    full["transformer.h.0.attn.bias"] = np.tril(np.ones((1, 1, 16, 16), np.float32))
+    params, state = mg.models.load_state_dict(graph, full)
+    check_round_trip(graph, params, state, sd)
+    full["lm_head.weight"] = sd["wte.weight"] + 1
+    with pytest.raises(mg.SerializationError, match="'lm_head.weight' differs from 'wte.weight'"):
+        mg.models.load_state_dict(graph, full)
+
+    config = tf.bert_config()
+    sd = tf.state_dict("bert", config)
+    graph = mg.models.bert(config)
+    pretraining = {f"bert.{k}": v for k, v in sd.items()}
+    pretraining["cls.predictions.bias"] = np.zeros(50, np.float32)
+    with pytest.raises(mg.SerializationError, match=r"does not hold: 'cls.predictions.bias' \(strict=False"):
+        mg.models.load_state_dict(graph, pretraining)
+    params, state = mg.models.load_state_dict(graph, pretraining, strict=False)
+    check_round_trip(graph, params, state, sd)
+
+
+def test_missing_extra_misshaped_and_integer_weights_are_named():
+    config = tf.llama_config()
+    sd = tf.state_dict("llama", config)
+    graph = mg.models.llama(config)
+    missing = {k: v for k, v in sd.items() if k != "model.layers.1.mlp.up_proj.weight"}
+    with pytest.raises(mg.SerializationError, match=r"missing 1 weight\(s\).*'model.layers.1.mlp.up_proj.weight'"):
+        mg.models.load_state_dict(graph, missing)
+    with pytest.raises(mg.SerializationError, match="does not hold: 'model.layers.9.extra.weight'"):
+        mg.models.load_state_dict(graph, {**sd, "model.layers.9.extra.weight": np.zeros(3, np.float32)})
+    bad = dict(sd, **{"model.layers.0.self_attn.k_proj.weight": np.zeros((32, 32), np.float32)})
+    with pytest.raises(mg.SerializationError,
+                       match=r"'model.layers.0.self_attn.k_proj.weight' has shape \(32, 32\); "
+                             r"layer 'model.layers.0/self_attn' .* needs \(16, 32\)"):
+        mg.models.load_state_dict(graph, bad)
+    ints = dict(sd, **{"model.norm.weight": np.ones(32, np.int64)})
+    with pytest.raises(mg.SerializationError, match="'model.norm.weight' is int64"):
+        mg.models.load_state_dict(graph, ints)
+    with pytest.raises(mg.SerializationError, match="a mapping of names to arrays"):
+        mg.models.load_state_dict(graph, 42)
+
+
+def test_bfloat16_files_keep_their_dtype_when_asked(tmp_path):
+    config = tf.gpt2_config()
+    sd = {k: v.astype(ml_dtypes.bfloat16) for k, v in tf.state_dict("gpt2", config).items()}
+    save_file(sd, str(tmp_path / "bf16.safetensors"))
+    graph = mg.models.gpt2(config)
+    params, _ = mg.models.load_state_dict(graph, str(tmp_path / "bf16.safetensors"), dtype=None)
+    assert {a.dtype for a in jax.tree.leaves(params)} == {np.dtype(jnp.bfloat16)}
+    check_round_trip(graph, params, {}, sd)
+    params, _ = mg.models.load_state_dict(graph, str(tmp_path / "bf16.safetensors"))
+    assert {a.dtype for a in jax.tree.leaves(params)} == {np.dtype(jnp.float32)}
+    np.testing.assert_array_equal(params["wte"]["embedding"], sd["wte.weight"].astype(np.float32))
+
+
+@pytest.mark.parametrize("build, field, message", [
+    (lambda: mg.models.gpt2({"add_cross_attention": True}), "add_cross_attention", "not supported"),
+    (lambda: mg.models.gpt2({"activation_function": "mish"}), "activation_function", "'mish' is not supported"),
+    (lambda: mg.models.llama({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}), "rope_scaling",
+     "not supported"),
+    (lambda: mg.models.bert({"position_embedding_type": "relative_key"}), "position_embedding_type",
+     "not supported"),
+    (lambda: mg.models.vit({"image_size": 30, "patch_size": 16}), "patch_size", "does not divide"),
+    (lambda: mg.models.gpt2({"n_head": 0}), "n_head", "positive int"),
+    (lambda: mg.models.resnet50(num_classes=0), "num_classes", "positive int"),
+    (lambda: mg.models.unet(image_size=100, depth=4), "image_size", "not divisible"),
+    (lambda: mg.models.gpt2([1, 2]), "config", "a dict of the original config's fields"),
+])
+def test_config_fields_a_builder_cannot_honour_are_config_errors(build, field, message):
+    with pytest.raises(mg.ConfigError, match=message) as info:
+        build()
+    assert field in str(info.value)
+
+
+def test_a_config_json_path_and_defaults(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**tf.gpt2_config(), "architectures": ["GPT2LMHeadModel"],
+                                                      "bos_token_id": 0, "n_inner": None}))
+    assert mg.models.gpt2(str(tmp_path / "config.json")) == mg.models.gpt2(tf.gpt2_config())
+
+
+def test_gpt2_small_has_its_published_size_and_compiles_scanned_and_not():
+    graph = mg.models.gpt2()
+    for scan in (True, False):
+        model = mg.compile(graph, scan_blocks=scan)
+        params, state = jax.eval_shape(model.init_fn, jax.random.key(0))
+        assert sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params)) == 124_439_808
+        tokens = jax.ShapeDtypeStruct((1, 32), jnp.int32)
+        compiled = jax.jit(model.apply_fn, static_argnames="inference_mode").lower(
+            params, state, tokens, inference_mode=True).compile()
+        assert compiled.out_info[0].shape == (1, 32, 50257)
+    assert [n.name for n in mg.compile(graph, scan_blocks=True).graph.nodes if n.op.op_name == "scan"] == ["h.0..h.11"]
+
+
+@pytest.mark.parametrize("case", ["gpt2", "bert", "llama"])
+def test_scanned_equals_unscanned(case):
+    build, config, inputs = TEXT[case]
+    graph = build()
+    params, state = mg.models.load_state_dict(graph, tf.state_dict(arch(case), config))
+    scanned = mg.compile(graph, scan_blocks=True)
+    assert any(n.op.op_name == "scan" for n in scanned.graph.nodes)
+    xs = inputs()
+    want, _ = mg.compile(graph).apply(params, state, *xs, inference_mode=True)
+    got, _ = scanned.apply(*scanned.stack_weights(params, state), *xs, inference_mode=True)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_graph_of_ones_own_named_after_torch_modules_round_trips():
+    """Outside the zoo, any graph whose layers carry PyTorch module names exchanges
+    state dicts with PyTorch's default layouts (Linear weights (out, in))."""
+    from mlaxgraph import ops
+
+    x = mg.Input(("batch", 4), name="x")
+    y = ops.Linear(2, name="classifier.1")(ops.relu(ops.Linear(3, name="classifier.0")(x)))
+    graph = mg.Graph(x, y, name="mine")
+    params, state = mg.compile(graph).init(jax.random.key(0))
+    sd = mg.models.to_state_dict(graph, params, state)
+    assert {k: v.shape for k, v in sd.items()} == {"classifier.0.weight": (3, 4), "classifier.0.bias": (3,),
+                                                  "classifier.1.weight": (2, 3), "classifier.1.bias": (2,)}
+    np.testing.assert_array_equal(sd["classifier.0.weight"], np.asarray(params["classifier.0"]["kernel"]).T)
+    back, _ = mg.models.load_state_dict(graph, sd)
+    jax.tree.map(np.testing.assert_array_equal, back, params)
+    # a layer without a PyTorch layout is named
+    lstm = mg.Graph(x := mg.Input(("batch", 3, 4), name="x"), ops.LSTM(5, name="rnn")(x), name="r")
+    with pytest.raises(mg.SerializationError, match="layer 'rnn' \\(lstm\\) has no PyTorch layout"):
+        mg.models.to_state_dict(lstm, *mg.compile(lstm).init(jax.random.key(0)))
+
+
+def test_the_zoo_files_are_not_torch_pickles(tmp_path):
+    """Loading reads safetensors only: a pickle named .safetensors is a clear error."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"\x80\x04\x95" + os.urandom(64))
+    with pytest.raises(mg.SerializationError):
+        mg.models.load_state_dict(mg.models.gpt2(tf.gpt2_config()), str(path))
