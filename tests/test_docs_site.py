@@ -37,6 +37,7 @@ REFERENCE = {
     "mlaxgraph.train": "reference/train",
     "mlaxgraph.distributed": "reference/distributed",
     "mlaxgraph.examples": "reference/examples",
+    "mlaxgraph.models": "reference/models",
 }
 
 

@@ -287,3 +287,45 @@ def test_the_zoo_files_are_not_torch_pickles(tmp_path):
     path.write_bytes(b"\x80\x04\x95" + os.urandom(64))
     with pytest.raises(mg.SerializationError):
         mg.models.load_state_dict(mg.models.gpt2(tf.gpt2_config()), str(path))
+
+
+def test_gpt2_small_cost_table_counts_past_two_to_the_31():
+    """The tied head of GPT-2 small at 128 tokens is 9.9 GFLOPs: formulas evaluate in
+    64 bits (JAX keeps a term's coefficient as an int32, which wrapped around)."""
+    table = mg.compile(mg.models.gpt2()).cost_table(xla=False, inference_mode=True, batch=1, seq=128)
+    head = table["wte@1"]
+    assert head.flops == 2 * 128 * 768 * 50257
+    assert head.training_flops > head.flops > 2**32
+    assert table.params == 124_439_808
+
+
+def test_demo_model_writes_its_views_with_a_local_checkpoint(tmp_path, capsys):
+    """``mlaxgraph demo --model llama --weights DIR``: the config.json beside the
+    weights is read, the weights loaded, and the summary, drawing, explorer page, cost
+    table and first block's HLO written."""
+    from mlaxgraph.cli.main import main
+
+    config = tf.llama_config()
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    sd = tf.state_dict("llama", config)
+    save_file(sd, str(folder / "model.safetensors"))
+    out = tmp_path / "out"
+    assert main(["demo", "--model", "llama", "--weights", str(folder), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "model.layers.1" in printed and f"weights: {folder}" in printed
+    assert "outputs (1, 128, 50)" in printed
+    written = sorted(p.name for p in out.iterdir())  # make test installs Graphviz: an SVG
+    assert written == ["llama.cost.txt", "llama.html", "llama.model.layers.0.hlo.txt", "llama.svg"]
+    hlo = (out / "llama.model.layers.0.hlo.txt").read_text()
+    assert "model.layers.0/self_attn:" in hlo and "dot" in hlo
+    cost = (out / "llama.cost.txt").read_text()
+    assert "model.layers.0/mlp.gate_proj" in cost
+
+
+def test_demo_weights_without_a_model_is_a_usage_error(capsys):
+    from mlaxgraph.cli.main import main
+
+    assert main(["demo", "--weights", "x.safetensors"]) == 2
+    assert "--weights and --config go with --model" in capsys.readouterr().err

@@ -19,6 +19,9 @@ EPILOG = """examples:
   mlaxgraph demo                 train a residual CNN on the bundled digits, write
                                  its SVG, StableHLO, weights and checkpoints
   mlaxgraph demo --policy bfloat16 --out demo-bf16
+  mlaxgraph demo --model gpt2    GPT-2 small from the model zoo (random weights):
+                                 summary, SVG, explorer page, cost table, a block's HLO
+  mlaxgraph demo --model gpt2 --weights gpt2/model.safetensors
 """ + EXAMPLES + """
 MODEL is a .mlg file (mg.save), a .json graph (Graph.to_json) or module:function
 returning an mg.Graph. Exit status: 0 done, 1 an error in the model, 2 a wrong
@@ -34,6 +37,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        from .zoo_demo import run_model
+
+        return run_model(args)
+    if args.weights or args.config:
+        raise UsageError("--weights and --config go with --model")
     from .demo import run
 
     return run(args)
@@ -60,6 +69,17 @@ def _parser() -> argparse.ArgumentParser:
                       "shuffling (default 0)")
     demo.add_argument("--out", default="mlaxgraph-demo", help="output folder (default "
                       "./mlaxgraph-demo)")
+    from .zoo_demo import MODELS
+
+    demo.add_argument("--model", choices=MODELS, help="instead of training the CNN, build this "
+                      "model of mg.models and write its summary, rendering, explorer page, cost "
+                      "table and one block's HLO")
+    demo.add_argument("--weights", metavar="PATH", help="with --model: a local checkpoint (a "
+                      ".safetensors file, or a folder of shards with its index) in the original "
+                      "names; random weights without it")
+    demo.add_argument("--config", metavar="PATH", help="with --model gpt2, bert, vit or llama: the "
+                      "Hugging Face config.json (default: one beside --weights, else the "
+                      "builder's defaults; a small Llama)")
     demo.set_defaults(run=_demo)
     add_commands(commands)
     return parser

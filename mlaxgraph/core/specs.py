@@ -169,7 +169,9 @@ def bind_dims(shape: Iterable[Dim], bindings: Mapping[str, int]) -> tuple[int, .
             if missing:
                 raise ShapeError(f"no value for the symbolic dim {missing[0]!r}: pass "
                                  f"{missing[0]}=<int>")
-            out.append(int(d._evaluate(dict(bindings))))
+            # 64-bit values: JAX keeps a term's coefficient as an int32, which times a
+            # Python int wraps around past 2**31 (FLOP counts do).
+            out.append(int(d._evaluate({k: np.int64(v) for k, v in bindings.items()})))
         else:
             out.append(int(d))
     return tuple(out)
