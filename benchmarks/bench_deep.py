@@ -116,6 +116,25 @@ def run_depth(depth: int, unscanned: bool) -> dict:
     return row
 
 
+def paired_unrolled(depth: int, rounds: int) -> list[dict]:
+    """Fresh compiles of the unscanned model's gradient and the hand-unrolled one's,
+    ``rounds`` pairs, the order alternating; each pair with its ratio."""
+    x = jnp.ones((BATCH, LENGTH, WIDTH), jnp.float32)
+    flat = mg.compile(chain(depth))
+    params, _ = flat.init(jax.random.key(0))
+    compile_seconds(grad_of(hand_unrolled(2)), {k: params[k] for k in ("block0", "block1")}, x)
+    pairs = []
+    for r in range(rounds):
+        pair: dict = {}
+        for who in (("ours", "hand") if r % 2 == 0 else ("hand", "ours")):
+            fn = (grad_of(lambda p, x: flat.apply_fn(p, {}, x)[0]) if who == "ours"
+                  else grad_of(hand_unrolled(depth)))
+            pair[who], _ = compile_seconds(fn, params, x)
+        pair["ratio"] = pair["ours"] / pair["hand"]
+        pairs.append(pair)
+    return pairs
+
+
 def _time_once(compiled, args) -> float:
     start = time.perf_counter()
     jax.block_until_ready(compiled(*args))
@@ -250,7 +269,14 @@ def main() -> None:
     parser.add_argument("--unscanned-max", type=int, default=32)
     parser.add_argument("--step-depth", type=int, default=32)
     parser.add_argument("--json")
+    parser.add_argument("--pairs", type=int, default=0, help="only re-measure the unscanned "
+                        "gradient compile against the hand-unrolled one, in this many "
+                        "interleaved pairs at --unscanned-max blocks")
     args = parser.parse_args()
+    if args.pairs:
+        for pair in paired_unrolled(args.unscanned_max, args.pairs):
+            print(json.dumps(pair), flush=True)
+        return
     result = run([int(d) for d in args.depths.split(",")], args.unscanned_max, args.step_depth)
     if args.json:
         with open(args.json, "w") as f:
