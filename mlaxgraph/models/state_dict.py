@@ -77,8 +77,9 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
     Args:
       graph: the graph the weights belong to (a builder's graph of ``mg.models``, or
         any graph whose layers are named after PyTorch modules).
-      params, state: the graph's own layout (``model.unstack_weights`` first for a
-        model compiled with ``scan_blocks=True``).
+      params: the graph's params in its own layout (``model.unstack_weights`` first
+        for a model compiled with ``scan_blocks=True``).
+      state: its state (BatchNorm's statistics), likewise; None when it has none.
       dtype: cast floating weights to it; by default they keep theirs.
 
     Example:
