@@ -329,3 +329,37 @@ def test_demo_weights_without_a_model_is_a_usage_error(capsys):
 
     assert main(["demo", "--weights", "x.safetensors"]) == 2
     assert "--weights and --config go with --model" in capsys.readouterr().err
+
+
+def test_task_model_files_legacy_layer_norm_names_and_no_pooler():
+    """ViTForImageClassification's file: ``vit.`` names, no pooler, a classifier head
+    (ignored with strict=False), into ``vit(add_pooling_layer=False)``; BERT's original
+    checkpoints name LayerNorm's weights ``gamma`` and ``beta``."""
+    config = tf.vit_config()
+    sd = tf.state_dict("vit", config)
+    task = {f"vit.{k}": v for k, v in sd.items() if not k.startswith("pooler.")}
+    task["classifier.weight"] = np.zeros((10, 32), np.float32)
+    task["classifier.bias"] = np.zeros(10, np.float32)
+    graph = mg.models.vit(config, add_pooling_layer=False)
+    assert len(graph.outputs) == 1
+    params, state = mg.models.load_state_dict(graph, task, strict=False)
+    x = pixels(2, 3, 16, 16)
+    hidden, _ = mg.compile(graph).apply(params, state, x, inference_mode=True)
+    close(hidden, tf.forward("vit", sd, config, x)[0])
+
+    config = tf.bert_config()
+    sd = tf.state_dict("bert", config)
+    legacy = {"bert." + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+              for k, v in sd.items()}
+    graph = mg.models.bert(config)
+    params, state = mg.models.load_state_dict(graph, legacy)
+    check_round_trip(graph, params, state, sd)  # written back in today's names
+
+
+def test_stacked_weights_are_refused_with_the_way_out():
+    config = tf.gpt2_config()
+    graph = mg.models.gpt2(config)
+    params, state = mg.models.load_state_dict(graph, tf.state_dict("gpt2", config))
+    scanned = mg.compile(graph, scan_blocks=True)
+    with pytest.raises(mg.SerializationError, match=r"stacked weights: model.unstack_weights\(params, state\) first"):
+        mg.models.to_state_dict(graph, *scanned.stack_weights(params, state))

@@ -26,7 +26,7 @@ register_layout("bert", TorchLayout(
     prefixes=("bert.",), buffers=r"embeddings\.position_ids"))
 
 
-def bert(config: Any = None) -> Graph:
+def bert(config: Any = None, *, add_pooling_layer: bool = True) -> Graph:
     """BERT from its Hugging Face config: ``(input_ids, token_type_ids,
     attention_mask)``, each ``(batch, seq)`` int32 (the mask 1 = attend, 0 = padding) ->
     ``(last_hidden_state (batch, seq, hidden_size), pooler_output (batch,
@@ -39,6 +39,10 @@ def bert(config: Any = None) -> Graph:
     ``layer_norm_eps`` (1e-12); dropout at ``hidden_dropout_prob`` and
     ``attention_probs_dropout_prob`` in training. The pooler is ``tanh(pooler.dense(
     h[:, 0]))``. ``seq`` is symbolic, at most ``max_position_embeddings``.
+
+    ``add_pooling_layer=False`` leaves the pooler out, as the original's task models
+    (``BertForTokenClassification``) do: their checkpoints have no ``pooler``
+    weights; the graph's one output is then ``last_hidden_state``.
 
     Example:
       >>> import mlaxgraph as mg
@@ -78,5 +82,7 @@ def bert(config: Any = None) -> Graph:
     h = dropout(c, "hidden_dropout_prob", "embeddings.dropout", h)
     for i in range(c.positive_int("num_hidden_layers")):
         h = layer.as_block(f"encoder.layer.{i}")(h, attention_mask)
+    if not add_pooling_layer:  # as the original's task models build theirs
+        return Graph([ids, types, attention_mask], h, name="bert")
     pooled = ops.Tanh(name="pooler.activation")(ops.Linear(width, name="pooler.dense")(h[:, 0]))
     return Graph([ids, types, attention_mask], [h, pooled], name="bert")

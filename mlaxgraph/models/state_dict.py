@@ -101,8 +101,12 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
                 value = get_in(tree, step.weights + tuple(keys))
             except (KeyError, TypeError):
                 which = "state" if tree is state else "params"
-                raise SerializationError(f"{which} has no weight {'/'.join(step.weights + tuple(keys))!r} "
-                                         f"(layer {step.path!r})") from None
+                stacked = any(".." in key for key in tree)
+                raise SerializationError(
+                    f"{which} has no weight {'/'.join(step.weights + tuple(keys))!r} (layer "
+                    f"{step.path!r})" + ("; these are a scanned model's stacked weights: "
+                                        "model.unstack_weights(params, state) first" if stacked else "")
+                ) from None
             value = np.asarray(value)
             if value.shape != shapes[path]:
                 raise SerializationError(f"weight {'/'.join(step.weights + tuple(keys))!r} has shape "
@@ -245,6 +249,9 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
         source.close()
 
 
+_LEGACY = {"weight": "gamma", "bias": "beta"}
+
+
 def _load(graph, layout, expected, source, strict, dtype):
     names = source.names()
     present = set(names)
@@ -253,6 +260,12 @@ def _load(graph, layout, expected, source, strict, dtype):
     prefix = max(("",) + layout.prefixes,
                  key=lambda p: sum(p + name in present for name in expected))
     found = {name: prefix + name for name in expected if prefix + name in present}
+    for name, (step, relative, _, _) in expected.items():
+        # Legacy names Hugging Face renames on loading: LayerNorm's gamma and beta
+        # (BERT's original checkpoints).
+        legacy = prefix + name[:-len(relative)] + _LEGACY.get(relative, relative)
+        if name not in found and step.op.op_name == "layer_norm" and legacy in present:
+            found[name] = legacy
     missing = sorted(set(expected) - set(found))
     if missing:
         raise SerializationError(

@@ -26,7 +26,7 @@ register_layout("vit", TorchLayout(
     prefixes=("vit.",)))
 
 
-def vit(config: Any = None) -> Graph:
+def vit(config: Any = None, *, add_pooling_layer: bool = True) -> Graph:
     """ViT from its Hugging Face config: ``pixel_values (batch, num_channels,
     image_size, image_size)`` float32, channel-first as Hugging Face passes them ->
     ``(last_hidden_state (batch, patches + 1, hidden_size), pooler_output (batch,
@@ -40,6 +40,10 @@ def vit(config: Any = None) -> Graph:
     ``layernorm_after``, ``intermediate.dense`` with ``hidden_act``, ``output.dense``);
     ``layernorm``; the pooler ``tanh(pooler.dense(h[:, 0]))``. LayerNorm epsilon
     ``layer_norm_eps`` (1e-12).
+
+    ``add_pooling_layer=False`` leaves the pooler out, as the original's task models
+    (``ViTForImageClassification``) do: their checkpoints have no ``pooler``
+    weights; the graph's one output is then ``last_hidden_state``.
 
     Example:
       >>> import mlaxgraph as mg
@@ -81,5 +85,7 @@ def vit(config: Any = None) -> Graph:
     for i in range(c.positive_int("num_hidden_layers")):
         h = layer.as_block(f"encoder.layer.{i}")(h)
     h = ops.LayerNorm(epsilon=eps, name="layernorm")(h)
+    if not add_pooling_layer:  # as the original's task models build theirs
+        return Graph(pixels, h, name="vit")
     pooled = ops.Tanh(name="pooler.activation")(ops.Linear(width, name="pooler.dense")(h[:, 0]))
     return Graph(pixels, [h, pooled], name="vit")
