@@ -363,3 +363,19 @@ def test_stacked_weights_are_refused_with_the_way_out():
     scanned = mg.compile(graph, scan_blocks=True)
     with pytest.raises(mg.SerializationError, match=r"stacked weights: model.unstack_weights\(params, state\) first"):
         mg.models.to_state_dict(graph, *scanned.stack_weights(params, state))
+
+
+def test_resnet_training_updates_batch_norm_statistics_as_pytorch():
+    """A training-mode pass updates bn1's running statistics as PyTorch's BatchNorm2d
+    (momentum 0.1): the batch mean, and the unbiased batch variance."""
+    sd = cnn.resnet_state_dict(18, num_classes=10, width=8)
+    graph = mg.models.resnet18(10, image_size=32, width=8)
+    params, state = mg.models.load_state_dict(graph, sd)
+    x = pixels(4, 32, 32, 3)
+    _, new_state = mg.compile(graph).apply(params, state, x, inference_mode=False)
+    h = cnn.conv2d(x.astype(np.float64), sd["conv1.weight"].astype(np.float64), stride=2, padding=3)
+    mean, var = h.mean(axis=(0, 1, 2)), h.var(axis=(0, 1, 2), ddof=1)
+    np.testing.assert_allclose(new_state["bn1"]["mean"], 0.9 * sd["bn1.running_mean"] + 0.1 * mean,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(new_state["bn1"]["var"], 0.9 * sd["bn1.running_var"] + 0.1 * var,
+                               rtol=1e-5, atol=1e-5)

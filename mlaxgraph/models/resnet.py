@@ -19,7 +19,8 @@ for _depth in _STAGES:
 
 class _Spatial:
     """Layer factories for one data format: BatchNorm with PyTorch's numerics (momentum
-    0.1 there is 0.9 here: ``new = momentum * old + (1 - momentum) * batch``)."""
+    0.1 there is 0.9 here: ``new = momentum * old + (1 - momentum) * batch``; the
+    running variance updated with the unbiased batch variance)."""
 
     def __init__(self, data_format: str):
         if data_format not in ("NHWC", "NCHW"):
@@ -33,7 +34,7 @@ class _Spatial:
                         use_bias=False, data_format=self.data_format, name=name)
 
     def bn(self, name: str):
-        return ops.BatchNorm(momentum=0.9, epsilon=1e-5, axis=self.axis, name=name)
+        return ops.BatchNorm(momentum=0.9, epsilon=1e-5, axis=self.axis, unbiased_running_var=True, name=name)
 
     def shape(self, size: int, channels: int) -> tuple:
         if self.data_format == "NHWC":

@@ -20,7 +20,7 @@ def _double_conv(x, out_channels: int, prefix: str, data_format: str):
     for conv, bn in ((0, 1), (3, 4)):
         x = ops.Conv(out_channels, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
                      data_format=data_format, name=f"{prefix}double_conv.{conv}")(x)
-        x = ops.relu(ops.BatchNorm(momentum=0.9, epsilon=1e-5, axis=axis,
+        x = ops.relu(ops.BatchNorm(momentum=0.9, epsilon=1e-5, axis=axis, unbiased_running_var=True,
                                    name=f"{prefix}double_conv.{bn}")(x))
     return x
 

@@ -4,6 +4,7 @@ float32."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 from jax import lax
@@ -34,10 +35,12 @@ class BatchNorm(Layer):
     """Batch normalization over every axis but ``axis``.
 
     Params: ``scale`` (ones), ``bias`` (zeros), each ``(features,)``; state ``mean``
-    (zeros) and ``var`` (ones). Training uses the batch mean and biased variance and
-    updates ``new = momentum * old + (1 - momentum) * batch``; inference uses the
-    running statistics. Logical axes (for sharding): all four ``("embed",)``;
-    ``param_axes={"scale": ..., "mean": ...}`` overrides them.
+    (zeros) and ``var`` (ones). Training normalizes with the batch mean and biased
+    variance and updates ``new = momentum * old + (1 - momentum) * batch``;
+    ``unbiased_running_var=True`` updates ``var`` with the unbiased batch variance
+    (times ``n / (n - 1)``), as PyTorch does. Inference uses the running statistics.
+    Logical axes (for sharding): all four ``("embed",)``; ``param_axes={"scale": ...,
+    "mean": ...}`` overrides them.
 
     Example:
       >>> import mlaxgraph as mg
@@ -53,6 +56,7 @@ class BatchNorm(Layer):
     use_bias: bool = True
     param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
         default=None, converter=to_param_axes)
+    unbiased_running_var: bool = False
 
     precision_sensitive = True
 
@@ -103,9 +107,16 @@ class BatchNorm(Layer):
             mean = jnp.mean(x, axis=reduce)
             var = jnp.mean(jnp.square(x - mean.reshape(shape)), axis=reduce)
             m = self.momentum
+            running = var.astype(state["var"].dtype)
+            if self.unbiased_running_var:
+                n = math.prod(x.shape[i] for i in reduce)
+                if n < 2:
+                    raise ShapeError(f"training with unbiased_running_var needs more than one "
+                                     f"value per channel, got {n}", expected="a batch of 2 or more")
+                running = running * jnp.asarray(n / (n - 1), running.dtype)
             new_state = {
                 "mean": m * state["mean"] + (1.0 - m) * mean.astype(state["mean"].dtype),
-                "var": m * state["var"] + (1.0 - m) * var.astype(state["var"].dtype),
+                "var": m * state["var"] + (1.0 - m) * running,
             }
         # One per-channel multiplier, the scale folded in: a multiply per element fewer
         # than scaling the normalized tensor, and one intermediate fewer to keep for the
@@ -131,7 +142,7 @@ class BatchNorm(Layer):
         # or the batch's are cast to theirs to be stored.
         count = count + weight_converts(self.state_specs(inputs), param_dtype, x.dtype)
         if not inference_mode:
-            count = count + 4 * elements + 6 * features
+            count = count + 4 * elements + (6 + self.unbiased_running_var) * features
             count = count + 2 * upcast_sum(elements, features, x.dtype)  # two means
         return count
 
