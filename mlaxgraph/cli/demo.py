@@ -11,7 +11,7 @@ from typing import Any
 
 from ..examples.data import load_digits
 
-__all__ = ["DigitsResult", "train_digits", "run"]
+__all__ = ["DigitsResult", "train_digits", "run", "write_drawing"]
 
 
 @dataclasses.dataclass
@@ -51,21 +51,25 @@ def train_digits(policy=None, epochs: int = 10, batch_size: int = 32, seed: int 
     return DigitsResult(trainer, ts, history, accuracy, time.perf_counter() - start)
 
 
-def _write_outputs(result: DigitsResult, out: str) -> list[tuple[str, str]]:
-    from ..io.model_file import save
+def write_drawing(graph, stem: str, what: str = "rendered graph") -> tuple[str, str]:
+    """``graph`` drawn to ``stem.svg`` through Graphviz, or its DOT text to ``stem.dot``
+    when Graphviz's ``dot`` is missing: (what was written, its path)."""
     from ..render.graphviz import GraphvizNotFoundError
 
-    model = result.trainer.model
-    written = []
-    svg = os.path.join(out, "graph.svg")
     try:
-        model.graph.render(svg)
-        written.append(("rendered graph, as compiled", svg))
+        graph.render(stem + ".svg")
+        return what, stem + ".svg"
     except GraphvizNotFoundError:
-        dot = os.path.join(out, "graph.dot")
-        with open(dot, "w") as f:
-            f.write(model.graph.to_dot())
-        written.append(("graph as DOT (install Graphviz's dot to render it)", dot))
+        with open(stem + ".dot", "w") as f:
+            f.write(graph.to_dot())
+        return "graph as DOT (install Graphviz's dot to render it)", stem + ".dot"
+
+
+def _write_outputs(result: DigitsResult, out: str) -> list[tuple[str, str]]:
+    from ..io.model_file import save
+
+    model = result.trainer.model
+    written = [write_drawing(model.graph, os.path.join(out, "graph"), "rendered graph, as compiled")]
     hlo = os.path.join(out, "model.stablehlo.mlir")
     with open(hlo, "w") as f:
         f.write(model.hlo(batch=1, inference_mode=True))

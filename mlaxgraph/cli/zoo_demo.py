@@ -19,7 +19,8 @@ __all__ = ["MODELS", "run_model"]
 MODELS = ("resnet18", "resnet34", "resnet50", "gpt2", "bert", "vit", "llama", "unet")
 SMALL_LLAMA = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1376,
                "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4}
-TEXT = ("gpt2", "bert", "llama")
+HUGGING_FACE = ("gpt2", "bert", "vit", "llama")  # built from a config
+TEXT = ("gpt2", "bert", "llama")  # with a sequence dim
 SEQ = 128
 
 
@@ -31,7 +32,7 @@ def _config(args) -> Any:
         candidate = os.path.join(folder, "config.json")
         path = candidate if os.path.exists(candidate) else None
     if path is not None:
-        if args.model not in ("gpt2", "bert", "vit", "llama"):
+        if args.model not in HUGGING_FACE:
             raise UsageError(f"--config is for the Hugging Face models; {args.model} takes none")
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -43,7 +44,7 @@ def build(args):
 
     builder = getattr(models, args.model)
     config = _config(args)
-    return builder(config) if args.model in ("gpt2", "bert", "vit", "llama") else builder()
+    return builder(config) if args.model in HUGGING_FACE else builder()
 
 
 def _example(graph, dims: dict):
@@ -73,7 +74,7 @@ def run_model(args) -> int:
 
     from ..compiler.compile import compile
     from ..models import load_state_dict
-    from ..render.graphviz import GraphvizNotFoundError
+    from .demo import write_drawing
 
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -90,27 +91,18 @@ def run_model(args) -> int:
     dims: dict[str, Any] = {"batch": 1}
     if args.model in TEXT:
         dims["seq"] = SEQ
-    written = []
-    svg = os.path.join(out, f"{args.model}.svg")
-    try:
-        graph.render(svg)
-        written.append(("rendered graph", svg))
-    except GraphvizNotFoundError:
-        dot = os.path.join(out, f"{args.model}.dot")
-        with open(dot, "w") as f:
-            f.write(graph.to_dot())
-        written.append(("graph as DOT (install Graphviz's dot to render it)", dot))
+    at = ", ".join(f"{k} {v}" for k, v in dims.items())
+    written = [write_drawing(graph, os.path.join(out, args.model))]
     written.append(("explorer page", model.to_html(os.path.join(out, f"{args.model}.html"))))
     table = model.cost_table(inference_mode=True, **dims)
     path = os.path.join(out, f"{args.model}.cost.txt")
     with open(path, "w") as f:
         f.write(str(table) + "\n")
-    written.append((f"cost per layer ({', '.join(f'{k} {v}' for k, v in dims.items())}, inference)", path))
+    written.append((f"cost per layer ({at}, inference)", path))
     block = _first_block(graph)
     if block is not None:
         by_layer = model.hlo_by_layer(inference_mode=True, **dims)
-        lines = [f"# {block}: XLA's optimized HLO operations of each of its layers "
-                 f"({', '.join(f'{k} {v}' for k, v in dims.items())}, inference)"]
+        lines = [f"# {block}: XLA's optimized HLO operations of each of its layers ({at}, inference)"]
         for layer in (name for name in by_layer if name.startswith(block + "/")):
             lines.append(f"\n{layer}:")
             lines += [f"  {op}" for op in by_layer[layer]] or ["  (no operations)"]
@@ -123,7 +115,7 @@ def run_model(args) -> int:
     outputs, _ = model.apply(params, state, *example, inference_mode=True)
     outputs = jax.block_until_ready(outputs)
     shapes = ", ".join(str(o.shape) for o in jax.tree.leaves(outputs))
-    print(f"\none forward pass at {', '.join(f'{k} {v}' for k, v in dims.items())}: outputs {shapes} "
+    print(f"\none forward pass at {at}: outputs {shapes} "
           f"({time.perf_counter() - start:.1f} s with compiling)")
     xla = f", XLA counts {table.xla_flops:,}" if table.xla_flops is not None else ""
     print(f"forward FLOPs: {table.flops:,} (formula {table.flops_formula}{xla}); "

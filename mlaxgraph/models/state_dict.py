@@ -35,6 +35,10 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if name else prefix
 
 
+def _is_float(dtype: np.dtype) -> bool:
+    return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
+
+
 def _layers(graph: Graph) -> Iterator[tuple[Step, str, dict[str, tuple[int, ...]]]]:
     """(step, module name, {our weight path: shape}) of each layer with weights."""
     if not isinstance(graph, Graph):
@@ -47,11 +51,11 @@ def _layers(graph: Graph) -> Iterator[tuple[Step, str, dict[str, tuple[int, ...]
         yield step, ".".join(step.weights), shapes
 
 
-def _expected(graph: Graph, layout: TorchLayout) -> dict[str, tuple[Step, str, tuple[int, ...], np.dtype]]:
-    """Each name a state dict of ``graph`` holds -> (step, its name relative to the
-    layer, shape, dtype), from the converters run on shapes alone."""
+def _expected(layers: list, layout: TorchLayout) -> dict[str, tuple[Step, str, tuple[int, ...]]]:
+    """Each name a state dict of the ``layers`` holds -> (step, its name relative to the
+    layer, shape), from the converters run on shapes alone."""
     expected: dict[str, Any] = {}
-    for step, module, shapes in _layers(graph):
+    for step, module, shapes in layers:
         export = exporter(step.op, step.path)
         ours = {path: jax.ShapeDtypeStruct(shape, jnp.float32) for path, shape in shapes.items()}
         theirs = jax.eval_shape(lambda ours, step=step, export=export: export(
@@ -64,7 +68,7 @@ def _expected(graph: Graph, layout: TorchLayout) -> dict[str, tuple[Step, str, t
                 raise SerializationError(
                     f"layers {expected[name][0].path!r} and {step.path!r} would both hold the "
                     f"state dict's {name!r}: rename one of them")
-            expected[name] = (step, relative, tuple(struct.shape), np.dtype(struct.dtype))
+            expected[name] = (step, relative, tuple(struct.shape))
     return expected
 
 
@@ -111,8 +115,7 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
             if value.shape != shapes[path]:
                 raise SerializationError(f"weight {'/'.join(step.weights + tuple(keys))!r} has shape "
                                          f"{value.shape}; layer {step.path!r} holds {shapes[path]}")
-            ours[path] = value if dtype is None or not np.issubdtype(value.dtype, np.inexact) \
-                and value.dtype.name != "bfloat16" else value.astype(dtype)
+            ours[path] = value.astype(dtype) if dtype is not None and _is_float(value.dtype) else value
         for relative, tensor in exporter(step.op, step.path)(step.op, layout, ours, np).items():
             out[_join(module, relative)] = np.asarray(tensor, order="C")
     return out
@@ -241,10 +244,11 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
         or not floating; a tied copy differs from its weight; a file is damaged.
     """
     layout = layout_for(graph.name)
-    expected = _expected(graph, layout)
+    layers = list(_layers(graph))
+    expected = _expected(layers, layout)
     source = _Source(state_dict)
     try:
-        return _load(graph, layout, expected, source, strict, dtype)
+        return _load(graph, layout, layers, expected, source, strict, dtype)
     finally:
         source.close()
 
@@ -252,7 +256,7 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
 _LEGACY = {"weight": "gamma", "bias": "beta"}
 
 
-def _load(graph, layout, expected, source, strict, dtype):
+def _load(graph, layout, layers, expected, source, strict, dtype):
     names = source.names()
     present = set(names)
     # A prefix the file puts before every name ("transformer."): the one that finds the
@@ -260,7 +264,7 @@ def _load(graph, layout, expected, source, strict, dtype):
     prefix = max(("",) + layout.prefixes,
                  key=lambda p: sum(p + name in present for name in expected))
     found = {name: prefix + name for name in expected if prefix + name in present}
-    for name, (step, relative, _, _) in expected.items():
+    for name, (step, relative, _) in expected.items():
         # Legacy names Hugging Face renames on loading: LayerNorm's gamma and beta
         # (BERT's original checkpoints).
         legacy = prefix + name[:-len(relative)] + _LEGACY.get(relative, relative)
@@ -287,7 +291,7 @@ def _load(graph, layout, expected, source, strict, dtype):
             f"{source.label}: {len(extra)} weight(s) that graph {graph.name!r} does not hold: "
             f"{_listing(extra)} (strict=False ignores them)")
     arrays: dict[str, np.ndarray] = {}
-    for name, (step, _, shape, _) in expected.items():
+    for name, (step, _, shape) in expected.items():
         file_name = found[name]
         got = source.shape(file_name)
         if got != shape:
@@ -295,7 +299,7 @@ def _load(graph, layout, expected, source, strict, dtype):
                 f"{source.label}: {file_name!r} has shape {tuple(got)}; layer {step.path!r} of "
                 f"graph {graph.name!r} needs {shape}")
         array = source.array(file_name)
-        if not (np.issubdtype(array.dtype, np.floating) or array.dtype.name == "bfloat16"):
+        if not _is_float(array.dtype):
             raise SerializationError(f"{source.label}: {file_name!r} is {array.dtype}; the "
                                      f"weights of layer {step.path!r} are floating point")
         arrays[name] = array if dtype is None else array.astype(dtype)
@@ -310,12 +314,11 @@ def _load(graph, layout, expected, source, strict, dtype):
                     f"{graph.name!r} ties them (one weight), so they must be equal")
     params: dict = {}
     state: dict = {}
-    layers: dict[str, dict[str, np.ndarray]] = {}
-    for name, (step, relative, _, _) in expected.items():
-        if name in arrays:
-            layers.setdefault(step.path, {})[relative] = arrays[name]
-    for step, _, shapes in _layers(graph):
-        ours = importer(step.op, step.path)(step.op, layout, layers[step.path], shapes)
+    theirs: dict[str, dict[str, np.ndarray]] = {}
+    for name, (step, relative, _) in expected.items():
+        theirs.setdefault(step.path, {})[relative] = arrays[name]
+    for step, _, shapes in layers:
+        ours = importer(step.op, step.path)(step.op, layout, theirs[step.path], shapes)
         for path, value in ours.items():
             if path.startswith("state/"):
                 state = set_in(state, step.weights + tuple(path.split("/")[1:]), jnp.asarray(value))

@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import SerializationError
 
 __all__ = ["TorchLayout", "register_layout", "layout_for", "exporter", "importer", "supported_ops"]
@@ -72,11 +74,8 @@ def layout_for(graph_name: str) -> TorchLayout:
 Weights = Mapping[str, Any]
 
 
-def _linear_out(w, layout):  # our (in, out) kernel -> the module's weight
-    return w.T if layout.linear == "out_in" else w
-
-
-def _linear_in(w, layout):
+def _linear(w, layout):
+    """Our ``(in, out)`` kernel as the module's weight, and back (a transpose, or none)."""
     return w.T if layout.linear == "out_in" else w
 
 
@@ -90,14 +89,14 @@ def _renamed(pairs: tuple[tuple[str, str], ...]) -> tuple[Callable, Callable]:
 
 
 def _linear_export(op, layout, ours, xp):
-    out = {"weight": _linear_out(ours["kernel"], layout)}
+    out = {"weight": _linear(ours["kernel"], layout)}
     if "bias" in ours:
         out["bias"] = ours["bias"]
     return out
 
 
 def _linear_import(op, layout, theirs, shapes):
-    out = {"kernel": _linear_in(theirs["weight"], layout)}
+    out = {"kernel": _linear(theirs["weight"], layout)}
     if "bias" in shapes:
         out["bias"] = theirs["bias"]
     return out
@@ -133,11 +132,12 @@ def _conv(transposed: bool) -> tuple[Callable, Callable]:
     return export, import_
 
 
-def _batch_norm_export(op, layout, ours, xp):
-    import numpy as np
+_BATCH_NORM = _renamed((("scale", "weight"), ("bias", "bias"), ("state/mean", "running_mean"),
+                        ("state/var", "running_var")))
 
-    out = _renamed((("scale", "weight"), ("bias", "bias"), ("state/mean", "running_mean"),
-                    ("state/var", "running_var")))[0](op, layout, ours, xp)
+
+def _batch_norm_export(op, layout, ours, xp):
+    out = _BATCH_NORM[0](op, layout, ours, xp)
     # PyTorch's count of training batches: it matters only to momentum=None (a
     # cumulative average), which has no counterpart here; a new module's value.
     out["num_batches_tracked"] = np.zeros((), np.int64)
@@ -159,16 +159,16 @@ def _attention_export(op, layout, ours, xp):
     projections = ("query", "key", "value")
     if fused:
         kernels = [flat_in(ours[f"{p}/kernel"]) for p in projections]
-        out[f"{names['qkv']}.weight"] = _linear_out(xp.concatenate(kernels, axis=1), layout)
+        out[f"{names['qkv']}.weight"] = _linear(xp.concatenate(kernels, axis=1), layout)
         if "query/bias" in ours:
             out[f"{names['qkv']}.bias"] = xp.concatenate([ours[f"{p}/bias"].reshape(-1) for p in projections])
     else:
         for p in projections:
-            out[f"{names[p]}.weight"] = _linear_out(flat_in(ours[f"{p}/kernel"]), layout)
+            out[f"{names[p]}.weight"] = _linear(flat_in(ours[f"{p}/kernel"]), layout)
             if f"{p}/bias" in ours:
                 out[f"{names[p]}.bias"] = ours[f"{p}/bias"].reshape(-1)
     kernel = ours["out/kernel"]  # (heads, head_dim, out)
-    out[f"{names['out']}.weight"] = _linear_out(kernel.reshape(-1, kernel.shape[-1]), layout)
+    out[f"{names['out']}.weight"] = _linear(kernel.reshape(-1, kernel.shape[-1]), layout)
     if "out/bias" in ours:
         out[f"{names['out']}.bias"] = ours["out/bias"]
     return out
@@ -179,7 +179,7 @@ def _attention_import(op, layout, theirs, shapes):
     out = {}
     projections = ("query", "key", "value")
     if fused:
-        kernel = _linear_in(theirs[f"{names['qkv']}.weight"], layout)
+        kernel = _linear(theirs[f"{names['qkv']}.weight"], layout)
         start = 0
         for p in projections:
             shape = shapes[f"{p}/kernel"]
@@ -190,10 +190,10 @@ def _attention_import(op, layout, theirs, shapes):
             start += width
     else:
         for p in projections:
-            out[f"{p}/kernel"] = _linear_in(theirs[f"{names[p]}.weight"], layout).reshape(shapes[f"{p}/kernel"])
+            out[f"{p}/kernel"] = _linear(theirs[f"{names[p]}.weight"], layout).reshape(shapes[f"{p}/kernel"])
             if f"{p}/bias" in shapes:
                 out[f"{p}/bias"] = theirs[f"{names[p]}.bias"].reshape(shapes[f"{p}/bias"])
-    out["out/kernel"] = _linear_in(theirs[f"{names['out']}.weight"], layout).reshape(shapes["out/kernel"])
+    out["out/kernel"] = _linear(theirs[f"{names['out']}.weight"], layout).reshape(shapes["out/kernel"])
     if "out/bias" in shapes:
         out["out/bias"] = theirs[f"{names['out']}.bias"]
     return out
@@ -205,9 +205,7 @@ _CONVERTERS: dict[str, tuple[Callable, Callable]] = {
     "linear": (_linear_export, _linear_import),
     "conv": _conv(transposed=False),
     "conv_transpose": _conv(transposed=True),
-    "batch_norm": (_batch_norm_export, _renamed((("scale", "weight"), ("bias", "bias"),
-                                                  ("state/mean", "running_mean"),
-                                                  ("state/var", "running_var")))[1]),
+    "batch_norm": (_batch_norm_export, _BATCH_NORM[1]),
     "layer_norm": _SCALE_BIAS,
     "rms_norm": _SCALE_BIAS,
     "group_norm": _SCALE_BIAS,

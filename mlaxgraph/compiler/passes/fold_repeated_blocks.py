@@ -25,8 +25,8 @@ def repeated_runs(graph: Graph) -> list[tuple[str, ...]]:
     """The names of the nodes of each run of two or more calls of equal blocks (equal
     graphs, each with its own weights), each call reading the previous one's output
     (and the same further inputs as it) and nothing else reading it, in the graph's
-    order: what ``fold_repeated_blocks``
-    folds (the explorer draws the same runs folded)."""
+    order: what ``fold_repeated_blocks`` folds (the explorer draws the same runs
+    folded)."""
     sharers = {node.layer for node in graph.nodes if node.shares_weights}
     readers: dict[str, list[str]] = {}
     for node in graph.nodes:
