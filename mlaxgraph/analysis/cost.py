@@ -21,7 +21,7 @@ from ..core.specs import Dim, bind_dims, flatten_specs
 from ..ops.flops import size
 from .lowered import dim_values
 
-__all__ = ["LayerCost", "CostTable", "cost_table", "TOLERANCE"]
+__all__ = ["LayerCost", "CostTable", "cost_table", "step_formulas", "evaluate", "TOLERANCE"]
 
 #: Relative difference from XLA's count beyond which a row gets a note.
 TOLERANCE = 0.05
@@ -208,13 +208,24 @@ def _bytes(count: int) -> str:
     return ""
 
 
-def _evaluate(value: Dim, dims: Mapping[str, int]) -> int:
+def evaluate(value: Dim, dims: Mapping[str, int]) -> int:
+    """A formula's value at ``dims`` (name -> int, every dim of the formula named), in
+    64-bit integers."""
     (result,) = bind_dims((value,), dims)
     return int(result)
 
 
 def _evaluate_optional(value: Dim | None, dims: Mapping[str, int]) -> int | None:
-    return None if value is None else _evaluate(value, dims)
+    return None if value is None else evaluate(value, dims)
+
+
+def step_formulas(step, param_dtype: Any, inference_mode: bool = False) -> tuple[Dim | None, Dim]:
+    """A step's forward FLOPs (None when its op has no rule; a scan's: its blocks') and
+    the bytes of its outputs, as formulas of the symbolic dims: a cost table row's, and
+    the explorer's numbers."""
+    forward = step.op.flops(step.input_specs, step.output_specs, param_dtype=param_dtype,
+                            inference_mode=inference_mode)
+    return forward, _sum(size(o) * o.dtype.itemsize for o in step.output_specs)
 
 
 # --- the layer calls ----------------------------------------------------------------
@@ -271,14 +282,12 @@ def _row(step, input_gradients: bool, params, state, policy, bindings, inference
     shared = not step.owns_weights and bool(step.param_specs or step.state_specs)
     trainable = 0 if shared else sum(p.size for _, p in flatten_specs(step.param_specs))
     nontrainable = 0 if shared else sum(p.size for _, p in flatten_specs(step.state_specs))
-    forward = op.flops(step.input_specs, step.output_specs, param_dtype=policy.param_dtype,
-                       inference_mode=inference_mode)
+    forward, activations = step_formulas(step, policy.param_dtype, inference_mode)
     training = None if forward is None else forward + op.backward_flops(
         step.input_specs, step.output_specs, forward, input_gradients=input_gradients)
-    activations = _sum(size(o) * o.dtype.itemsize for o in step.output_specs)
     row = LayerCost(step.path, op.op_name, trainable, nontrainable, forward, training,
                     activations, _evaluate_optional(forward, bindings),
-                    _evaluate_optional(training, bindings), _evaluate(activations, bindings))
+                    _evaluate_optional(training, bindings), evaluate(activations, bindings))
     if xla:
         caveat = op.xla_cost_caveat(inference_mode)
         if caveat:

@@ -3,21 +3,22 @@
 The page draws what this module describes and computes nothing about the model itself:
 each node carries its path (as in params: ``block0/attention``), its registered op name,
 its attributes, output specs, weights, FLOPs and activation bytes (as formulas of the
-symbolic dims, from the ops' own rules, and as numbers at the given dims), the user's
-``file:line`` and, for a compiled model, its sharding, the casts the policy put around it
-and, when asked for, its optimized HLO operations.
+symbolic dims and as numbers at the given dims: the cost table's, from the program's
+steps), the user's ``file:line`` and, for a compiled model, its sharding, the casts the
+policy put around it and, when asked for, its optimized HLO operations.
 
 A level of the graph is a *scope*: ``{"n": nodes, "e": edges, "i": inputs, "o": outputs}``
 where an edge is ``[source index, output index, target index, input slot]``, ``i[k]`` is
 ``[node index, input slot]`` where input ``k`` of the enclosing block enters, and ``o[j]``
 is ``[node index, output index]`` of the block's output ``j``. A nested block's node holds
 its own scope in ``sub``; a run of equal consecutive blocks is folded into one node
-(``fold``: the count) whose ``sub`` chains them.
+(``fold``: the count) whose ``sub`` chains them. A block's FLOPs and bytes are the sums
+of its layers'; a fold's and a scan's (``runs``: its count; its ``sub`` is one block)
+are the whole run's.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -27,7 +28,6 @@ import numpy as np
 from ...core.errors import GraphError
 from ...core.specs import dtype_str, flatten_specs, is_symbolic, shape_str
 from ...ir.printer import format_attr
-from ...ops.flops import size
 from ..dot import dtype_category
 from ..summary import count_params
 
@@ -46,47 +46,19 @@ def _text(value: Any) -> str:
     return text if len(text) <= ATTR_WIDTH else text[:ATTR_WIDTH - 1] + "\u2026"
 
 
-def _evaluate(value, dims: Mapping[str, int], unbound: dict[str, None]) -> float | None:
-    """A formula's number at ``dims``; a dim without a value counts as 1 (and is
-    recorded in ``unbound``, which the page names in its legend)."""
+def _evaluate(value, dims: Mapping[str, int], unbound: dict[str, None]) -> int | None:
+    """A formula's number at ``dims``, as the cost table evaluates it; a dim without a
+    value counts as 1 (and is recorded in ``unbound``, which the page names in its
+    legend)."""
+    from ...analysis.cost import evaluate
+
     if value is None:
         return None
-    if not is_symbolic(value):
-        return float(value)
-    names = value._get_vars()
+    names = value._get_vars() if is_symbolic(value) else ()
     for name in names:
         if name not in dims:
             unbound.setdefault(name)
-    env = {n: int(dims.get(n, 1)) for n in names}
-    try:
-        return float(_arithmetic(ast.parse(str(value), mode="eval").body, env))
-    except (ValueError, SyntaxError, ZeroDivisionError):
-        return None
-
-
-_FUNCTIONS: dict[str, Any] = {"max": max, "min": min, "non_negative": lambda a: max(a, 0),
-              "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
-_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
-              ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
-              ast.Mod: lambda a, b: a % b}
-
-
-def _arithmetic(tree, env: Mapping[str, int]) -> int:
-    """A dimension expression's printed form evaluated with Python ints (JAX's own
-    evaluation is int32, and the FLOPs of a large model are not). Only arithmetic on
-    integers and the dims' names: anything else raises ValueError."""
-    if isinstance(tree, ast.Constant) and isinstance(tree.value, int):
-        return tree.value
-    if isinstance(tree, ast.Name) and tree.id in env:
-        return env[tree.id]
-    if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.USub):
-        return -_arithmetic(tree.operand, env)
-    if isinstance(tree, ast.BinOp) and type(tree.op) in _OPERATORS:
-        return _OPERATORS[type(tree.op)](_arithmetic(tree.left, env), _arithmetic(tree.right, env))
-    if (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name)
-            and tree.func.id in _FUNCTIONS and not tree.keywords):
-        return _FUNCTIONS[tree.func.id](*(_arithmetic(a, env) for a in tree.args))
-    raise ValueError(f"not a dimension expression: {ast.dump(tree)}")
+    return evaluate(value, {n: int(dims.get(n, 1)) for n in names})
 
 
 def _formula(value) -> str | None:
@@ -111,6 +83,7 @@ class _Builder:
         self.custom = overlay
         self.fold = fold
         self.program = program
+        self.steps = {step.path: step for step in program.all_steps()}
         self.unbound: dict[str, None] = {}
 
     # --- one node ----------------------------------------------------------------------
@@ -158,10 +131,15 @@ class _Builder:
                                 ",".join(a if a is not None else "-" for a in spec.axes)])
         if weights:
             item["weights"] = weights
-        flops = op.flops(inputs, outputs, param_dtype=self.param_dtype, inference_mode=False)
-        activations = _sum(size(o) * o.dtype.itemsize for o in outputs)
-        item["flops_f"], item["act_f"] = flops, activations
+        item["flops_f"], item["act_f"] = self.formulas(path)
         return item
+
+    def formulas(self, path: str):
+        """The forward FLOPs and output bytes of the program's step at ``path``, as the
+        cost table counts them (training forward, weights at the policy's dtype)."""
+        from ...analysis.cost import step_formulas
+
+        return step_formulas(self.steps[path], self.param_dtype, inference_mode=False)
 
     # --- one level ---------------------------------------------------------------------
 
@@ -184,7 +162,7 @@ class _Builder:
                 item["graph"] = body.name
                 item["layers"] = sum(1 for n in node.op.graph.nodes
                                      if n.name not in node.op.graph.inputs)
-                self.totals(item, sub["n"])
+                self.totals(item, sub["n"], self.steps.get(path))
             index[node.name] = len(nodes)
             nodes.append(item)
             for slot, v in enumerate(node.inputs):
@@ -199,11 +177,18 @@ class _Builder:
             scope = fold_runs(graph, scope, self)
         return scope
 
-    def totals(self, item: dict, members: list[dict]) -> None:
-        """A block's (or a fold's) FLOPs and activation bytes: the sum of its layers'."""
+    def totals(self, item: dict, members: list[dict], scan=None) -> None:
+        """A block's (or a fold's) FLOPs and activation bytes: the sum of its layers'.
+        A scan (``scan``: its step) draws one block of its run: its FLOPs are its
+        step's, the run's (as in the cost table), and its activation bytes those of
+        its blocks' layers, the run's too."""
         flops = [m.get("_flops") for m in members]
         item["flops_f"] = None if any(f is None for f in flops) else _sum(flops)
         item["act_f"] = _sum(m.get("_act", 0) for m in members)
+        if scan is not None:
+            item["runs"] = scan.op.length
+            item["flops_f"] = self.formulas(scan.path)[0]
+            item["act_f"] = item["act_f"] * scan.op.length
 
     def finish(self, item: dict) -> None:
         """Formulas to text and numbers (the objects themselves are not JSON)."""
