@@ -62,6 +62,8 @@
   function specText(out) { return out ? out[0] + out[1] : ""; }
   function lines(n) {
     if (n.fold) return [n.title, "folded: " + n.fold + " \u00d7 block " + n.graph + " (click)"];
+    if (n.runs) return [n.name, "scan \u00b7 block " + n.graph + " \u00d7 " + n.runs + " \u00b7 " +
+                        specText(n.outs[0])];
     if (n.sub) return [n.name, "block " + n.graph + " \u00b7 " + n.layers + " layers \u00b7 " +
                        specText(n.outs[0])];
     var op = n.op === "cast" && n.inserted ? "cast (policy)" : n.op;
@@ -452,7 +454,8 @@
     panelBody.textContent = "";
     panelBody.appendChild(h("h2", n.fold ? n.title : n.name));
     panelBody.appendChild(h("div", n.id, "mg-path"));
-    var op = n.fold ? "block \u00d7 " + n.fold + " (" + n.graph + ")" : n.sub ? "block (" + n.graph + ", " + n.layers + " layers)" : n.op;
+    var op = n.fold ? "block \u00d7 " + n.fold + " (" + n.graph + ")" : n.runs ?
+      "scan: block \u00d7 " + n.runs + " (" + n.graph + ", " + n.layers + " layers; one block drawn, the cost is the run's)" : n.sub ? "block (" + n.graph + ", " + n.layers + " layers)" : n.op;
     section("op", [op + (n.inserted ? " \u2014 inserted by the dtype policy" : "")]);
     if (n.diff) section("diff", [n.diff].concat(n.before ? n.before : []));
     section("attributes", (n.attrs || []).map(function (a) { return [a[0], a[1]]; }), true);
