@@ -97,7 +97,7 @@ def test_cycle_in_a_hand_made_graph_is_a_graph_error_with_context():
     where = next_line()
     g = mg.Graph(x, ops.relu(ops.Linear(4, name="a")(x)))
     a, relu = g.node("a"), g.node("relu")
-    looped = g.replace(nodes=(g.node("x"), a.replace(inputs=(Value("relu"),)), relu))
+    looped = g.with_parts(nodes=(g.node("x"), a.replace(inputs=(Value("relu"),)), relu))
     with pytest.raises(mg.GraphError) as info:
         mg.compile(looped)
     message = str(info.value)
@@ -109,7 +109,7 @@ def test_cycle_in_a_hand_made_graph_is_a_graph_error_with_context():
 def test_dangling_reference_is_a_graph_error():
     x = mg.Input(("batch", 4), name="x")
     g = mg.Graph(x, ops.relu(x))
-    broken = g.replace(nodes=(g.node("x"), g.node("relu").replace(inputs=(Value("ghost"),))))
+    broken = g.with_parts(nodes=(g.node("x"), g.node("relu").replace(inputs=(Value("ghost"),))))
     with pytest.raises(mg.GraphError, match="ghost"):
         mg.compile(broken)
 
@@ -118,7 +118,7 @@ def test_node_claiming_a_wrong_shape_is_a_shape_error():
     x = mg.Input(("batch", 4), name="x")
     g = mg.Graph(x, ops.Linear(3, name="fc")(x))
     fc = g.node("fc")
-    lying = g.replace(nodes=(g.node("x"), fc.replace(outputs=(mg.TensorSpec.of(("batch", 5), "float32"),))))
+    lying = g.with_parts(nodes=(g.node("x"), fc.replace(outputs=(mg.TensorSpec.of(("batch", 5), "float32"),))))
     with pytest.raises(mg.ShapeError, match="layer 'fc' .*records output specs"):
         mg.compile(lying)
 

@@ -172,7 +172,7 @@ def test_defaults_for_missing_graph_attributes():
     nxg.graph.clear()
     g = mg.Graph.from_networkx(nxg)
     assert g.name == "graph" and g.inputs == ("x",) and g.outputs == (mg.Value("logits"),)
-    assert g.replace(name="mlp") == examples.mlp()
+    assert g.with_parts(name="mlp") == examples.mlp()
 
 
 def test_bad_networkx_graphs_raise_graph_error():

@@ -142,7 +142,7 @@ def test_remove_redundant_casts_merges_and_drops():
         Node("add", ops.Add(), (Value("c1"), Value("c2")), (spec.with_dtype("bfloat16"),), "add"),
         relu.replace(inputs=(Value("c3"),)),
     )
-    hand = g.replace(nodes=nodes, outputs=(Value("relu"), Value("add"), Value("same")))
+    hand = g.with_parts(nodes=nodes, outputs=(Value("relu"), Value("add"), Value("same")))
     verify(infer_shapes(hand))
     out = eliminate_dead_nodes(remove_redundant_casts(hand))
     assert str(out) == golden("""
@@ -159,14 +159,14 @@ def test_eliminate_dead_nodes_keeps_inputs_and_live_nodes():
     live = ops.relu(x)
     dead = ops.Linear(3, name="unused")(live)
     g = mg.Graph(x, [live, dead])
-    pruned = eliminate_dead_nodes(g.replace(outputs=(g.outputs[0],)))
+    pruned = eliminate_dead_nodes(g.with_parts(outputs=(g.outputs[0],)))
     assert [n.name for n in pruned.nodes] == ["x", "relu"]
     assert eliminate_dead_nodes(g) is g
 
 
 def test_a_pass_that_breaks_the_graph_is_named():
     def drop_first_layer(graph):
-        return graph.replace(nodes=graph.nodes[:1] + graph.nodes[2:])
+        return graph.with_parts(nodes=graph.nodes[:1] + graph.nodes[2:])
 
     with pytest.raises(mg.GraphError, match="pass 'drop_first_layer' produced an invalid graph"):
         run_passes(mlp3(), [("drop_first_layer", drop_first_layer)])

@@ -13,12 +13,14 @@ import jax.numpy as jnp
 
 from ..core.errors import GraphError, ShardingError
 from ..ir.graph import Graph
+from .entry_points import ModelApply, ModelInit, ReuseReport, reuse_report
 from .flatten import flatten
 from .lowering import checked, make_apply, make_init
 from .passes import default_passes, run_passes
 from .policy import Policy
 from .program import Program
 from .remat import resolve_remat
+from .taps import Taps, plan_taps
 
 if TYPE_CHECKING:
     from ..distributed.plan import ShardingPlan
@@ -55,9 +57,15 @@ class CompiledModel:
       policy: the dtype policy, or None.
       program: ``graph`` flattened into its steps (``mlaxgraph.compiler.program``):
         what init and apply run, and what the inspection tools walk.
-      init: ``init(key) -> (params, state)``, jitted.
-      apply: ``apply(params, state, *inputs, rng=None, inference_mode=False) ->
-        (outputs, new_state)``, jitted with ``inference_mode`` static.
+      init: ``init(key, reuse=None) -> (params, state)``, jitted; with ``reuse=(params,
+        state)`` every weight whose path, shape and dtype are unchanged is kept from
+        it (``reuse_report`` says which).
+      apply: ``apply(params, state, *inputs, rng=None, inference_mode=False,
+        capture=None, intervene=None) -> (outputs, new_state)``, jitted with
+        ``inference_mode`` static; with ``capture`` (paths or patterns) it returns
+        ``(outputs, new_state, captured)``, ``captured`` a dict from concrete path to
+        that layer's or block's output; ``intervene`` (path or pattern -> ``fn(value)``
+        or ``fn(value, path)``) replaces those outputs (docs/surgery.md).
       init_fn, apply_fn: the same functions before ``jax.jit``, for composing into a
         wider jitted region (a train step); ``apply_fn`` has no run-time checks.
       checks: whether ``apply`` runs the run-time checks (``compile(..., checks=True)``).
@@ -87,17 +95,31 @@ class CompiledModel:
         self.apply_fn = make_apply(program, sharding)
         # init runs once: compiled for compile time (the values are the same, bit for bit)
         if sharding is None:
-            self.init = jax.jit(self.init_fn, compiler_options=init_compiler_options())
+            init = jax.jit(self.init_fn, compiler_options=init_compiler_options())
         else:  # init creates each weight on its devices
-            self.init = jax.jit(self.init_fn, out_shardings=(sharding.params, sharding.state),
-                                compiler_options=init_compiler_options())
+            init = jax.jit(self.init_fn, out_shardings=(sharding.params, sharding.state),
+                           compiler_options=init_compiler_options())
+        self.init = ModelInit(init)
         self.checks = checks
-        if checks:  # the checks are traced only here: checks=False costs nothing
-            self.apply = checked(make_apply(program, sharding, checks=True))
-        else:
-            self.apply = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
 
-    # Inspection is in inspect.py; these are its user-facing entry points.
+        def tapped(taps: Taps):
+            plan_taps(program, taps)  # names every pattern that matches nothing, now
+            if checks:
+                return checked(make_apply(program, sharding, checks=True, taps=taps))
+            return jax.jit(make_apply(program, sharding, taps=taps), static_argnames=("inference_mode",))
+
+        if checks:  # the checks are traced only here: checks=False costs nothing
+            plain = checked(make_apply(program, sharding, checks=True))
+        else:
+            plain = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
+        self.apply = ModelApply(plain, tapped)
+
+    def reuse_report(self, params: Any, state: Any) -> ReuseReport:
+        """What ``init(key, reuse=(params, state))`` would keep, draw new and drop, by
+        weight path (nothing is drawn: the shapes come from the program)."""
+        return reuse_report(jax.eval_shape(self.init_fn, jax.random.key(0)), (params, state))
+
+    # Inspection lives in mlaxgraph.analysis; these are its user-facing entry points.
 
     def jaxpr(self, *example: Any, inference_mode: bool = False, **dims: int):
         """The ``jax.core.ClosedJaxpr`` of ``apply``, for arrays or dim values (``batch=8``)."""
@@ -126,7 +148,7 @@ class CompiledModel:
                    **dims: int):
         """Per-layer params, FLOPs (forward and forward+backward) and activation bytes,
         as formulas of the symbolic dims and at the given ones, next to XLA's count of
-        each layer: an ``mg.CostTable`` (mlaxgraph/cost_table.py)."""
+        each layer: an ``mg.CostTable`` (``mlaxgraph.analysis.cost``)."""
         from ..analysis.cost import cost_table
 
         return cost_table(self, *example, inference_mode=inference_mode, xla=xla, **dims)
@@ -135,7 +157,7 @@ class CompiledModel:
                      **dims: int):
         """Each layer with the StableHLO or (``optimized=True``) XLA optimized-HLO
         operations that compute it, traced through the named scopes: an
-        ``mg.HloByLayer`` (mlaxgraph/hlo_layers.py)."""
+        ``mg.HloByLayer`` (``mlaxgraph.analysis.hlo.by_layer``)."""
         from ..analysis.hlo.by_layer import hlo_by_layer
 
         return hlo_by_layer(self, *example, optimized=optimized,
@@ -152,7 +174,7 @@ class CompiledModel:
                  inference_mode: bool = True, **dims: int):
         """Writes the export artifact (symbolic dims kept), its StableHLO, the StableHLO
         and optimized HLO at the given dims and, if given, the weights to
-        ``directory``; ``mg.load_exported`` reads it back (mlaxgraph/exported.py)."""
+        ``directory``; ``mg.load_exported`` reads it back (``mlaxgraph.io.exported``)."""
         from ..io.exported import save_hlo
 
         return save_hlo(self, directory, *example, params=params, state=state,
@@ -295,7 +317,11 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         _check_overrides(graph, policy)
     if rules is not None and mesh is None:
         raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
-    compiled = run_passes(graph, default_passes(policy, scan_blocks=bool(scan_blocks)))
+    memo = graph.memo("compile")  # the passes' result, for this graph and these options
+    key = (policy, bool(scan_blocks))
+    compiled = memo.get(key)
+    if compiled is None:
+        compiled = memo[key] = run_passes(graph, default_passes(policy, scan_blocks=bool(scan_blocks)))
     plan = None
     if memory_budget is not None:
         if remat is not None:

@@ -80,6 +80,7 @@ def flatten(graph: Graph, prefix: tuple[str, ...] = (),
                 rng_path=(at if scan else names)[len(prefix):],  # keys are the body's own
                 param_specs=node.op.param_specs(specs), state_specs=node.op.state_specs(specs),
                 body=flatten(inner, names) if scan and inner is not None else None,
+                blocks=node.op.names if isinstance(node.op, Scan) else (),
                 remat=None if own is None else own[0],
                 remat_group=None if own is None or scan else own[1],
                 dims=bindings))

@@ -23,24 +23,17 @@ from ..core.errors import DTypeError, GraphError, ShapeError, node_message
 from ..core.scopes import scope_name
 from ..core.specs import bind_dims, flatten_specs, is_symbolic, match_shape
 from ..ir.printer import context_lines
-from .program import Program, Step, get_in, salt, set_in
+from .keys import block_keys, step_key
+from .program import Program, Ref, Step, get_in, set_in
+from .taps import TapPlan, Taps, plan_taps
 
-__all__ = ["run", "step_key", "Hook"]
+__all__ = ["run", "step_key", "Hook", "Taps"]
 
 #: ``hook(path, values) -> values``: sees a graph input (path: its name) or a step's
 #: outputs, inside the step's named scope.
 Hook = Callable[[str, tuple], tuple]
 
 _EMPTY: Mapping[str, Any] = {}
-
-
-def step_key(rng: jax.Array, names: Sequence[str]) -> jax.Array:
-    """The key of a step: ``rng`` folded with the salt of each name of its path (a
-    block's layers derive from the block's key, so renaming a layer elsewhere does not
-    change it)."""
-    for name in names:
-        rng = jax.random.fold_in(rng, salt(name))
-    return rng
 
 
 def _weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
@@ -110,32 +103,35 @@ def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | Non
 
 
 def _run_scan(step: Step, params: Any, state: Any, args: list, key: jax.Array | None,
-              inference_mode: bool, checks: bool = False) -> tuple[tuple, Any]:
+              context: _Context) -> tuple[tuple, Any]:
     """A run of equal blocks: ``lax.scan`` of one block's program over the blocks'
     stacked weights (and, in training, one key per block: the key the block would
-    have had, ``key`` folded with its name)."""
+    have had, ``key`` folded with its name). Captures inside the run come out as the
+    scan's per-block outputs; interventions select their blocks by the block index."""
     body = step.body
     assert body is not None  # a scan step
-    names = step.op.names  # type: ignore[attr-defined]
-    keys = None
-    if key is not None:
-        salts = jnp.asarray([salt(name) for name in names], jnp.uint32)
-        keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(salts)
+    keys = None if key is None else block_keys(key, step.blocks)
     x, *shared = args  # further inputs: the same for every block
     bindings = _bindings(body, x)
+    plan = context.plan.body(step) if context.plan is not None else None
+    inner = dataclasses.replace(context, bindings=bindings, hook=None, plan=plan)
 
     def one_block(carry, per_block):
-        p, s, k = per_block
-        outs, new_state = run(body, p, s, (carry, *shared), rng=k, inference_mode=inference_mode,
-                              bindings=bindings, checks=checks)
-        return outs[0], new_state
+        p, s, k, index = per_block
+        block = dataclasses.replace(inner, params=p, rng=k, index=index)
+        env, new_state = _run(body, s, (carry, *shared), block)
+        captured = {} if plan is None else {ref: env[ref] for ref in plan.wanted}
+        return env[body.outputs[0]], (new_state, captured)
 
     if step.remat is not None:  # each block recomputed in the backward pass
         one_block = jax.checkpoint(one_block, policy=REMAT_POLICIES[step.remat], prevent_cse=False)
 
     # Every block's scope is the body's: jax.named_scope inside the scan names the
     # body's layers (``b0..b31/attention``) in the jaxpr and the HLO.
-    out, new_state = jax.lax.scan(one_block, x, (params, state, keys))
+    indices = jnp.arange(len(step.blocks))
+    out, (new_state, captured) = jax.lax.scan(one_block, x, (params, state, keys, indices))
+    if plan is not None:
+        context.scans[step.path] = captured
     return (out,), new_state
 
 
@@ -162,8 +158,9 @@ def _runtime_checks(step: Step, args: Sequence[Any], outs: tuple) -> None:
 
 def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
         rng: jax.Array | None, inference_mode: bool, bindings: Mapping[str, int] | None,
-        hook: Hook | None = None, checks: bool = False) -> tuple[tuple, dict]:
-    """Runs the program: ``(outputs, new_state)``.
+        hook: Hook | None = None, checks: bool = False,
+        taps: Taps | None = None) -> tuple[tuple, dict] | tuple[tuple, dict, dict]:
+    """Runs the program: ``(outputs, new_state)``, and ``captured`` third with ``taps``.
 
     Args:
       program: the flattened graph.
@@ -178,11 +175,24 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
       hook: sees the inputs and every step's outputs (see ``Hook``).
       checks: add ``checkify`` checks to every step (see ``_runtime_checks``); the
         caller functionalizes them with ``checkify.checkify``. Off, nothing is traced.
+      taps: what to capture and where to intervene (``mlaxgraph.compiler.taps``);
+        the captured outputs come back by concrete path.
     """
+    plan = plan_taps(program, taps) if taps is not None else None
+    context = _Context(params, rng, inference_mode, bindings, hook, checks, plan)
+    env, new_state = _run(program, state, inputs, context)
+    outputs = tuple(env[ref] for ref in program.outputs)
+    if plan is None:
+        return outputs, dict(new_state)
+    return outputs, dict(new_state), plan.collect(env, context.scans)
+
+
+def _run(program: Program, state: Any, inputs: Sequence[Any], context: _Context) -> tuple[dict, Any]:
+    """The environment of every value the program made (ref -> array) and the new state."""
     env: dict = {}
+    hook = context.hook
     for name, x in zip(program.inputs, inputs):
         env[(name, 0)] = hook(name, (x,))[0] if hook is not None else x
-    context = _Context(params, rng, inference_mode, bindings, hook, checks)
     steps = program.steps
     new_state = state
     i = 0
@@ -197,7 +207,7 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
             j += 1
         new_state = _run_rematerialized(program, i, j, env, new_state, context)
         i = j
-    return tuple(env[ref] for ref in program.outputs), dict(new_state)
+    return env, new_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +218,11 @@ class _Context:
     bindings: Mapping[str, int] | None
     hook: Hook | None
     checks: bool = False
+    plan: TapPlan | None = None
+    #: inside a scan's body, the index of the block being run (a traced int)
+    index: Any = None
+    #: a scan's path -> what its blocks captured (ref -> stacked arrays)
+    scans: dict = dataclasses.field(default_factory=dict)
 
 
 def _run_step(step: Step, env: dict, state: Any, context: _Context) -> Any:
@@ -218,7 +233,7 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context) -> Any:
     with jax.named_scope(scope_name(step.path)):
         key = step_key(rng, step.rng_path) if step.random and rng is not None else None
         if step.body is not None:
-            outs, s2 = _run_scan(step, p, s, args, key, context.inference_mode, context.checks)
+            outs, s2 = _run_scan(step, p, s, args, key, context)
         else:
             op = step.op
             if op.symbolic_fields and context.bindings is not None:
@@ -228,6 +243,8 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context) -> Any:
         _check_outputs(step, outs, context.bindings)
         if context.checks:
             _runtime_checks(step, args, outs)
+        if context.plan is not None:
+            outs = context.plan.intervene(step, outs, context.index)
         if context.hook is not None:
             outs = context.hook(step.path, outs)
     if s2:
@@ -248,12 +265,15 @@ def _run_rematerialized(program: Program, start: int, end: int, env: dict, state
                         context: _Context) -> Any:
     """Steps ``start:end`` (one block, or one layer, asked to be rematerialized) as one
     function under ``jax.checkpoint``: the backward pass recomputes what they made
-    inside instead of keeping it, saving only what the policy allows."""
+    inside instead of keeping it, saving only what the policy allows. What is
+    captured inside comes out with the group's results."""
     steps = program.steps[start:end]
     made = {ref for step in steps for ref in step.outputs}
     reads = [ref for step in steps for ref in step.inputs if ref not in made]
     arguments = list(dict.fromkeys(reads))
-    later = {ref for step in program.steps[end:] for ref in step.inputs} | set(program.outputs)
+    later: set[Ref] = {ref for step in program.steps[end:] for ref in step.inputs} | set(program.outputs)
+    if context.plan is not None:
+        later |= set(context.plan.wanted)
     results = [ref for step in steps for ref in step.outputs if ref in later]
 
     def group(values, params, state, rng):

@@ -17,8 +17,10 @@ import numpy as np
 
 from ..core.errors import DTypeError, GraphError, ShapeError, node_message
 from ..core.specs import TensorSpec, flatten_specs, match_shape
-from .interpreter import run, step_key
-from .program import Program, salt, set_in
+from .interpreter import run
+from .keys import block_keys, chain_keys, step_key
+from .program import Program, set_in
+from .taps import Taps
 
 if TYPE_CHECKING:
     from ..distributed.plan import ShardingPlan
@@ -47,16 +49,15 @@ def make_init(program: Program, param_dtype: Any,
 
 
 def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[dict, dict]:
-    # (tree, step weights, weight path, salt of the path, spec) of every weight, then
+    # (tree, step weights, weight path, the name its key folds in, spec) of every weight, then
     # drawn by groups of one initializer and shape.
     leaves = []
     trees: dict[str, dict] = {"params": {}, "state": {}}
     for step in program.owners():
         if step.body is not None:
             base = step_key(key, step.weights[:-1])
-            salts = jnp.asarray([salt(name) for name in step.op.names], jnp.uint32)  # type: ignore[attr-defined]
-            p, s = jax.vmap(lambda one, body=step.body, base=base: _init_program(
-                body, jax.random.fold_in(base, one), dtype))(salts)
+            p, s = jax.vmap(lambda one, body=step.body: _init_program(body, one, dtype))(
+                block_keys(base, step.blocks))
             if p:
                 trees["params"] = set_in(trees["params"], step.weights, p)
             if s:
@@ -65,19 +66,18 @@ def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[di
         for which, specs, prefix in (("params", step.param_specs, ""),
                                      ("state", step.state_specs, "state/")):
             for path, spec in flatten_specs(specs):
-                leaves.append((which, step.weights, path, salt(prefix + path), spec))
+                leaves.append((which, step.weights, path, prefix + path, spec))
                 # The tree's order is the layers' (the values come by groups).
                 trees[which] = set_in(trees[which], step.weights + tuple(path.split("/")), None)
     # Every weight's key: ``key`` folded with its layer path's names and its own; the
     # chains of one length folded in one vmapped call.
-    chains: dict[int, list[list[int]]] = {}
+    chains: dict[int, list[tuple[str, ...]]] = {}
     where: list[tuple[int, int]] = []  # per leaf: (chain length, its row)
-    for _, weights, _, path_salt, _ in leaves:
+    for _, weights, _, salted, _ in leaves:
         rows = chains.setdefault(len(weights) + 1, [])
         where.append((len(weights) + 1, len(rows)))
-        rows.append([salt(n) for n in weights] + [path_salt])
-    keys = {length: jax.vmap(lambda chain: _fold_all(key, chain))(jnp.asarray(rows, jnp.uint32))
-            for length, rows in chains.items()}
+        rows.append(weights + (salted,))
+    keys = {length: chain_keys(key, rows) for length, rows in chains.items()}
     groups: dict = {}
     for index, leaf in enumerate(leaves):
         spec = leaf[4]
@@ -106,18 +106,14 @@ def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[di
     return trees["params"], trees["state"]
 
 
-def _fold_all(key: jax.Array, salts: jax.Array) -> jax.Array:
-    for i in range(salts.shape[0]):
-        key = jax.random.fold_in(key, salts[i])
-    return key
-
-
 def make_apply(program: Program, sharding: ShardingPlan | None = None,
-               checks: bool = False) -> Callable:
+               checks: bool = False, taps: Taps | None = None) -> Callable:
     """A pure ``apply(params, state, *inputs, rng=None, inference_mode=False)``
     returning ``(outputs, new_state)``: one array for one graph output, else a tuple.
     With ``checks``, each step adds ``jax.experimental.checkify`` checks (ids in range,
-    no NaN or inf), to be functionalized by ``checkify.checkify`` (``checked``)."""
+    no NaN or inf), to be functionalized by ``checkify.checkify`` (``checked``). With
+    ``taps``, it captures and intervenes (``mlaxgraph.compiler.taps``) and returns
+    ``(outputs, new_state, captured)``."""
     graph = program.graph
     randoms = program.random_paths()
     specs = graph.input_specs
@@ -136,11 +132,13 @@ def make_apply(program: Program, sharding: ShardingPlan | None = None,
                              f"pass rng=jax.random.key(...) to apply, or inference_mode=True")
         if sharding is not None:
             params, state = sharding.constrain_weights(params, state)
-        outputs, new_state = run(program, params, state, inputs, rng=rng,
-                                 inference_mode=inference_mode, bindings=bindings, hook=hook,
-                                 checks=checks)
+        result: Any = run(program, params, state, inputs, rng=rng, inference_mode=inference_mode,
+                          bindings=bindings, hook=hook, checks=checks, taps=taps)
+        outputs, new_state = result[0], result[1]
         if sharding is not None:
             new_state = sharding.constrain_weights(None, new_state)[1]
+        if taps is not None:
+            return (outputs[0] if single else outputs), new_state, result[2]
         return (outputs[0] if single else outputs), new_state
 
     return apply

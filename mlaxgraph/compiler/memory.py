@@ -119,7 +119,7 @@ def _options(program: Program, dims: Mapping[str, int]) -> list[Option]:
     for step in program.steps:
         if step.body is not None:
             groups[step.path] = list(step.body.steps)
-            repeat[step.path] = step.op.length  # type: ignore[attr-defined]
+            repeat[step.path] = len(step.blocks)
             continue
         top = step.path.split("/")[0]
         key = top if blocks and top in blocks else (step.path if not blocks else None)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -25,15 +24,10 @@ from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.op import Layer
 
-__all__ = ["Ref", "Step", "Program", "salt", "get_in", "set_in", "path_str"]
+__all__ = ["Ref", "Step", "Program", "get_in", "set_in", "path_str"]
 
 #: ``(path, output index)`` of the step or graph input that produces a value.
 Ref = tuple[str, int]
-
-
-def salt(name: str) -> int:
-    """A stable 31-bit number for a name, to derive an independent key by ``fold_in``."""
-    return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
 def path_str(names: tuple[str, ...]) -> str:
@@ -62,6 +56,8 @@ class Step:
       param_specs, state_specs: its weights, as its op declares them.
       body: for a scan (a run of equal blocks), the program of one block, run by
         ``lax.scan`` once per block; None for other steps.
+      blocks: for a scan, the names of its blocks, in order (their weights are
+        stacked in that order; each one's key folds in its name); () for other steps.
       remat: the rematerialization policy asked for it (``"full"``, ``"dots"``), or
         None: the backward pass recomputes its results instead of keeping them.
       remat_group: the path of the block or layer whose steps are rematerialized
@@ -85,6 +81,7 @@ class Step:
     param_specs: Mapping[str, Any]
     state_specs: Mapping[str, Any]
     body: Program | None = None
+    blocks: tuple[str, ...] = ()
     remat: str | None = None
     remat_group: str | None = None
     dims: Mapping[str, Any] = dataclasses.field(default_factory=dict)

@@ -27,7 +27,7 @@ def _scans(program: Program) -> list[Step]:
 
 
 def _names(step: Step) -> tuple[str, ...]:
-    return step.op.names  # type: ignore[attr-defined]
+    return step.blocks
 
 
 def _has(tree: Mapping, keys: tuple[str, ...]) -> bool:

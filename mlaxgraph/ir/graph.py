@@ -93,9 +93,10 @@ class Graph:
       }
     """
 
-    __slots__ = ("_nodes", "_inputs", "_outputs", "_name", "_index", "_hash", "_block")
+    __slots__ = ("_nodes", "_inputs", "_outputs", "_name", "_index", "_hash", "_block", "_memo")
     # The slots, set once by _set (through object.__setattr__: the graph is immutable)
-    # except the two caches, filled on first use.
+    # except the caches, filled on first use: the hash, the block, and the memo of
+    # what is computed from the graph (rewrites, the use-def index, verification).
     _nodes: tuple[Node, ...]
     _inputs: tuple[str, ...]
     _outputs: tuple[Value, ...]
@@ -103,6 +104,7 @@ class Graph:
     _index: dict[str, Node]
     _hash: int | None
     _block: Block | None
+    _memo: dict[str, Any]
 
     def __init__(self, inputs: Any, outputs: Any, name: str = "graph"):
         if not isinstance(name, str) or not name:
@@ -132,6 +134,7 @@ class Graph:
         set_(self, "_index", {node.name: node for node in nodes})
         set_(self, "_hash", None)
         set_(self, "_block", None)
+        set_(self, "_memo", {})
 
     def __setattr__(self, key, value):
         raise AttributeError("a Graph is immutable; passes return new graphs")
@@ -194,19 +197,100 @@ class Graph:
     def input_specs_of(self, node: Node) -> tuple[TensorSpec, ...]:
         return tuple(self.spec(v) for v in node.inputs)
 
-    def consumers(self) -> dict[str, list[Node]]:
-        """Node name -> the nodes that read any of its outputs, in order."""
-        result: dict[str, list[Node]] = {n.name: [] for n in self._nodes}
-        for node in self._nodes:
-            for v in dict.fromkeys(v.node for v in node.inputs):
-                if v in result:
-                    result[v].append(node)
-        return result
+    def memo(self, key: str) -> dict:
+        """A dict kept with this graph for results computed from it (by ``key``: the
+        rewriter's results by rule, the use-def index, ...). The graph is immutable, so
+        they stay valid as long as it lives."""
+        table = self._memo.get(key)
+        if table is None:
+            table = self._memo[key] = {}
+        return table
 
-    def replace(self, *, nodes=None, inputs=None, outputs=None, name=None) -> Graph:
+    def consumers(self) -> dict[str, tuple[Node, ...]]:
+        """The use-def index: node name -> the nodes that read any of its outputs, in
+        graph order (computed once per graph)."""
+        memo = self.memo("consumers")
+        index = memo.get("index")
+        if index is None:
+            readers: dict[str, list[Node]] = {n.name: [] for n in self._nodes}
+            for node in self._nodes:
+                for name in dict.fromkeys(v.node for v in node.inputs):
+                    if name in readers:
+                        readers[name].append(node)
+            index = memo["index"] = {name: tuple(nodes) for name, nodes in readers.items()}
+        return index
+
+    def with_parts(self, *, nodes=None, inputs=None, outputs=None, name=None) -> Graph:
+        """A graph with some of its records replaced (not verified here): the low-level
+        form passes and loaders use. Users change graphs with ``replace``,
+        ``insert_after``, ``insert_before`` and ``remove``."""
         return Graph.from_parts(
             self._nodes if nodes is None else nodes, self._inputs if inputs is None else inputs,
             self._outputs if outputs is None else outputs, self._name if name is None else name)
+
+    # --- change: thin entry points to mlaxgraph.ir.surgery --------------------------
+
+    def select(self, pattern: str | None = None, *, op: Any = None, where: Any = None) -> list[str]:
+        """The paths of the layers that match (as in params: ``h.3/attn``), through
+        nested blocks, in graph order (docs/surgery.md).
+
+        Args:
+          pattern: a glob over paths: ``*`` matches within one name, ``**`` across
+            ``/`` (``"h.*/attn"``, ``"**/mlp.*"``); None matches every layer.
+          op: a registered op name (``"linear"``) or a tuple of them.
+          where: a predicate on the layer (the op object).
+
+        Example:
+          >>> import mlaxgraph as mg
+          >>> g = mg.models.gpt2({"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64})
+          >>> g.select("h.*/attn")
+          ['h.0/attn', 'h.1/attn']
+          >>> g.select(op="layer_norm")[-1]
+          'ln_f'
+        """
+        from .surgery import select
+
+        return select(self, pattern, op=op, where=where)
+
+    def replace(self, selection: Any, fn: Any) -> Graph:
+        """A new graph where each selected layer's call is replaced by what
+        ``fn(layer, *inputs)`` builds on its input tensors (it returns the new output
+        tensor, or a tuple for several). A path inside a block changes only that call.
+
+        Example:
+          >>> import mlaxgraph as mg
+          >>> from mlaxgraph import ops
+          >>> g = mg.models.gpt2({"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64})
+          >>> g2 = g.replace("h.1/mlp.act", lambda layer, x: ops.relu(x))
+          >>> g2.node("h.1").op.graph.node("mlp.act").op.op_name
+          'relu'
+          >>> g2.node("h.0") == g.node("h.0")
+          True
+        """
+        from .surgery import surgery
+
+        return surgery(self, "replace", selection, fn)
+
+    def insert_after(self, selection: Any, fn: Any) -> Graph:
+        """A new graph where ``fn(output)`` is applied to each selected layer's output,
+        its readers reading the result instead (a probe, a norm, an adapter)."""
+        from .surgery import surgery
+
+        return surgery(self, "insert_after", selection, fn)
+
+    def insert_before(self, selection: Any, fn: Any) -> Graph:
+        """A new graph where each selected layer reads ``fn(*inputs)`` (one tensor per
+        input) instead of its inputs."""
+        from .surgery import surgery
+
+        return surgery(self, "insert_before", selection, fn)
+
+    def remove(self, selection: Any) -> Graph:
+        """A new graph without the selected layers, each one's readers reading its
+        (first) input instead; the layer's output must have that input's spec."""
+        from .surgery import surgery
+
+        return surgery(self, "remove", selection, None)
 
     # --- value semantics ------------------------------------------------------------
 

@@ -18,9 +18,11 @@ from ..core.registry import register
 from ..core.specs import ParamSpec
 from .block import Block
 from .graph import Graph
+from .node import Node, Value
 from .op import field
+from .rewrite import Rewrite, Rule, rewrite
 
-__all__ = ["Scan", "LAYERS_AXIS"]
+__all__ = ["Scan", "LAYERS_AXIS", "unfold_scans"]
 
 #: The logical axis name of the stacked axis of a scan's weights (replicated unless a
 #: sharding rule maps it).
@@ -88,7 +90,22 @@ class Scan(Block):
         once = super().flops(inputs, outputs, param_dtype=param_dtype, inference_mode=inference_mode)
         return None if once is None else once * self.length
 
-    def backward_flops(self, inputs, outputs, forward, *, input_gradients=True):
-        if forward is None:
+
+@dataclasses.dataclass(frozen=True)
+class _Unfold(Rule):
+    def visit(self, node: Node, rewrite: Rewrite):
+        if not isinstance(node.op, Scan):
             return None
-        return (forward if input_gradients else 0) + (forward if self.param_specs(inputs) else 0)
+        value = node.inputs[0]
+        for name in node.op.names:
+            rewrite.emit(Node(name, Block(node.op.graph, name=name), (value, *node.inputs[1:]),
+                              node.outputs, name, node.source))
+            value = Value(name, 0)
+        return (value,)
+
+
+def unfold_scans(graph: Graph) -> Graph:
+    """Every ``scan`` node back to the calls of its blocks, as the graph had them
+    (``mg.save`` writes graphs this way, so files do not depend on compile options;
+    surgery names blocks by their paths); the graph itself when it has none."""
+    return rewrite(graph, _Unfold())

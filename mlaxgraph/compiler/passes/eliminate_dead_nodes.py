@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ...ir.graph import Graph
+from ...ir.node import Node
+from ...ir.rewrite import Rewrite, Rule, rewrite
 
 __all__ = ["eliminate_dead_nodes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _EliminateDeadNodes(Rule):
+    def prepare(self, graph: Graph) -> set[str]:
+        live = {v.node for v in graph.outputs} | set(graph.inputs)
+        for node in reversed(graph.nodes):
+            if node.name in live:
+                live.update(v.node for v in node.inputs)
+        return live
+
+    def visit(self, node: Node, rewrite: Rewrite):
+        return None if node.name in rewrite.data else ()
 
 
 def eliminate_dead_nodes(graph: Graph) -> Graph:
     """Requires: a verified graph. Ensures: every node but the inputs (which ``apply``
     takes positionally, used or not) feeds some output; the same inside blocks."""
-    live = {v.node for v in graph.outputs} | set(graph.inputs)
-    for node in reversed(graph.nodes):
-        if node.name in live:
-            live.update(v.node for v in node.inputs)
-    nodes = []
-    for node in graph.nodes:
-        if node.name not in live:
-            continue
-        inner = node.op.subgraph()
-        if inner is not None:
-            op = node.op.with_subgraph(eliminate_dead_nodes(inner))
-            if op is not node.op:
-                node = node.replace(op=op)
-        nodes.append(node)
-    if len(nodes) == len(graph.nodes) and all(a is b for a, b in zip(nodes, graph.nodes)):
-        return graph
-    return graph.replace(nodes=tuple(nodes))
+    return rewrite(graph, _EliminateDeadNodes())

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ...ir.block import Block
 from ...ir.graph import Graph
 from ...ir.node import Node, Value
-from ...ir.scan import Scan
+from ...ir.rewrite import Rewrite, Rule, rewrite
+from ...ir.scan import Scan, unfold_scans
 
 __all__ = ["fold_repeated_blocks", "unfold_scans", "repeated_runs"]
 
@@ -28,10 +31,7 @@ def repeated_runs(graph: Graph) -> list[tuple[str, ...]]:
     order: what ``fold_repeated_blocks`` folds (the explorer draws the same runs
     folded)."""
     sharers = {node.layer for node in graph.nodes if node.shares_weights}
-    readers: dict[str, list[str]] = {}
-    for node in graph.nodes:
-        for v in node.inputs:
-            readers.setdefault(v.node, []).append(node.name)
+    readers = graph.consumers()
     outputs = {v.node for v in graph.outputs}
     successor: dict[str, str] = {}
     for node in graph.nodes:
@@ -40,7 +40,7 @@ def repeated_runs(graph: Graph) -> list[tuple[str, ...]]:
         previous = graph.node(node.inputs[0].node)
         if (_foldable(previous, graph, sharers) and previous.op.subgraph() == node.op.subgraph()
                 and node.inputs[0] == Value(previous.name, 0) and node.inputs[1:] == previous.inputs[1:]
-                and readers.get(previous.name) == [node.name] and previous.name not in outputs):
+                and readers[previous.name] == (node,) and previous.name not in outputs):
             successor[previous.name] = node.name
     runs = []
     for node in graph.nodes:
@@ -50,6 +50,28 @@ def repeated_runs(graph: Graph) -> list[tuple[str, ...]]:
                 run.append(successor[run[-1]])
             runs.append(tuple(run))
     return runs
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fold(Rule):
+    def prepare(self, graph: Graph):
+        runs = repeated_runs(graph)
+        return {run[-1]: run for run in runs}, {name for run in runs for name in run}
+
+    def visit(self, node: Node, rewrite: Rewrite):
+        last, members = rewrite.data
+        if node.name not in members:
+            return None
+        if node.name not in last:
+            return ()  # an earlier block of a run: the scan at the run's last block
+        names = last[node.name]
+        first = rewrite.graph.node(names[0])
+        body = node.op.subgraph()  # folded inside already (the rewriter's recursion)
+        assert body is not None  # _foldable: a block
+        name = f"{first.name}..{node.name}"
+        rewrite.names.add(name)
+        return Node(name, Scan(body, names, name=name), tuple(rewrite.read(v) for v in first.inputs),
+                    node.outputs, name, first.source)
 
 
 def fold_repeated_blocks(graph: Graph) -> Graph:
@@ -70,64 +92,4 @@ def fold_repeated_blocks(graph: Graph) -> Graph:
       >>> [(n.name, n.op.op_name) for n in folded.nodes]
       [('x', 'input'), ('b0..b2', 'scan')]
     """
-    nodes = tuple(_fold_inside(node) for node in graph.nodes)
-    if any(a is not b for a, b in zip(nodes, graph.nodes)):
-        graph = graph.replace(nodes=nodes)
-    found = repeated_runs(graph)
-    if not found:
-        return graph
-    by_name = {node.name: node for node in graph.nodes}
-    runs = {run[-1]: run for run in found}  # last member -> the run
-    members = {name for run in found for name in run}
-    renamed: dict[Value, Value] = {}
-    folded = []
-    for node in graph.nodes:
-        node = node.replace(inputs=tuple(renamed.get(v, v) for v in node.inputs))
-        if node.name not in members:
-            folded.append(node)
-            continue
-        if node.name not in runs:
-            continue
-        blocks = [by_name[member] for member in runs[node.name]]
-        first = blocks[0]
-        body = first.op.subgraph()
-        assert body is not None  # _foldable: a block
-        name = f"{first.name}..{blocks[-1].name}"
-        scan = Scan(body, tuple(n.name for n in blocks), name=name)
-        inputs = tuple(renamed.get(v, v) for v in first.inputs)
-        folded.append(Node(name, scan, inputs, node.outputs, name, first.source))
-        renamed[Value(node.name, 0)] = Value(name, 0)
-    outputs_after = tuple(renamed.get(v, v) for v in graph.outputs)
-    return graph.replace(nodes=tuple(folded), outputs=outputs_after)
-
-
-def _fold_inside(node: Node) -> Node:
-    inner = node.op.subgraph()
-    if inner is None:
-        return node
-    op = node.op.with_subgraph(fold_repeated_blocks(inner))
-    return node if op is node.op else node.replace(op=op)
-
-
-def unfold_scans(graph: Graph) -> Graph:
-    """The inverse: every ``scan`` node back to the calls of its blocks, as the graph
-    had them (``mg.save`` writes graphs this way, so files do not depend on compile
-    options)."""
-    nodes: list[Node] = []
-    renamed: dict[Value, Value] = {}
-    for node in graph.nodes:
-        node = node.replace(inputs=tuple(renamed.get(v, v) for v in node.inputs))
-        inner = node.op.subgraph()
-        if inner is not None:
-            op = node.op.with_subgraph(unfold_scans(inner))
-            node = node if op is node.op else node.replace(op=op)
-        if not isinstance(node.op, Scan):
-            nodes.append(node)
-            continue
-        value = node.inputs[0]
-        for name in node.op.names:
-            nodes.append(Node(name, Block(node.op.graph, name=name), (value, *node.inputs[1:]),
-                              node.outputs, name, node.source))
-            value = Value(name, 0)
-        renamed[Value(node.name, 0)] = value
-    return graph.replace(nodes=tuple(nodes), outputs=tuple(renamed.get(v, v) for v in graph.outputs))
+    return rewrite(graph, _Fold())

@@ -17,8 +17,12 @@ def infer_shapes(graph: Graph) -> Graph:
 
     Requires: a verified graph. Ensures: every node's recorded output specs are what
     its op infers from its inputs' specs (a graph loaded from a file cannot claim
-    shapes its ops do not produce), nested blocks included. Returns the graph.
+    shapes its ops do not produce), nested blocks included. Returns the graph. Memoised
+    on the graph: a block called many times is checked once.
     """
+    memo = graph.memo("infer_shapes")
+    if memo:
+        return graph
     specs: dict[Value, TensorSpec] = {}
     weights: dict[str, tuple[str, dict]] = {}  # layer -> (first node, weight shapes)
     for node in graph.nodes:
@@ -42,6 +46,7 @@ def infer_shapes(graph: Graph) -> Graph:
             _check_shared_weights(graph, node, got, weights)
         for i, spec in enumerate(outputs):
             specs[node.value(i)] = spec
+    memo["ok"] = True
     return graph
 
 

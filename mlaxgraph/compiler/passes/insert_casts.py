@@ -4,17 +4,73 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...core.specs import TensorSpec, dtype_str
-from ...ir.builder import infer_outputs
+from ...core.specs import dtype_str
 from ...ir.graph import Graph, InputLayer
 from ...ir.node import Node, Value
+from ...ir.rewrite import Rewrite, Rule, rewrite
 from ...ops.cast import Cast
 from ..policy import Policy
 
 __all__ = ["insert_casts"]
 
 
-def insert_casts(graph: Graph, policy: Policy, *, nested: bool = False) -> Graph:
+@dataclasses.dataclass(frozen=True)
+class _InsertCasts(Rule):
+    policy: Policy
+    nested_graph: bool = False
+
+    def prepare(self, graph: Graph) -> dict:
+        return {}  # (value, dtype) -> its cast: a value is cast at most once per dtype
+
+    def _cast(self, value: Value, dtype, source, rewrite: Rewrite) -> Value:
+        spec = rewrite.spec(value)
+        if not spec.is_float or spec.dtype == dtype:
+            return value
+        casts = rewrite.data
+        key = (value, str(dtype))
+        if key not in casts:
+            base = f"{value.node}_{dtype_str(dtype)}" if value.index == 0 else \
+                f"{value.node}_{value.index}_{dtype_str(dtype)}"
+            name = rewrite.fresh(base)
+            node = rewrite.emit(Node(name, Cast(dtype, inserted=True), (value,),
+                                     (spec.with_dtype(dtype),), name, source))
+            casts[key] = node.value()
+        return casts[key]
+
+    def _dtype(self, node: Node):
+        return self.policy.dtype_for(node.layer, node.op.precision_sensitive)
+
+    def nested(self, node: Node) -> Rule:
+        # The block computes in the dtype its inputs were cast to (an override of the
+        # block's name makes that its layers' compute dtype).
+        dtype = self._dtype(node)
+        policy = self.policy if dtype == self.policy.compute_dtype else \
+            dataclasses.replace(self.policy, compute_dtype=dtype)
+        return _InsertCasts(policy, nested_graph=True)
+
+    def visit(self, node: Node, rewrite: Rewrite):
+        op = node.op
+        if isinstance(op, InputLayer):
+            spec = node.outputs[0]
+            if not (self.nested_graph and spec.is_float):
+                return None
+            # A block's inputs arrive in the compute dtype of its caller.
+            dtype = self.policy.compute_dtype
+            return node.replace(op=InputLayer(op.shape, dtype, op.axes, name=op.name),
+                                outputs=(spec.with_dtype(dtype),))
+        if isinstance(op, Cast) and not op.inserted:
+            return None
+        dtype = self._dtype(node)
+        inputs = tuple(self._cast(v, dtype, node.source, rewrite) for v in node.inputs)
+        return None if inputs == node.inputs else node.replace(inputs=inputs)
+
+    def results(self, outputs, rewrite: Rewrite):
+        if self.nested_graph:
+            return outputs
+        return tuple(self._cast(v, self.policy.output_dtype, None, rewrite) for v in outputs)
+
+
+def insert_casts(graph: Graph, policy: Policy) -> Graph:
     """Inserts a Cast node wherever a float tensor reaches a layer in another dtype
     than the one the policy says the layer computes in.
 
@@ -26,67 +82,4 @@ def insert_casts(graph: Graph, policy: Policy, *, nested: bool = False) -> Graph
     A value is cast at most once per dtype. User-written Cast nodes are kept as they
     are; the casts inserted here are marked ``inserted=True``.
     """
-    names = {n.name for n in graph.nodes}
-    recorded = {n.value(i): spec for n in graph.nodes for i, spec in enumerate(n.outputs)}
-    specs: dict[Value, TensorSpec] = {}
-    casts: dict[tuple[Value, str], Value] = {}
-    nodes: list[Node] = []
-
-    def cast(value: Value, dtype, source) -> Value:
-        spec = specs[value]
-        if not spec.is_float or spec.dtype == dtype:
-            return value
-        key = (value, str(dtype))
-        if key not in casts:
-            base = f"{value.node}_{dtype_str(dtype)}" if value.index == 0 else \
-                f"{value.node}_{value.index}_{dtype_str(dtype)}"
-            name, n = base, 0
-            while name in names:
-                n += 1
-                name = f"{base}_{n}"
-            names.add(name)
-            op = Cast(dtype, inserted=True)
-            node = Node(name, op, (value,), (spec.with_dtype(dtype),), name, source)
-            nodes.append(node)
-            specs[node.value()] = node.outputs[0]
-            casts[key] = node.value()
-        return casts[key]
-
-    for node in graph.nodes:
-        if node.name in graph.inputs:
-            spec = node.outputs[0]
-            if nested and spec.is_float:
-                # A block's inputs arrive in the compute dtype of its caller.
-                input_op = node.op
-                assert isinstance(input_op, InputLayer)  # verify: graph inputs are input ops
-                node = node.replace(op=type(input_op)(input_op.shape, policy.compute_dtype,
-                                                      input_op.axes, name=input_op.name),
-                                    outputs=(spec.with_dtype(policy.compute_dtype),))
-            nodes.append(node)
-            specs[node.value()] = node.outputs[0]
-            continue
-        op = node.op
-        dtype = policy.dtype_for(node.layer, op.precision_sensitive)
-        if isinstance(op, Cast) and not op.inserted:
-            inputs = node.inputs
-        else:
-            inputs = tuple(cast(v, dtype, node.source) for v in node.inputs)
-        subgraph = op.subgraph()
-        if subgraph is not None:
-            # The block computes in the dtype its inputs were cast to (an override of
-            # the block's name makes that its layers' compute dtype).
-            inner = policy if dtype == policy.compute_dtype else dataclasses.replace(policy, compute_dtype=dtype)
-            op = op.with_subgraph(insert_casts(subgraph, inner, nested=True))
-        unchanged = (op is node.op and inputs == node.inputs
-                     and all(specs[v] is recorded[v] for v in inputs))
-        if not unchanged:  # a node whose inputs kept their specs keeps its outputs
-            in_specs = tuple(specs[v] for v in inputs)
-            outputs = infer_outputs(op, in_specs, node.name, node.source)
-            node = node.replace(op=op, inputs=inputs, outputs=outputs)
-        nodes.append(node)
-        for i, spec in enumerate(node.outputs):
-            specs[node.value(i)] = spec
-    results = graph.outputs
-    if not nested:
-        results = tuple(cast(v, policy.output_dtype, None) for v in graph.outputs)
-    return graph.replace(nodes=tuple(nodes), outputs=results)
+    return rewrite(graph, _InsertCasts(policy))

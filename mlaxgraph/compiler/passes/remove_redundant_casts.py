@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
-from ...core.specs import TensorSpec
+import dataclasses
+
 from ...ir.graph import Graph
-from ...ir.node import Node, Value
+from ...ir.node import Node
+from ...ir.rewrite import Rewrite, Rule, rewrite
 from ...ops.cast import Cast
 
 __all__ = ["remove_redundant_casts"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _RemoveRedundantCasts(Rule):
+    def prepare(self, graph: Graph):
+        # inserted cast's output -> what it casts; (value, dtype) -> the one inserted cast
+        return {}, {}
+
+    def visit(self, node: Node, rewrite: Rewrite):
+        op = node.op
+        if not isinstance(op, Cast):
+            return None
+        inserted_input, merged = rewrite.data
+        (x,) = node.inputs
+        if op.inserted and x in inserted_input:
+            x = inserted_input[x]
+        if rewrite.spec(x).dtype == op.dtype:
+            return (x,)
+        if op.inserted:
+            key = (x, str(op.dtype))
+            if key in merged:
+                return (merged[key],)
+            merged[key] = node.value()
+            inserted_input[node.value()] = x
+        return None if x == node.inputs[0] else node.replace(inputs=(x,))
 
 
 def remove_redundant_casts(graph: Graph) -> Graph:
@@ -20,35 +47,4 @@ def remove_redundant_casts(graph: Graph) -> Graph:
     Casts the user wrote are only removed when they are identities. Casts left
     without readers are removed by ``eliminate_dead_nodes``.
     """
-    replace: dict[Value, Value] = {}
-    inserted_input: dict[Value, Value] = {}  # inserted cast's output -> what it casts
-    merged: dict[tuple[Value, str], Value] = {}
-    specs: dict[Value, TensorSpec] = {}
-    nodes: list[Node] = []
-    for node in graph.nodes:
-        inputs = tuple(replace.get(v, v) for v in node.inputs)
-        op = node.op
-        if isinstance(op, Cast):
-            (x,) = inputs
-            if op.inserted and x in inserted_input:
-                x = inserted_input[x]
-            if specs[x].dtype == op.dtype:
-                replace[node.value()] = x
-                continue
-            if op.inserted:
-                key = (x, str(op.dtype))
-                if key in merged:
-                    replace[node.value()] = merged[key]
-                    continue
-                merged[key] = node.value()
-                inserted_input[node.value()] = x
-            inputs = (x,)
-        elif (inner := op.subgraph()) is not None:
-            op = op.with_subgraph(remove_redundant_casts(inner))
-        if inputs != node.inputs or op is not node.op:
-            node = node.replace(inputs=inputs, op=op)
-        nodes.append(node)
-        for i, spec in enumerate(node.outputs):
-            specs[node.value(i)] = spec
-    outputs = tuple(replace.get(v, v) for v in graph.outputs)
-    return graph.replace(nodes=tuple(nodes), outputs=outputs)
+    return rewrite(graph, _RemoveRedundantCasts())

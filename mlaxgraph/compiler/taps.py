@@ -1,0 +1,222 @@
+"""Taps: reading (capture) and replacing (intervention) layers' outputs while a
+program runs, by concrete path (``h.3/attn``), inside scanned runs and remat regions.
+
+The plan is made once per trace, from the program's value table: every node path
+(layers and blocks; a scanned run's body under each block's name) names the refs of
+its outputs. Captured refs are kept through remat regions and come out of a scan as
+its per-block outputs; an intervention is applied where its ref is made, and inside a
+scan it is chosen per block by the block's index, so one traced body serves the
+blocks it changes and those it leaves alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core.errors import DTypeError, GraphError, ShapeError
+from ..ir.graph import InputLayer
+from ..ir.scan import Scan
+from ..ir.surgery import is_pattern, path_matcher
+from .program import Program, Ref, Step
+
+__all__ = ["Taps", "TapPlan", "plan_taps", "tap_paths"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Taps:
+    """What ``apply`` captures (path patterns) and where it intervenes (pattern, fn):
+    ``fn(value)`` or ``fn(value, path)`` replaces the output there."""
+
+    capture: tuple[str, ...] = ()
+    intervene: tuple[tuple[str, Callable], ...] = ()
+
+    @staticmethod
+    def of(capture: Any = None, intervene: Any = None) -> Taps | None:
+        """Checks ``apply``'s ``capture=`` and ``intervene=`` arguments; None when both
+        are empty."""
+        if capture is None:
+            patterns: tuple[str, ...] = ()
+        elif isinstance(capture, str):
+            patterns = (capture,)
+        elif isinstance(capture, (list, tuple)) and all(isinstance(c, str) for c in capture):
+            patterns = tuple(capture)
+        else:
+            raise GraphError(f"capture takes a path, a pattern or a list of them (what "
+                             f"graph.select returns), got {capture!r}")
+        if intervene is None:
+            changes: tuple[tuple[str, Callable], ...] = ()
+        elif isinstance(intervene, Mapping) and all(isinstance(k, str) and callable(f)
+                                                    for k, f in intervene.items()):
+            changes = tuple(intervene.items())
+        else:
+            raise GraphError(f"intervene takes a dict of path or pattern -> function of the "
+                             f"output (fn(value) or fn(value, path)), got {intervene!r}")
+        if not patterns and not changes:
+            return None
+        return Taps(patterns, changes)
+
+
+def _entries(program: Program, expand: Callable[[str], tuple[str, ...]]):
+    """(concrete paths, one per iteration; the refs of the node's outputs) of every
+    layer and block of ``program`` at this level (a nested scan's body is its own)."""
+    for path, refs in program.values.items():
+        node = program.nodes.get(path)
+        if node is None or isinstance(node.op, (InputLayer, Scan)):
+            continue
+        yield expand(path), refs
+
+
+def tap_paths(program: Program) -> list[str]:
+    """Every concrete path ``apply`` can capture or intervene at."""
+    paths = [c for concrete, _ in _entries(program, lambda p: (p,)) for c in concrete]
+    for step in program.steps:
+        if step.body is not None:
+            paths.extend(step.blocks)
+            paths.extend(c for concrete, _ in _entries(step.body, _block_paths(step))
+                         for c in concrete)
+    return paths
+
+
+def _block_paths(step: Step) -> Callable[[str], tuple[str, ...]]:
+    cut = len(step.path) + 1
+    return lambda path: tuple(f"{name}/{path[cut:]}" for name in step.blocks)
+
+
+@functools.cache
+def _takes_path(fn: Callable) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
+def _call(fn: Callable, value: Any, path: str) -> Any:
+    result = fn(value, path) if _takes_path(fn) else fn(value)
+    shape, dtype = getattr(result, "shape", None), getattr(result, "dtype", None)
+    if shape is None or tuple(shape) != tuple(value.shape):
+        raise ShapeError(f"intervene at {path!r}: the function must return an array of the "
+                         f"output's shape {tuple(value.shape)}, got "
+                         f"{tuple(shape) if shape is not None else type(result).__name__}")
+    if np.dtype(dtype) != np.dtype(value.dtype):
+        raise DTypeError(f"intervene at {path!r}: the function must return the output's dtype "
+                         f"{value.dtype}, got {dtype} (cast it: .astype(value.dtype))")
+    return result
+
+
+@dataclasses.dataclass
+class TapPlan:
+    """The taps of one program (a scan's body has its own, per block).
+
+    Attributes:
+      wanted: the refs to keep for capture (through remat regions, out of scans).
+      captures: (concrete path, iteration, refs) of every capture.
+      interventions: ref -> [(fn, the concrete path per iteration, or None where the
+        pattern does not match that block)].
+    """
+
+    taps: Taps
+    wanted: tuple[Ref, ...]
+    captures: list[tuple[str, int, tuple[Ref, ...]]]
+    interventions: dict[Ref, list[tuple[Callable, tuple[str | None, ...]]]]
+    nested: bool = False
+    bodies: dict[str, TapPlan | None] = dataclasses.field(default_factory=dict)
+
+    def body(self, step: Step) -> TapPlan | None:
+        """The plan of a scan step's body (None inside a body: a scan nested in a
+        scanned block is not tapped)."""
+        if self.nested:
+            return None
+        if step.path not in self.bodies:
+            assert step.body is not None
+            self.bodies[step.path] = _plan(step.body, self.taps, _block_paths(step),
+                                           step.blocks, nested=True)
+        return self.bodies[step.path]
+
+    def intervene(self, step: Step, outs: tuple, index: Any) -> tuple:
+        if not self.interventions:
+            return outs
+        changed = list(outs)
+        for i in range(len(outs)):
+            for fn, per in self.interventions.get((step.path, i), ()):
+                changed[i] = _intervene(fn, changed[i], per, index)
+        return tuple(changed)
+
+    def collect(self, env: Mapping, scans: Mapping[str, Mapping]) -> dict[str, Any]:
+        """Concrete path -> captured output (a tuple for several outputs)."""
+        captured: dict[str, Any] = {}
+        for path, _, refs in self.captures:
+            values = tuple(env[ref] for ref in refs)
+            captured[path] = values[0] if len(values) == 1 else values
+        for scan_path, plan in self.bodies.items():
+            if plan is None:
+                continue
+            stacked = scans[scan_path]
+            for path, block, refs in plan.captures:
+                values = tuple(stacked[ref][block] for ref in refs)
+                captured[path] = values[0] if len(values) == 1 else values
+        return captured
+
+
+def _intervene(fn: Callable, value: Any, per: tuple[str | None, ...], index: Any) -> Any:
+    if index is None:  # not in a scan: one iteration
+        path = per[0]
+        return value if path is None else _call(fn, value, path)
+    with_path = _takes_path(fn)
+    if None not in per and not with_path:  # every block alike
+        return _call(fn, value, str(per[0]))
+    keys = [None if p is None else (p if with_path else "") for p in per]
+    branches = list(dict.fromkeys(keys))
+    table = jnp.asarray([branches.index(k) for k in keys], jnp.int32)
+    paths = {k: str(next(p for p, kk in zip(per, keys) if kk == k)) for k in branches if k is not None}
+    functions = [(lambda v: v) if k is None else functools.partial(_call, fn, path=paths[k])
+                 for k in branches]
+    return jax.lax.switch(table[index], [lambda v, f=f: f(v) for f in functions], value)
+
+
+def _plan(program: Program, taps: Taps, expand: Callable[[str], tuple[str, ...]],
+          blocks: tuple[str, ...] = (), nested: bool = False) -> TapPlan:
+    entries = list(_entries(program, expand))
+    if blocks:  # a scan's blocks: their outputs are the body's
+        entries.append((blocks, program.outputs))
+    captures, wanted = [], []
+    interventions: dict[Ref, list] = {}
+    matchers = [(p, path_matcher(p)) for p in taps.capture]
+    changes = [(path_matcher(p), fn) for p, fn in taps.intervene]
+    for concrete, refs in entries:
+        for iteration, path in enumerate(concrete):
+            if any(match(path) for _, match in matchers):
+                captures.append((path, iteration, tuple(refs)))
+                wanted.extend(refs)
+        for match, fn in changes:
+            per = tuple(path if match(path) else None for path in concrete)
+            if any(p is not None for p in per):
+                for ref in refs:
+                    interventions.setdefault(ref, []).append((fn, per))
+    return TapPlan(taps, tuple(dict.fromkeys(wanted)), captures, interventions, nested)
+
+
+def plan_taps(program: Program, taps: Taps) -> TapPlan:
+    """The plan of ``taps`` on ``program``; a pattern or path that names no layer or
+    block is a ``GraphError`` listing near names."""
+    known = tap_paths(program)
+    for pattern in list(taps.capture) + [p for p, _ in taps.intervene]:
+        matches = path_matcher(pattern)
+        if not any(matches(path) for path in known):
+            plain = pattern.replace("*", "").replace("?", "")
+            close = difflib.get_close_matches(plain, known, n=4, cutoff=0.5)
+            kind = "pattern" if is_pattern(pattern) else "path"
+            hint = f"; near names: {', '.join(close)}" if close else ""
+            raise GraphError(f"capture/intervene {kind} {pattern!r} names no layer or block of "
+                             f"graph {program.graph.name!r}{hint}")
+    return _plan(program, taps, lambda path: (path,))

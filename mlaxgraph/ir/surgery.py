@@ -1,0 +1,279 @@
+"""Surgery: selecting layers by path and changing them, as rules on the rewriter.
+
+``Graph.select`` names layers by path (``h.3/attn``, as in params); ``Graph.replace``,
+``insert_after``, ``insert_before`` and ``remove`` build the new layers with the
+user's function on symbolic tensors standing for the old layer's inputs (or output),
+and splice them in with one ``rewrite``. A path inside a block changes that block
+call alone: the other calls keep the very same graph, so runs of equal blocks still
+fold into one scan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ..core.errors import GraphError, MlaxGraphError, ShapeError, SourceInfo, capture_source, node_message
+from ..core.registry import registered_ops
+from ..core.specs import TensorSpec
+from .builder import Call, SymbolicTensor, trace_graph
+from .graph import Graph, InputLayer
+from .node import Node, Value
+from .rewrite import Rewrite, Rule, rewrite
+from .scan import unfold_scans
+from .verify import verify
+
+__all__ = ["select", "surgery", "layer_paths", "path_matcher"]
+
+_GLOB = re.compile(r"\*\*|\*|\?|\[[^\]]*\]|[^*?\[]+")
+
+
+def path_matcher(pattern: str) -> Callable[[str], bool]:
+    """A test of paths for a glob: ``*`` and ``?`` stay within one name, ``**`` also
+    crosses ``/``; ``[...]`` as in fnmatch."""
+    parts = []
+    for token in _GLOB.findall(pattern):
+        if token == "**":
+            parts.append(".*")
+        elif token == "*":
+            parts.append("[^/]*")
+        elif token == "?":
+            parts.append("[^/]")
+        elif token.startswith("["):
+            body = token[1:-1]
+            parts.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+        else:
+            parts.append(re.escape(token))
+    regex = re.compile("".join(parts) + r"\Z")
+    return lambda path: regex.match(path) is not None
+
+
+def is_pattern(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+def layer_paths(graph: Graph, prefix: str = "") -> Iterator[tuple[str, Node]]:
+    """Every layer (no inputs, no blocks) with its path, through nested blocks, in graph
+    order; a scan's body under each of its blocks' names (``h.0/attn`` ...), a block
+    called twice (sharing weights) under its first call's name."""
+    for node in graph.nodes:
+        if node.name in graph.inputs:
+            continue
+        inner = node.op.subgraph()
+        if inner is None:
+            if not node.shares_weights:
+                yield prefix + node.name, node
+            continue
+        if node.shares_weights:
+            continue
+        names = getattr(node.op, "names", None) or (node.name,)
+        for name in names:
+            yield from layer_paths(inner, f"{prefix}{name}/")
+
+
+def block_paths(graph: Graph, prefix: str = "") -> Iterator[tuple[str, Node]]:
+    """Every block call with its path (the nodes ``layer_paths`` goes through)."""
+    for node in graph.nodes:
+        inner = node.op.subgraph()
+        if inner is None or node.shares_weights:
+            continue
+        names = getattr(node.op, "names", None) or (node.name,)
+        for name in names:
+            yield prefix + name, node
+            yield from block_paths(inner, f"{prefix}{name}/")
+
+
+def select(graph: Graph, pattern: str | None = None, *, op: Any = None,
+           where: Callable[[Any], bool] | None = None) -> list[str]:
+    """See ``Graph.select``."""
+    if pattern is not None and not isinstance(pattern, str):
+        raise GraphError(f"select's pattern is a glob over paths (a str), got {type(pattern).__name__}")
+    ops: tuple[str, ...] | None = None
+    if op is not None:
+        ops = (op,) if isinstance(op, str) else tuple(op)
+        known = registered_ops()
+        for name in ops:
+            if not isinstance(name, str) or name not in known:
+                close = difflib.get_close_matches(str(name), sorted(known), n=3)
+                hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise GraphError(f"select(op=...): {name!r} is no registered op{hint}")
+    if where is not None and not callable(where):
+        raise GraphError(f"select(where=...) takes a predicate on the layer, got {where!r}")
+    matches = path_matcher(pattern) if pattern is not None else None
+    found = []
+    for path, node in layer_paths(graph):
+        if matches is not None and not matches(path):
+            continue
+        if ops is not None and node.op.op_name not in ops:
+            continue
+        if where is not None and not where(node.op):
+            continue
+        found.append(path)
+    return found
+
+
+def _resolve(graph: Graph, selection: Any, action: str) -> list[str]:
+    """The layer paths a selection names (a pattern, a path or a list of paths); an
+    empty selection or a path that is not a layer is an error listing near names."""
+    what = f"{action}({selection!r})"
+    if isinstance(selection, str):
+        items = [selection]
+    elif isinstance(selection, (list, tuple)) and all(isinstance(s, str) for s in selection):
+        items = list(selection)
+    else:
+        raise GraphError(f"{action} takes a path, a glob pattern or a list of paths "
+                         f"(what select returns), got {selection!r}")
+    if not items:
+        raise GraphError(f"{what}: the selection is empty, so there is nothing to change; "
+                         f"graph.select(...) lists the layers a pattern matches")
+    known = [path for path, _ in layer_paths(graph)]
+    known_set = set(known)
+    paths: list[str] = []
+    for item in items:
+        if is_pattern(item):
+            matched = select(graph, item)
+            if not matched:
+                raise GraphError(f"{what}: pattern {item!r} matches no layer of graph "
+                                 f"{graph.name!r}{_near(item, known)}")
+            paths.extend(matched)
+        elif item in known_set:
+            paths.append(item)
+        else:
+            blocks = {path for path, _ in block_paths(graph)}
+            problem = (f"{item!r} is a block, not a layer: select its layers ({item}/*)"
+                       if item in blocks else f"graph {graph.name!r} has no layer {item!r}")
+            raise GraphError(f"{what}: {problem}{_near(item, known)}")
+    return list(dict.fromkeys(paths))
+
+
+def _near(name: str, known: Sequence[str]) -> str:
+    plain = name.replace("*", "").replace("?", "")
+    close = difflib.get_close_matches(plain, known, n=4, cutoff=0.5)
+    return f"; near names: {', '.join(close)}" if close else ""
+
+
+def surgery(graph: Graph, action: str, selection: Any, fn: Any) -> Graph:
+    """``graph`` with ``action`` (``replace``, ``insert_after``, ``insert_before``,
+    ``remove``) applied to the selected layers; see the ``Graph`` methods."""
+    source = capture_source()
+    if not isinstance(graph, Graph):
+        raise GraphError(f"{action} works on a Graph, got {type(graph).__name__}")
+    if action != "remove" and not callable(fn):
+        raise GraphError(f"{action} takes a function building the new layers, got {fn!r}")
+    graph = _unfold(graph)
+    paths = _resolve(graph, selection, action)
+    targets = frozenset(tuple(path.split("/")) for path in paths)
+    rule = _Surgery(action, fn, targets, source)
+    try:
+        result = rewrite(graph, rule)
+    except MlaxGraphError as e:
+        where = f" at {source}" if source is not None else ""
+        raise type(e)(f"{action}({selection!r}){where} breaks the graph:\n{e}") from None
+    verify(result)
+    return result
+
+
+def _unfold(graph: Graph) -> Graph:
+    """Scans (a compiled graph's folded runs) back to their blocks: paths name blocks."""
+    return unfold_scans(graph)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Surgery(Rule):
+    action: str
+    fn: Any
+    targets: frozenset[tuple[str, ...]]
+    source: SourceInfo | None = dataclasses.field(compare=False, hash=False)
+
+    def _hit(self, node: Node) -> bool:
+        return (node.layer,) in self.targets or (node.name,) in self.targets
+
+    def nested(self, node: Node) -> Rule | None:
+        inner = frozenset(t[1:] for t in self.targets
+                          if len(t) > 1 and t[0] in (node.name, node.layer))
+        return _Surgery(self.action, self.fn, inner, self.source) if inner else None
+
+    def visit(self, node: Node, rewrite: Rewrite):
+        if not self._hit(node):
+            return None
+        if self.action == "remove":
+            return self._remove(node, rewrite)
+        if self.action == "insert_after":
+            kept = rewrite.keep(node)
+            outputs = [kept.value(i) for i in range(len(kept.outputs))]
+            return _splice(rewrite, node, outputs, lambda *xs: self.fn(*xs), self.source,
+                           what="insert_after's function")
+        if self.action == "insert_before":
+            new_inputs = _splice(rewrite, node, list(node.inputs), lambda *xs: self.fn(*xs),
+                                 self.source, what="insert_before's function",
+                                 count=len(node.inputs))
+            return node.replace(inputs=tuple(new_inputs))
+        return _splice(rewrite, node, list(node.inputs), lambda *xs: self.fn(node.op, *xs),
+                       self.source, what="replace's function", keep_name=True)
+
+    def _remove(self, node: Node, rewrite: Rewrite):
+        if not node.inputs or len(node.outputs) != 1 or rewrite.spec(node.inputs[0]) != node.outputs[0]:
+            ins = ", ".join(str(rewrite.spec(v)) for v in node.inputs) or "no inputs"
+            raise ShapeError(node_message(
+                node.name, node.op.op_name,
+                "remove takes out a layer whose output has its first input's spec, and this "
+                "one's differs; use replace to put something in its place",
+                got=f"inputs {ins} -> outputs {', '.join(map(str, node.outputs))}",
+                source=self.source))
+        return (node.inputs[0],)
+
+
+def _placeholders(specs: Sequence[TensorSpec]) -> list[SymbolicTensor]:
+    tensors = []
+    for i, spec in enumerate(specs):
+        layer = InputLayer(spec.shape, spec.dtype, None, name=f"__surgery_input_{i}")
+        call = Call(layer, (), (spec,), None)
+        tensors.append(SymbolicTensor(spec, call, 0))
+    return tensors
+
+
+def _splice(rewrite: Rewrite, old: Node, values: list[Value], build: Callable,
+            source: SourceInfo | None, *, what: str, keep_name: bool = False,
+            count: int | None = None) -> list[Value]:
+    """Calls ``build`` on symbolic tensors standing for ``values``, adds the layers it
+    made to the graph being rewritten (names made unique; a layer the user named keeps
+    its name where it is free), and returns the values standing for its results."""
+    specs = [rewrite.spec(v) for v in values]
+    tensors = _placeholders(specs)
+    result = build(*tensors)
+    outs = result if isinstance(result, (tuple, list)) else (result,)
+    want = len(old.outputs) if count is None else count
+    if len(outs) != want or not all(isinstance(t, SymbolicTensor) for t in outs):
+        got = ", ".join(type(t).__name__ for t in outs)
+        raise GraphError(node_message(
+            old.name, old.op.op_name,
+            f"{what} must return {want} symbolic tensor{'s' if want != 1 else ''} "
+            f"(made by layers called on the tensors it gets), got {got}", source=source))
+    nodes, input_names, output_values = trace_graph(tensors, list(outs))
+    mapping: dict[Value, Value] = {Value(name, 0): v for name, v in zip(input_names, values)}
+    names: dict[str, str] = {}
+    produced = {v.node for v in output_values}
+    for node in nodes:
+        if node.name in input_names:
+            continue
+        if node.op is old.op and not node.shares_weights:
+            new_name = old.name  # the old layer called again keeps its name and weights
+            rewrite.names.add(new_name)
+        elif (keep_name and node.op.name is None and node.name in produced
+              and len(produced) == 1 and old.name not in names.values()):
+            new_name = old.name  # the layer in its place takes its name
+        else:
+            new_name = rewrite.fresh(node.name) if node.name in rewrite.names else node.name
+            rewrite.names.add(new_name)
+        names[node.name] = new_name
+        layer = names.get(node.layer, node.layer)
+        inputs = tuple(mapping.get(v, v) for v in node.inputs)
+        emitted = rewrite.emit(Node(new_name, node.op, inputs, node.outputs, layer,
+                                    node.source or source))
+        for i in range(len(emitted.outputs)):
+            mapping[Value(node.name, i)] = emitted.value(i)
+    return [mapping.get(v, v) for v in output_values]
+
