@@ -97,8 +97,11 @@ def _takes_path(fn: Callable) -> bool:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return False
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+    # fn(value, path) when it requires two positional arguments; fn(value) otherwise
+    # (jnp.zeros_like's optional dtype must not receive the path).
+    required = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.default is p.empty]
+    return len(required) >= 2
 
 
 def _call(fn: Callable, value: Any, path: str) -> Any:

@@ -1,0 +1,130 @@
+"""apply's capture and intervene: captured values equal a run of the graph cut at that
+layer, an identity intervention is bit for bit the plain output, zeroing an output
+equals a graph computing zeros there; unscanned and scanned, with and without remat."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+from mlaxgraph.ir.block import Block
+from mlaxgraph.ir.node import Value
+
+CONFIG = {"n_layer": 4, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 16}
+IDS = (jnp.arange(16, dtype=jnp.int32).reshape(2, 8) * 5) % 64
+MODES = [(False, None), (False, "full"), (True, None), (True, "full")]
+
+
+@pytest.fixture(scope="module")
+def base():
+    g = mg.models.gpt2(CONFIG)
+    params, state = mg.compile(g).init(jax.random.key(0))
+    return g, params, state
+
+
+def model_and_weights(g, params, state, scan, remat):
+    model = mg.compile(g, scan_blocks=scan, remat=remat)
+    if scan:
+        params, state = model.stack_weights(params, state)
+    return model, params, state
+
+
+def cut_at(g, block, layer):
+    """``g`` ending at ``block/layer``'s output: the block's graph returns that layer's
+    output and the top graph returns the block's (the rest is dead code)."""
+    node = g.node(block)
+    inner = node.op.graph.with_parts(outputs=(Value(layer),))
+    nodes = tuple(n.replace(op=Block(inner, name=block)) if n.name == block else n for n in g.nodes)
+    return g.with_parts(nodes=nodes, outputs=(Value(block),))
+
+
+@pytest.mark.parametrize("scan,remat", MODES)
+def test_capture_equals_the_graph_cut_there(base, scan, remat):
+    g, params, state = base
+    model, p, s = model_and_weights(g, params, state, scan, remat)
+    out, _, captured = model.apply(p, s, IDS, inference_mode=True, capture=["h.*/attn", "h.2", "ln_f"])
+    assert sorted(captured) == ["h.0/attn", "h.1/attn", "h.2", "h.2/attn", "h.3/attn", "ln_f"]
+    plain, _ = model.apply(p, s, IDS, inference_mode=True)
+    np.testing.assert_allclose(out, plain, rtol=1e-5, atol=1e-5)
+    for block in ("h.0", "h.3"):
+        want, _ = mg.compile(cut_at(g, block, "attn")).apply(params, state, IDS, inference_mode=True)
+        np.testing.assert_allclose(captured[f"{block}/attn"], want, rtol=1e-5, atol=1e-6)
+    whole = g.with_parts(outputs=(Value("h.2"),))
+    want, _ = mg.compile(whole).apply(params, state, IDS, inference_mode=True)
+    np.testing.assert_allclose(captured["h.2"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scan,remat", MODES)
+def test_identity_intervention_is_bit_exact(base, scan, remat):
+    g, params, state = base
+    model, p, s = model_and_weights(g, params, state, scan, remat)
+    plain, _ = model.apply(p, s, IDS, inference_mode=True)
+    for taps in ({"h.*/attn": lambda v: v}, {"h.1/mlp.c_fc": lambda v, path: v}, {"h.2": lambda v: v}):
+        out, _ = model.apply(p, s, IDS, inference_mode=True, intervene=taps)
+        np.testing.assert_array_equal(out, plain)
+
+
+@pytest.mark.parametrize("scan,remat", MODES)
+def test_zeroing_an_attention_equals_a_graph_computing_zeros_there(base, scan, remat):
+    g, params, state = base
+    model, p, s = model_and_weights(g, params, state, scan, remat)
+    out, _ = model.apply(p, s, IDS, inference_mode=True, intervene={"h.3/attn": jnp.zeros_like})
+    zeroed = g.replace("h.3/attn", lambda layer, *xs: 0.0 * layer(*xs))
+    want, _ = mg.compile(zeroed).apply(params, state, IDS, inference_mode=True)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    plain, _ = model.apply(p, s, IDS, inference_mode=True)
+    assert not np.allclose(out, plain)
+    # fn(value, path) sees each block's own path inside a scanned run.
+    seen = {"h.1/attn": 0.5, "h.3/attn": 0.0}
+    out2, _ = model.apply(p, s, IDS, inference_mode=True,
+                          intervene={"h.*/attn": lambda v, path: v * seen.get(path, 1.0)})
+    halved = g.replace("h.1/attn", lambda layer, *xs: 0.5 * layer(*xs)).replace(
+        "h.3/attn", lambda layer, *xs: 0.0 * layer(*xs))
+    want2, _ = mg.compile(halved).apply(params, state, IDS, inference_mode=True)
+    np.testing.assert_allclose(out2, want2, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_flow_through_interventions(base):
+    g, params, state = base
+    model = mg.compile(g, scan_blocks=True, remat="full")
+    p, s = model.stack_weights(params, state)
+
+    def loss(p, scale):
+        out, _ = model.apply(p, s, IDS, inference_mode=True, intervene={"h.2/attn": lambda v: v * scale})
+        return jnp.sum(out ** 2)
+
+    grad = jax.grad(loss, argnums=1)(p, 1.0)
+    eps = 1e-3
+    numeric = (loss(p, 1.0 + eps) - loss(p, 1.0 - eps)) / (2 * eps)
+    np.testing.assert_allclose(grad, numeric, rtol=2e-2)
+
+
+def test_taps_errors_are_mlaxgraph_errors(base):
+    g, params, state = base
+    model = mg.compile(g)
+    with pytest.raises(mg.GraphError, match="unexpected keyword argument 'captur'.*capture=None"):
+        model.apply(params, state, IDS, captur=["h.*"])
+    with pytest.raises(mg.GraphError, match="'h.\\*/atn' names no layer or block.*near names"):
+        model.apply(params, state, IDS, inference_mode=True, capture=["h.*/atn"])
+    with pytest.raises(mg.GraphError, match="intervene takes a dict"):
+        model.apply(params, state, IDS, inference_mode=True, intervene=lambda v: v)
+    with pytest.raises(mg.ShapeError, match="intervene at 'h.1/attn'.*shape"):
+        model.apply(params, state, IDS, inference_mode=True, intervene={"h.1/attn": lambda v: v[:, :1]})
+    with pytest.raises(mg.DTypeError, match="intervene at 'ln_f'.*dtype"):
+        model.apply(params, state, IDS, inference_mode=True, intervene={"ln_f": lambda v: v.astype(jnp.bfloat16)})
+
+
+def test_capture_in_training_with_rng_and_a_small_graph():
+    x = mg.Input(("batch", 4), name="x")
+    h = ops.Dropout(0.5, name="drop")(ops.Linear(3, name="fc")(x))
+    model = mg.compile(mg.Graph(x, ops.relu(h)))
+    params, state = model.init(jax.random.key(0))
+    data = jnp.arange(8.0).reshape(2, 4)
+    out, _, captured = model.apply(params, state, data, rng=jax.random.key(1), capture=["fc", "drop"])
+    fc = np.asarray(data) @ np.asarray(params["fc"]["kernel"]) + np.asarray(params["fc"]["bias"])
+    np.testing.assert_allclose(captured["fc"], fc, rtol=1e-6)
+    kept = np.asarray(captured["drop"]) != 0
+    np.testing.assert_allclose(np.asarray(captured["drop"])[kept], 2 * fc[kept], rtol=1e-6)
+    np.testing.assert_allclose(out, np.maximum(captured["drop"], 0))
