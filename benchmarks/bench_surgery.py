@@ -117,14 +117,6 @@ def graph_of(kind: str, n: int) -> tuple[mg.Graph, str, str]:
     return g, "s.*/u.*/relu", f"s.{n // (UNIT * UNITS) // 2}/u.{UNITS // 2}/relu"
 
 
-def _gelu(layer, x):
-    return ops.gelu(x)
-
-
-def _tanh(y):
-    return ops.tanh(y)
-
-
 def surgery_op(op: str, g: mg.Graph, pattern: str, one: str):
     """Runs one operation (what is timed); returns its result."""
     if op == "select":
@@ -461,10 +453,11 @@ def goals(res: dict) -> list[list[str]]:
     t = g["ops"]['select("h.*/mlp.act") + replace(selection, relu)']
     t1 = g["ops"]['replace("h.3/mlp.act", relu)']
     t2 = g["ops"]['insert_after("h.*/attn", LayerNorm "probe")']
-    worst = max(t, t1, t2, g["ops"]['select("h.*/attn")'])
+    t0 = g["ops"]['select("h.*/attn")']
+    worst = max(t, t1, t2, t0)
     out.append([f"GPT-2 small (nested, {g['layers']} layers): select / replace / insert_after "
                 f"< {GOAL_SECONDS:g} s",
-                f"select {fmt_time(g['ops']['select(\"h.*/attn\")'])}, replace one "
+                f"select {fmt_time(t0)}, replace one "
                 f"{fmt_time(t1)}, select + replace 12 {fmt_time(t)}, insert_after 12 {fmt_time(t2)}",
                 "**met**" if worst < GOAL_SECONDS else "**MISSED**"])
     growth_cells, ok = [], True

@@ -654,6 +654,8 @@ def reference(graph: mg.Graph, params, state, inputs, training: bool, used, path
         elif isinstance(op, ops.Dropout):
             assert not training or op.rate == 0.0, "the reference runs Dropout only as the identity"
             outs = (args[0],)
+        elif isinstance(op, ops.Identity):
+            outs = tuple(args)
         elif isinstance(op, (ops.Add, ops.Sub, ops.Mul)):
             a, b = args
             outs = ({ops.Add: np.add, ops.Sub: np.subtract, ops.Mul: np.multiply}[type(op)](a, b),)

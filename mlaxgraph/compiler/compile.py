@@ -99,7 +99,7 @@ class CompiledModel:
         else:  # init creates each weight on its devices
             init = jax.jit(self.init_fn, out_shardings=(sharding.params, sharding.state),
                            compiler_options=init_compiler_options())
-        self.init = ModelInit(init)
+        self.init = ModelInit(init, self.init_fn)
         self.checks = checks
 
         def tapped(taps: Taps):

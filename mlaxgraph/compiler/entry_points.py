@@ -140,14 +140,17 @@ class ModelInit:
     arrays), the others drawn as ``init`` draws them. The plain jitted function's
     attributes (``lower``, ``trace``) are its own."""
 
-    def __init__(self, plain: Callable):
+    def __init__(self, plain: Callable, pure: Callable):
         self._plain = plain
+        self._pure = pure  # the function before jit: inside a transformation (eval_shape)
 
     def __call__(self, key: jax.Array, reuse: Any = None, **unknown: Any):
         if unknown:
             raise GraphError(f"init got unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
                              f"{', '.join(map(repr, unknown))}; it takes init(key, reuse=None)")
-        params, state = self._plain(key)
+        # init is compiled with its own XLA options, which only a top-level jit takes.
+        traced = isinstance(key, jax.core.Tracer)
+        params, state = (self._pure if traced else self._plain)(key)
         if reuse is None:
             return params, state
         old_params, old_state = _check_reuse(reuse)
