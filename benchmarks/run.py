@@ -17,6 +17,10 @@ Benchmarks:
   bench_compile_scale   build + passes + ``mg.compile`` + lowering (trace, StableHLO) time
                         of 1,000 / 10,000 / 50,000 layer graphs, per layer; profiled with
                         cProfile when the time per layer grows with the size
+  bench_surgery         ``select`` / ``replace`` / ``insert_after`` on 1,000 / 3,000 / 10,000
+                        layer graphs (flat and nested) and on GPT-2 small, ``mg.compile``
+                        twice on one graph, and ``apply``'s ``capture`` / ``intervene`` per
+                        call on a scanned 12-block GPT-2 against plain ``apply``
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import bench_apply_overhead
 import bench_compile_scale
 import bench_deep
 import bench_see_save
+import bench_surgery
 import bench_train
 from _common import fmt_time, md_table
 
@@ -88,6 +93,8 @@ def main(argv=None) -> int:
                    help="skip the summary/to_dot/to_json scale benchmark")
     p.add_argument("--skip-deep", action="store_true",
                    help="skip the deep-models benchmark (compile time against depth, remat, planner)")
+    p.add_argument("--skip-surgery", action="store_true",
+                   help="skip the graph surgery and taps benchmark")
     p.add_argument("--budget", type=float, default=60.0,
                    help="compile-scale: skip the passes of a size projected to take longer than "
                         "this many seconds (default 60; 'inf' runs all)")
@@ -207,6 +214,14 @@ def main(argv=None) -> int:
                         "MLP 512, batch 8; `benchmarks/bench_deep.py`), against the same model written "
                         "by hand.\n\n" + bench_deep.markdown(res))
         loads.append(f"after deep models: {loadavg()}")
+
+    if not args.skip_surgery:
+        print("== graph surgery, taps and the memoised compile ...", file=sys.stderr, flush=True)
+        res = bench_surgery.run(quick=args.quick)
+        goals.extend(res["goals"])
+        sections.append("## 6. Graph surgery, taps (capture, intervene) and the memoised compile\n\n"
+                        + bench_surgery.markdown(res))
+        loads.append(f"after surgery: {loadavg()}")
 
     elapsed = time.perf_counter() - t_start
     header = [

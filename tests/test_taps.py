@@ -128,3 +128,34 @@ def test_capture_in_training_with_rng_and_a_small_graph():
     kept = np.asarray(captured["drop"]) != 0
     np.testing.assert_allclose(np.asarray(captured["drop"])[kept], 2 * fc[kept], rtol=1e-6)
     np.testing.assert_allclose(out, np.maximum(captured["drop"], 0))
+
+
+def test_trainer_loss_reads_captures():
+    import optax
+
+    x = mg.Input(("batch", 4), name="x")
+    h = ops.relu(ops.Linear(5, name="fc1")(x))
+    model = mg.compile(mg.Graph(x, ops.Linear(3, name="fc2")(h)))
+
+    def loss(outputs, targets, captured):
+        return jnp.mean((outputs - targets) ** 2, axis=-1) + 0.1 * jnp.mean(captured["fc1"] ** 2, axis=-1)
+
+    trainer = mg.train.Trainer(model, optax.sgd(0.5), loss=loss, capture=["fc1"])
+    ts = trainer.init(jax.random.key(0))
+    p0 = jax.tree.map(np.asarray, ts.params)
+    data = jax.random.normal(jax.random.key(1), (6, 4))
+    targets = jax.random.normal(jax.random.key(2), (6, 3))
+    ts, metrics = trainer.train_step(ts, data, targets)
+
+    def hand(p):  # the same objective written with jnp alone
+        a = data @ p["fc1"]["kernel"] + p["fc1"]["bias"]
+        y = jnp.maximum(a, 0) @ p["fc2"]["kernel"] + p["fc2"]["bias"]
+        return jnp.mean(jnp.mean((y - targets) ** 2, axis=-1) + 0.1 * jnp.mean(a ** 2, axis=-1))
+
+    value, grads = jax.value_and_grad(hand)(p0)
+    np.testing.assert_allclose(metrics["loss"], value, rtol=1e-5)
+    want = jax.tree.map(lambda w, g: w - 0.5 * g, p0, grads)
+    for got, expected in zip(jax.tree.leaves(ts.params), jax.tree.leaves(want)):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(mg.GraphError, match="the loss reads the captured outputs"):
+        mg.train.Trainer(model, optax.sgd(0.5), loss="mean_squared_error", capture=["fc1"])

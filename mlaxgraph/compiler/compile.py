@@ -114,6 +114,13 @@ class CompiledModel:
             plain = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
         self.apply = ModelApply(plain, tapped)
 
+    def tapped_apply_fn(self, taps: Taps) -> Any:
+        """The pure ``apply`` (before jit, for a wider jitted region such as a train
+        step) with ``taps`` (``mlaxgraph.compiler.taps.Taps.of(capture, intervene)``),
+        returning ``(outputs, new_state, captured)``."""
+        plan_taps(self.program, taps)
+        return make_apply(self.program, self.sharding, taps=taps)
+
     def reuse_report(self, params: Any, state: Any) -> ReuseReport:
         """What ``init(key, reuse=(params, state))`` would keep, draw new and drop, by
         weight path (nothing is drawn: the shapes come from the program)."""

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..compiler.taps import Taps
 from ..core.errors import GraphError
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import check_targets, resolve_loss, resolve_metrics
@@ -53,6 +54,12 @@ class Trainer:
       loss_scale: ``"auto"`` (dynamic loss scaling when the policy computes in
         float16, none otherwise), ``"dynamic"``, None, or a ``DynamicLossScale``
         to start from.
+      capture: paths or patterns of layers whose outputs the loss reads (auxiliary
+        losses, probes): the loss is then a function ``(outputs, targets, captured)
+        -> per-example losses`` (or one value), ``captured`` as ``model.apply``
+        gives it (docs/surgery.md).
+      intervene: path or pattern -> function replacing that output in every step,
+        as ``model.apply``'s ``intervene``.
 
     The jitted functions (the train state is donated: its buffers are reused for the
     new state, so do not use a state after passing it in):
@@ -85,7 +92,8 @@ class Trainer:
 
     def __init__(self, model, optimizer: optax.GradientTransformation,
                  loss: str | Callable = "softmax_cross_entropy",
-                 metrics: Any = None, loss_scale: Any = "auto"):
+                 metrics: Any = None, loss_scale: Any = "auto", *,
+                 capture: Any = None, intervene: Any = None):
         if not hasattr(model, "apply_fn") or not hasattr(model, "init_fn"):
             raise GraphError(f"Trainer takes a compiled model (mg.compile(graph)), got "
                              f"{type(model).__name__}")
@@ -94,6 +102,12 @@ class Trainer:
                              f"{type(optimizer).__name__}")
         self.model = model
         self.optimizer = optimizer
+        self._taps = Taps.of(capture, intervene)
+        self._captures = bool(self._taps is not None and self._taps.capture)
+        if self._captures and not callable(loss):
+            raise GraphError(f"Trainer(capture=...): the loss reads the captured outputs, so it "
+                             f"is a function (outputs, targets, captured) -> losses, got {loss!r}")
+        self._apply_fn = model.apply_fn if self._taps is None else model.tapped_apply_fn(self._taps)
         self.loss_fn = resolve_loss(loss)
         self._loss_name = loss if isinstance(loss, str) else None
         self._output_name = ", ".join(v.node for v in model.graph.outputs)
@@ -140,13 +154,18 @@ class Trainer:
                           jax.random.key_data(rng), self.loss_scale)
 
     def _forward(self, params, state, inputs, rng, inference_mode: bool):
-        return self.model.apply_fn(params, state, *_as_inputs(inputs),
-                                   rng=rng if self._needs_rng else None,
-                                   inference_mode=inference_mode)
+        """``(outputs, new_state, captured)`` (``captured`` empty without taps)."""
+        result = self._apply_fn(params, state, *_as_inputs(inputs),
+                                rng=rng if self._needs_rng else None,
+                                inference_mode=inference_mode)
+        return result if self._taps is not None else (*result, {})
 
-    def _losses(self, outputs, targets) -> jax.Array:
+    def _losses(self, outputs, targets, captured) -> jax.Array:
         if self._loss_name is not None:  # shapes are static: checked once per trace
             check_targets(self._loss_name, outputs, jnp.asarray(targets), self._output_name)
+        if self._captures:
+            reads_captures: Callable[..., Any] = self.loss_fn
+            return jnp.asarray(reads_captures(outputs, targets, captured)).astype(jnp.float32)
         return self.loss_fn(outputs, targets).astype(jnp.float32)
 
     def _metrics(self, outputs, targets, losses, weights=None) -> dict[str, jax.Array]:
@@ -175,8 +194,8 @@ class Trainer:
         scale = ts.loss_scale
 
         def objective(params):
-            outputs, new_state = self._forward(params, ts.state, inputs, rng, False)
-            losses = self._losses(outputs, targets)
+            outputs, new_state, captured = self._forward(params, ts.state, inputs, rng, False)
+            losses = self._losses(outputs, targets, captured)
             loss = jnp.mean(losses)
             scaled = loss if scale is None else scale.scale_loss(loss)
             return scaled, (outputs, new_state, losses)
@@ -210,8 +229,8 @@ class Trainer:
         """Loss and metrics in inference mode, pure: ``(ts, inputs, targets, weights)
         -> metrics`` averaged with per-example ``weights`` (all 1 when None)."""
         self.trace_counts["eval_step"] += 1
-        outputs, _ = self._forward(ts.params, ts.state, inputs, None, True)
-        losses = self._losses(outputs, targets)
+        outputs, _, captured = self._forward(ts.params, ts.state, inputs, None, True)
+        losses = self._losses(outputs, targets, captured)
         return self._metrics(outputs, targets, losses, weights)
 
     def predict(self, ts: TrainState, inputs: Any):
