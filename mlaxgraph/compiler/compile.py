@@ -229,7 +229,7 @@ class CompiledModel:
     @property
     def remat(self) -> dict[str, str]:
         """Block or layer path -> its rematerialization policy (``"full"``, ``"dots"``)."""
-        return {(s.remat_group or s.path): s.remat for s in self.program.steps if s.remat}
+        return self.program.checkpoints()
 
     def to_dot(self, **options: Any) -> str:
         """DOT text of the compiled graph (options as ``Graph.to_dot``), each layer

@@ -12,12 +12,13 @@ of concrete spatial sizes. A ``scan`` node (a run of equal blocks) is one step w
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ..core.specs import TensorSpec, match_shape, substitute
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.scan import Scan
-from .program import Program, Ref, Step
+from .program import Checkpoint, Program, Ref, ScanStep, Scheduled, Step
 
 __all__ = ["flatten"]
 
@@ -39,6 +40,7 @@ def flatten(graph: Graph, prefix: tuple[str, ...] = (),
     nodes: dict[str, Node] = {}
     values: dict[str, tuple[Ref, ...]] = {}
     owned: set[tuple[str, ...]] = set()
+    regions: dict[str, str] = {}  # step path -> the block or layer rematerialized with it
 
     remat = remat or {}
 
@@ -71,23 +73,43 @@ def flatten(graph: Graph, prefix: tuple[str, ...] = (),
             owner = weights + (node.layer,)
             owns = owner not in owned
             owned.add(owner)
-            scan = isinstance(node.op, Scan)
-            steps.append(Step(
+            common: dict[str, Any] = dict(
                 path=path, node=node, graph=g, weights=owner, owns_weights=owns,
                 inputs=inputs, input_specs=specs,
                 output_specs=tuple(bound(s) for s in node.outputs),
                 random=node.op.uses_rng(),
-                rng_path=(at if scan else names)[len(prefix):],  # keys are the body's own
                 param_specs=node.op.param_specs(specs), state_specs=node.op.state_specs(specs),
-                body=flatten(inner, names) if scan and inner is not None else None,
-                blocks=node.op.names if isinstance(node.op, Scan) else (),
-                remat=None if own is None else own[0],
-                remat_group=None if own is None or scan else own[1],
-                dims=bindings))
+                remat=None if own is None else own[0], dims=bindings)
+            if isinstance(node.op, Scan) and inner is not None:
+                steps.append(ScanStep(**common, rng_path=at[len(prefix):],  # keys: the body's own
+                                      body=flatten(inner, names), blocks=node.op.names))
+            else:
+                steps.append(Step(**common, rng_path=names[len(prefix):]))
+                if own is not None:
+                    regions[path] = own[1]
             values[path] = tuple((path, i) for i in range(len(node.outputs)))
 
     inputs = tuple("/".join(prefix + (name,)) for name in graph.inputs)
     visit(graph, prefix, (), tuple((path, 0) for path in inputs), {}, None)
     local = "/".join(prefix)
     outputs = tuple(values[f"{local}/{v.node}" if local else v.node][v.index] for v in graph.outputs)
-    return Program(graph, inputs, tuple(steps), outputs, nodes, values)
+    return Program(graph, inputs, tuple(steps), outputs, nodes, values, _schedule(steps, regions))
+
+
+def _schedule(steps: list[Step], regions: Mapping[str, str]) -> tuple[Scheduled, ...]:
+    """The steps, each run of consecutive steps of one rematerialized block or layer
+    made one ``Checkpoint`` region."""
+    schedule: list[Scheduled] = []
+    i = 0
+    while i < len(steps):
+        region = regions.get(steps[i].path)
+        if region is None:
+            schedule.append(steps[i])
+            i += 1
+            continue
+        j = i
+        while j < len(steps) and regions.get(steps[j].path) == region:
+            j += 1
+        schedule.append(Checkpoint(region, steps[i].remat or "full", tuple(steps[i:j])))
+        i = j
+    return tuple(schedule)

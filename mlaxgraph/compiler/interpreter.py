@@ -24,10 +24,10 @@ from ..core.scopes import scope_name
 from ..core.specs import bind_dims, flatten_specs, is_symbolic, match_shape
 from ..ir.printer import context_lines
 from .keys import block_keys, step_key
-from .program import Program, Ref, Step, get_in, set_in
+from .program import Checkpoint, Program, Ref, ScanStep, Scheduled, Step, get_in, set_in
 from .taps import TapPlan, Taps, plan_taps
 
-__all__ = ["run", "step_key", "Hook", "Taps"]
+__all__ = ["run", "step_key", "Hook", "Taps", "STEP_RULES", "StepRule", "Wrapper"]
 
 #: ``hook(path, values) -> values``: sees a graph input (path: its name) or a step's
 #: outputs, inside the step's named scope.
@@ -102,19 +102,20 @@ def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | Non
                                           context=context_lines(step.graph, node.name)))
 
 
-def _run_scan(step: Step, params: Any, state: Any, args: list, key: jax.Array | None,
+def _run_scan(step: ScanStep, params: Any, state: Any, args: list, key: jax.Array | None,
               context: _Context) -> tuple[tuple, Any]:
     """A run of equal blocks: ``lax.scan`` of one block's program over the blocks'
     stacked weights (and, in training, one key per block: the key the block would
     have had, ``key`` folded with its name). Captures inside the run come out as the
     scan's per-block outputs; interventions select their blocks by the block index."""
     body = step.body
-    assert body is not None  # a scan step
+    assert body is not None  # a ScanStep has one
     keys = None if key is None else block_keys(key, step.blocks)
     x, *shared = args  # further inputs: the same for every block
     bindings = _bindings(body, x)
     plan = context.plan.body(step) if context.plan is not None else None
-    inner = dataclasses.replace(context, bindings=bindings, hook=None, plan=plan)
+    inner = dataclasses.replace(context, bindings=bindings, hook=None, plan=plan,
+                                wrappers=_wrappers(context.checks, plan, None, context.extra))
 
     def one_block(carry, per_block):
         p, s, k, index = per_block
@@ -158,8 +159,8 @@ def _runtime_checks(step: Step, args: Sequence[Any], outs: tuple) -> None:
 
 def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
         rng: jax.Array | None, inference_mode: bool, bindings: Mapping[str, int] | None,
-        hook: Hook | None = None, checks: bool = False,
-        taps: Taps | None = None) -> tuple[tuple, dict] | tuple[tuple, dict, dict]:
+        hook: Hook | None = None, checks: bool = False, taps: Taps | None = None,
+        wrappers: Sequence[Wrapper] = ()) -> tuple[tuple, dict] | tuple[tuple, dict, dict]:
     """Runs the program: ``(outputs, new_state)``, and ``captured`` third with ``taps``.
 
     Args:
@@ -177,9 +178,12 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
         caller functionalizes them with ``checkify.checkify``. Off, nothing is traced.
       taps: what to capture and where to intervene (``mlaxgraph.compiler.taps``);
         the captured outputs come back by concrete path.
+      wrappers: the caller's own ``Wrapper``s of every step's outputs (after the
+        checks and taps, before the sharding constraints).
     """
     plan = plan_taps(program, taps) if taps is not None else None
-    context = _Context(params, rng, inference_mode, bindings, hook, checks, plan)
+    context = _Context(params, rng, inference_mode, bindings, hook, checks, plan,
+                       _wrappers(checks, plan, hook, tuple(wrappers)), tuple(wrappers))
     env, new_state = _run(program, state, inputs, context)
     outputs = tuple(env[ref] for ref in program.outputs)
     if plan is None:
@@ -188,25 +192,15 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
 
 
 def _run(program: Program, state: Any, inputs: Sequence[Any], context: _Context) -> tuple[dict, Any]:
-    """The environment of every value the program made (ref -> array) and the new state."""
+    """The environment of every value the program made (ref -> array) and the new state:
+    each unit of the program's schedule run by its rule in ``STEP_RULES``."""
     env: dict = {}
     hook = context.hook
     for name, x in zip(program.inputs, inputs):
         env[(name, 0)] = hook(name, (x,))[0] if hook is not None else x
-    steps = program.steps
     new_state = state
-    i = 0
-    while i < len(steps):
-        group = steps[i].remat_group
-        if group is None:
-            new_state = _run_step(steps[i], env, new_state, context)
-            i += 1
-            continue
-        j = i
-        while j < len(steps) and steps[j].remat_group == group:
-            j += 1
-        new_state = _run_rematerialized(program, i, j, env, new_state, context)
-        i = j
+    for index, unit in enumerate(program.schedule):
+        new_state = STEP_RULES[type(unit)](unit, env, new_state, context, program, index)
     return env, new_state
 
 
@@ -219,20 +213,67 @@ class _Context:
     hook: Hook | None
     checks: bool = False
     plan: TapPlan | None = None
+    #: wrappers of every step's outputs, in order (``Wrapper``): checks, taps, sharding
+    wrappers: tuple[Wrapper, ...] = ()
+    #: the caller's own wrappers (``run(wrappers=...)``), kept for scan bodies
+    extra: tuple[Wrapper, ...] = ()
     #: inside a scan's body, the index of the block being run (a traced int)
     index: Any = None
     #: a scan's path -> what its blocks captured (ref -> stacked arrays)
     scans: dict = dataclasses.field(default_factory=dict)
 
 
-def _run_step(step: Step, env: dict, state: Any, context: _Context) -> Any:
+#: ``wrapper(step, args, outs, context) -> outs``: sees (and may replace) each step's
+#: outputs, inside its named scope; the override point for what surrounds every layer.
+Wrapper = Callable[[Step, list, tuple, "_Context"], tuple]
+
+#: ``rule(unit, env, state, context, program, index) -> new state``: runs one unit of a
+#: program's schedule, reading its arguments from ``env`` and writing its outputs there.
+StepRule = Callable[[Any, dict, Any, "_Context", Program, int], Any]
+
+
+def _check_wrapper(step: Step, args: list, outs: tuple, context: _Context) -> tuple:
+    _runtime_checks(step, args, outs)
+    return outs
+
+
+def _tap_wrapper(step: Step, args: list, outs: tuple, context: _Context) -> tuple:
+    assert context.plan is not None
+    return context.plan.intervene(step, outs, context.index)
+
+
+def _hook_wrapper(step: Step, args: list, outs: tuple, context: _Context) -> tuple:
+    assert context.hook is not None
+    return context.hook(step.path, outs)
+
+
+def _wrappers(checks: bool, plan: TapPlan | None, hook: Hook | None,
+              extra: tuple[Wrapper, ...] = ()) -> tuple[Wrapper, ...]:
+    """The wrappers of a run: run-time checks, then taps, then the caller's, then the
+    sharding constraints (last: they place what the others made)."""
+    wrappers: list[Wrapper] = []
+    if checks:
+        wrappers.append(_check_wrapper)
+    if plan is not None and plan.interventions:
+        wrappers.append(_tap_wrapper)
+    wrappers.extend(extra)
+    if hook is not None:
+        wrappers.append(_hook_wrapper)
+    return tuple(wrappers)
+
+
+def _run_step(step: Step, env: dict, state: Any, context: _Context,
+              program: Program | None = None, index: int = 0) -> Any:
+    """The rule of a layer step and of a scan step: weights read and checked, the key
+    derived, the op (or the scan) run in the step's named scope, its outputs checked
+    against its specs and passed through the wrappers."""
     args = [env[ref] for ref in step.inputs]
     p = _weights(step, context.params, "params")
     s = _weights(step, state, "state")
     rng = context.rng
     with jax.named_scope(scope_name(step.path)):
         key = step_key(rng, step.rng_path) if step.random and rng is not None else None
-        if step.body is not None:
+        if isinstance(step, ScanStep):
             outs, s2 = _run_scan(step, p, s, args, key, context)
         else:
             op = step.op
@@ -241,12 +282,8 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context) -> Any:
             outs, s2 = op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
         outs = tuple(outs)
         _check_outputs(step, outs, context.bindings)
-        if context.checks:
-            _runtime_checks(step, args, outs)
-        if context.plan is not None:
-            outs = context.plan.intervene(step, outs, context.index)
-        if context.hook is not None:
-            outs = context.hook(step.path, outs)
+        for wrap in context.wrappers:
+            outs = wrap(step, args, outs, context)
     if s2:
         state = set_in(state, step.weights, s2)
     for i, out in enumerate(outs):
@@ -261,17 +298,17 @@ REMAT_POLICIES: dict[str, Any] = {
 }
 
 
-def _run_rematerialized(program: Program, start: int, end: int, env: dict, state: Any,
-                        context: _Context) -> Any:
-    """Steps ``start:end`` (one block, or one layer, asked to be rematerialized) as one
-    function under ``jax.checkpoint``: the backward pass recomputes what they made
-    inside instead of keeping it, saving only what the policy allows. What is
-    captured inside comes out with the group's results."""
-    steps = program.steps[start:end]
+def _run_checkpoint(region: Checkpoint, env: dict, state: Any, context: _Context,
+                    program: Program, index: int) -> Any:
+    """A checkpoint region's steps as one function under ``jax.checkpoint``: the
+    backward pass recomputes what they made inside instead of keeping it, saving only
+    what the policy allows. What is captured inside comes out with its results."""
+    steps = region.steps
     made = {ref for step in steps for ref in step.outputs}
     reads = [ref for step in steps for ref in step.inputs if ref not in made]
     arguments = list(dict.fromkeys(reads))
-    later: set[Ref] = {ref for step in program.steps[end:] for ref in step.inputs} | set(program.outputs)
+    later: set[Ref] = {ref for unit in program.schedule[index + 1:] for ref in _reads(unit)}
+    later |= set(program.outputs)
     if context.plan is not None:
         later |= set(context.plan.wanted)
     results = [ref for step in steps for ref in step.outputs if ref in later]
@@ -283,7 +320,18 @@ def _run_rematerialized(program: Program, start: int, end: int, env: dict, state
             state = _run_step(step, local, state, inner)
         return [local[ref] for ref in results], state
 
-    checkpointed = jax.checkpoint(group, policy=REMAT_POLICIES[steps[0].remat or "full"])
+    checkpointed = jax.checkpoint(group, policy=REMAT_POLICIES[region.policy])
     outs, state = checkpointed([env[ref] for ref in arguments], context.params, state, context.rng)
     env.update(zip(results, outs))
     return state
+
+
+def _reads(unit: Scheduled) -> tuple[Ref, ...]:
+    if isinstance(unit, Checkpoint):
+        return tuple(ref for step in unit.steps for ref in step.inputs)
+    return unit.inputs
+
+
+#: The rule that runs each kind of unit of a schedule. A caller may run a program with
+#: other rules (``run(rules=...)``), as torch.fx's Interpreter is subclassed.
+STEP_RULES: dict[type, StepRule] = {Step: _run_step, ScanStep: _run_step, Checkpoint: _run_checkpoint}

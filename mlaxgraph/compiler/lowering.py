@@ -19,7 +19,7 @@ from ..core.errors import DTypeError, GraphError, ShapeError, node_message
 from ..core.specs import TensorSpec, flatten_specs, match_shape
 from .interpreter import run
 from .keys import block_keys, chain_keys, step_key
-from .program import Program, set_in
+from .program import Program, ScanStep, set_in
 from .taps import Taps
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[di
     leaves = []
     trees: dict[str, dict] = {"params": {}, "state": {}}
     for step in program.owners():
-        if step.body is not None:
+        if isinstance(step, ScanStep):
             base = step_key(key, step.weights[:-1])
             p, s = jax.vmap(lambda one, body=step.body: _init_program(body, one, dtype))(
                 block_keys(base, step.blocks))

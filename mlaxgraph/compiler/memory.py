@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from ..core.errors import GraphError
 from ..ops.flops import size
-from .program import Program, Step
+from .program import Program, ScanStep, Step
 
 __all__ = ["MemoryPlan", "parse_bytes", "plan_memory"]
 
@@ -117,8 +117,8 @@ def _options(program: Program, dims: Mapping[str, int]) -> list[Option]:
     repeat: dict[str, int] = {}
     blocks = [p for p, n in program.nodes.items() if "/" not in p and n.op.subgraph() is not None]
     for step in program.steps:
-        if step.body is not None:
-            groups[step.path] = list(step.body.steps)
+        if isinstance(step, ScanStep):
+            groups[step.path] = list(step.block.steps)
             repeat[step.path] = len(step.blocks)
             continue
         top = step.path.split("/")[0]

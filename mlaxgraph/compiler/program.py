@@ -24,7 +24,7 @@ from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.op import Layer
 
-__all__ = ["Ref", "Step", "Program", "get_in", "set_in", "path_str"]
+__all__ = ["Ref", "Step", "ScanStep", "Checkpoint", "Program", "get_in", "set_in", "path_str"]
 
 #: ``(path, output index)`` of the step or graph input that produces a value.
 Ref = tuple[str, int]
@@ -54,15 +54,11 @@ class Step:
       rng_path: the names folded into the apply key for it (its path's names; for a
         scan, its parent's, each block then folding in its own name).
       param_specs, state_specs: its weights, as its op declares them.
-      body: for a scan (a run of equal blocks), the program of one block, run by
-        ``lax.scan`` once per block; None for other steps.
-      blocks: for a scan, the names of its blocks, in order (their weights are
-        stacked in that order; each one's key folds in its name); () for other steps.
+      body: for a scan step (``ScanStep``), the program of one block; None here.
       remat: the rematerialization policy asked for it (``"full"``, ``"dots"``), or
-        None: the backward pass recomputes its results instead of keeping them.
-      remat_group: the path of the block or layer whose steps are rematerialized
-        together (consecutive steps with one group run under one ``jax.checkpoint``);
-        None for a scan (its blocks are, one by one) or without remat.
+        None: the backward pass recomputes its results instead of keeping them (a
+        layer's steps run inside a ``Checkpoint`` region of ``Program.schedule``; a
+        scan's blocks are checkpointed one by one).
       dims: the symbolic dims of the block holding it, by name, as dims of the graph
         being compiled (empty at the top level): ops with symbolic hyperparameters are
         bound to them before the graph's own.
@@ -81,9 +77,7 @@ class Step:
     param_specs: Mapping[str, Any]
     state_specs: Mapping[str, Any]
     body: Program | None = None
-    blocks: tuple[str, ...] = ()
     remat: str | None = None
-    remat_group: str | None = None
     dims: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -100,6 +94,45 @@ class Step:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class ScanStep(Step):
+    """A run of equal blocks as one step: ``body`` (the program of one block) run by
+    ``lax.scan`` once per block, over the blocks' stacked weights.
+
+    Attributes:
+      blocks: the names of its blocks, in order (their weights are stacked in that
+        order; each one's key folds in its name).
+    """
+
+    blocks: tuple[str, ...] = ()
+
+    @property
+    def block(self) -> Program:
+        """The program of one block (``body``, which a scan step always has)."""
+        assert self.body is not None
+        return self.body
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Checkpoint:
+    """A region of steps run under one ``jax.checkpoint``: the backward pass recomputes
+    what they made inside instead of keeping it, saving what ``policy`` allows.
+
+    Attributes:
+      path: the block or layer asked to be rematerialized (``block3``).
+      policy: ``"full"`` or ``"dots"`` (``interpreter.REMAT_POLICIES``).
+      steps: its steps, in order.
+    """
+
+    path: str
+    policy: str
+    steps: tuple[Step, ...]
+
+
+#: What ``Program.schedule`` holds: the typed units the interpreter runs.
+Scheduled = Step | Checkpoint
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Program:
     """A graph as a flat list of steps.
 
@@ -113,6 +146,8 @@ class Program:
         in the order the graph lists them.
       values: path -> the refs of that node's outputs (a block's are its inner
         layers'; an inner input's are what the block was called with).
+      schedule: what the interpreter runs, in order: the steps, with each run of
+        steps rematerialized together as one ``Checkpoint`` region.
     """
 
     graph: Graph
@@ -121,6 +156,7 @@ class Program:
     outputs: tuple[Ref, ...]
     nodes: Mapping[str, Node]
     values: Mapping[str, tuple[Ref, ...]]
+    schedule: tuple[Scheduled, ...] = ()
 
     @property
     def input_specs(self) -> tuple[TensorSpec, ...]:
@@ -168,6 +204,17 @@ class Program:
             yield step
             if step.body is not None:
                 yield from step.body.all_steps()
+
+    def checkpoints(self) -> dict[str, str]:
+        """Block or layer path -> its rematerialization policy: the checkpoint regions
+        and the scans whose blocks are checkpointed."""
+        found = {}
+        for unit in self.schedule:
+            if isinstance(unit, Checkpoint):
+                found[unit.path] = unit.policy
+            elif unit.remat is not None:
+                found[unit.path] = unit.remat
+        return found
 
     def owners(self) -> Iterator[Step]:
         """The steps that own their weights: one per layer with weights."""

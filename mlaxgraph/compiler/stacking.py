@@ -17,16 +17,16 @@ import jax
 import jax.numpy as jnp
 
 from ..core.errors import GraphError
-from .program import Program, Step, get_in, set_in
+from .program import Program, ScanStep, Step, get_in, set_in
 
 __all__ = ["stack_weights", "unstack_weights"]
 
 
-def _scans(program: Program) -> list[Step]:
-    return [s for s in program.steps if s.body is not None and s.owns_weights]
+def _scans(program: Program) -> list[ScanStep]:
+    return [s for s in program.steps if isinstance(s, ScanStep) and s.owns_weights]
 
 
-def _names(step: Step) -> tuple[str, ...]:
+def _names(step: ScanStep) -> tuple[str, ...]:
     return step.blocks
 
 
@@ -38,7 +38,7 @@ def _has(tree: Mapping, keys: tuple[str, ...]) -> bool:
     return True
 
 
-def _holds_blocks(tree: Any, step: Step) -> bool:
+def _holds_blocks(tree: Any, step: ScanStep) -> bool:
     parent = step.weights[:-1]
     return isinstance(tree, Mapping) and all(_has(tree, parent + (n,)) for n in _names(step))
 
@@ -61,7 +61,7 @@ def _replace(tree: Mapping, parent: tuple[str, ...], remove: tuple[str, ...], na
     return set_in(tree, parent, out) if parent else out
 
 
-def _stack_one(tree: Mapping, step: Step) -> dict:
+def _stack_one(tree: Mapping, step: ScanStep) -> dict:
     parent, names = step.weights[:-1], _names(step)
     blocks = [get_in(tree, parent + (n,)) for n in names]
     shapes = {jax.tree.structure(b) for b in blocks}
@@ -72,7 +72,7 @@ def _stack_one(tree: Mapping, step: Step) -> dict:
     return _replace(tree, parent, names, step.weights[-1], stacked)
 
 
-def _unstack_one(tree: Mapping, step: Step) -> dict:
+def _unstack_one(tree: Mapping, step: ScanStep) -> dict:
     parent, names = step.weights[:-1], _names(step)
     stacked = get_in(tree, step.weights)
     level = get_in(tree, parent) if parent else tree

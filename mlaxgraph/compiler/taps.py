@@ -26,7 +26,7 @@ from ..core.errors import DTypeError, GraphError, ShapeError
 from ..ir.graph import InputLayer
 from ..ir.scan import Scan
 from ..ir.surgery import is_pattern, path_matcher
-from .program import Program, Ref, Step
+from .program import Program, Ref, ScanStep, Step
 
 __all__ = ["Taps", "TapPlan", "plan_taps", "tap_paths"]
 
@@ -79,14 +79,14 @@ def tap_paths(program: Program) -> list[str]:
     """Every concrete path ``apply`` can capture or intervene at."""
     paths = [c for concrete, _ in _entries(program, lambda p: (p,)) for c in concrete]
     for step in program.steps:
-        if step.body is not None:
+        if isinstance(step, ScanStep):
             paths.extend(step.blocks)
-            paths.extend(c for concrete, _ in _entries(step.body, _block_paths(step))
+            paths.extend(c for concrete, _ in _entries(step.block, _block_paths(step))
                          for c in concrete)
     return paths
 
 
-def _block_paths(step: Step) -> Callable[[str], tuple[str, ...]]:
+def _block_paths(step: ScanStep) -> Callable[[str], tuple[str, ...]]:
     cut = len(step.path) + 1
     return lambda path: tuple(f"{name}/{path[cut:]}" for name in step.blocks)
 
@@ -135,14 +135,13 @@ class TapPlan:
     nested: bool = False
     bodies: dict[str, TapPlan | None] = dataclasses.field(default_factory=dict)
 
-    def body(self, step: Step) -> TapPlan | None:
+    def body(self, step: ScanStep) -> TapPlan | None:
         """The plan of a scan step's body (None inside a body: a scan nested in a
         scanned block is not tapped)."""
         if self.nested:
             return None
         if step.path not in self.bodies:
-            assert step.body is not None
-            self.bodies[step.path] = _plan(step.body, self.taps, _block_paths(step),
+            self.bodies[step.path] = _plan(step.block, self.taps, _block_paths(step),
                                            step.blocks, nested=True)
         return self.bodies[step.path]
 
