@@ -27,7 +27,7 @@ from .keys import block_keys, step_key
 from .program import Checkpoint, Program, Ref, ScanStep, Scheduled, Step, get_in, set_in
 from .taps import TapPlan, Taps, plan_taps
 
-__all__ = ["run", "step_key", "Hook", "Taps", "STEP_RULES", "StepRule", "Wrapper"]
+__all__ = ["run", "walk", "step_key", "Hook", "Taps", "STEP_RULES", "StepRule", "Wrapper"]
 
 #: ``hook(path, values) -> values``: sees a graph input (path: its name) or a step's
 #: outputs, inside the step's named scope.
@@ -189,6 +189,29 @@ def run(program: Program, params: Any, state: Any, inputs: Sequence[Any], *,
     if plan is None:
         return outputs, dict(new_state)
     return outputs, dict(new_state), plan.collect(env, context.scans)
+
+
+def walk(program: Program, inputs: Sequence[Any], rule: Callable[[Step, list], Sequence[Any]]) -> dict:
+    """An abstract run of the program: the environment (ref -> value) after giving
+    each step, in the schedule's order (a checkpoint region's steps in turn, a scan as
+    one step), the values of its inputs and keeping what ``rule(step, args)`` returns
+    for its outputs. The logical axes of activations are such a run
+    (``mlaxgraph.distributed.activations``); ``run`` is the concrete one.
+
+    Example:
+      >>> from mlaxgraph.compiler.flatten import flatten
+      >>> from mlaxgraph.examples import mlp
+      >>> program = flatten(mlp(4, (8,), 3))
+      >>> env = walk(program, ["x"], lambda step, args: [f"{step.path}({', '.join(args)})"])
+      >>> env[program.outputs[0]]
+      'logits(relu(dense(x)))'
+    """
+    env: dict = {(name, 0): x for name, x in zip(program.inputs, inputs)}
+    for unit in program.schedule:
+        for step in unit.steps if isinstance(unit, Checkpoint) else (unit,):
+            outs = tuple(rule(step, [env[ref] for ref in step.inputs]))
+            env.update(zip(step.outputs, outs))
+    return env
 
 
 def _run(program: Program, state: Any, inputs: Sequence[Any], context: _Context) -> tuple[dict, Any]:

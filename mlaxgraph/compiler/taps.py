@@ -219,6 +219,10 @@ def plan_taps(program: Program, taps: Taps) -> TapPlan:
             close = difflib.get_close_matches(plain, known, n=4, cutoff=0.5)
             kind = "pattern" if is_pattern(pattern) else "path"
             hint = f"; near names: {', '.join(close)}" if close else ""
+            if any(isinstance(inner, ScanStep) for step in program.steps
+                   if isinstance(step, ScanStep) for inner in step.block.steps):
+                hint += ("; a scan nested in a scanned block is not tapped: compile without "
+                         "scan_blocks to reach its layers")
             raise GraphError(f"capture/intervene {kind} {pattern!r} names no layer or block of "
                              f"graph {program.graph.name!r}{hint}")
     return _plan(program, taps, lambda path: (path,))

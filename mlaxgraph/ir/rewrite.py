@@ -25,12 +25,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.errors import GraphError, node_message
+from ..core.errors import GraphError, MlaxGraphError, node_message
 from ..core.specs import TensorSpec
 from .builder import infer_outputs
 from .graph import Graph
 from .node import Node, Value
 from .op import Layer
+from .printer import format_node
 
 __all__ = ["Rule", "Rewrite", "rewrite"]
 
@@ -130,13 +131,22 @@ class Rewrite:
         return self.graph.consumers().get(name, ())
 
     def _infer(self, node: Node) -> tuple[TensorSpec, ...]:
-        from .printer import context_lines
-
         specs = tuple(self.specs[v] for v in node.inputs)
-        graph = self.graph
-        name = node.name
-        return infer_outputs(node.op, specs, name, node.source,
-                             lambda: context_lines(graph, name) if name in graph else [])
+        return infer_outputs(node.op, specs, node.name, node.source, lambda: self._context(node))
+
+    def _context(self, node: Node) -> list[str]:
+        """The printed lines around ``node`` in the graph being made (the rewrite's
+        new nodes shown, the old ones that follow it after)."""
+        made = {n.name for n in self.nodes}
+        later = [n for n in self.graph.nodes if n.name not in made and n.name != node.name]
+        at = len(self.nodes)
+        nearby = self.nodes[max(0, at - 2):] + [node] + later[:2]
+        lines = []
+        for n in nearby:
+            mark = ">" if n is node else " "
+            where = f"  # {n.source}" if n.source is not None and n is node else ""
+            lines.append(f"{mark} {format_node(n)}{where}")
+        return lines
 
     def _append(self, node: Node) -> None:
         self.nodes.append(node)
@@ -199,7 +209,10 @@ def _rewrite(graph: Graph, rule: Rule) -> Graph:
         if inner is not None:
             inner_rule = rule.nested(node)
             if inner_rule is not None:
-                new_inner = rewrite(inner, inner_rule)
+                try:
+                    new_inner = rewrite(inner, inner_rule)
+                except MlaxGraphError as e:  # say which block call, as paths do
+                    raise type(e)(f"in block {node.name!r}: {e}") from None
                 if new_inner is not inner:
                     op = op.with_subgraph(new_inner)
         current = node if (op is node.op and inputs == node.inputs) else node.replace(op=op, inputs=inputs)

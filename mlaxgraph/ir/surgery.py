@@ -243,7 +243,16 @@ def _splice(rewrite: Rewrite, old: Node, values: list[Value], build: Callable,
     its name where it is free), and returns the values standing for its results."""
     specs = [rewrite.spec(v) for v in values]
     tensors = _placeholders(specs)
-    result = build(*tensors)
+    try:
+        result = build(*tensors)
+    except TypeError as e:
+        if "SymbolicTensor" not in str(e):
+            raise
+        raise GraphError(node_message(
+            old.name, old.op.op_name,
+            f"{what} got symbolic tensors, which hold no data: build with layers "
+            f"(ops.tanh(x), ops.Linear(8)(x)) or wrap array code as one (ops.F(fn)(x)); "
+            f"jax.numpy functions take arrays ({e})", source=source)) from None
     outs = result if isinstance(result, (tuple, list)) else (result,)
     want = len(old.outputs) if count is None else count
     if len(outs) != want or not all(isinstance(t, SymbolicTensor) for t in outs):
