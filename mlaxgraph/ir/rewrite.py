@@ -170,9 +170,11 @@ class Rewrite:
 _MEMO_KEY = "rewrite"
 
 
-def rewrite(graph: Graph, rule: Rule) -> Graph:
+def rewrite(graph: Graph, rule: Rule, *, memo: dict | None = None) -> Graph:
     """``graph`` transformed by ``rule`` (see ``Rule``): a new graph, or ``graph``
-    itself when nothing changed. Memoised on the graph by rule.
+    itself when nothing changed. Memoised on the graph by rule; or, with ``memo``, in
+    that dict for this rewrite alone (a rule holding a user's function, made anew for
+    each call, would only fill the graph's memo).
 
     Example:
       >>> import dataclasses, mlaxgraph as mg
@@ -189,18 +191,19 @@ def rewrite(graph: Graph, rule: Rule) -> Graph:
       >>> rewrite(g, Rule()) is g
       True
     """
-    memo = graph.memo(_MEMO_KEY)
+    table: dict = graph.memo(_MEMO_KEY) if memo is None else memo
+    key: Any = rule if memo is None else (graph, rule)
     try:
-        return memo[rule]
+        return table[key]
     except KeyError:
         pass
     except TypeError:  # an unhashable rule: not memoised
-        return _rewrite(graph, rule)
-    result = memo[rule] = _rewrite(graph, rule)
+        return _rewrite(graph, rule, memo)
+    result = table[key] = _rewrite(graph, rule, memo)
     return result
 
 
-def _rewrite(graph: Graph, rule: Rule) -> Graph:
+def _rewrite(graph: Graph, rule: Rule, memo: dict | None) -> Graph:
     state = Rewrite(graph, rule)
     for node in graph.nodes:
         inputs = tuple(state.renamed.get(v, v) for v in node.inputs)
@@ -210,7 +213,7 @@ def _rewrite(graph: Graph, rule: Rule) -> Graph:
             inner_rule = rule.nested(node)
             if inner_rule is not None:
                 try:
-                    new_inner = rewrite(inner, inner_rule)
+                    new_inner = rewrite(inner, inner_rule, memo=memo)
                 except MlaxGraphError as e:  # say which block call, as paths do
                     raise type(e)(f"in block {node.name!r}: {e}") from None
                 if new_inner is not inner:

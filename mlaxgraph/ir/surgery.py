@@ -168,7 +168,7 @@ def surgery(graph: Graph, action: str, selection: Any, fn: Any) -> Graph:
     targets = frozenset(tuple(path.split("/")) for path in paths)
     rule = _Surgery(action, fn, targets, source)
     try:
-        result = rewrite(graph, rule)
+        result = rewrite(graph, rule, memo={})  # equal blocks changed once, nothing kept after
     except MlaxGraphError as e:
         where = f" at {source}" if source is not None else ""
         raise type(e)(f"{action}({selection!r}){where} breaks the graph:\n{e}") from None
