@@ -1,0 +1,125 @@
+"""The rewriter on small hand-built graphs: what each kind of rule answer does, the
+same graph back when nothing changes, memoisation across equal blocks, re-inference
+and its errors, the use-def index."""
+
+import dataclasses
+
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+from mlaxgraph.ir.node import Node, Value
+from mlaxgraph.ir.rewrite import Rule, rewrite
+
+
+def small():
+    x = mg.Input(("batch", 4), name="x")
+    h = ops.relu(ops.Linear(3, name="fc")(x))
+    return mg.Graph(x, ops.Linear(2, name="out")(h), name="small")
+
+
+def stacked(n=6):
+    x = mg.Input(("batch", 4), name="x")
+    inner = mg.Input(("batch", 4), name="h")
+    block = mg.Graph(inner, ops.relu(ops.Linear(4, name="fc")(inner)), name="block")
+    h = x
+    for i in range(n):
+        h = block.as_block(f"b{i}")(h)
+    return mg.Graph(x, h, name="stack")
+
+
+@dataclasses.dataclass(frozen=True)
+class Counting(Rule):
+    """Turns relu into tanh; counts the nodes it sees (by rule object identity)."""
+
+    seen: list = dataclasses.field(default_factory=list, compare=False, hash=False)
+
+    def visit(self, node, rewrite):
+        self.seen.append(node.name)
+        if node.op.op_name == "relu":
+            return node.replace(op=ops.Tanh())
+        return None
+
+
+def test_nothing_changed_gives_the_same_graph():
+    g = small()
+    assert rewrite(g, Rule()) is g
+    assert rewrite(stacked(), Rule()) is not None
+
+
+def test_a_node_answer_takes_the_place_and_others_are_kept():
+    g = small()
+    out = rewrite(g, Counting())
+    assert [n.op.op_name for n in out.nodes] == ["input", "linear", "tanh", "linear"]
+    assert out.node("out") is g.node("out")  # its inputs' specs did not change
+    assert str(out).count("tanh") == 1
+
+
+def test_equal_blocks_are_rewritten_once_and_stay_one_graph():
+    g = stacked(6)
+    rule = Counting()
+    out = rewrite(g, rule)
+    assert rule.seen.count("relu") == 1  # the block's graph, once for six calls
+    graphs = {id(out.node(f"b{i}").op.graph) for i in range(6)}
+    assert len(graphs) == 1
+    assert rewrite(g, rule) is out  # memoised on the graph
+    assert rule.seen.count("relu") == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DropRelu(Rule):
+    def visit(self, node, rewrite):
+        return node.inputs[:1] if node.op.op_name == "relu" else None
+
+
+@dataclasses.dataclass(frozen=True)
+class WidenFc(Rule):
+    """Replaces fc by a wider Linear: the readers after it are re-inferred."""
+
+    def visit(self, node, rewrite):
+        if node.name == "fc":
+            return node.replace(op=ops.Linear(5, name="fc"))
+        return None
+
+
+def test_values_answer_renames_readers_and_re_inference_follows():
+    g = small()
+    dropped = rewrite(g, DropRelu())
+    assert [n.name for n in dropped.nodes] == ["x", "fc", "out"]
+    assert dropped.node("out").inputs == (Value("fc"),)
+    wide = rewrite(g, WidenFc())
+    assert str(wide.node("relu").outputs[0]) == "f32[batch,5]"
+    assert wide.node("out").outputs == g.node("out").outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Breaks(Rule):
+    def visit(self, node, rewrite):
+        if node.name == "relu":
+            name = rewrite.fresh("extra")
+            rewrite.emit(Node(name, ops.Linear(7), (node.inputs[0],), (), name), infer=True)
+            return (Value(name),)
+        return None
+
+
+def test_emitted_nodes_and_a_break_in_a_block_names_the_block():
+    g = small()
+    out = rewrite(g, Breaks())
+    assert [n.name for n in out.nodes] == ["x", "fc", "extra", "out"]
+    x = mg.Input(("batch", 3), name="x")
+    inner = mg.Input(("batch", 3), name="h")
+    block = mg.Graph(inner, ops.relu(inner) + inner, name="blk")
+    outer = mg.Graph(x, block.as_block("b0")(x))
+    with pytest.raises(mg.ShapeError, match="in block 'b0': layer 'add'") as info:
+        rewrite(outer, Breaks())
+    assert "> %add" in str(info.value)  # the graph being made, the new node shown
+    assert "%extra: f32[batch,7]" in str(info.value)
+
+
+def test_consumers_is_the_use_def_index():
+    g = small()
+    index = g.consumers()
+    assert [n.name for n in index["x"]] == ["fc"]
+    assert [n.name for n in index["relu"]] == ["out"]
+    assert index["out"] == ()
+    assert g.consumers() is index  # computed once
