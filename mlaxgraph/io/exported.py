@@ -31,6 +31,7 @@ import numpy as np
 
 from ..core.errors import SerializationError
 from ..core.specs import dim_names
+from ..core.version import __version__
 from .weights import SafetensorsReader, digest, flatten_tree, warn_unverified, write_atomic, write_safetensors
 
 __all__ = ["save_hlo", "load_exported", "ExportedModel", "FORMAT", "VERSION"]
@@ -81,8 +82,6 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
       >>> out.shape
       (5, 3)
     """
-    from .. import __version__
-
     folder = pathlib.Path(os.fspath(directory))
     folder.mkdir(parents=True, exist_ok=True)
     exported = model.export(inference_mode=inference_mode)
