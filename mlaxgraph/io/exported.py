@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..compiler import stages
 from ..core.errors import SerializationError
 from ..core.specs import dim_names
 from ..core.version import __version__
@@ -84,7 +85,7 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
     """
     folder = pathlib.Path(os.fspath(directory))
     folder.mkdir(parents=True, exist_ok=True)
-    exported = model.export(inference_mode=inference_mode)
+    exported = stages.export(model, inference_mode=inference_mode)
     written: dict[str, pathlib.Path] = {}
     checksums: dict[str, str] = {}
 
@@ -99,9 +100,10 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
     symbolic = any(dim_names(s.shape) for s in model.graph.input_specs)
     if example or dims or not symbolic:
         write("stablehlo", "stablehlo.mlir",
-              model.hlo(*example, inference_mode=inference_mode, **dims).encode())
+              stages.hlo(model, *example, inference_mode=inference_mode, **dims).encode())
         write("optimized_hlo", "optimized_hlo.txt",
-              model.hlo(*example, optimized=True, inference_mode=inference_mode, **dims).encode())
+              stages.hlo(model, *example, optimized=True, inference_mode=inference_mode,
+                         **dims).encode())
     if params is not None:
         arrays = {**flatten_tree(params, "params", "params"),
                   **flatten_tree(state or {}, "state", "state")}
