@@ -15,6 +15,7 @@ import numpy as np
 import optax
 
 from ..core.errors import GraphError
+from .fit import fit
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import check_targets, resolve_loss, resolve_metrics
 from .state import TrainState
@@ -222,8 +223,6 @@ class Trainer:
 
     def fit(self, ts: TrainState, train: tuple, **kwargs):
         """Trains over numpy arrays for some epochs; see ``mg.train.fit``."""
-        from .fit import fit
-
         return fit(self, ts, train, **kwargs)
 
     def __repr__(self) -> str:
