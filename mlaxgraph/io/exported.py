@@ -99,11 +99,9 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
     write("exported_mlir", "exported.mlir", exported.mlir_module().encode())
     symbolic = any(dim_names(s.shape) for s in model.graph.input_specs)
     if example or dims or not symbolic:
-        write("stablehlo", "stablehlo.mlir",
-              stages.hlo(model, *example, inference_mode=inference_mode, **dims).encode())
-        write("optimized_hlo", "optimized_hlo.txt",
-              stages.hlo(model, *example, optimized=True, inference_mode=inference_mode,
-                         **dims).encode())
+        lowered = stages.lower(model, example, dims, inference_mode)  # as model.hlo(...) lowers
+        write("stablehlo", "stablehlo.mlir", lowered.as_text(debug_info=True).encode())
+        write("optimized_hlo", "optimized_hlo.txt", lowered.compile().as_text().encode())
     if params is not None:
         arrays = {**flatten_tree(params, "params", "params"),
                   **flatten_tree(state or {}, "state", "state")}
