@@ -87,8 +87,3 @@ class Scan(Block):
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         once = super().flops(inputs, outputs, param_dtype=param_dtype, inference_mode=inference_mode)
         return None if once is None else once * self.length
-
-    def backward_flops(self, inputs, outputs, forward, *, input_gradients=True):
-        if forward is None:
-            return None
-        return (forward if input_gradients else 0) + (forward if self.param_specs(inputs) else 0)
