@@ -32,13 +32,12 @@ from .core.errors import (
     UnverifiedFileWarning,
 )
 from .core.specs import TensorSpec
+from .core.version import __version__
 from .io.exported import ExportedModel, load_exported
 from .io.functions import register_function
 from .io.model_file import load, save
 from .ir import Graph, Input, Node, Sequential, SymbolicTensor, Value
 from .render.html import diff_html, show
-
-__version__ = "0.1.0"
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",

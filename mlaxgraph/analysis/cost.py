@@ -16,10 +16,11 @@ from typing import Any
 
 import jax
 
+from ..compiler.policy import Policy
 from ..compiler.program import get_in
+from ..compiler.stages import dim_values, lower
 from ..core.specs import Dim, bind_dims, flatten_specs
 from ..ops.flops import size
-from .lowered import dim_values
 
 __all__ = ["LayerCost", "CostTable", "cost_table", "step_formulas", "evaluate", "TOLERANCE"]
 
@@ -271,9 +272,7 @@ def _flops_of(analysis) -> int | None:
 
 
 def _xla_total(model, example, dims, inference_mode) -> int | None:
-    from .lowered import _lowered
-
-    return _flops_of(_lowered(model, example, dims, inference_mode).cost_analysis())
+    return _flops_of(lower(model, example, dims, inference_mode).cost_analysis())
 
 
 def _row(step, input_gradients: bool, params, state, policy, bindings, inference_mode: bool,
@@ -343,8 +342,6 @@ def cost_table(model, *example: Any, inference_mode: bool = False, xla: bool = T
       >>> table.flops_formula
       407050*batch
     """
-    from ..compiler.policy import Policy
-
     bindings = dim_values(model, example, dims)
     policy = model.policy or Policy()
     params, state = jax.eval_shape(model.init_fn, jax.random.key(0))

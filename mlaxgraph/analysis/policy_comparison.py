@@ -8,7 +8,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..compiler.compile import compile
 from ..compiler.policy import Policy
+from ..compiler.stages import dim_values
 from ..core.errors import DTypeError
 from .hlo.text import instructions, parse_stablehlo
 
@@ -134,9 +136,6 @@ def compare_policies(graph, policies: Sequence[Any] | Mapping[str, Any], *exampl
       >>> table.counts["float32"]["stablehlo"]["convert"], table.counts["bfloat16"]["stablehlo"]["convert"]
       (0, 5)
     """
-    from ..compiler.compile import compile
-    from .lowered import dim_values
-
     if isinstance(policies, Mapping):
         pairs = [(str(label), _label(p)[1]) for label, p in policies.items()]
     else:

@@ -13,7 +13,12 @@ from __future__ import annotations
 import argparse
 import pathlib
 
+from ..analysis.policy_comparison import compare_policies
+from ..compiler.compile import compile
+from ..compiler.policy import Policy
 from ..core.errors import MlaxGraphError
+from ..core.specs import dim_names
+from ..io.weights import write_atomic
 from .loading import LoadedModel, UsageError, load_model
 
 __all__ = ["UsageError", "LoadedModel", "load_model", "add_commands", "EXAMPLES"]
@@ -45,8 +50,6 @@ def _positive(text: str) -> int:
 
 
 def _policy(text: str):
-    from ..compiler.policy import Policy
-
     try:
         return Policy.named(text)
     except MlaxGraphError as e:
@@ -64,8 +67,6 @@ def _dim(text: str) -> tuple[str, int]:
 
 
 def _compiled(args):
-    from ..compiler.compile import compile
-
     loaded = load_model(args.model)
     return loaded, compile(loaded.graph, args.policy)
 
@@ -79,8 +80,6 @@ def _dims(args) -> dict[str, int]:
 
 def _needed_dims(model, dims: dict[str, int]) -> dict[str, int]:
     """The dims the graph's inputs use; UsageError naming the ones not given."""
-    from ..core.specs import dim_names
-
     needed = list(dict.fromkeys(n for s in model.graph.input_specs for n in dim_names(s.shape)))
     missing = [n for n in needed if n not in dims]
     if missing:
@@ -96,8 +95,6 @@ def _needed_dims(model, dims: dict[str, int]) -> dict[str, int]:
 def _emit(args, text: str) -> None:
     """Prints ``text``, or writes it to ``--out``."""
     if getattr(args, "out", None):
-        from ..io.weights import write_atomic
-
         data = text if text.endswith("\n") else text + "\n"
         write_atomic(args.out, lambda f: f.write(data.encode("utf-8")))
         print(f"wrote {args.out}")
@@ -191,17 +188,12 @@ def run_cost(args) -> int:
 
 
 def run_compare(args) -> int:
-    from ..analysis.policy_comparison import compare_policies
-    from ..compiler.policy import Policy
-
     _check_out(args.out)
     loaded = load_model(args.model)
     names = args.policies or ["float32", "bfloat16"]
     if len(names) < 2:
         raise UsageError("compare needs two or more --policy names (default: float32 and bfloat16)")
     policies = {name: Policy.named(name) for name in names}
-    from ..compiler.compile import compile
-
     dims = _needed_dims(compile(loaded.graph), _dims(args))
     table = compare_policies(loaded.graph, policies, inference_mode=args.inference_mode, **dims)
     _emit(args, str(table))

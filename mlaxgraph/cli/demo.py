@@ -9,7 +9,16 @@ import os
 import time
 from typing import Any
 
+import jax
+import optax
+
+from ..compiler.compile import compile
+from ..compiler.policy import Policy
+from ..examples import residual_cnn
 from ..examples.data import load_digits
+from ..io.model_file import save
+from ..render.graphviz import GraphvizNotFoundError
+from ..train import CheckpointManager, Trainer, evaluate
 
 __all__ = ["DigitsResult", "train_digits", "run", "write_drawing"]
 
@@ -29,13 +38,6 @@ def train_digits(policy=None, epochs: int = 10, batch_size: int = 32, seed: int 
                  learning_rate: float = 3e-3, checkpoints=None,
                  progress: bool = True) -> DigitsResult:
     """Trains ``examples.residual_cnn`` on the digits with AdamW and a cosine schedule."""
-    import jax
-    import optax
-
-    from ..compiler.compile import compile
-    from ..examples import residual_cnn
-    from ..train import Trainer, evaluate
-
     start = time.perf_counter()
     train, test = load_digits(seed)
     model = compile(residual_cnn(), policy)
@@ -54,8 +56,6 @@ def train_digits(policy=None, epochs: int = 10, batch_size: int = 32, seed: int 
 def write_drawing(graph, stem: str, what: str = "rendered graph") -> tuple[str, str]:
     """``graph`` drawn to ``stem.svg`` through Graphviz, or its DOT text to ``stem.dot``
     when Graphviz's ``dot`` is missing: (what was written, its path)."""
-    from ..render.graphviz import GraphvizNotFoundError
-
     try:
         graph.render(stem + ".svg")
         return what, stem + ".svg"
@@ -66,8 +66,6 @@ def write_drawing(graph, stem: str, what: str = "rendered graph") -> tuple[str, 
 
 
 def _write_outputs(result: DigitsResult, out: str) -> list[tuple[str, str]]:
-    from ..io.model_file import save
-
     model = result.trainer.model
     written = [write_drawing(model.graph, os.path.join(out, "graph"), "rendered graph, as compiled")]
     hlo = os.path.join(out, "model.stablehlo.mlir")
@@ -82,14 +80,9 @@ def _write_outputs(result: DigitsResult, out: str) -> list[tuple[str, str]]:
 
 def run(args) -> int:
     """``mlaxgraph demo``: args has ``policy``, ``epochs``, ``batch``, ``out``, ``seed``."""
-    from ..compiler.policy import Policy
-    from ..train import CheckpointManager
-
     policy = Policy.named(args.policy) if args.policy != "float32" else None
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    from ..examples import residual_cnn
-
     print(residual_cnn().summary())
     print(f"\ntraining on scikit-learn's digits (1437 train / 360 test images), "
           f"policy {args.policy}, {args.epochs} epochs of batch {args.batch}")

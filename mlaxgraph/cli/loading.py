@@ -11,6 +11,8 @@ import pathlib
 import sys
 
 from ..core.errors import MlaxGraphError
+from ..io.model_file import load
+from ..ir.graph import Graph
 
 __all__ = ["UsageError", "LoadedModel", "load_model"]
 
@@ -39,8 +41,6 @@ def load_model(spec: str) -> LoadedModel:
         the function returns no Graph.
       MlaxGraphError: the file or the function is broken (a bad file, a graph error).
     """
-    from ..ir.graph import Graph
-
     path = pathlib.Path(spec)
     if path.is_dir():
         raise UsageError(f"{spec} is a folder: give a .mlg or .json file, or module:function")
@@ -49,8 +49,6 @@ def load_model(spec: str) -> LoadedModel:
         if suffix == ".json":
             return LoadedModel(Graph.from_json(path.read_bytes()), source=spec)
         if suffix in (".mlg", ".safetensors"):
-            from ..io.model_file import load
-
             graph, params, state = load(path)
             return LoadedModel(graph, params, state, spec)
         raise UsageError(f"cannot tell what {spec} is: give a .mlg file (mg.save), a .json "

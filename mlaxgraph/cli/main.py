@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from ..core.errors import MlaxGraphError
 from .commands import EXAMPLES, UsageError, add_commands
+from .demo import run as run_demo
+from .zoo_demo import MODELS, run_model
 
 __all__ = ["main"]
 
@@ -38,14 +40,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _demo(args: argparse.Namespace) -> int:
     if args.model is not None:
-        from .zoo_demo import run_model
-
         return run_model(args)
     if args.weights or args.config:
         raise UsageError("--weights and --config go with --model")
-    from .demo import run
-
-    return run(args)
+    return run_demo(args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,8 +67,6 @@ def _parser() -> argparse.ArgumentParser:
                       "shuffling (default 0)")
     demo.add_argument("--out", default="mlaxgraph-demo", help="output folder (default "
                       "./mlaxgraph-demo)")
-    from .zoo_demo import MODELS
-
     demo.add_argument("--model", choices=MODELS, help="instead of training the CNN, build this "
                       "model of mg.models and write its summary, rendering, explorer page, cost "
                       "table and one block's HLO")

@@ -9,7 +9,14 @@ import os
 import time
 from typing import Any
 
+import jax
+import numpy as np
+
+from .. import models
+from ..compiler.compile import compile
+from ..core.specs import bind_dims
 from .commands import UsageError
+from .demo import write_drawing
 
 __all__ = ["MODELS", "run_model"]
 
@@ -40,8 +47,6 @@ def _config(args) -> Any:
 
 
 def build(args):
-    from .. import models
-
     builder = getattr(models, args.model)
     config = _config(args)
     return builder(config) if args.model in HUGGING_FACE else builder()
@@ -50,11 +55,6 @@ def build(args):
 def _example(graph, dims: dict):
     """Inputs of the graph's specs at ``dims``: token ids 0 (a valid id of any
     vocabulary), an attention mask of ones, images from a normal distribution."""
-    import jax
-    import numpy as np
-
-    from ..core.specs import bind_dims
-
     values = []
     for name, spec in zip(graph.inputs, graph.input_specs):
         shape = bind_dims(spec.shape, dims)
@@ -70,12 +70,6 @@ def _first_block(graph) -> str | None:
 
 
 def run_model(args) -> int:
-    import jax
-
-    from ..compiler.compile import compile
-    from ..models import load_state_dict
-    from .demo import write_drawing
-
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     graph = build(args)
@@ -83,7 +77,7 @@ def run_model(args) -> int:
     print(graph.summary())
     start = time.perf_counter()
     if args.weights:
-        params, state = load_state_dict(graph, args.weights)
+        params, state = models.load_state_dict(graph, args.weights)
         print(f"\nweights: {args.weights} ({time.perf_counter() - start:.1f} s)")
     else:
         params, state = model.init(jax.random.key(args.seed))

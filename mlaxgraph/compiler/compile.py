@@ -12,14 +12,18 @@ import jax
 import jax.numpy as jnp
 
 from ..core.errors import GraphError, ShardingError
+from ..core.specs import dim_names
 from ..ir.graph import Graph
+from . import stages
 from .entry_points import ModelApply, ModelInit, ReuseReport, reuse_report
 from .flatten import flatten
 from .lowering import checked, make_apply, make_init
+from .memory import gradient_step, parse_bytes, plan_memory
 from .passes import default_passes, run_passes
 from .policy import Policy
 from .program import Program
 from .remat import resolve_remat
+from .stacking import stack_weights, unstack_weights
 from .taps import Taps, plan_taps
 
 if TYPE_CHECKING:
@@ -126,30 +130,25 @@ class CompiledModel:
         weight path (nothing is drawn: the shapes come from the program)."""
         return reuse_report(jax.eval_shape(self.init_fn, jax.random.key(0)), (params, state))
 
-    # Inspection lives in mlaxgraph.analysis; these are its user-facing entry points.
+    # The lowered forms are in compiler/stages.py, the cost table and HLO by layer in
+    # mlaxgraph.analysis, the export artifact in mlaxgraph.io; these are their entry points.
 
     def jaxpr(self, *example: Any, inference_mode: bool = False, **dims: int):
         """The ``jax.core.ClosedJaxpr`` of ``apply``, for arrays or dim values (``batch=8``)."""
-        from ..analysis import lowered as inspect
-
-        return inspect.jaxpr(self, *example, inference_mode=inference_mode, **dims)
+        return stages.jaxpr(self, *example, inference_mode=inference_mode, **dims)
 
     def hlo(self, *example: Any, optimized: bool = False, inference_mode: bool = False,
             debug_info: bool = True, **dims: int) -> str:
         """StableHLO text of the lowered ``apply`` (with locations naming each
         operation's layer unless ``debug_info=False``) or, with ``optimized=True``,
         XLA's optimized HLO text (whose metadata names the layers)."""
-        from ..analysis import lowered as inspect
-
-        return inspect.hlo(self, *example, optimized=optimized, inference_mode=inference_mode,
+        return stages.hlo(self, *example, optimized=optimized, inference_mode=inference_mode,
                            debug_info=debug_info, **dims)
 
     def cost(self, *example: Any, inference_mode: bool = False, **dims: int) -> dict[str, float]:
         """XLA's cost analysis of the compiled ``apply``: at least ``flops`` and
         ``bytes accessed``."""
-        from ..analysis import lowered as inspect
-
-        return inspect.cost(self, *example, inference_mode=inference_mode, **dims)
+        return stages.cost(self, *example, inference_mode=inference_mode, **dims)
 
     def cost_table(self, *example: Any, inference_mode: bool = False, xla: bool = True,
                    **dims: int):
@@ -173,9 +172,7 @@ class CompiledModel:
     def export(self, *, inference_mode: bool = True, platforms=None):
         """A ``jax.export.Exported`` of ``apply(params, state, *inputs)`` with the
         symbolic dims kept symbolic."""
-        from ..analysis import lowered as inspect
-
-        return inspect.export(self, inference_mode=inference_mode, platforms=platforms)
+        return stages.export(self, inference_mode=inference_mode, platforms=platforms)
 
     def save_hlo(self, directory, *example: Any, params=None, state=None,
                  inference_mode: bool = True, **dims: int):
@@ -200,14 +197,10 @@ class CompiledModel:
         name, as ``mg.load`` gives them) -> this model's layout, where each scanned
         run's weights are stacked under the scan's name. Any tree holding the layout
         works (gradients, optimizer states); either argument may be None."""
-        from .stacking import stack_weights
-
         return stack_weights(self.program, params, state)
 
     def unstack_weights(self, params: Any, state: Any = None) -> tuple[Any, Any]:
         """The inverse of ``stack_weights``: this model's layout -> the graph's own."""
-        from .stacking import unstack_weights
-
         return unstack_weights(self.program, params, state)
 
     def summary(self, expand_nested: bool = False) -> str:
@@ -349,9 +342,6 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
 def _plan_memory(compiled: Graph, policy: Policy | None, budget: Any, dims: Mapping[str, int] | None):
     """The planner's choice for ``memory_budget`` (compiler/memory.py): each choice
     measured on the compiled gradient step at ``dims``."""
-    from ..core.specs import dim_names
-    from .memory import gradient_step, parse_bytes, plan_memory
-
     budget = parse_bytes(budget)
     dims = dict(dims or {})
     needed = [n for s in compiled.input_specs for n in dim_names(s.shape)]

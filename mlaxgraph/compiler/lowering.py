@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import DTypeError, GraphError, ShapeError, node_message
+from ..core.errors import CheckError, DTypeError, GraphError, ShapeError, node_message
 from ..core.specs import TensorSpec, flatten_specs, match_shape
 from .interpreter import run
 from .keys import block_keys, chain_keys, step_key
@@ -148,8 +148,6 @@ def checked(apply: Callable) -> Callable:
     """``apply`` (made with ``checks=True``) functionalized by ``checkify``, jitted, and
     raising ``CheckError`` naming the first failed check's layer."""
     from jax.experimental import checkify
-
-    from ..core.errors import CheckError
 
     run_checked = jax.jit(checkify.checkify(apply, errors=checkify.user_checks),
                           static_argnames=("inference_mode",))

@@ -82,11 +82,6 @@ class Policy:
             raise DTypeError(f"unknown policy {name!r}: use float32, bfloat16 or float16")
         return cls(compute_dtype=key)
 
-    @property
-    def is_default(self) -> bool:
-        return (self.param_dtype == _FLOAT32 and self.compute_dtype == _FLOAT32
-                and self.output_dtype == _FLOAT32 and not self.overrides)
-
     def __repr__(self) -> str:
         overrides = {k: str(v) for k, v in self.overrides}
         return (f"Policy(param_dtype={self.param_dtype}, compute_dtype={self.compute_dtype}, "

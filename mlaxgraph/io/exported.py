@@ -29,8 +29,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..compiler import stages
 from ..core.errors import SerializationError
 from ..core.specs import dim_names
+from ..core.version import __version__
 from .weights import SafetensorsReader, digest, flatten_tree, warn_unverified, write_atomic, write_safetensors
 
 __all__ = ["save_hlo", "load_exported", "ExportedModel", "FORMAT", "VERSION"]
@@ -81,11 +83,9 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
       >>> out.shape
       (5, 3)
     """
-    from .. import __version__
-
     folder = pathlib.Path(os.fspath(directory))
     folder.mkdir(parents=True, exist_ok=True)
-    exported = model.export(inference_mode=inference_mode)
+    exported = stages.export(model, inference_mode=inference_mode)
     written: dict[str, pathlib.Path] = {}
     checksums: dict[str, str] = {}
 
@@ -99,10 +99,9 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
     write("exported_mlir", "exported.mlir", exported.mlir_module().encode())
     symbolic = any(dim_names(s.shape) for s in model.graph.input_specs)
     if example or dims or not symbolic:
-        write("stablehlo", "stablehlo.mlir",
-              model.hlo(*example, inference_mode=inference_mode, **dims).encode())
-        write("optimized_hlo", "optimized_hlo.txt",
-              model.hlo(*example, optimized=True, inference_mode=inference_mode, **dims).encode())
+        lowered = stages.lower(model, example, dims, inference_mode)  # as model.hlo(...) lowers
+        write("stablehlo", "stablehlo.mlir", lowered.as_text(debug_info=True).encode())
+        write("optimized_hlo", "optimized_hlo.txt", lowered.compile().as_text().encode())
     if params is not None:
         arrays = {**flatten_tree(params, "params", "params"),
                   **flatten_tree(state or {}, "state", "state")}

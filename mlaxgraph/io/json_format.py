@@ -31,7 +31,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..compiler.passes.infer_shapes import infer_shapes
+from ..compiler.passes.verify import verify
 from ..core.errors import MlaxGraphError, SerializationError
+from ..ir.builder import weight_shapes
 from ..ir.graph import Graph
 from .json_reader import Reader, expect_keys, is_int, short
 from .json_schema import (
@@ -139,10 +142,6 @@ def graph_from_dict(data: Any) -> Graph:
 
 def _check(graph: Graph) -> Graph:
     """Runs the structural and shape checks on a graph read from a file."""
-    from ..compiler.passes.infer_shapes import infer_shapes
-    from ..compiler.passes.verify import verify
-    from ..ir.builder import weight_shapes
-
     try:
         verify(graph)
         infer_shapes(graph)

@@ -19,9 +19,17 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from ..compiler.compile import compile
+from ..compiler.flatten import flatten
+from ..compiler.passes.fold_repeated_blocks import unfold_scans
+from ..compiler.policy import Policy
+from ..compiler.stacking import unstack_weights
 from ..core.errors import MlaxGraphError, SerializationError
+from ..core.specs import flatten_specs
 from ..ir.graph import Graph
 from .json_format import graph_from_json, graph_to_json
 from .weights import (
@@ -58,11 +66,6 @@ def expected_weights(graph: Graph, param_dtype: Any = "float32") -> tuple[dict, 
     """The ``(params, state)`` trees of ``jax.ShapeDtypeStruct`` that
     ``mg.compile(graph, mg.Policy(param_dtype=...)).init`` creates, computed with
     ``jax.eval_shape`` (no weights are made)."""
-    import jax
-
-    from ..compiler.compile import compile
-    from ..compiler.policy import Policy
-
     policy = None if np.dtype(param_dtype) == np.float32 else Policy(param_dtype=param_dtype)
     model = compile(graph, policy)
     return jax.eval_shape(model.init_fn, jax.random.key(0))
@@ -72,10 +75,6 @@ def _unscanned(graph: Graph, params: Any, state: Any) -> tuple[Graph, Any, Any]:
     """A graph compiled with ``scan_blocks`` (``model.graph``) and its stacked weights
     as the graph's own calls of its blocks and their weights: files do not depend on
     compile options."""
-    from ..compiler.flatten import flatten
-    from ..compiler.passes.fold_repeated_blocks import unfold_scans
-    from ..compiler.stacking import unstack_weights
-
     unfolded = unfold_scans(graph)
     if unfolded == graph:
         return graph, params, state
@@ -156,8 +155,6 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
       UnverifiedFileWarning: the file was written before files carried checksums
         (layout version 1); it loads, unverified.
     """
-    import jax.numpy as jnp
-
     where = os.fspath(path)
     with SafetensorsReader(path, verify=verify) as reader:
         meta = reader.metadata()
@@ -245,9 +242,6 @@ def _added_after(graph: Graph, version: int) -> set[str]:
     layout ``version`` (none for a file of the current layout)."""
     if version >= VERSION:
         return set()
-    from ..compiler.compile import compile
-    from ..core.specs import flatten_specs
-
     names = set()
     for step in compile(graph).program.steps:
         for kind, specs in (("params", step.param_specs), ("state", step.state_specs)):

@@ -198,7 +198,7 @@ def call_layer(layer, args: Sequence[Any], kwargs: dict[str, Any]):
 
 def call_context(layer, inputs: Sequence[SymbolicTensor]) -> list[str]:
     """Printed lines for a call that failed: the calls that made its inputs, then it."""
-    from .printer import format_call
+    from .printer import format_call  # lazy: the printer imports graph.py, which imports this module
 
     lines = []
     for t in dict.fromkeys(t.call for t in inputs):
@@ -278,7 +278,7 @@ def _as_tensors(value: Any, what: str) -> tuple[SymbolicTensor, ...]:
 
 def trace_graph(inputs: Any, outputs: Any):
     """Walks back from ``outputs`` to ``inputs``; returns (nodes, input names, output values)."""
-    from .graph import InputLayer  # the Input op lives with the graph
+    from .graph import InputLayer  # lazy: graph.py, where the Input op lives, imports this module
 
     in_tensors = _as_tensors(inputs, "inputs")
     out_tensors = _as_tensors(outputs, "outputs")

@@ -116,7 +116,7 @@ class Graph:
     def from_parts(cls, nodes: Sequence[Node], inputs: Sequence[str],
                    outputs: Sequence[Value], name: str) -> Graph:
         """A graph from its records, as passes and loaders make them (not verified here:
-        ``mlaxgraph.passes.verify`` checks structure)."""
+        ``mlaxgraph.ir.verify`` checks structure)."""
         nodes, inputs, outputs = tuple(nodes), tuple(inputs), tuple(outputs)
         for node in nodes:
             if not isinstance(node, Node):
@@ -198,9 +198,8 @@ class Graph:
         return tuple(self.spec(v) for v in node.inputs)
 
     def memo(self, key: str) -> dict:
-        """A dict kept with this graph for results computed from it (by ``key``: the
-        rewriter's results by rule, the use-def index, ...). The graph is immutable, so
-        they stay valid as long as it lives."""
+        """A dict kept with this graph for what is computed from it, by ``key`` (the
+        rewriter's results, the use-def index): valid as long as the graph lives."""
         table = self._memo.get(key)
         if table is None:
             table = self._memo[key] = {}
@@ -221,9 +220,8 @@ class Graph:
         return index
 
     def with_parts(self, *, nodes=None, inputs=None, outputs=None, name=None) -> Graph:
-        """A graph with some of its records replaced (not verified here): the low-level
-        form passes and loaders use. Users change graphs with ``replace``,
-        ``insert_after``, ``insert_before`` and ``remove``."""
+        """A graph with some of its records replaced (not verified here), as passes and
+        loaders make them; users change graphs with ``replace`` and its kin."""
         return Graph.from_parts(
             self._nodes if nodes is None else nodes, self._inputs if inputs is None else inputs,
             self._outputs if outputs is None else outputs, self._name if name is None else name)
@@ -243,10 +241,8 @@ class Graph:
         Example:
           >>> import mlaxgraph as mg
           >>> g = mg.models.gpt2({"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64})
-          >>> g.select("h.*/attn")
-          ['h.0/attn', 'h.1/attn']
-          >>> g.select(op="layer_norm")[-1]
-          'ln_f'
+          >>> g.select("h.*/attn"), g.select(op="layer_norm")[-1]
+          (['h.0/attn', 'h.1/attn'], 'ln_f')
         """
         from .surgery import select
 
@@ -262,10 +258,8 @@ class Graph:
           >>> from mlaxgraph import ops
           >>> g = mg.models.gpt2({"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64})
           >>> g2 = g.replace("h.1/mlp.act", lambda layer, x: ops.relu(x))
-          >>> g2.node("h.1").op.graph.node("mlp.act").op.op_name
-          'relu'
-          >>> g2.node("h.0") == g.node("h.0")
-          True
+          >>> g2.node("h.1").op.graph.node("mlp.act").op.op_name, g2.node("h.0") == g.node("h.0")
+          ('relu', True)
         """
         from .surgery import surgery
 

@@ -155,10 +155,10 @@ class Layer:
     def output_axes(self, input_axes: Sequence[tuple], inputs: Sequence[TensorSpec],
                     outputs: Sequence[TensorSpec]) -> tuple[tuple, ...]:
         """The logical axis names of each output's dims, from the inputs' names (one
-        tuple per input; ``mlaxgraph.axes.UNKNOWN`` for an unknown dim). The compiler
+        tuple per input; ``mlaxgraph.core.axes.UNKNOWN`` for an unknown dim). The compiler
         constrains activations to them when compiling with a mesh. By default an
         output with an input's shape keeps its names, else the leading (batch) dim's
-        name is kept (see ``mlaxgraph.axes.follow_inputs``); layers whose weights name
+        name is kept (see ``mlaxgraph.core.axes.follow_inputs``); layers whose weights name
         an output dim (``Linear``, ``Conv``, ...) override it."""
         return follow_inputs(input_axes, inputs, outputs)
 

@@ -12,14 +12,13 @@ from typing import Any
 import numpy as np
 
 from ..core.specs import dtype_str
+from .graph import Graph
 
 __all__ = ["format_graph", "format_node", "format_call", "format_attr", "context_lines"]
 
 
 def format_attr(value: Any) -> str:
     """An attribute value as printed: dtypes short, functions by qualified name."""
-    from .graph import Graph
-
     if isinstance(value, np.dtype):
         return dtype_str(value)
     if isinstance(value, Graph):

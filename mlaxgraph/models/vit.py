@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import ops
+from ..core.errors import ConfigError
 from ..ir.graph import Graph, Input
 from .common import activation, dropout
 from .config import Config
@@ -60,7 +61,6 @@ def vit(config: Any = None, *, add_pooling_layer: bool = True) -> Graph:
     eps = c.number("layer_norm_eps", 0.0, 1.0)
     size, patch, channels = c.positive_int("image_size"), c.positive_int("patch_size"), c.positive_int("num_channels")
     if size % patch:
-        from ..core.errors import ConfigError
         raise ConfigError(f"vit: patch_size {patch} does not divide image_size {size}")
     patches = (size // patch) ** 2
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core.axes import weight_axes
-from ..core.errors import DTypeError, ShapeError
+from ..core.errors import DTypeError, GraphError, ShapeError, capture_source, node_message
 from ..core.registry import register
 from .base import Initializer, Layer, ParamSpec, expect_count, field, to_dtype, to_param_axes
 from .flops import size
@@ -66,7 +66,6 @@ class Embedding(Layer):
     def attend(self, h):
         """``h @ embedding.T``: logits over the vocabulary with this layer's weights."""
         if self.__dict__.get("_first_call") is None:
-            from ..core.errors import GraphError, capture_source, node_message
             raise GraphError(node_message(
                 self.name or self.default_name, self.op_name,
                 "attend() shares the embedding's weights, but the embedding was never called; "

@@ -28,6 +28,8 @@ import dataclasses
 from typing import Any
 
 from ..core.specs import dtype_str, shape_str
+from ..ir.graph import Graph, InputLayer
+from ..ops.cast import Cast
 from .dot_style import (
     _BLOCK_FILL,
     _BLOCK_LINE,
@@ -168,9 +170,6 @@ class _Writer:
         return [f'<FONT POINT-SIZE="8" COLOR="{_TEXT_GREY}">{_html(t)}</FONT>' for t in texts if t]
 
     def op_attrs(self, node) -> list[str]:
-        from ..ir.graph import InputLayer
-        from ..ops.cast import Cast
-
         if node.op.subgraph() is not None or isinstance(node.op, (InputLayer, Cast)):
             return []
         return _attrs_text(node.op)
@@ -184,9 +183,6 @@ class _Writer:
 
         ``scope_inputs``: for an expanded block, the endpoint (and spec) feeding each of
         its inputs."""
-        from ..ir.graph import InputLayer
-        from ..ops.cast import Cast
-
         counts = count_params(graph)
         out_of: dict[tuple[str, int], _Endpoint] = {}
 
@@ -390,8 +386,6 @@ def graph_to_dot(graph, **options: Any) -> str:
     Returns:
       The DOT text, ending with a newline; the same graph always gives the same text.
     """
-    from ..ir.graph import Graph
-
     if not isinstance(graph, Graph):
         raise TypeError(f"graph_to_dot takes an mg.Graph, got {type(graph).__name__}")
     o = check_options(options)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import GraphError
 from ..ir.printer import format_attr, format_node, non_default_attrs
 
 __all__ = ["DEFAULT_OPTIONS", "check_options", "DTYPE_COLORS", "dtype_category", "FONTNAME"]
@@ -74,8 +75,6 @@ def _expand_option(value: Any) -> bool | frozenset:
 
 def _check_blocks(graph, names: frozenset) -> None:
     """``GraphError`` for a name in ``expand_nested`` that is no block's name or path."""
-    from ..core.errors import GraphError
-
     blocks: set[str] = set()
     for path, node in graph.walk():
         if node.op.subgraph() is not None:

@@ -37,8 +37,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..compiler.passes import infer_shapes, verify
 from ..core.errors import GraphError, MlaxGraphError
+from ..core.registry import lookup
+from ..ir.builder import infer_outputs
+from ..ir.graph import Graph, InputLayer
 from ..ir.node import Node, Value
+from ..ir.op import Layer
+from .summary import count_params
 
 __all__ = ["graph_to_networkx", "graph_from_networkx"]
 
@@ -56,9 +62,6 @@ def _networkx():
 def graph_to_networkx(graph):
     """The graph as a ``networkx.MultiDiGraph`` (see the module's docstring for its
     attributes)."""
-    from ..ir.graph import Graph
-    from .summary import count_params
-
     nx = _networkx()
     if not isinstance(graph, Graph):
         raise TypeError(f"graph_to_networkx takes an mg.Graph, got {type(graph).__name__}")
@@ -141,10 +144,6 @@ def _inputs_of(nx_graph, name) -> tuple[Value, ...]:
 
 
 def _make_op(name, data):
-    from ..core.registry import lookup
-    from ..ir.graph import Graph
-    from ..ir.op import Layer
-
     op_name = data.get("op")
     if not isinstance(op_name, str):
         raise _fail(name, f"needs an 'op' attribute naming a registered op, got {op_name!r}")
@@ -191,10 +190,6 @@ def graph_from_networkx(nx_graph):
         ``passes.verify`` rejects. ShapeError / DTypeError: an edit makes shapes or dtypes
         that do not fit.
     """
-    from ..compiler.passes import infer_shapes, verify
-    from ..ir.builder import infer_outputs
-    from ..ir.graph import Graph, InputLayer
-
     nx = _networkx()
     if not isinstance(nx_graph, nx.DiGraph):
         raise GraphError(f"expected a networkx DiGraph or MultiDiGraph, got {type(nx_graph).__name__}")

@@ -16,6 +16,7 @@ import optax
 
 from ..compiler.taps import Taps
 from ..core.errors import GraphError
+from .fit import fit
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import check_targets, resolve_loss, resolve_metrics
 from .state import TrainState
@@ -241,8 +242,6 @@ class Trainer:
 
     def fit(self, ts: TrainState, train: tuple, **kwargs):
         """Trains over numpy arrays for some epochs; see ``mg.train.fit``."""
-        from .fit import fit
-
         return fit(self, ts, train, **kwargs)
 
     def __repr__(self) -> str:

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ...compiler.stages import dim_values
 from ...core.errors import GraphError
 from ...core.specs import bind_dims
 from .text import Instruction, StableOp, layer_of, parse_optimized_hlo, parse_stablehlo
@@ -290,8 +291,6 @@ def _infer_unnamed(model, layers, every, by_name, example, dims) -> None:
     neighbouring layer's name: the top-level operation holding a bitcast (or reshape)
     from the layer's input shape to its output shape named after a layer it reads from
     or that reads it."""
-    from ..lowered import dim_values
-
     bindings = dim_values(model, example, dims)
     neighbours = _neighbours(model.program)
     for layer, ops in layers.items():

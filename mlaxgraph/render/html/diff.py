@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...compiler.compile import CompiledModel
 from ...core.errors import GraphError
 from .page import page_html, payload_of, write_page
 from .payload import walk_payload
@@ -113,8 +114,6 @@ def _merge(sa: dict | None, sb: dict | None) -> tuple[dict, bool]:
 
 
 def _label(obj) -> str:
-    from ...compiler.compile import CompiledModel
-
     if isinstance(obj, CompiledModel):
         policy = obj.policy
         return f"{obj.graph.name} ({'no policy' if policy is None else f'{policy.compute_dtype} policy'})"

@@ -5,6 +5,8 @@ one's only input and read by nothing else, become one node (``fold``: the count)
 
 from __future__ import annotations
 
+from ...compiler.passes.fold_repeated_blocks import repeated_runs
+
 __all__ = ["fold_runs"]
 
 
@@ -19,8 +21,6 @@ def fold_runs(graph, scope: dict, builder) -> dict:
     """The scope with each run of two or more equal consecutive blocks (structurally
     equal graphs, each one's only output the next one's only input, read by nothing
     else) folded into one node whose ``sub`` chains them."""
-    from ...compiler.passes.fold_repeated_blocks import repeated_runs
-
     nodes = graph.nodes
     position_of = {node.name: k for k, node in enumerate(nodes)}
     runs = []  # (first position, last position) of the runs standing side by side

@@ -23,7 +23,7 @@ import pathlib
 from typing import Any
 
 from .page import write_page
-from .payload import scope_of
+from .payload import scope_of, walk_payload
 
 __all__ = ["model_explorer_graph", "model_explorer_node_data", "write_model_explorer",
            "NODE_DATA"]
@@ -100,8 +100,6 @@ def model_explorer_graph(graph, *, dims=None, root: dict | None = None) -> dict:
 def model_explorer_node_data(graph_id: str, root: dict, field: str) -> dict:
     """A node-data file's content: ``{graph id: {"results": {node id: {"value": v}},
     "gradient": [...]}}`` over the op nodes that have a number."""
-    from .payload import walk_payload
-
     results = {}
     for item in walk_payload(root):
         if "sub" in item:

@@ -22,7 +22,10 @@ import sys
 import tempfile
 from typing import Any
 
+from ...compiler.compile import CompiledModel
 from ...core.errors import GraphError
+from ...io.weights import write_atomic
+from ...ir.graph import Graph
 from .payload import graph_payload, model_payload
 
 __all__ = ["to_html", "page_html", "payload_of", "embed_json", "notebook_html", "show", "write_page"]
@@ -96,9 +99,6 @@ def page_html(payload: dict) -> str:
 def payload_of(obj, *, overlay=None, hlo: bool = False, title: str | None = None,
                fold: bool = True, **dims: int) -> dict:
     """The page data of a graph or a compiled model; ``GraphError`` for anything else."""
-    from ...compiler.compile import CompiledModel
-    from ...ir.graph import Graph
-
     if isinstance(obj, CompiledModel):
         return model_payload(obj, overlay=overlay, dims=dims, hlo=hlo, title=title, fold=fold)
     if isinstance(obj, Graph):
@@ -112,8 +112,6 @@ def payload_of(obj, *, overlay=None, hlo: bool = False, title: str | None = None
 
 def write_page(path: Any, text: str) -> pathlib.Path:
     """Writes the page to ``path`` atomically (no partial file on failure)."""
-    from ...io.weights import write_atomic
-
     path = pathlib.Path(os.fspath(path))
     data = text.encode("utf-8")
     write_atomic(path, lambda f: f.write(data))

@@ -25,11 +25,15 @@ from typing import Any
 
 import numpy as np
 
+from ...compiler.flatten import flatten
+from ...compiler.policy import Policy
 from ...core.errors import GraphError
 from ...core.specs import dtype_str, flatten_specs, is_symbolic, shape_str
+from ...ir.graph import Graph, InputLayer
 from ...ir.printer import format_attr
 from ..dot import dtype_category
 from ..summary import count_params
+from .fold import fold_runs
 
 __all__ = ["OVERLAYS", "graph_payload", "model_payload", "scope_of", "walk_payload"]
 
@@ -89,8 +93,6 @@ class _Builder:
     # --- one node ----------------------------------------------------------------------
 
     def node(self, graph, node, path: str, inputs, outputs, counts, casts) -> dict:
-        from ...ir.graph import InputLayer
-
         op = node.op
         item: dict[str, Any] = {"id": path, "name": node.name, "op": op.op_name,
                                 "outs": [[dtype_str(s.dtype), shape_str(s.shape), dtype_category(s.dtype)]
@@ -172,8 +174,6 @@ class _Builder:
         scope = {"n": nodes, "e": edges, "i": [[index[name], 0] for name in graph.inputs],
                  "o": [[index[v.node], v.index] for v in graph.outputs]}
         if self.fold:
-            from .fold import fold_runs
-
             scope = fold_runs(graph, scope, self)
         return scope
 
@@ -273,9 +273,6 @@ def scope_of(graph, *, param_dtype="float32", dims=None, sharding=None, hlo=None
     """The root scope of ``graph`` and the facts about it the page needs (``overlay``
     chosen, which dims were left at 1); ``program``: the graph's flattened program
     (a compiled model's; made here for a plain graph)."""
-    from ...compiler.flatten import flatten
-    from ...ir.graph import Graph
-
     if not isinstance(graph, Graph):
         raise GraphError(f"the explorer draws an mg.Graph or mg.CompiledModel, got "
                          f"{type(graph).__name__}")
@@ -309,8 +306,6 @@ def model_payload(model, *, overlay=None, dims=None, hlo: bool = False,
     """The page data of a compiled model: its compiled graph (inserted casts as nodes),
     weights at the policy's ``param_dtype``, sharding labels with a mesh and, with
     ``hlo=True``, each layer's optimized HLO operations (needs every symbolic dim)."""
-    from ...compiler.policy import Policy
-
     policy = model.policy or Policy()
     by_layer = model.hlo_by_layer(optimized=True, **(dims or {})) if hlo else None
     sharding = None if model.sharding is None else model.sharding.labels()
