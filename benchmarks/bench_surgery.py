@@ -1,5 +1,7 @@
-"""Graph surgery, taps and the memoised compile: how long ``select`` / ``replace`` /
-``insert_after`` take on deep graphs, and what ``apply``'s ``capture`` and
+"""Graph surgery, taps (capture, intervene) and the memoised compile, timed.
+
+How long ``select`` / ``replace`` / ``insert_after`` take on deep graphs, what a second
+``mg.compile`` of the same graph costs, and what ``apply``'s ``capture`` and
 ``intervene`` add per call.
 
 Surgery (no JAX work: graph building only). Three kinds of graph of N layers (N =
@@ -58,10 +60,10 @@ import time
 
 import _common  # noqa: F401  (sys.path and JAX_PLATFORMS)
 from _common import bootstrap_median_ci, fmt_time, md_table, median, quantiles
+from bench_compile_scale import _where, build_graph, profile_growth, profile_table
 
 import mlaxgraph as mg
 from mlaxgraph import ops
-from bench_compile_scale import _where, build_graph, profile_growth, profile_table
 
 WIDTH = 8
 UNIT = 4           # layers of the unit block
@@ -141,11 +143,12 @@ def _check(op: str, result, g: mg.Graph, n: int) -> None:
         assert len(result.select()) == n + n // UNIT
 
 
-def _timed(fn):
+def _timed(fn, *args, **kwargs):
+    """(fn's result, wall seconds, process CPU seconds); a GC collection first."""
     gc.collect()
     perf, cpu = time.perf_counter, time.process_time
     c0, t0 = cpu(), perf()
-    out = fn()
+    out = fn(*args, **kwargs)
     t1, c1 = perf(), cpu()
     return out, t1 - t0, c1 - c0
 
@@ -168,7 +171,7 @@ def run_scale(sizes=(1_000, 3_000, 10_000), trials: int = 5, kinds=KINDS) -> lis
             for kind, op in order:
                 g, pattern, one = graph_of(kind, n)
                 assert len(g.select()) == n
-                out, wall, cpu = _timed(lambda: surgery_op(op, g, pattern, one))
+                out, wall, cpu = _timed(surgery_op, op, g, pattern, one)
                 _check(op, out, g, n)
                 times[kind, op].append(wall)
                 cpus[kind, op].append(cpu)
@@ -205,39 +208,51 @@ def run_gpt2(trials: int = 9) -> dict:
     layers = len(mg.models.gpt2().select())
     ops_times = {k: [] for k in GPT2_OPS}
     ops_cpu = {k: [] for k in GPT2_OPS}
-    comp = {k: [] for k in ("first", "second", "first scan", "second scan",
-                            "after replace", "fresh changed")}
+    keys = ("first", "second", "first scan", "second scan", "after replace", "fresh changed")
+    comp = {k: [] for k in keys}
+    comp_cpu = {k: [] for k in keys}
+
+    def record(key, timed):
+        comp[key].append(timed[1])
+        comp_cpu[key].append(timed[2])
+
     rng = random.Random(1)
     for _ in range(trials):
         names = list(GPT2_OPS)
         rng.shuffle(names)
         for name in names:
             g = mg.models.gpt2()
-            _, wall, cpu = _timed(lambda: GPT2_OPS[name](g))
+            _, wall, cpu = _timed(GPT2_OPS[name], g)
             ops_times[name].append(wall)
             ops_cpu[name].append(cpu)
         for scan, suffix in ((False, ""), (True, " scan")):
             g = mg.models.gpt2()
-            _, t1, _ = _timed(lambda: mg.compile(g, scan_blocks=scan))
-            _, t2, _ = _timed(lambda: mg.compile(g, scan_blocks=scan))
-            comp["first" + suffix].append(t1)
-            comp["second" + suffix].append(t2)
+            record("first" + suffix, _timed(mg.compile, g, scan_blocks=scan))
+            record("second" + suffix, _timed(mg.compile, g, scan_blocks=scan))
         # a changed graph whose other blocks keep their graph objects, after the
         # original was compiled; against the same change on a fresh, never-compiled graph
         g = mg.models.gpt2()
         mg.compile(g)
         g2 = g.replace("h.3/mlp.act", lambda layer, x: ops.relu(x))
-        _, t, _ = _timed(lambda: mg.compile(g2))
-        comp["after replace"].append(t)
+        record("after replace", _timed(mg.compile, g2))
         g3 = mg.models.gpt2().replace("h.3/mlp.act", lambda layer, x: ops.relu(x))
-        _, t, _ = _timed(lambda: mg.compile(g3))
-        comp["fresh changed"].append(t)
+        record("fresh changed", _timed(mg.compile, g3))
+    # where the second compile's time goes (default options)
+    g = mg.models.gpt2()
+    mg.compile(g)
+    gc.collect()
+    prof = cProfile.Profile(time.process_time)
+    prof.enable()
+    mg.compile(g)
+    prof.disable()
     return {"layers": layers, "trials": trials,
             "ops": {k: median(v) for k, v in ops_times.items()},
             "ops_cpu": {k: median(v) for k, v in ops_cpu.items()},
             "ops_iqr": {k: quantiles(v) for k, v in ops_times.items()},
             "compile": {k: median(v) for k, v in comp.items()},
-            "compile_iqr": {k: quantiles(v) for k, v in comp.items()}}
+            "compile_cpu": {k: median(v) for k, v in comp_cpu.items()},
+            "compile_iqr": {k: quantiles(v) for k, v in comp.items()},
+            "second_profile": _stats(prof, layers, "second `mg.compile` of GPT-2 small")}
 
 
 # --- taps: capture and intervene per call -------------------------------------------
@@ -337,6 +352,72 @@ def run_taps(name: str, rounds: int, calls: int, seed: int = 0) -> dict:
             "ratios": ratios}
 
 
+def run_entry_point(rounds: int = 100, calls: int = 200, seed: int = 0) -> dict | None:
+    """What ``model.apply``'s entry point (the Python object that takes ``capture=`` and
+    ``intervene=``) adds to a plain call: ``model.apply(...)`` against the jitted function
+    it wraps, on ``bench_apply_overhead``'s tiny MLP (the call is dispatch only), in
+    interleaved rounds; None where the entry point keeps no such function."""
+    import bench_apply_overhead
+    import jax
+    import jax.numpy as jnp
+
+    m = mg.compile(bench_apply_overhead.build_graph())
+    inner = getattr(m.apply, "_plain", None)
+    if inner is None or inner is m.apply:
+        return None
+    params, state = m.init(jax.random.key(0))
+    x = jnp.ones((bench_apply_overhead.BATCH, bench_apply_overhead.SIZES[0]), jnp.float32)
+    hand = bench_apply_overhead.make_hand()
+    apply = m.apply
+
+    def run_apply(n):
+        for _ in range(n):
+            out, _s = apply(params, state, x, inference_mode=True)
+            out.block_until_ready()
+
+    def run_inner(n):
+        for _ in range(n):
+            out, _s = inner(params, state, x, inference_mode=True)
+            out.block_until_ready()
+
+    def run_hand(n):
+        for _ in range(n):
+            out = hand(params, x)
+            out.block_until_ready()
+
+    variants = {"apply": run_apply, "jitted": run_inner, "hand": run_hand}
+    for fn in variants.values():
+        fn(2000)
+    wall = {k: [] for k in variants}
+    cpu = {k: [] for k in variants}
+    order = list(variants)
+    rng = random.Random(seed)
+    perf, proc = time.perf_counter, time.process_time
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            rng.shuffle(order)
+            for key in order:
+                c0, t0 = proc(), perf()
+                variants[key](calls)
+                t1, c1 = perf(), proc()
+                wall[key].append((t1 - t0) / calls)
+                cpu[key].append((c1 - c0) / calls)
+    finally:
+        if was:
+            gc.enable()
+    out = {"rounds": rounds, "calls": calls,
+           "per_call": {k: median(v) for k, v in wall.items()},
+           "per_call_cpu": {k: median(v) for k, v in cpu.items()}, "ratios": {}}
+    for a, b in (("apply", "jitted"), ("jitted", "hand"), ("apply", "hand")):
+        for suffix, table in (("", wall), (" cpu", cpu)):
+            r = [u / v for u, v in zip(table[a], table[b])]
+            out["ratios"][f"{a}/{b}{suffix}"] = (median(r), bootstrap_median_ci(r))
+    return out
+
+
 # --- profile ------------------------------------------------------------------------
 
 
@@ -351,12 +432,16 @@ def profile(kind: str, op: str, n: int) -> dict:
     prof.enable()
     surgery_op(op, g, pattern, one)
     prof.disable()
+    return _stats(prof, n, f"{op} ({kind})")
+
+
+def _stats(prof: cProfile.Profile, n: int, what: str) -> dict:
     stats = pstats.Stats(prof)
     funcs = {}
-    for func, (cc, nc, tt, ct, callers) in stats.stats.items():
+    for func, (_cc, nc, tt, ct, callers) in stats.stats.items():
         funcs[_where(func)] = {"ncalls": nc, "tottime": tt, "cumtime": ct,
                                "callers": {_where(c): v[3] for c, v in callers.items()}}
-    return {"n": n, "what": f"{op} ({kind})", "total": stats.total_tt, "funcs": funcs}
+    return {"n": n, "what": what, "total": stats.total_tt, "funcs": funcs}
 
 
 def profile_markdown(small: dict, large: dict, top: int = 10) -> str:
@@ -391,12 +476,13 @@ def run(quick: bool = False, gpt2_small: bool = True, taps: bool = True,
         profile_mode: str = "auto") -> dict:
     sizes = (1_000, 10_000) if quick else (1_000, 3_000, 10_000)
     res = {"quick": quick, "scale": run_scale(sizes, trials=2 if quick else 5),
-           "gpt2": run_gpt2(trials=3 if quick else 9), "taps": [], "profiles": []}
+           "gpt2": run_gpt2(trials=3 if quick else 15), "taps": [], "profiles": []}
     if taps:
         res["taps"].append(run_taps("tiny", rounds=20 if quick else 60, calls=20 if quick else 50))
-        res["taps"].append(run_taps("n_embd 256", rounds=10 if quick else 40, calls=2 if quick else 4))
+        res["taps"].append(run_taps("n_embd 256", rounds=10 if quick else 60, calls=2 if quick else 4))
         if gpt2_small and not quick:
-            res["taps"].append(run_taps("GPT-2 small", rounds=20, calls=1))
+            res["taps"].append(run_taps("GPT-2 small", rounds=30, calls=1))
+        res["entry"] = run_entry_point(rounds=30 if quick else 100)
     res["goals"] = goals(res)
     if profile_mode != "never":
         missed = _missed_ops(res)
@@ -424,7 +510,7 @@ def _missed_ops(res: dict) -> list[tuple[str, str]]:
         if worst[op] >= GOAL_SECONDS and (worst["kind"], op) not in out:
             out.append((worst["kind"], op))
     for kind in KINDS:
-        growth = {op: (_by(rows, kind, sizes[-1])[op] / sizes[-1]) / (_by(rows, kind, sizes[0])[op] / sizes[0])
+        growth = {op: _growth(_by(rows, kind, sizes[0]), _by(rows, kind, sizes[-1]), op + " cpu")
                   for op in OPS if op != "select"}
         op = max(growth, key=growth.get)
         if growth[op] > LINEAR_GROWTH and (kind, op) not in out:
@@ -438,17 +524,25 @@ def goals(res: dict) -> list[list[str]]:
     rows = res["scale"]
     sizes = sorted({r["n"] for r in rows})
     n1, n2 = sizes[0], sizes[-1]
-    for op, label in (("select+replace", f"`select` + `replace` of the N/4 matches"),
+    for op, label in (("select+replace", "`select` + `replace` of the N/4 matches"),
                       ("replace one", "`replace` of one path")):
         if n2 != GOAL_LAYERS:
             break
         big = {r["kind"]: r for r in rows if r["n"] == n2}
         worst = max(big.values(), key=lambda r: r[op])
+        worst_cpu = max(big.values(), key=lambda r: r[op + " cpu"])
         measured = "; ".join(f"{k}: {fmt_time(r[op])} (CPU {fmt_time(r[op + ' cpu'])})"
                              for k, r in big.items())
+        wall_ok, cpu_ok = worst[op] < GOAL_SECONDS, worst_cpu[op + " cpu"] < GOAL_SECONDS
+        status = ("**met**" if wall_ok else
+                  f"**MISSED** in wall time by {100 * (worst[op] / GOAL_SECONDS - 1):.0f}% "
+                  f"(worst: {worst['kind']})")
+        if not wall_ok:
+            status += ("; met in CPU time" if cpu_ok else
+                       f"; in CPU time too, by {100 * (worst_cpu[op + ' cpu'] / GOAL_SECONDS - 1):.0f}% "
+                       f"(worst: {worst_cpu['kind']})")
         out.append([f"{label}, {GOAL_LAYERS:,} layers < {GOAL_SECONDS:g} s (every kind)", measured,
-                    "**met**" if worst[op] < GOAL_SECONDS else
-                    f"**MISSED** by {100 * (worst[op] / GOAL_SECONDS - 1):.0f}% (worst: {worst['kind']})"])
+                    status])
     g = res["gpt2"]
     t = g["ops"]['select("h.*/mlp.act") + replace(selection, relu)']
     t1 = g["ops"]['replace("h.3/mlp.act", relu)']
@@ -460,24 +554,28 @@ def goals(res: dict) -> list[list[str]]:
                 f"select {fmt_time(t0)}, replace one "
                 f"{fmt_time(t1)}, select + replace 12 {fmt_time(t)}, insert_after 12 {fmt_time(t2)}",
                 "**met**" if worst < GOAL_SECONDS else "**MISSED**"])
-    growth_cells, ok = [], True
+    growth_cells, ok, ok_wall = [], True, True
     for kind in KINDS:
         a, b = _by(rows, kind, n1), _by(rows, kind, n2)
-        gs = {op: (b[op] / n2) / (a[op] / n1) for op in OPS}
-        worst_op = max(gs, key=gs.get)
-        ok = ok and gs[worst_op] <= LINEAR_GROWTH
-        growth_cells.append(f"{kind}: " + ", ".join(f"{op} x{v:.2f}" for op, v in gs.items()))
-    out.append([f"surgery time per layer grows linearly, {n1:,} to {n2:,} layers (x <= "
-                f"{LINEAR_GROWTH:g})", "; ".join(growth_cells),
-                "**met**" if ok else "**MISSED**"])
-    c = g["compile"]
+        gs = {op: _growth(a, b, op + " cpu") for op in OPS}
+        gw = {op: _growth(a, b, op) for op in OPS}
+        ok = ok and max(gs.values()) <= LINEAR_GROWTH
+        ok_wall = ok_wall and max(gw.values()) <= LINEAR_GROWTH
+        growth_cells.append(f"{kind}: " + ", ".join(f"{op} x{gs[op]:.2f} (wall x{gw[op]:.2f})"
+                                                    for op in OPS))
+    out.append([f"surgery time per layer grows linearly, {n1:,} to {n2:,} layers (CPU time per "
+                f"layer x <= {LINEAR_GROWTH:g}; wall in parentheses)", "; ".join(growth_cells),
+                ("**met**" if ok else "**MISSED**") + ("" if ok == ok_wall else
+                                                       f" (in wall time: {'met' if ok_wall else 'missed'})")])
+    c, cc = g["compile"], g["compile_cpu"]
     out.append(["`mg.compile` of an unchanged graph a second time reuses the memoised passes "
                 "(second < first)",
                 f"GPT-2 small: first {fmt_time(c['first'])}, second {fmt_time(c['second'])} "
-                f"(x{c['second'] / c['first']:.2f}); scan_blocks=True: first "
-                f"{fmt_time(c['first scan'])}, second {fmt_time(c['second scan'])} "
-                f"(x{c['second scan'] / c['first scan']:.2f})",
-                "**met**" if c["second"] < c["first"] and c["second scan"] < c["first scan"]
+                f"(x{c['second'] / c['first']:.2f}; CPU x{cc['second'] / cc['first']:.2f}); "
+                f"scan_blocks=True: first {fmt_time(c['first scan'])}, second "
+                f"{fmt_time(c['second scan'])} (x{c['second scan'] / c['first scan']:.2f}; CPU "
+                f"x{cc['second scan'] / cc['first scan']:.2f})",
+                "**met**" if cc["second"] < cc["first"] and cc["second scan"] < cc["first scan"]
                 else "**MISSED**"])
     for t in res["taps"]:
         r = t["ratios"]["capture"]
@@ -492,6 +590,11 @@ def goals(res: dict) -> list[list[str]]:
                     f"{fmt_time(t['per_call']['capture'])} vs {fmt_time(t['per_call']['plain'])} per call",
                     status])
     return out
+
+
+def _growth(a: dict, b: dict, key: str) -> float:
+    """Time per layer at the larger size / at the smaller one."""
+    return (b[key] / b["n"]) / (a[key] / a["n"])
 
 
 def _dims(t: dict) -> str:
@@ -510,8 +613,9 @@ def markdown(res: dict) -> str:
            f"called as N/100 blocks `s.0` …; one graph object per level, as models are written; "
            f"pattern `s.*/u.*/relu`), **nested, distinct** (the same paths, every block its own "
            f"graph object). Every operation on a fresh graph (nothing memoised on it), the "
-           f"kinds and operations in a random order; median of {trials} trials, wall time, "
-           f"Python's GC on (as users run it); µs per layer in parentheses. select: "
+           f"kinds and operations in a random order; median of {trials} trials, "
+           f"Python's GC on (as users run it); wall time and process CPU time (the machine is shared: "
+           f"CPU time is less sensitive to the other processes), µs per layer in parentheses. select: "
            f"`g.select(pattern)` (N/4 paths); replace one: `g.replace(path, lambda layer, x: "
            f"ops.gelu(x))` on one relu in the middle; select+replace: `g.replace(g.select(pattern), "
            f"lambda layer, x: ops.gelu(x))` (N/4 layers replaced); insert_after: "
@@ -520,14 +624,16 @@ def markdown(res: dict) -> str:
     for r in rows:
         table.append([r["kind"], f"{r['n']:,}"]
                      + [f"{fmt_time(r[op])} ({r[op] / r['n'] * 1e6:.1f})" for op in OPS]
-                     + [fmt_time(r["select+replace cpu"])])
+                     + [f"{fmt_time(r[op + ' cpu'])} ({r[op + ' cpu'] / r['n'] * 1e6:.1f})" for op in OPS])
     out.append(md_table(["graph", "layers N"] + [f"{op}" for op in OPS]
-                        + ["select+replace, CPU time"], table))
-    out += ["", f"Time per layer, {sizes[-1]:,} layers / {sizes[0]:,} layers (1.0 = linear):", ""]
+                        + [f"{op}, CPU" for op in OPS], table))
+    out += ["", f"Time per layer, {sizes[-1]:,} layers / {sizes[0]:,} layers (1.0 = linear), "
+                f"process CPU time (wall time in parentheses):", ""]
     table = []
     for kind in KINDS:
         a, b = _by(rows, kind, sizes[0]), _by(rows, kind, sizes[-1])
-        table.append([kind] + [f"x{(b[op] / sizes[-1]) / (a[op] / sizes[0]):.2f}" for op in OPS])
+        table.append([kind] + [f"x{_growth(a, b, op + ' cpu'):.2f} (x{_growth(a, b, op):.2f})"
+                               for op in OPS])
     out.append(md_table(["graph"] + list(OPS), table))
 
     g = res["gpt2"]
@@ -537,25 +643,30 @@ def markdown(res: dict) -> str:
     table = [[f"`{k}`", f"{fmt_time(v)} ({fmt_time(g['ops_iqr'][k][0])} – {fmt_time(g['ops_iqr'][k][1])})",
               fmt_time(g["ops_cpu"][k])] for k, v in g["ops"].items()]
     out.append(md_table(["operation", "wall", "CPU"], table))
-    c, ci = g["compile"], g["compile_iqr"]
+    c, ci, cc = g["compile"], g["compile_iqr"], g["compile_cpu"]
 
     def cell(k):
-        return f"{fmt_time(c[k])} ({fmt_time(ci[k][0])} – {fmt_time(ci[k][1])})"
+        return f"{fmt_time(c[k])} ({fmt_time(ci[k][0])} – {fmt_time(ci[k][1])}); CPU {fmt_time(cc[k])}"
 
     out += ["", "`mg.compile` (passes + jitted wrappers, no trace) on one GPT-2 small graph object, "
                 "twice; and the compile of a graph changed by `replace(\"h.3/mlp.act\", relu)` "
                 "after its original was compiled (its 11 other blocks keep their graph objects, "
                 "so their memoised results are reused), against the same change made on a fresh "
-                "graph:", "",
-            md_table(["`mg.compile`", "first", "second (same graph object)", "second / first"], [
-                ["default", cell("first"), cell("second"), f"{c['second'] / c['first']:.3f}"],
+                "graph. Wall time, median (IQR), and process CPU time:", "",
+            md_table(["`mg.compile`", "first", "second (same graph object)", "second / first (CPU)"], [
+                ["default", cell("first"), cell("second"),
+                 f"{c['second'] / c['first']:.3f} ({cc['second'] / cc['first']:.3f})"],
                 ["`scan_blocks=True`", cell("first scan"), cell("second scan"),
-                 f"{c['second scan'] / c['first scan']:.3f}"],
+                 f"{c['second scan'] / c['first scan']:.3f} ({cc['second scan'] / cc['first scan']:.3f})"],
             ]), "",
             md_table(["`mg.compile` of the changed graph", "time"], [
                 ["after compiling the original (blocks memoised)", cell("after replace")],
                 ["on a fresh graph, nothing memoised", cell("fresh changed")],
-            ])]
+            ]), "",
+            f"Where the second `mg.compile` (default options) of the same graph spends its time "
+            f"(cProfile, CPU time, total {g['second_profile']['total'] * 1e3:.1f} ms under the "
+            f"profiler), by cumulative time:", "",
+            profile_table(g["second_profile"], top=8)]
 
     if res["taps"]:
         out += ["", "`apply` with taps on 12-block GPT-2s compiled with `scan_blocks=True` "
@@ -589,6 +700,26 @@ def markdown(res: dict) -> str:
                           f"{t['diff_capture']:.1e} / {t['diff_intervene']:.1e}"])
         out.append(md_table(["model", "init", "plain", "capture", "intervene", "scans in the graph",
                              "captured", "logits max abs diff to plain (capture / intervene)"], table))
+
+    e = res.get("entry")
+    if e:
+        out += ["", f"What `model.apply`'s entry point (the object taking `capture=` and `intervene=`) "
+                    f"adds to a call without taps: `model.apply(params, state, x, "
+                    f"inference_mode=True)` against the jitted function it wraps (`model.apply._plain`) "
+                    f"and against section 2's hand-written `jax.jit`, on section 2's tiny MLP (the call "
+                    f"is dispatch only). {e['rounds']} interleaved rounds x {e['calls']} calls, GC off; "
+                    f"per call: apply {fmt_time(e['per_call']['apply'])} (CPU "
+                    f"{fmt_time(e['per_call_cpu']['apply'])}), the jitted function "
+                    f"{fmt_time(e['per_call']['jitted'])} (CPU {fmt_time(e['per_call_cpu']['jitted'])}), "
+                    f"hand-written {fmt_time(e['per_call']['hand'])} (CPU "
+                    f"{fmt_time(e['per_call_cpu']['hand'])}).", ""]
+        table = []
+        for pair in ("apply/jitted", "jitted/hand", "apply/hand"):
+            (m, (lo, hi)), (mc, (lc, hc)) = e["ratios"][pair], e["ratios"][pair + " cpu"]
+            table.append([pair.replace("apply", "`model.apply`").replace("jitted", "the jitted function")
+                          .replace("hand", "hand-written"),
+                          f"{m:.3f} ({lo:.3f} – {hi:.3f})", f"{mc:.3f} ({lc:.3f} – {hc:.3f})"])
+        out.append(md_table(["per-round ratio", "wall: median (95% CI)", "CPU: median (95% CI)"], table))
 
     for small, large in res["profiles"]:
         out += ["", f"#### Profile: {large['what']}", "", profile_markdown(small, large)]

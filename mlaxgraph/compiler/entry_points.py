@@ -22,6 +22,7 @@ from .taps import Taps
 
 __all__ = ["ModelApply", "ModelInit", "ReuseReport", "reuse_report"]
 
+_PLAIN = frozenset(("rng", "inference_mode"))
 _APPLY_SIGNATURE = ("apply(params, state, *inputs, rng=None, inference_mode=False, "
                     "capture=None, intervene=None)")
 
@@ -37,8 +38,15 @@ class ModelApply:
         self._make = make
         self._tapped: dict[Taps, Callable] = {}
 
-    def __call__(self, params, state, *inputs, rng=None, inference_mode: bool = False,
-                 capture: Any = None, intervene: Any = None, **unknown: Any):
+    def __call__(self, params, state, *inputs, **keywords: Any):
+        # The plain call goes straight to the jitted function: this wrapper is on every
+        # call's path, so it does no more than one test of the keywords.
+        if not keywords or keywords.keys() <= _PLAIN:
+            return self._plain(params, state, *inputs, **keywords)
+        return self._tapped_call(params, state, *inputs, **keywords)
+
+    def _tapped_call(self, params, state, *inputs, rng=None, inference_mode: bool = False,
+                     capture: Any = None, intervene: Any = None, **unknown: Any):
         if unknown:
             raise GraphError(f"apply got unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
                              f"{', '.join(map(repr, unknown))}; it takes {_APPLY_SIGNATURE}")

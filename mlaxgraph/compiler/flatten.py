@@ -36,6 +36,14 @@ def flatten(graph: Graph, prefix: tuple[str, ...] = (),
       >>> [s.path for s in program.steps][:4]
       ['stem', 'stem_bn', 'relu', 'res1/conv_a']
     """
+    key = (prefix, frozenset((remat or {}).items()))
+    memo = graph.memo("flatten")  # programs are immutable: a graph compiled again reuses its own
+    if key not in memo:
+        memo[key] = _flatten(graph, prefix, remat)
+    return memo[key]
+
+
+def _flatten(graph: Graph, prefix: tuple[str, ...], remat: Mapping[str, str] | None) -> Program:
     steps: list[Step] = []
     nodes: dict[str, Node] = {}
     values: dict[str, tuple[Ref, ...]] = {}

@@ -83,6 +83,7 @@ class Rewrite:
         self.renamed: dict[Value, Value] = {}
         self.specs: dict[Value, TensorSpec] = {}
         self.names: set[str] = {node.name for node in graph.nodes}
+        self.suffixes: dict[str, int] = {}  # base -> the next suffix to try
         self.changed = False
 
     def spec(self, value: Value) -> TensorSpec:
@@ -91,10 +92,12 @@ class Rewrite:
 
     def fresh(self, base: str) -> str:
         """A node name not yet used in the graph being made: ``base``, ``base_1``, ..."""
-        name, n = base, 0
+        n = self.suffixes.get(base, 0)
+        name = base if n == 0 else f"{base}_{n}"
         while name in self.names:
             n += 1
             name = f"{base}_{n}"
+        self.suffixes[base] = n + 1
         self.names.add(name)
         return name
 

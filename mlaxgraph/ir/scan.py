@@ -104,8 +104,22 @@ class _Unfold(Rule):
         return (value,)
 
 
+def has_scans(graph: Graph) -> bool:
+    """Whether a ``scan`` node is in the graph or its blocks (memoised on each graph)."""
+    memo = graph.memo("has_scans")
+    if "found" not in memo:
+        found = False
+        for node in graph.nodes:
+            inner = node.op.subgraph()
+            if isinstance(node.op, Scan) or (inner is not None and has_scans(inner)):
+                found = True
+                break
+        memo["found"] = found
+    return memo["found"]
+
+
 def unfold_scans(graph: Graph) -> Graph:
     """Every ``scan`` node back to the calls of its blocks, as the graph had them
     (``mg.save`` writes graphs this way, so files do not depend on compile options;
     surgery names blocks by their paths); the graph itself when it has none."""
-    return rewrite(graph, _Unfold())
+    return rewrite(graph, _Unfold()) if has_scans(graph) else graph
