@@ -41,8 +41,13 @@ lint: $(STAMP)
 	$(PY) -m ruff check
 	$(PY) -m mypy
 
+# The suite on pytest-xdist's workers, one per core (at most 4); each worker runs whole
+# files, so a file's module fixtures (the docs site, the browser, the sharding workers)
+# are built once. `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= auto
+
 test: setup chromium lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 # The soak (not part of `make test`; about 25 minutes on 2 cores): 10,000 random graphs
 # against the reference interpreter, 100,000 mutated files through the loaders, 120

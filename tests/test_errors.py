@@ -1,20 +1,13 @@
 """Errors name the layer, its op, got vs expected, and the user's file:line."""
 
-import sys
-
 import jax
 import jax.numpy as jnp
 import pytest
+from _helpers import next_line
 
 import mlaxgraph as mg
 from mlaxgraph import ops
 from mlaxgraph.ir import Node, Value
-
-
-def next_line() -> str:
-    """``this_file.py:N`` for the line after the caller's."""
-    frame = sys._getframe(1)
-    return f"{frame.f_code.co_filename}:{frame.f_lineno + 1}"
 
 
 def test_error_classes():

@@ -7,6 +7,8 @@ Transformer block; and a few optax steps of each that lower the loss on a fixed 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,24 +18,16 @@ import pytest
 import mlaxgraph as mg
 from mlaxgraph.examples import lstm_classifier, residual_block, transformer_block
 
+import _helpers
 import _reference as ref
 import _reference_layers as lref
+from _helpers import f64, shapes
 
 RTOL = 1e-5
 ATOL = 2e-5
 
 
-def close(got, want, rtol=RTOL, atol=ATOL):
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
-                               rtol=rtol, atol=atol)
-
-
-def f64(tree):
-    return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
-
-
-def shapes(tree):
-    return jax.tree.map(lambda a: tuple(a.shape), tree)
+close = functools.partial(_helpers.close, rtol=RTOL, atol=ATOL)
 
 
 def perturbed(tree, seed, scale=0.3):

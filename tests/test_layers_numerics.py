@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +25,10 @@ from jax.test_util import check_grads
 import mlaxgraph as mg
 from mlaxgraph import ops
 
+import _helpers
 import _reference as ref
 import _reference_layers as lref
+from _helpers import f64, next_line, one_layer, shapes
 
 RTOL = 1e-5
 ATOL = 1e-5
@@ -38,68 +39,10 @@ F32 = np.dtype(np.float32)
 # --- helpers ------------------------------------------------------------------------
 
 
-def close(got, want, rtol=RTOL, atol=ATOL):
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
-                               rtol=rtol, atol=atol)
-
-
-def shapes(tree):
-    return jax.tree.map(lambda a: tuple(a.shape), tree)
-
-
-def f64(tree):
-    return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
-
-
-def randomized(tree, seed=0, scale=0.5, positive=()):
-    """The same pytree of arrays with random float32 values: ``scale`` times standard
-    normals, or uniforms in [0.5, 1.5) for the leaves whose last key is in ``positive``."""
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    values = {}
-    for i, (path, leaf) in enumerate(leaves):
-        if path[-1].key in positive:
-            values[path] = ref.rand(leaf.shape, seed + i, 0.5, 1.5)
-        else:
-            values[path] = ref.rand(leaf.shape, seed + i) * np.float32(scale)
-    return jax.tree_util.tree_map_with_path(lambda p, _: jnp.asarray(values[p]), tree)
-
-
-def random_init(model, seed=0, scale=0.5):
-    """Random float32 params and state with the names and shapes ``model.init`` makes,
-    without compiling init (``jax.eval_shape`` only traces it)."""
-    params, state = jax.eval_shape(model.init, jax.random.key(0))
-    return randomized(params, seed, scale), randomized(state, seed + 100, positive=("var",))
-
-
-def one_layer(call, *inputs, policy=None):
-    """A compiled graph of ``call(*inputs)``; each input a (shape, dtype) pair."""
-    xs = [mg.Input(shape, dtype, name=f"x{i}") for i, (shape, dtype) in enumerate(inputs)]
-    y = call(*xs)
-    return mg.compile(mg.Graph(xs[0] if len(xs) == 1 else xs, y, name="one_layer"), policy=policy)
-
-
-def family(cases, *, policy=None, seed=0):
-    """Many one-layer cases compiled as ONE graph (one XLA compilation).
-    ``cases``: name -> (call, [(graph_shape, dtype), ...]). Returns (model, params,
-    state, {name: (input positions, output positions)})."""
-    inputs, outputs, index = [], [], {}
-    for name, (call, specs) in cases.items():
-        xs = [mg.Input(shape, dtype, name=f"in_{name}_{i}") for i, (shape, dtype) in enumerate(specs)]
-        ys = call(*xs)
-        ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
-        index[name] = (list(range(len(inputs), len(inputs) + len(xs))),
-                       list(range(len(outputs), len(outputs) + len(ys))))
-        inputs += xs
-        outputs += ys
-    model = mg.compile(mg.Graph(inputs, outputs, name="family"), policy=policy)
-    params, state = random_init(model, seed)
-    return model, params, state, index
-
-
-def next_line() -> str:
-    """``this_file.py:N`` for the line after the caller's."""
-    frame = sys._getframe(1)
-    return f"{frame.f_code.co_filename}:{frame.f_lineno + 1}"
+close = functools.partial(_helpers.close, rtol=RTOL, atol=ATOL)
+# This file's random weights: normals times 0.5 (variances uniform in [0.5, 1.5)).
+random_init = functools.partial(_helpers.random_init, scale=0.5)
+family = functools.partial(_helpers.family, scale=0.5)
 
 
 def random_mask(shape, seed):

@@ -5,6 +5,8 @@ is traced."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,23 +18,15 @@ import mlaxgraph as mg
 from mlaxgraph import ops
 from mlaxgraph.examples import mlp, residual_cnn
 
+import _helpers
 import _reference as ref
+from _helpers import f64, shapes
 
 RTOL = 1e-5
 ATOL = 1e-5
 
 
-def close(got, want, rtol=RTOL, atol=ATOL):
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
-                               rtol=rtol, atol=atol)
-
-
-def f64(tree):
-    return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
-
-
-def shapes(tree):
-    return jax.tree.map(lambda a: tuple(a.shape), tree)
+close = functools.partial(_helpers.close, rtol=RTOL, atol=ATOL)
 
 
 # --- the models, compiled and initialized once per module ----------------------------

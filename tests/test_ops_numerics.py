@@ -22,7 +22,9 @@ from jax.test_util import check_grads
 import mlaxgraph as mg
 from mlaxgraph import ops
 
+import _helpers
 import _reference as ref
+from _helpers import family, one_layer, random_init, shapes
 
 RTOL = 1e-5
 ATOL = 1e-5
@@ -31,65 +33,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 # --- helpers ------------------------------------------------------------------------
 
-
-def one_layer(call, *inputs, policy=None):
-    """A compiled graph of ``call(*inputs)``; each input a (shape, dtype) pair."""
-    xs = [mg.Input(shape, dtype, name=f"x{i}") for i, (shape, dtype) in enumerate(inputs)]
-    y = call(*xs)
-    graph = mg.Graph(xs[0] if len(xs) == 1 else xs, y, name="one_layer")
-    return mg.compile(graph, policy=policy)
-
-
-def randomized(tree, seed=0, positive=()):
-    """The same pytree of arrays with random float32 values (uniform in [0.5, 1.5) for
-    the leaves whose last key is in ``positive``)."""
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    values = {}
-    for i, (path, leaf) in enumerate(leaves):
-        key = path[-1].key
-        if key in positive:
-            values[path] = ref.rand(leaf.shape, seed + i, 0.5, 1.5)
-        else:
-            values[path] = ref.rand(leaf.shape, seed + i)
-    return jax.tree_util.tree_map_with_path(lambda p, _: jnp.asarray(values[p]), tree)
-
-
-def random_init(model, seed=0):
-    """Random float32 params and state with the names and shapes ``model.init`` makes.
-
-    ``jax.eval_shape(model.init, key)`` traces init without compiling it (compiling the
-    random initializers costs about a second per shape on CPU); the tests that check
-    init's values call ``model.init`` itself."""
-    params, state = jax.eval_shape(model.init, jax.random.key(0))
-    return randomized(params, seed), randomized(state, seed + 100, positive=("var",))
-
-
-def family(cases, *, seed=0, policy=None):
-    """Many one-layer cases compiled as ONE graph, so a family of cases costs one XLA
-    compilation (they dominate the run time on CPU): one input per case input, the case's
-    outputs in order. ``cases``: name -> (call, [(graph_shape, dtype), ...]).
-    Returns (model, params, state, {name: (input positions, output positions)})."""
-    inputs, outputs, index = [], [], {}
-    for name, (call, specs) in cases.items():
-        xs = [mg.Input(shape, dtype, name=f"in_{name}_{i}") for i, (shape, dtype) in enumerate(specs)]
-        ys = call(*xs)
-        ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
-        index[name] = (range(len(inputs), len(inputs) + len(xs)),
-                       range(len(outputs), len(outputs) + len(ys)))
-        inputs += xs
-        outputs += ys
-    model = mg.compile(mg.Graph(inputs, outputs, name="family"), policy=policy)
-    params, state = random_init(model, seed)
-    return model, params, state, index
-
-
-def shapes(tree):
-    return jax.tree.map(lambda a: tuple(a.shape), tree)
-
-
-def close(got, want, rtol=RTOL, atol=ATOL):
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
-                               rtol=rtol, atol=atol)
+close = functools.partial(_helpers.close, rtol=RTOL, atol=ATOL)
 
 
 # --- Linear -------------------------------------------------------------------------

@@ -6,7 +6,6 @@ checks are in test_sharding_devices.py."""
 from __future__ import annotations
 
 import html
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -25,18 +24,14 @@ from mlaxgraph.examples import mlp, residual_cnn
 from mlaxgraph.distributed import abstract_init, shard_batch
 from mlaxgraph.core.specs import TensorSpec
 
+from _helpers import next_line
+
 RULES = {"batch": "data", "mlp": "model", "heads": "model"}
 
 
 @pytest.fixture(scope="module")
 def mesh():
     return jax.make_mesh((1, 1), ("data", "model"))
-
-
-def next_line() -> str:
-    """``this_file.py:N`` for the line after the caller's."""
-    frame = sys._getframe(1)
-    return f"{frame.f_code.co_filename}:{frame.f_lineno + 1}"
 
 
 def spec(*shape, dtype="float32"):
