@@ -4,7 +4,7 @@ Checked on small hand-built graphs: the steps' paths and weight paths through ne
 blocks, a block's inputs and outputs as plain references to the values around it, a
 block called twice (its layers twice, the weights of the first), the dims a block built
 on symbolic spatial dims is bound to, a scan (a run of equal blocks) as one step with
-the program of one block as its body, and the remat groups."""
+the program of one block as its body, and the checkpoint regions."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import mlaxgraph as mg
 from mlaxgraph import examples, ops
 from mlaxgraph.compiler.flatten import flatten
+from mlaxgraph.compiler.program import Checkpoint, ScanStep
 
 
 def specs(items) -> list[str]:
@@ -236,32 +237,39 @@ def lm3():
     return examples.transformer_lm(vocab=16, length=8, depth=3, width=16, heads=2)
 
 
+def regions(program):
+    """(path, policy, step paths) of each checkpoint region of the schedule."""
+    return [(u.path, u.policy, [s.path for s in u.steps]) for u in program.schedule
+            if isinstance(u, Checkpoint)]
+
+
 def test_without_remat_no_step_is_rematerialized():
     program = flatten(lm3())
-    assert {(s.remat, s.remat_group) for s in program.steps} == {(None, None)}
+    assert {s.remat for s in program.steps} == {None}
+    assert list(program.schedule) == list(program.steps) and regions(program) == []
 
 
-def test_a_remat_block_puts_all_its_steps_in_one_group():
+def test_a_remat_block_is_one_checkpoint_region():
     program = flatten(lm3(), remat={"block1": "full"})
-    grouped = [(s.path, s.remat, s.remat_group) for s in program.steps if s.remat]
-    assert [path for path, _, _ in grouped] == [s.path for s in program.steps
-                                                if s.path.startswith("block1/")]
-    assert {(remat, group) for _, remat, group in grouped} == {("full", "block1")}
-    # The group's steps are consecutive.
-    paths = [s.path for s in program.steps]
-    first = paths.index(grouped[0][0])
-    assert paths[first:first + len(grouped)] == [p for p, _, _ in grouped]
+    block1 = [s.path for s in program.steps if s.path.startswith("block1/")]
+    assert regions(program) == [("block1", "full", block1)]
+    assert {s.path for s in program.steps if s.remat} == set(block1)
+    # the schedule holds every step once, in order
+    flat = [s.path for u in program.schedule
+            for s in (u.steps if isinstance(u, Checkpoint) else (u,))]
+    assert flat == [s.path for s in program.steps]
 
 
 def test_remat_of_single_layers_and_of_a_layer_in_a_block():
     program = flatten(lm3(), remat={"logits": "dots", "block0/attention": "full"})
-    remats = {s.path: (s.remat, s.remat_group) for s in program.steps if s.remat}
-    assert remats == {"logits": ("dots", "logits"),
-                      "block0/attention": ("full", "block0/attention")}
+    assert sorted(regions(program)) == [("block0/attention", "full", ["block0/attention"]),
+                                        ("logits", "dots", ["logits"])]
+    assert program.checkpoints() == {"block0/attention": "full", "logits": "dots"}
 
 
 def test_a_remat_scan_is_rematerialized_block_by_block(scanned):
     program = flatten(scanned, remat={"block0..block2": "dots"})
     scan = program.steps[1]
-    assert (scan.remat, scan.remat_group) == ("dots", None)
+    assert isinstance(scan, ScanStep) and scan.remat == "dots"
+    assert regions(program) == []  # its blocks are checkpointed one by one, inside the scan
     assert all(s.remat is None for s in program.steps if s is not scan)
