@@ -244,3 +244,10 @@ def test_resnet_remove_and_insert(resnet):
     out3, _ = mg.compile(g3).apply(params, state, x, inference_mode=True)
     out, _ = model.apply(params, state, x, inference_mode=True)
     np.testing.assert_array_equal(out3, out)
+
+
+def test_a_file_naming_a_layer_with_a_path_separator_is_refused():
+    x = mg.Input(("batch", 4), name="x")
+    text = mg.Graph(x, ops.Linear(3, name="fc")(x)).to_json()
+    with pytest.raises(mg.MlaxGraphError, match="'/'"):
+        mg.Graph.from_json(text.replace('"fc"', '"a/b"'))
