@@ -185,7 +185,9 @@ def test_bad_inputs_are_graph_errors():
 
 # --- hostile names ---------------------------------------------------------------------------
 
-HOSTILE = ["</script><script>window.pwned=1</script>", '<img src=x onerror="window.pwned=2">',
+# Layer names cannot hold '/' (graph names can: the title below closes tags); an HTML
+# comment opening a script is the nearest a layer name comes to leaving the data.
+HOSTILE = ["<!--<script>window.pwned=1<\u2044script>", '<img src=x onerror="window.pwned=2">',
            "quote\"'`&amp;\u2028\u2029", "x" * 5000]
 
 

@@ -251,3 +251,12 @@ def test_a_file_naming_a_layer_with_a_path_separator_is_refused():
     text = mg.Graph(x, ops.Linear(3, name="fc")(x)).to_json()
     with pytest.raises(mg.MlaxGraphError, match="'/'"):
         mg.Graph.from_json(text.replace('"fc"', '"a/b"'))
+
+
+def test_a_block_of_a_graph_named_with_a_slash_gets_a_usable_name():
+    x = mg.Input(("batch", 4), name="x")
+    inner = mg.Graph(x, ops.relu(x), name="enc/dec")
+    y = mg.Input(("batch", 4), name="y")
+    g = mg.Graph(y, inner(y))
+    assert [n.name for n in g.nodes] == ["y", "enc_dec"]
+    assert g.select() == ["enc_dec/relu"]

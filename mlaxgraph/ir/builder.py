@@ -353,7 +353,9 @@ def _allocate_names(calls: Sequence[Call]) -> dict[int, str]:
     for call in calls:
         if id(call.layer) in names:
             continue
-        base = call.layer.default_name
+        # A default name comes from an op or a graph's name, which may hold what layer
+        # names cannot ('/' joins a path's names, '#' numbers outputs).
+        base = call.layer.default_name.replace("/", "_").replace("#", "_")
         n = counters.get(base, 0)
         candidate = base if n == 0 else f"{base}_{n}"
         while candidate in used:
