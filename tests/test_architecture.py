@@ -20,6 +20,7 @@ LAYERS = [
     ("ir",),
     ("ops",),
     ("compiler",),
+    ("adapters",),
     ("distributed",),
     ("io",),
     ("analysis",),

@@ -5,8 +5,9 @@ computation), a fused multi-step variant on ``lax.scan``, and an eval step."""
 from __future__ import annotations
 
 import collections
+import difflib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -16,6 +17,7 @@ import optax
 
 from ..compiler.taps import Taps
 from ..core.errors import GraphError
+from ..ir.surgery import path_matcher
 from .fit import fit
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import check_targets, resolve_loss, resolve_metrics
@@ -37,6 +39,50 @@ def _standard_promotion(fn: Callable) -> Callable:
 
 def _as_inputs(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _weight_paths(tree: Any, prefix: str = "") -> list[str]:
+    if isinstance(tree, Mapping):
+        return [path for key, value in tree.items()
+                for path in _weight_paths(value, f"{prefix}{key}/")]
+    return [prefix[:-1]]
+
+
+def _glob_test(pattern: str) -> Callable[[str], bool]:
+    """A weight path matches when the glob matches it or one of its prefixes (a layer's
+    path names all its weights); a leading ``**/`` also matches no block at all."""
+    tests = [path_matcher(pattern)]
+    if pattern.startswith("**/"):
+        tests.append(path_matcher(pattern[3:]))
+
+    def matches(path: str) -> bool:
+        parts = path.split("/")
+        prefixes = ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+        return any(test(p) for test in tests for p in prefixes)
+
+    return matches
+
+
+def _subtree(tree: Mapping, keep: frozenset[str], prefix: str = "") -> dict:
+    """The leaves of ``tree`` whose paths are in ``keep``, in the same nested dicts."""
+    out: dict = {}
+    for key, value in tree.items():
+        path = prefix + key
+        if isinstance(value, Mapping):
+            inner = _subtree(value, keep, path + "/")
+            if inner:
+                out[key] = inner
+        elif path in keep:
+            out[key] = value
+    return out
+
+
+def _combine(tree: Mapping, sub: Mapping) -> dict:
+    """``tree`` with the leaves ``sub`` has (same nested dicts) taken from ``sub``."""
+    out = dict(tree)
+    for key, value in sub.items():
+        out[key] = _combine(tree[key], value) if isinstance(value, Mapping) else value
+    return out
 
 class Trainer:
     """Training for a compiled model.
@@ -61,6 +107,13 @@ class Trainer:
         gives it (docs/surgery.md).
       intervene: path or pattern -> function replacing that output in every step,
         as ``model.apply``'s ``intervene``.
+      trainable: which weights train, the others frozen: a glob over weight paths
+        (``"**/*.lora_*"``; as ``graph.select``'s, ``*`` within a name, ``**`` across
+        ``/``; a pattern naming a layer names its weights; a leading ``**/`` also
+        matches top-level layers) or a predicate on the path string
+        (``"h.0/mlp.c_fc/kernel"``). Frozen weights get no gradient and no optimizer
+        state: ``opt_state`` is the optimizer's state of the trainable weights alone.
+        None (the default) trains every weight.
 
     The jitted functions (the train state is donated: its buffers are reused for the
     new state, so do not use a state after passing it in):
@@ -94,7 +147,7 @@ class Trainer:
     def __init__(self, model, optimizer: optax.GradientTransformation,
                  loss: str | Callable = "softmax_cross_entropy",
                  metrics: Any = None, loss_scale: Any = "auto", *,
-                 capture: Any = None, intervene: Any = None):
+                 capture: Any = None, intervene: Any = None, trainable: Any = None):
         if not hasattr(model, "apply_fn") or not hasattr(model, "init_fn"):
             raise GraphError(f"Trainer takes a compiled model (mg.compile(graph)), got "
                              f"{type(model).__name__}")
@@ -114,6 +167,7 @@ class Trainer:
         self._output_name = ", ".join(v.node for v in model.graph.outputs)
         self.metric_fns = resolve_metrics(metrics)
         self.loss_scale = self._initial_loss_scale(loss_scale)
+        self.trainable = self._trainable_paths(trainable)
         self._needs_rng = bool(model.program.random_paths())
         # None: the default PRNG; init_fn records the key's own, as jax.random.key_impl
         # gives it (a name or jax's PRNGSpec, a class jax does not export).
@@ -137,6 +191,36 @@ class Trainer:
         raise GraphError(f"loss_scale must be 'auto', 'dynamic', None or a DynamicLossScale, "
                          f"got {loss_scale!r}")
 
+    def _trainable_paths(self, trainable: Any) -> frozenset[str] | None:
+        """The paths of the weights that train (None: all)."""
+        if trainable is None:
+            return None
+        if isinstance(trainable, str):
+            test = _glob_test(trainable)
+        elif callable(trainable):
+            test = trainable
+        else:
+            raise GraphError(f"Trainer(trainable=...) takes a glob over weight paths or a "
+                             f"predicate on the path, got {trainable!r}")
+        shapes, _ = jax.eval_shape(self.model.init_fn, jax.random.key(0))
+        paths = _weight_paths(shapes)
+        chosen = frozenset(path for path in paths if test(path))
+        if not chosen:
+            what = f"pattern {trainable!r}" if isinstance(trainable, str) else "the predicate"
+            plain = trainable.replace("*", "").replace("?", "") if isinstance(trainable, str) else ""
+            near = difflib.get_close_matches(plain, paths, n=4, cutoff=0.3) or paths[:4]
+            raise GraphError(f"Trainer(trainable=...): {what} matches no weight of model "
+                             f"{self.model.graph.name!r}, so nothing would train; weight paths "
+                             f"such as {', '.join(near)}")
+        return chosen
+
+    def _train_part(self, params: Any) -> Any:
+        """The weights that train (all of ``params`` without ``trainable``)."""
+        return params if self.trainable is None else _subtree(params, self.trainable)
+
+    def _with_trained(self, params: Any, trained: Any) -> Any:
+        return trained if self.trainable is None else _combine(params, trained)
+
     # --- the pure functions (jitted above; usable inside a wider jitted region) -------
 
     def init_fn(self, key: jax.Array) -> TrainState:
@@ -147,7 +231,7 @@ class Trainer:
         self._key_impl = jax.random.key_impl(key)
         init_key, rng = jax.random.split(key)
         params, state = self.model.init_fn(init_key)
-        opt_state = _standard_promotion(self.optimizer.init)(params)
+        opt_state = _standard_promotion(self.optimizer.init)(self._train_part(params))
         plan = getattr(self.model, "sharding", None)
         if plan is not None:       # moments sharded like their weights, not replicated
             opt_state = plan.shard_optimizer_state(self.optimizer, opt_state)
@@ -194,18 +278,22 @@ class Trainer:
         rng = self._step_key(ts)
         scale = ts.loss_scale
 
-        def objective(params):
+        trained = self._train_part(ts.params)
+
+        def objective(trained):
+            params = self._with_trained(ts.params, trained)
             outputs, new_state, captured = self._forward(params, ts.state, inputs, rng, False)
             losses = self._losses(outputs, targets, captured)
             loss = jnp.mean(losses)
             scaled = loss if scale is None else scale.scale_loss(loss)
             return scaled, (outputs, new_state, losses)
 
-        grads, (outputs, new_state, losses) = jax.grad(objective, has_aux=True)(ts.params)
+        # Only the trainable weights are differentiated: the frozen ones are constants.
+        grads, (outputs, new_state, losses) = jax.grad(objective, has_aux=True)(trained)
         if scale is not None:
             grads = scale.unscale(grads)
-        updates, opt_state = self._update(grads, ts.opt_state, ts.params)
-        params = optax.apply_updates(ts.params, updates)
+        updates, opt_state = self._update(grads, ts.opt_state, trained)
+        params = self._with_trained(ts.params, optax.apply_updates(trained, updates))
         if scale is not None:
             # A step with non-finite gradients changes nothing but the scale.
             finite = all_finite(grads)

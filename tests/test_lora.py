@@ -1,0 +1,221 @@
+"""LoRA as a graph rewrite: adapters beside Linear and Embedding layers, checked against
+NumPy references; merging, scanning, training only the adapters, and bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+
+CONFIG = {"n_layer": 4, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 16}
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    g = mg.models.gpt2(CONFIG)
+    params, state = mg.compile(g).init(jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(2), (2, 8), 0, 64)
+    return g, params, state, ids
+
+
+def _randomize_adapters(params, key):
+    """Every adapter weight drawn normal (B nonzero, an Embedding's A nonzero)."""
+    leaves, tree = jax.tree_util.tree_flatten_with_path(params)
+    keys = jax.random.split(key, len(leaves))
+    out = [0.1 * jax.random.normal(k, w.shape, w.dtype) if ".lora_" in jax.tree_util.keystr(p) else w
+           for k, (p, w) in zip(keys, leaves)]
+    return jax.tree.unflatten(tree, out)
+
+
+def _linear_graph(**lora_kwargs):
+    x = mg.Input(("batch", 8), name="x")
+    g = mg.Graph(x, ops.Linear(3, name="head")(ops.Linear(16, name="fc")(x)), name="two")
+    return g, mg.lora(g, "fc", **lora_kwargs)
+
+
+def test_nodes_are_named_after_the_target_and_base_weights_keep_their_paths(gpt2):
+    g, params, state, _ = gpt2
+    g2 = mg.lora(g, "h.*/mlp.c_fc", rank=4)
+    assert g2.select("h.3/mlp.c_fc*") == ["h.3/mlp.c_fc", "h.3/mlp.c_fc.lora_A",
+                                          "h.3/mlp.c_fc.lora_B", "h.3/mlp.c_fc.lora_scale",
+                                          "h.3/mlp.c_fc.lora"]
+    report = mg.compile(g2).reuse_report(params, state)
+    assert not report.dropped and not report.changed
+    assert sorted(report.new) == sorted(f"h.{i}/mlp.c_fc.lora_{ab}/kernel"
+                                        for i in range(4) for ab in "AB")
+    p2, _ = mg.compile(g2).init(jax.random.key(1), reuse=(params, state))
+    assert p2["h.2"]["mlp.c_fc"]["kernel"] is params["h.2"]["mlp.c_fc"]["kernel"]
+    assert not np.any(np.asarray(p2["h.2"]["mlp.c_fc.lora_B"]["kernel"]))
+    a = np.asarray(p2["h.2"]["mlp.c_fc.lora_A"]["kernel"])
+    assert a.shape == (32, 4) and np.abs(a).max() <= 1 / np.sqrt(32) and a.std() > 0.05
+
+
+def test_zero_b_equals_the_base_model_bit_for_bit(gpt2):
+    g, params, state, ids = gpt2
+    base, _ = mg.compile(g).apply(params, state, ids, inference_mode=True)
+    model = mg.compile(mg.lora(g, "h.*/mlp.c_fc", rank=4, alpha=16))
+    p2, s2 = model.init(jax.random.key(1), reuse=(params, state))
+    out, _ = model.apply(p2, s2, ids, inference_mode=True)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(base))
+    # Elsewhere the adapter adds exact zeros too; XLA may fuse the program otherwise
+    # (a last-bit difference downstream), so these are compared closely.
+    model = mg.compile(mg.lora(g, ["h.*/mlp.c_proj", "wte"], rank=2))
+    p3, s3 = model.init(jax.random.key(1), reuse=(params, state))
+    out, _ = model.apply(p3, s3, ids, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(base), atol=1e-4)
+
+
+@pytest.mark.parametrize("use_rslora", [False, True])
+def test_adapted_linear_equals_numpy(use_rslora):
+    g, g2 = _linear_graph(rank=2, alpha=3.0, use_rslora=use_rslora)
+    model = mg.compile(g2)
+    params, state = model.init(jax.random.key(0))
+    params = _randomize_adapters(params, jax.random.key(1))
+    x = np.asarray(jax.random.normal(jax.random.key(2), (5, 8)))
+    out, _ = model.apply(params, state, x)
+    p = jax.tree.map(lambda w: np.asarray(w, np.float64), params)
+    scale = 3.0 / (np.sqrt(2) if use_rslora else 2)
+    h = (x @ p["fc"]["kernel"] + p["fc"]["bias"]
+         + scale * (x @ p["fc.lora_A"]["kernel"]) @ p["fc.lora_B"]["kernel"])
+    want = h @ p["head"]["kernel"] + p["head"]["bias"]
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
+
+
+def test_adapted_embedding_equals_numpy():
+    ids = mg.Input(("batch", 5), "int32", name="ids")
+    g = mg.Graph(ids, ops.Embedding(10, 6, name="emb")(ids))
+    model = mg.compile(mg.lora(g, "emb", rank=3, alpha=6))
+    params, state = model.init(jax.random.key(0))
+    assert not np.any(np.asarray(params["emb.lora_A"]["embedding"]))   # A starts at zero
+    params = _randomize_adapters(params, jax.random.key(1))
+    x = np.array([[0, 3, 9, 3, 1], [2, 2, 5, 7, 8]], np.int32)
+    out, _ = model.apply(params, state, x)
+    p = jax.tree.map(lambda w: np.asarray(w, np.float64), params)
+    want = p["emb"]["embedding"][x] + 2.0 * p["emb.lora_A"]["embedding"][x] @ p["emb.lora_B"]["kernel"]
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_applies_to_the_adapters_input_in_training():
+    _, g2 = _linear_graph(rank=2, dropout=0.5)
+    assert "fc.lora_dropout" in g2.select("fc*")
+    model = mg.compile(g2)
+    params, state = model.init(jax.random.key(0))
+    params = _randomize_adapters(params, jax.random.key(1))
+    x = jnp.ones((4, 8))
+    a, _ = model.apply(params, state, x, rng=jax.random.key(3))
+    b, _ = model.apply(params, state, x, inference_mode=True)
+    assert not np.allclose(np.asarray(a), np.asarray(b))
+
+
+def test_merged_equals_unmerged_and_gives_the_base_graph_back(gpt2):
+    g, params, state, ids = gpt2
+    g2 = mg.lora(g, ["h.*/mlp.c_fc", "h.1/mlp.c_proj", "wpe"], rank=4, alpha=8)
+    model = mg.compile(g2)
+    p2, s2 = model.init(jax.random.key(1), reuse=(params, state))
+    p2 = _randomize_adapters(p2, jax.random.key(4))
+    adapted, _ = model.apply(p2, s2, ids, inference_mode=True)
+    merged_graph, merged = mg.merge_lora(g2, p2)
+    assert merged_graph == g
+    assert jax.tree.structure(merged) == jax.tree.structure(params)
+    assert not mg.lora_params(merged)
+    out, _ = mg.compile(merged_graph).apply(merged, state, ids, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(adapted), rtol=1e-4, atol=1e-4)
+    assert not np.allclose(np.asarray(out), np.asarray(
+        mg.compile(g).apply(params, state, ids, inference_mode=True)[0]))
+    # The merged kernel is W + scale * A @ B, checked in NumPy.
+    p = jax.tree.map(lambda w: np.asarray(w, np.float64), p2["h.1"])
+    want = p["mlp.c_proj"]["kernel"] + 2.0 * p["mlp.c_proj.lora_A"]["kernel"] @ p["mlp.c_proj.lora_B"]["kernel"]
+    np.testing.assert_allclose(np.asarray(merged["h.1"]["mlp.c_proj"]["kernel"]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_tied_embedding_is_not_merged(gpt2):
+    g, params, state, _ = gpt2
+    g2 = mg.lora(g, "wte", rank=2)
+    p2, _ = mg.compile(g2).init(jax.random.key(1), reuse=(params, state))
+    with pytest.raises(mg.GraphError, match="'wte'.*tied"):
+        mg.merge_lora(g2, p2)
+
+
+def test_scanned_equals_unscanned(gpt2):
+    g, params, state, ids = gpt2
+    g2 = mg.lora(g, "h.*/mlp.c_fc", rank=4)
+    flat = mg.compile(g2)
+    p2, s2 = flat.init(jax.random.key(1), reuse=(params, state))
+    p2 = _randomize_adapters(p2, jax.random.key(4))
+    want, _ = flat.apply(p2, s2, ids, inference_mode=True)
+    scanned = mg.compile(g2, scan_blocks=True)
+    assert [n.name for n in scanned.graph.nodes if n.name.startswith("h.")] == ["h.0..h.3"]
+    stacked, stacked_state = scanned.stack_weights(p2, s2)
+    adapters = mg.lora_params(stacked)
+    assert jax.tree.map(jnp.shape, adapters) == {"h.0..h.3": {
+        "mlp.c_fc.lora_A": {"kernel": (4, 32, 4)}, "mlp.c_fc.lora_B": {"kernel": (4, 4, 128)}}}
+    out, _ = scanned.apply(stacked, stacked_state, ids, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_lora_params_keeps_only_the_adapters(gpt2):
+    g, _, _, _ = gpt2
+    params, _ = mg.compile(mg.lora(g, ["h.0/mlp.c_fc", "wpe"], rank=2)).init(jax.random.key(0))
+    assert jax.tree.map(jnp.shape, mg.lora_params(params)) == {
+        "h.0": {"mlp.c_fc.lora_A": {"kernel": (32, 2)}, "mlp.c_fc.lora_B": {"kernel": (2, 128)}},
+        "wpe.lora_A": {"embedding": (16, 2)}, "wpe.lora_B": {"kernel": (2, 32)}}
+
+
+@pytest.mark.parametrize("trainable", ["**/*.lora_*", lambda path: ".lora_" in path])
+def test_trainer_trains_only_the_adapters(trainable):
+    x = mg.Input(("batch", 8), name="x")
+    h = ops.Linear(16, name="fc")(x)
+    y = mg.Input(("batch", 16), name="y")
+    block = mg.Graph(y, ops.Linear(16, name="inner")(y), name="block")
+    g = mg.Graph(x, ops.Linear(3, name="head")(block(h)))
+    model = mg.compile(mg.lora(g, ["fc", "block/inner"], rank=2))
+    trainer = mg.train.Trainer(model, optax.adam(1e-2), trainable=trainable)
+    ts = trainer.init(jax.random.key(0))
+    # B = 0 would leave A's gradient zero in the first step.
+    ts = ts.replace(params=_randomize_adapters(ts.params, jax.random.key(4)))
+    before = jax.tree.map(np.asarray, ts.params)
+    inputs = jax.random.normal(jax.random.key(5), (6, 8))
+    ts, metrics = trainer.train_step(ts, inputs, jnp.arange(6) % 3)
+    assert np.isfinite(float(metrics["loss"]))
+    flat_before = dict(jax.tree_util.tree_flatten_with_path(before)[0])
+    for path, value in jax.tree_util.tree_flatten_with_path(ts.params)[0]:
+        if ".lora_" in jax.tree_util.keystr(path):
+            assert not np.array_equal(np.asarray(value), flat_before[path]), path
+        else:
+            np.testing.assert_array_equal(np.asarray(value), flat_before[path])
+    # Adam's moments mirror the adapters alone.
+    adapters = {jax.tree_util.keystr(p) for p, _ in
+                jax.tree_util.tree_flatten_with_path(mg.lora_params(before))[0]}
+    assert len(adapters) == 4
+    for moments in (ts.opt_state[0].mu, ts.opt_state[0].nu):
+        assert {jax.tree_util.keystr(p) for p, _ in
+                jax.tree_util.tree_flatten_with_path(moments)[0]} == adapters
+
+
+def test_trainable_matching_nothing_lists_weight_paths():
+    g, _ = _linear_graph(rank=2)
+    with pytest.raises(mg.GraphError, match="matches no weight.*such as fc/"):
+        mg.train.Trainer(mg.compile(g), optax.sgd(0.1), trainable="fc.lora_*")
+    with pytest.raises(mg.GraphError, match="glob over weight paths"):
+        mg.train.Trainer(mg.compile(g), optax.sgd(0.1), trainable=3)
+
+
+def test_bad_input_is_an_error_naming_it(gpt2):
+    g, _, _, _ = gpt2
+    with pytest.raises(mg.GraphError, match="matches no layer.*near names: .*h.0/mlp.c_fc"):
+        mg.lora(g, "h.*/mlp.c_fcc", rank=2)
+    with pytest.raises(mg.GraphError, match="has no layer 'h.9/mlp.c_fc'"):
+        mg.lora(g, "h.9/mlp.c_fc", rank=2)
+    for kwargs, word in (({"rank": 0}, "rank"), ({"rank": -1}, "rank"), ({"rank": 2.0}, "rank"),
+                         ({"rank": 2, "alpha": 0}, "alpha"), ({"rank": 2, "alpha": -1.0}, "alpha"),
+                         ({"rank": 2, "dropout": 1.0}, "dropout"),
+                         ({"rank": 2, "dropout": -0.1}, "dropout")):
+        with pytest.raises(mg.ConfigError, match=f"lora: {word} must"):
+            mg.lora(g, "h.0/mlp.c_fc", **kwargs)
+    with pytest.raises(mg.ConfigError, match="'h.0/attn'.*does not adapt op 'multi_head_attention'"):
+        mg.lora(g, "h.*/attn", rank=2)
+    with pytest.raises(mg.ConfigError, match="adapter already"):
+        mg.lora(mg.lora(g, "h.0/mlp.c_fc", rank=2), "h.0/mlp.c_fc", rank=2)
