@@ -24,7 +24,7 @@ from ..ir.graph import Graph
 from ..ir.node import Node, Value
 from ..ir.rewrite import Rewrite, Rule, rewrite
 from ..ir.scan import unfold_scans
-from ..ir.surgery import _resolve, layer_paths
+from ..ir.surgery import layer_paths, resolve_selection
 from ..ir.verify import verify
 from ..ops import initializers
 from ..ops.dropout import Dropout
@@ -104,7 +104,7 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
     if not isinstance(graph, Graph):
         raise GraphError(f"lora works on a Graph, got {type(graph).__name__}")
     graph = unfold_scans(graph)
-    paths = _resolve(graph, targets, "lora")
+    paths = resolve_selection(graph, targets, "lora")
     nodes = dict(layer_paths(graph))
     for path in paths:
         _check_target(path, nodes[path], source)

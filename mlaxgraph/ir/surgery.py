@@ -26,7 +26,7 @@ from .rewrite import Rewrite, Rule, rewrite
 from .scan import unfold_scans
 from .verify import verify
 
-__all__ = ["select", "surgery", "layer_paths", "path_matcher"]
+__all__ = ["select", "surgery", "layer_paths", "path_matcher", "resolve_selection"]
 
 _GLOB = re.compile(r"\*\*|\*|\?|\[[^\]]*\]|[^*?\[]+")
 
@@ -115,7 +115,7 @@ def select(graph: Graph, pattern: str | None = None, *, op: Any = None,
     return found
 
 
-def _resolve(graph: Graph, selection: Any, action: str) -> list[str]:
+def resolve_selection(graph: Graph, selection: Any, action: str) -> list[str]:
     """The layer paths a selection names (a pattern, a path or a list of paths); an
     empty selection or a path that is not a layer is an error listing near names."""
     what = f"{action}({selection!r})"
@@ -164,7 +164,7 @@ def surgery(graph: Graph, action: str, selection: Any, fn: Any) -> Graph:
     if action != "remove" and not callable(fn):
         raise GraphError(f"{action} takes a function building the new layers, got {fn!r}")
     graph = _unfold(graph)
-    paths = _resolve(graph, selection, action)
+    paths = resolve_selection(graph, selection, action)
     targets = frozenset(tuple(path.split("/")) for path in paths)
     rule = _Surgery(action, fn, targets, source)
     try:
