@@ -159,3 +159,18 @@ def test_trainer_loss_reads_captures():
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(mg.GraphError, match="the loss reads the captured outputs"):
         mg.train.Trainer(model, optax.sgd(0.5), loss="mean_squared_error", capture=["fc1"])
+
+
+def test_taps_on_a_mesh_give_the_numbers_without_one(base):
+    g, params, state = base
+    mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    plain = mg.compile(g, scan_blocks=True)
+    sharded = mg.compile(g, mesh=mesh, rules={"batch": "data", "mlp": "model"}, scan_blocks=True)
+    p, s = plain.stack_weights(params, state)
+    want, _, want_captured = plain.apply(p, s, IDS, inference_mode=True, capture=["h.*/attn"])
+    sp, ss = sharded.init(jax.random.key(0), reuse=(p, s))
+    got, _, captured = sharded.apply(sp, ss, IDS, inference_mode=True, capture=["h.*/attn"],
+                                     intervene={"h.*/mlp.c_fc": lambda v: v})
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    for path, value in want_captured.items():
+        np.testing.assert_allclose(captured[path], value, rtol=1e-6, atol=1e-6)
