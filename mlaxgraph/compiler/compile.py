@@ -15,7 +15,7 @@ from ..core.errors import GraphError, ShardingError
 from ..core.specs import dim_names
 from ..ir.graph import Graph
 from . import stages
-from .entry_points import ModelApply, ModelInit, ReuseReport, reuse_report
+from .entry_points import ModelInit, ReuseReport, model_apply, reuse_report
 from .flatten import flatten
 from .lowering import checked, make_apply, make_init
 from .memory import gradient_step, parse_bytes, plan_memory
@@ -116,7 +116,7 @@ class CompiledModel:
             plain = checked(make_apply(program, sharding, checks=True))
         else:
             plain = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
-        self.apply = ModelApply(plain, tapped)
+        self.apply = model_apply(plain, tapped)
 
     def tapped_apply_fn(self, taps: Taps) -> Any:
         """The pure ``apply`` (before jit, for a wider jitted region such as a train

@@ -20,50 +20,54 @@ import numpy as np
 from ..core.errors import GraphError
 from .taps import Taps
 
-__all__ = ["ModelApply", "ModelInit", "ReuseReport", "reuse_report"]
+__all__ = ["model_apply", "ModelInit", "ReuseReport", "reuse_report"]
 
 _PLAIN = frozenset(("rng", "inference_mode"))
 _APPLY_SIGNATURE = ("apply(params, state, *inputs, rng=None, inference_mode=False, "
                     "capture=None, intervene=None)")
 
 
-class ModelApply:
+#: The jitted function's attributes the model's ``apply`` passes on (``apply.lower(...)``).
+_JIT_ATTRIBUTES = ("lower", "trace", "eval_shape", "_cache_size", "clear_cache")
+
+
+def model_apply(plain: Callable, make: Callable[[Taps], Callable]) -> Callable:
     """``apply(params, state, *inputs, rng=None, inference_mode=False, capture=None,
     intervene=None)``: ``(outputs, new_state)``, or ``(outputs, new_state, captured)``
-    with ``capture``. The plain jitted function's attributes (``lower``, ``trace``)
-    are its own."""
+    with ``capture``. A plain function (not a bound method: it is on every call's path)
+    carrying the jitted function's ``lower``, ``trace`` and ``eval_shape``."""
+    tapped: dict[Taps, Callable] = {}
 
-    def __init__(self, plain: Callable, make: Callable[[Taps], Callable]):
-        self._plain = plain
-        self._make = make
-        self._tapped: dict[Taps, Callable] = {}
-
-    def __call__(self, params, state, *inputs, **keywords: Any):
-        # The plain call goes straight to the jitted function: this wrapper is on every
-        # call's path, so it does no more than one test of the keywords.
-        if not keywords or keywords.keys() <= _PLAIN:
-            return self._plain(params, state, *inputs, **keywords)
-        return self._tapped_call(params, state, *inputs, **keywords)
-
-    def _tapped_call(self, params, state, *inputs, rng=None, inference_mode: bool = False,
-                     capture: Any = None, intervene: Any = None, **unknown: Any):
+    def tapped_call(params, state, *inputs, rng=None, inference_mode: bool = False,
+                    capture: Any = None, intervene: Any = None, **unknown: Any):
         if unknown:
             raise GraphError(f"apply got unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
                              f"{', '.join(map(repr, unknown))}; it takes {_APPLY_SIGNATURE}")
         taps = Taps.of(capture, intervene)
         if taps is None:
-            return self._plain(params, state, *inputs, rng=rng, inference_mode=inference_mode)
-        fn = self._tapped.get(taps)
+            return plain(params, state, *inputs, rng=rng, inference_mode=inference_mode)
+        fn = tapped.get(taps)
         if fn is None:
-            fn = self._tapped[taps] = self._make(taps)
+            fn = tapped[taps] = make(taps)
         outputs, new_state, captured = fn(params, state, *inputs, rng=rng,
                                           inference_mode=inference_mode)
         if not taps.capture:
             return outputs, new_state
         return outputs, new_state, captured
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._plain, name)
+    def apply(params, state, *inputs, **keywords: Any):
+        # The plain call goes straight to the jitted function after one test of its
+        # keywords.
+        if keywords.keys() <= _PLAIN:
+            return plain(params, state, *inputs, **keywords)
+        return tapped_call(params, state, *inputs, **keywords)
+
+    for name in _JIT_ATTRIBUTES:
+        if hasattr(plain, name):
+            setattr(apply, name, getattr(plain, name))
+    apply._plain = plain  # type: ignore[attr-defined]  # the jitted function, for benchmarks
+    apply.__doc__ = model_apply.__doc__
+    return apply
 
 
 @dataclasses.dataclass(frozen=True)
