@@ -109,6 +109,20 @@ def run(model, name: str, x=None, y=None, record: dict | None = None) -> dict[st
     return results
 
 
+def run_taps(model, name: str) -> dict[str, np.ndarray]:
+    """Every layer's output captured in inference, with its first layer's output halved
+    by an intervention: ``{"taps/<path>": array}`` and ``taps/outputs``."""
+    x, _ = data(name)
+    params, state = model.init(jax.random.key(0))
+    first = model.program.steps[0].path
+    outputs, _, captured = model.apply(params, state, x, inference_mode=True, capture=["**"],
+                                       intervene={first: lambda v: v * 0.5})
+    results = {f"taps/{path}": np.asarray(value) for path, value in captured.items()
+               if not isinstance(value, tuple)}
+    results["taps/outputs"] = np.asarray(outputs)
+    return results
+
+
 def run_trainer(model, name: str, x=None, y=None, record: dict | None = None) -> dict[str, np.ndarray]:
     """STEPS steps of ``mg.train.Trainer`` with SGD and momentum: losses, final params
     and state. ``record`` receives the sharding of each initial param (the step

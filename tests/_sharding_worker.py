@@ -87,6 +87,15 @@ def main(out_dir: str, names: tuple[str, ...]) -> None:
             report[f"output_spec/{name}/{mesh_name}"] = spec_entries(record["outputs"].sharding.spec)
             lap(f"{name}/{mesh_name}")
 
+    # Capture and intervention on every mesh give the one-device numbers.
+    for name in names:
+        arrays.update({f"{name}/one_device/{k}": v
+                       for k, v in cases.run_taps(mg.compile(cases.graph(name)), name).items()})
+        for mesh_name in meshes:
+            arrays.update({f"{name}/{mesh_name}/{k}": v
+                           for k, v in cases.run_taps(models[name, mesh_name], name).items()})
+    lap("taps")
+
     # The library's Trainer on the 2x4 mesh: its init creates the params sharded too.
     for name in names:
         record = {}

@@ -202,6 +202,14 @@ def test_plain_optax_steps_match_one_device(eight, model, mesh):
     assert losses.shape == (cases.STEPS,) and losses[-1] < losses[0]  # it trains
 
 
+@pytest.mark.parametrize("mesh", list(cases.MESHES))
+@pytest.mark.parametrize("model", cases.MODELS)
+def test_capture_and_intervention_match_one_device(eight, model, mesh):
+    _, results = eight
+    compared = _compare(results, f"{model}/one_device", f"{model}/{mesh}", groups=("taps",))
+    assert compared >= 4  # every layer's output and the model's, each compared
+
+
 @pytest.mark.parametrize("model", cases.MODELS)
 def test_trainer_matches_one_device_on_a_2x4_mesh(eight, model):
     report, results = eight
