@@ -219,3 +219,132 @@ def test_bad_input_is_an_error_naming_it(gpt2):
         mg.lora(g, "h.*/attn", rank=2)
     with pytest.raises(mg.ConfigError, match="adapter already"):
         mg.lora(mg.lora(g, "h.0/mlp.c_fc", rank=2), "h.0/mlp.c_fc", rank=2)
+
+
+# --- Conv -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    g = mg.models.resnet18(10, image_size=32, width=8)
+    params, state = mg.compile(g).init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(2), (2, 32, 32, 3))
+    return g, params, state, x
+
+
+def _conv(x, kernel, strides, padding):
+    """An independent reference: NHWC input, OHWI kernel."""
+    return jax.lax.conv_general_dilated(x, kernel, strides, padding,
+                                        dimension_numbers=("NHWC", "OHWI", "NHWC"),
+                                        precision=jax.lax.Precision.HIGHEST)
+
+
+def test_conv_adapter_nodes_shapes_and_init(resnet):
+    g, params, state, x = resnet
+    g2 = mg.lora(g, "layer2.0/conv1", rank=3)
+    assert g2.select("layer2.0/conv1*") == ["layer2.0/conv1", "layer2.0/conv1.lora_A",
+                                            "layer2.0/conv1.lora_B", "layer2.0/conv1.lora_scale",
+                                            "layer2.0/conv1.lora"]
+    p2, _ = mg.compile(g2).init(jax.random.key(1), reuse=(params, state))
+    adapters = mg.lora_params(p2)["layer2.0"]
+    a, b = (np.asarray(adapters[f"conv1.lora_{ab}"]["kernel"]) for ab in "AB")
+    base = p2["layer2.0"]["conv1"]["kernel"]
+    assert a.shape == (3, 3, 3, base.shape[-1]) and b.shape == (base.shape[0], 1, 1, 3)
+    assert not np.any(b)
+    bound = 1 / np.sqrt(base.shape[-1] * 9)
+    assert np.abs(a).max() <= bound and a.std() > 0.4 * bound
+    assert p2["layer2.0"]["conv1"]["kernel"] is params["layer2.0"]["conv1"]["kernel"]
+
+
+def test_conv_zero_b_equals_the_base_model(resnet):
+    g, params, state, x = resnet
+    base, _ = mg.compile(g).apply(params, state, x, inference_mode=True)
+    model = mg.compile(mg.lora(g, ["layer1.*/conv*", "layer2.0/conv1", "conv1"], rank=4, alpha=8))
+    p2, s2 = model.init(jax.random.key(1), reuse=(params, state))
+    out, _ = model.apply(p2, s2, x, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(base), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_adapted_conv_equals_a_reference(data_format):
+    # A strided, padded, dilated conv: the adapter's output is
+    # scale * conv(conv(x, A), B) with A sharing the base conv's window.
+    shape = ("batch", 9, 11, 5) if data_format == "NHWC" else ("batch", 5, 9, 11)
+    x_in = mg.Input(shape, name="x")
+    conv = ops.Conv(6, (3, 2), strides=(2, 1), padding=((1, 2), (0, 1)), dilation=(1, 2),
+                    data_format=data_format, name="c")
+    g = mg.Graph(x_in, conv(x_in))
+    model = mg.compile(mg.lora(g, "c", rank=2, alpha=3.0))
+    params, state = model.init(jax.random.key(0))
+    params = _randomize_adapters(params, jax.random.key(1))
+    x = jax.random.normal(jax.random.key(2), (2, 9, 11, 5))
+    to_data = (lambda t: t) if data_format == "NHWC" else (lambda t: jnp.transpose(t, (0, 3, 1, 2)))
+    to_ohwi = (lambda k: k) if data_format == "NHWC" else (lambda k: jnp.transpose(k, (0, 2, 3, 1)))
+    out, _ = model.apply(params, state, to_data(x))
+    k = {name: to_ohwi(params[name]["kernel"]) for name in ("c", "c.lora_A", "c.lora_B")}
+    pad = ((1, 2), (0, 1))
+
+    def window(x, kernel):
+        return jax.lax.conv_general_dilated(x, kernel, (2, 1), pad, rhs_dilation=(1, 2),
+                                            dimension_numbers=("NHWC", "OHWI", "NHWC"),
+                                            precision=jax.lax.Precision.HIGHEST)
+    want = (window(x, k["c"]) + params["c"]["bias"]
+            + 1.5 * _conv(window(x, k["c.lora_A"]), k["c.lora_B"], (1, 1), "VALID"))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(to_data(want)), rtol=1e-5, atol=1e-5)
+
+
+def test_adapted_resnet_conv_equals_a_reference(resnet):
+    # layer2.0/conv1: 3x3, stride 2, padding 1, reading layer1.1's output.
+    g, params, state, x = resnet
+    model = mg.compile(mg.lora(g, "layer2.0/conv1", rank=4, alpha=2))
+    p2, s2 = model.init(jax.random.key(1), reuse=(params, state))
+    p2 = _randomize_adapters(p2, jax.random.key(3))
+    _, _, got = model.apply(p2, s2, x, inference_mode=True,
+                            capture=["layer1.1", "layer2.0/conv1", "layer2.0/conv1.lora"])
+    k = {name: p2["layer2.0"][name]["kernel"] for name in ("conv1", "conv1.lora_A", "conv1.lora_B")}
+    h, pad = got["layer1.1"], ((1, 1), (1, 1))
+    base = _conv(h, k["conv1"], (2, 2), pad)
+    np.testing.assert_allclose(np.asarray(got["layer2.0/conv1"]), np.asarray(base), rtol=1e-5, atol=1e-5)
+    delta = 0.5 * _conv(_conv(h, k["conv1.lora_A"], (2, 2), pad), k["conv1.lora_B"], (1, 1), "VALID")
+    assert float(jnp.abs(delta).max()) > 0.1
+    np.testing.assert_allclose(np.asarray(got["layer2.0/conv1.lora"]), np.asarray(base + delta),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_conv_merged_equals_unmerged(data_format):
+    g = mg.models.resnet18(10, data_format, image_size=32, width=8)
+    params, state = mg.compile(g).init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(2), (2, 32, 32, 3))
+    if data_format == "NCHW":
+        x = jnp.transpose(x, (0, 3, 1, 2))
+    g2 = mg.lora(g, ["conv1", "layer1.0/conv1", "layer2.0/conv2", "layer3.0/downsample.0"],
+                 rank=4, alpha=8)
+    model = mg.compile(g2)
+    p2, s2 = model.init(jax.random.key(1), reuse=(params, state))
+    p2 = _randomize_adapters(p2, jax.random.key(4))
+    adapted, _ = model.apply(p2, s2, x, inference_mode=True)
+    merged_graph, merged = mg.merge_lora(g2, p2)
+    assert merged_graph == g and not mg.lora_params(merged)
+    assert jax.tree.structure(merged) == jax.tree.structure(params)
+    out, _ = mg.compile(merged_graph).apply(merged, state, x, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(adapted), rtol=1e-4, atol=1e-4)
+    base, _ = mg.compile(g).apply(params, state, x, inference_mode=True)
+    assert not np.allclose(np.asarray(out), np.asarray(base))
+    # The merged kernel is W + scale * sum_r B[o, r] A[r, ...], checked in NumPy.
+    p = jax.tree.map(lambda w: np.asarray(w, np.float64), p2["layer1.0"])
+    a, b = p["conv1.lora_A"]["kernel"], p["conv1.lora_B"]["kernel"]
+    b = b.reshape(b.shape[0], a.shape[0])
+    want = p["conv1"]["kernel"] + 2.0 * np.einsum("or,r...->o...", b, a)
+    np.testing.assert_allclose(np.asarray(merged["layer1.0"]["conv1"]["kernel"]), want,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_grouped_or_activated_conv_is_refused_by_name():
+    x = mg.Input(("batch", 8, 8, 4), name="x")
+    h = ops.Conv(4, (3, 3), groups=2, name="grouped")(x)
+    g = mg.Graph(x, ops.Conv(4, (1, 1), activation="relu", name="fused")(h))
+    with pytest.raises(mg.ConfigError, match="'grouped'.*grouped Conv \\(groups=2\\)"):
+        mg.lora(g, "grouped", rank=2)
+    with pytest.raises(mg.ConfigError, match="'fused'.*applies 'relu'"):
+        mg.lora(g, "fused", rank=2)

@@ -27,19 +27,20 @@ from ..ir.scan import unfold_scans
 from ..ir.surgery import layer_paths, resolve_selection
 from ..ir.verify import verify
 from ..ops import initializers
+from ..ops.conv import Conv
 from ..ops.dropout import Dropout
 from ..ops.elementwise import Add, Mul
 from ..ops.embedding import Embedding
 from ..ops.linear import Linear
 
-__all__ = ["lora", "lora_params", "merge_lora", "lora_a_uniform"]
+__all__ = ["lora", "lora_params", "merge_lora", "lora_a_uniform", "lora_a_uniform_conv"]
 
 #: The adapter's nodes beside layer ``<name>``: ``<name><suffix>``.
 _PARTS = (".lora_dropout", ".lora_A", ".lora_B", ".lora_scale")
 #: The node summing the layer's output and the adapter's: ``<name>.lora``.
 _SUM = ".lora"
 #: The op names ``lora`` adapts.
-ADAPTED_OPS = ("linear", "embedding")
+ADAPTED_OPS = ("linear", "embedding", "conv")
 
 
 def lora_a_uniform(key, shape, dtype):
@@ -47,6 +48,16 @@ def lora_a_uniform(key, shape, dtype):
     uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, fan_in the kernel's input size
     (all axes but the last of a ``(in, rank)`` kernel)."""
     fan_in = math.prod(shape[:-1])
+    bound = 1.0 / math.sqrt(fan_in)
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def lora_a_uniform_conv(key, shape, dtype):
+    """PEFT's default for a Conv's ``lora_A``: uniform in ``[-1/sqrt(fan_in),
+    1/sqrt(fan_in)]``, fan_in = in_channels * prod(kernel_size): all axes but the first
+    of our ``(rank, *kernel_size, in)`` (OHWI) or ``(rank, in, *kernel_size)`` (OIHW)
+    kernel."""
+    fan_in = math.prod(shape[1:])
     bound = 1.0 / math.sqrt(fan_in)
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 
@@ -87,8 +98,11 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
     Targets are a path, a glob pattern or a list of paths (what ``graph.select``
     returns). Linear layers (without a fused activation) and Embeddings are adapted;
     for an Embedding, as PEFT, ``A`` is a table of ``rank`` columns that starts at zero
-    and ``B`` a Linear drawn normal, and dropout does not apply (its input is ids).
-    Another op is an ``mg.ConfigError`` naming the layer.
+    and ``B`` a Linear drawn normal, and dropout does not apply (its input is ids). For
+    a Conv (without a fused activation, ungrouped), as PEFT, ``A`` is a Conv of ``rank``
+    outputs with the target's kernel size, strides, padding and dilation, ``B`` a 1x1
+    Conv (zeros), both without bias (``lora_a_uniform_conv`` draws ``A``). Another op,
+    or a grouped Conv, is an ``mg.ConfigError`` naming the layer.
 
     Example:
       >>> import mlaxgraph as mg
@@ -122,12 +136,18 @@ def _check_target(path: str, node: Node, source: SourceInfo | None) -> None:
             path, op.op_name,
             f"LoRA does not adapt op {op.op_name!r} yet (it adapts {', '.join(ADAPTED_OPS)}); "
             f"select those layers instead", source=source))
-    if isinstance(op, Linear) and op.activation is not None:
+    if isinstance(op, (Linear, Conv)) and op.activation is not None:
+        kind = type(op).__name__
         raise ConfigError(node_message(
             path, op.op_name,
-            f"LoRA adds beside a Linear's output before any activation, and this one applies "
-            f"{op.activation!r} itself; build it as a Linear followed by the activation",
+            f"LoRA adds beside a {kind}'s output before any activation, and this one applies "
+            f"{op.activation!r} itself; build it as a {kind} followed by the activation",
             source=source))
+    if isinstance(op, Conv) and op.groups != 1:
+        raise ConfigError(node_message(
+            path, op.op_name,
+            f"LoRA does not adapt a grouped Conv (groups={op.groups}), as PEFT does not; "
+            f"select ungrouped convolutions", source=source))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +187,20 @@ class _Lora(Rule):
             b_init = jax.nn.initializers.normal(1.0)
             b = emit(".lora_B", Linear(node.op.features, use_bias=False, kernel_init=b_init,
                                        name=name + ".lora_B"), (a,))
+        elif isinstance(node.op, Conv):
+            if self.dropout > 0:
+                x = emit(".lora_dropout", Dropout(self.dropout, name=name + ".lora_dropout"), (x,))
+            conv = node.op
+            a = emit(".lora_A", Conv(self.rank, conv.kernel_size, strides=conv.strides,
+                                     padding=conv.padding, dilation=conv.dilation,
+                                     use_bias=False, data_format=conv.data_format,
+                                     kernel_init=lora_a_uniform_conv, precision=conv.precision,
+                                     name=name + ".lora_A"), (x,))
+            ones = 1 if isinstance(conv.kernel_size, int) else (1,) * len(conv.kernel_size)
+            b = emit(".lora_B", Conv(conv.features, ones, use_bias=False,
+                                     data_format=conv.data_format,
+                                     kernel_init=initializers.zeros, precision=conv.precision,
+                                     name=name + ".lora_B"), (a,))
         else:
             if self.dropout > 0:
                 x = emit(".lora_dropout", Dropout(self.dropout, name=name + ".lora_dropout"), (x,))
@@ -272,11 +306,23 @@ def _shared(graph: Graph, prefix: str = "") -> set[str]:
     return found
 
 
+def _merge_conv(w: Any, a: Any, b: Any, scale: float) -> Any:
+    """``W + scale * (B o A)`` for a Conv: ``B``'s 1x1 kernel ``(out, 1.., rank)`` (OHWI)
+    or ``(out, rank, 1..)`` (OIHW) contracted with ``A``'s ``(rank, *k, in)`` or ``(rank,
+    in, *k)`` over the rank axis gives ``(out, *k, in)`` or ``(out, in, *k)``."""
+    rank = a.shape[0]
+    b2 = jnp.reshape(b, (b.shape[0], rank)).astype(jnp.float32)   # every other axis is 1
+    delta = jnp.tensordot(b2, a.astype(jnp.float32), axes=((1,), (0,)),
+                          precision=jax.lax.Precision.HIGHEST)
+    return (w.astype(jnp.float32) + scale * jnp.reshape(delta, w.shape)).astype(w.dtype)
+
+
 def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
     """The base graph back, with the adapters folded into its weights: ``(graph,
     params)`` where each adapted layer's weight is ``W + scale * A @ B`` (``A (in,
     rank)``, ``B (rank, out)`` as our Linear kernels are laid out: ``B @ A`` in PyTorch's
-    ``(out, in)``) and the adapters' nodes and weights are gone. ``params`` are the
+    ``(out, in)``; for a Conv, ``A``'s kernel contracted with ``B``'s 1x1 kernel over
+    the rank axis) and the adapters' nodes and weights are gone. ``params`` are the
     adapted graph's, unscanned (``model.unstack_weights`` gives them from a scanned
     model's). The outputs equal the adapted model's (up to rounding).
 
@@ -321,6 +367,11 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
             raise GraphError(f"merge_lora: params have no weights for {base!r} and its adapter "
                              f"(give the adapted graph's params, unscanned: "
                              f"model.unstack_weights gives them)") from None
+        if isinstance(nodes[base].op, Conv):
+            new = _merge_conv(w, a, b, scale)
+            merged = _with(merged, f"{base}/{weight}", new)
+            drop.update((base + ".lora_A", base + ".lora_B"))
+            continue
         rank = a.shape[-1]
         delta = jnp.matmul(jnp.reshape(a, (-1, rank)).astype(jnp.float32),
                            jnp.reshape(b, (rank, -1)).astype(jnp.float32),
