@@ -79,6 +79,32 @@ OPS = ("select", "replace one", "select+replace", "insert_after")
 # --- graphs -------------------------------------------------------------------------
 
 
+
+def interleaved(variants: dict, rounds: int, calls: int, seed: int) -> tuple[dict, dict]:
+    """Per-call wall and process CPU times of ``variants`` (``fn(n)`` makes ``n`` calls),
+    ``rounds`` rounds of ``calls`` calls each, in a random order in each round, GC off."""
+    wall: dict = {k: [] for k in variants}
+    cpu: dict = {k: [] for k in variants}
+    order = list(variants)
+    rng = random.Random(seed)
+    perf, proc = time.perf_counter, time.process_time
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            rng.shuffle(order)
+            for key in order:
+                c0, t0 = proc(), perf()
+                variants[key](calls)
+                t1, c1 = perf(), proc()
+                wall[key].append((t1 - t0) / calls)
+                cpu[key].append((c1 - c0) / calls)
+    finally:
+        if was:
+            gc.enable()
+    return wall, cpu
+
 def _unit_graph(width: int = WIDTH) -> mg.Graph:
     x = mg.Input(("batch", width), "float32", name="x")
     h = ops.Linear(width)(x)
@@ -312,30 +338,13 @@ def run_taps(name: str, rounds: int, calls: int, seed: int = 0) -> dict:
         for fn in variants.values():
             jax.block_until_ready(fn())
 
-    per_call = {k: [] for k in variants}
-    per_call_cpu = {k: [] for k in variants}
-    order = list(variants)
-    rng = random.Random(seed)
-    perf, cpu = time.perf_counter, time.process_time
-    was = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(rounds):
-            rng.shuffle(order)
-            for key in order:
-                fn = variants[key]
-                c0, t0 = cpu(), perf()
-                for _ in range(calls):
-                    out = fn()
-                    jax.block_until_ready(out)
-                t1, c1 = perf(), cpu()
-                del out
-                per_call[key].append((t1 - t0) / calls)
-                per_call_cpu[key].append((c1 - c0) / calls)
-    finally:
-        if was:
-            gc.enable()
+    def repeat(fn, n):
+        for _ in range(n):
+            out = fn()
+            jax.block_until_ready(out)
+
+    per_call, per_call_cpu = interleaved(
+        {key: (lambda n, fn=fn: repeat(fn, n)) for key, fn in variants.items()}, rounds, calls, seed)
     ratios = {}
     for key in ("capture", "intervene"):
         for suffix, table in (("", per_call), (" cpu", per_call_cpu)):
@@ -388,26 +397,7 @@ def run_entry_point(rounds: int = 100, calls: int = 200, seed: int = 0) -> dict 
     variants = {"apply": run_apply, "jitted": run_inner, "hand": run_hand}
     for fn in variants.values():
         fn(2000)
-    wall = {k: [] for k in variants}
-    cpu = {k: [] for k in variants}
-    order = list(variants)
-    rng = random.Random(seed)
-    perf, proc = time.perf_counter, time.process_time
-    was = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(rounds):
-            rng.shuffle(order)
-            for key in order:
-                c0, t0 = proc(), perf()
-                variants[key](calls)
-                t1, c1 = perf(), proc()
-                wall[key].append((t1 - t0) / calls)
-                cpu[key].append((c1 - c0) / calls)
-    finally:
-        if was:
-            gc.enable()
+    wall, cpu = interleaved(variants, rounds, calls, seed)
     out = {"rounds": rounds, "calls": calls,
            "per_call": {k: median(v) for k, v in wall.items()},
            "per_call_cpu": {k: median(v) for k, v in cpu.items()}, "ratios": {}}

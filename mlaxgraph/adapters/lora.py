@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ..compiler.program import get_in, set_in
 from ..core.errors import ConfigError, GraphError, SourceInfo, capture_source, node_message
 from ..ir.graph import Graph
 from ..ir.node import Node, Value
@@ -270,12 +271,6 @@ class _Unlora(Rule):
         return None
 
 
-def _get(tree: Mapping, path: str) -> Any:
-    for key in path.split("/"):
-        tree = tree[key]
-    return tree
-
-
 def _without(tree: Mapping, drop: set[str], prefix: str = "") -> dict:
     out = {}
     for key, value in tree.items():
@@ -283,13 +278,6 @@ def _without(tree: Mapping, drop: set[str], prefix: str = "") -> dict:
         if path in drop:
             continue
         out[key] = _without(value, drop, path + "/") if isinstance(value, Mapping) else value
-    return out
-
-
-def _with(tree: Mapping, path: str, value: Any) -> dict:
-    key, _, rest = path.partition("/")
-    out = dict(tree)
-    out[key] = _with(tree[key], rest, value) if rest else value
     return out
 
 
@@ -360,16 +348,16 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
         scale = scale_op.constant
         weight = "embedding" if isinstance(nodes[base].op, Embedding) else "kernel"
         try:
-            w = _get(params, f"{base}/{weight}")
-            a = _get(params, path + "/" + ("embedding" if weight == "embedding" else "kernel"))
-            b = _get(params, f"{base}.lora_B/kernel")
+            w = get_in(params, (*base.split("/"), weight))
+            a = get_in(params, (*path.split("/"), "embedding" if weight == "embedding" else "kernel"))
+            b = get_in(params, (*f"{base}.lora_B".split("/"), "kernel"))
         except (KeyError, TypeError):
             raise GraphError(f"merge_lora: params have no weights for {base!r} and its adapter "
                              f"(give the adapted graph's params, unscanned: "
                              f"model.unstack_weights gives them)") from None
         if isinstance(nodes[base].op, Conv):
             new = _merge_conv(w, a, b, scale)
-            merged = _with(merged, f"{base}/{weight}", new)
+            merged = set_in(merged, (*base.split("/"), weight), new)
             drop.update((base + ".lora_A", base + ".lora_B"))
             continue
         rank = a.shape[-1]
@@ -377,6 +365,6 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
                            jnp.reshape(b, (rank, -1)).astype(jnp.float32),
                            precision=jax.lax.Precision.HIGHEST)
         new = (w.astype(jnp.float32) + scale * jnp.reshape(delta, w.shape)).astype(w.dtype)
-        merged = _with(merged, f"{base}/{weight}", new)
+        merged = set_in(merged, (*base.split("/"), weight), new)
         drop.update((base + ".lora_A", base + ".lora_B"))
     return rewrite(graph, _Unlora(), memo={}), _without(merged, drop)

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from ..core.errors import GraphError
+from .program import leaf_paths
 from .taps import Taps
 
 __all__ = ["model_apply", "ModelInit", "ReuseReport", "reuse_report"]
@@ -92,15 +93,6 @@ class ReuseReport:
         return "\n".join(lines)
 
 
-def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, Mapping):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_leaves(value, f"{prefix}{key}/"))
-        return out
-    return {prefix[:-1]: tree}
-
-
 def _same(a: Any, b: Any) -> bool:
     return (tuple(getattr(a, "shape", ())) == tuple(getattr(b, "shape", ()))
             and np.dtype(getattr(a, "dtype", None)) == np.dtype(getattr(b, "dtype", None)))
@@ -122,7 +114,7 @@ def reuse_report(fresh: tuple[Any, Any], reuse: Any) -> ReuseReport:
     changed: list[str] = []
     dropped: list[str] = []
     for prefix, mine, theirs in (("", fresh[0], params), ("state/", fresh[1], state)):
-        ours, old = _leaves(mine), _leaves(theirs)
+        ours, old = leaf_paths(mine), leaf_paths(theirs)
         for path, leaf in ours.items():
             if path in old and _same(leaf, old[path]):
                 kept.append(prefix + path)

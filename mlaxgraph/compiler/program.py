@@ -24,7 +24,7 @@ from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.op import Layer
 
-__all__ = ["Ref", "Step", "ScanStep", "Checkpoint", "Program", "get_in", "set_in", "path_str"]
+__all__ = ["Ref", "Step", "ScanStep", "Checkpoint", "Program", "get_in", "set_in", "leaf_paths", "path_str"]
 
 #: ``(path, output index)`` of the step or graph input that produces a value.
 Ref = tuple[str, int]
@@ -239,6 +239,16 @@ class Program:
 def _map_specs(specs: Mapping[str, Any], fn: Callable[[str, Any], Any], prefix: str = "") -> dict:
     return {name: _map_specs(spec, fn, f"{prefix}{name}/") if isinstance(spec, Mapping)
             else fn(prefix + name, spec) for name, spec in specs.items()}
+
+
+def leaf_paths(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"block/layer/kernel": leaf}`` of a nested dict (params, state, their shapes)."""
+    if not isinstance(tree, Mapping):
+        return {prefix[:-1]: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(leaf_paths(value, f"{prefix}{key}/"))
+    return out
 
 
 def get_in(tree: Any, keys: tuple[str, ...]) -> Any:

@@ -234,7 +234,8 @@ class Graph:
 
         Args:
           pattern: a glob over paths: ``*`` matches within one name, ``**`` across
-            ``/`` (``"h.*/attn"``, ``"**/mlp.*"``); None matches every layer.
+            ``/`` (``"h.*/attn"``, ``"**/mlp.*"``; ``**/`` also stands for no name); None
+            matches every layer.
           op: a registered op name (``"linear"``) or a tuple of them.
           where: a predicate on the layer (the op object).
 

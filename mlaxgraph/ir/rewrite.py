@@ -129,10 +129,6 @@ class Rewrite:
         """The value of the graph being made that stands for ``value`` of the old one."""
         return self.renamed.get(value, value)
 
-    def consumers(self, name: str) -> tuple[Node, ...]:
-        """The nodes of the old graph that read node ``name``'s outputs."""
-        return self.graph.consumers().get(name, ())
-
     def _infer(self, node: Node) -> tuple[TensorSpec, ...]:
         specs = tuple(self.specs[v] for v in node.inputs)
         return infer_outputs(node.op, specs, node.name, node.source, lambda: self._context(node))

@@ -33,10 +33,15 @@ _GLOB = re.compile(r"\*\*|\*|\?|\[[^\]]*\]|[^*?\[]+")
 
 def path_matcher(pattern: str) -> Callable[[str], bool]:
     """A test of paths for a glob: ``*`` and ``?`` stay within one name, ``**`` also
-    crosses ``/``; ``[...]`` as in fnmatch."""
+    crosses ``/`` (``**/`` stands for no name too: ``**/fc`` matches ``fc``); ``[...]``
+    as in fnmatch."""
     parts = []
-    for token in _GLOB.findall(pattern):
-        if token == "**":
+    tokens = _GLOB.findall(pattern)
+    for i, token in enumerate(tokens):
+        if token == "**" and i + 1 < len(tokens) and tokens[i + 1].startswith("/"):
+            parts.append("(?:.*/)?")
+            tokens[i + 1] = tokens[i + 1][1:]
+        elif token == "**":
             parts.append(".*")
         elif token == "*":
             parts.append("[^/]*")

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..compiler.program import leaf_paths
 from ..compiler.taps import Taps
 from ..core.errors import GraphError
 from ..ir.surgery import path_matcher
@@ -41,24 +42,14 @@ def _as_inputs(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def _weight_paths(tree: Any, prefix: str = "") -> list[str]:
-    if isinstance(tree, Mapping):
-        return [path for key, value in tree.items()
-                for path in _weight_paths(value, f"{prefix}{key}/")]
-    return [prefix[:-1]]
-
-
 def _glob_test(pattern: str) -> Callable[[str], bool]:
     """A weight path matches when the glob matches it or one of its prefixes (a layer's
-    path names all its weights); a leading ``**/`` also matches no block at all."""
-    tests = [path_matcher(pattern)]
-    if pattern.startswith("**/"):
-        tests.append(path_matcher(pattern[3:]))
+    path names all its weights)."""
+    test = path_matcher(pattern)
 
     def matches(path: str) -> bool:
         parts = path.split("/")
-        prefixes = ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
-        return any(test(p) for test in tests for p in prefixes)
+        return any(test("/".join(parts[:i])) for i in range(len(parts), 0, -1))
 
     return matches
 
@@ -203,7 +194,7 @@ class Trainer:
             raise GraphError(f"Trainer(trainable=...) takes a glob over weight paths or a "
                              f"predicate on the path, got {trainable!r}")
         shapes, _ = jax.eval_shape(self.model.init_fn, jax.random.key(0))
-        paths = _weight_paths(shapes)
+        paths = list(leaf_paths(shapes))
         chosen = frozenset(path for path in paths if test(path))
         if not chosen:
             what = f"pattern {trainable!r}" if isinstance(trainable, str) else "the predicate"
