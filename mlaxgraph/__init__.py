@@ -15,7 +15,7 @@ Example:
 """
 
 from . import models, ops, train
-from .adapters import lora, lora_params, merge_lora
+from .adapters import lora, lora_params, merge_lora, quantize, quantize_weights
 from .analysis.cost import CostTable, LayerCost
 from .analysis.hlo.by_layer import HloByLayer, HloOperation
 from .analysis.policy_comparison import PolicyComparison, compare_policies
@@ -47,6 +47,6 @@ __all__ = [
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
     "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
-    "lora", "lora_params", "merge_lora",
+    "lora", "lora_params", "merge_lora", "quantize", "quantize_weights",
     "__version__",
 ]

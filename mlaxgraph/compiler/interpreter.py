@@ -65,7 +65,13 @@ def _weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
                 f"weight {step.weights_path}/{path} has another shape than the layer needs",
                 got=str(tuple(shape)) if shape is not None else type(leaf).__name__,
                 expected=str(tuple(spec.shape)), source=node.source))
-        if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
+        if spec.dtype is not None:
+            if np.dtype(leaf.dtype) != spec.dtype:
+                raise DTypeError(node_message(
+                    step.path, node.op.op_name,
+                    f"weight {step.weights_path}/{path} is stored in {spec.dtype} by this layer",
+                    got=str(leaf.dtype), expected=str(spec.dtype), source=node.source))
+        elif not jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
             raise DTypeError(node_message(
                 step.path, node.op.op_name,
                 f"weight {step.weights_path}/{path} is not floating-point",

@@ -51,6 +51,8 @@ from .linear import Linear
 from .matmul import MatMul, matmul
 from .normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
 from .param import Param
+from .quantize import Quantize
+from .quantized import QuantizedConv, QuantizedEmbedding, QuantizedLinear
 from .pooling import AvgPool, GlobalAvgPool, GlobalMaxPool, MaxPool
 from .recurrent import GRU, LSTM
 from .reduce import Max, Mean, Sum, max, mean, sum
@@ -97,4 +99,5 @@ __all__ = [
     "broadcast_to", "Param", "RotaryEmbedding", "rotary_embedding",
     "Identity", "identity", "Pad", "pad", "Where", "where", "Squeeze", "squeeze",
     "ExpandDims", "expand_dims", "Sum", "Mean", "Max", "sum", "mean", "max",
+    "Quantize", "QuantizedLinear", "QuantizedConv", "QuantizedEmbedding",
 ]
