@@ -97,7 +97,9 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
         version of it).
       state: the state tree ``init`` returns (or a trained version of it); may be
         omitted when the graph has none.
-      param_dtype: the dtype of every weight; by default the one dtype they share.
+      param_dtype: the dtype of every weight; by default the one dtype they share
+        (a weight whose layer fixes its dtype, as a quantized layer's int8 values and
+        float32 scales, is stored in that dtype whatever it is).
 
     Raises:
       SerializationError: the graph cannot be written (an unregistered function), or
@@ -112,6 +114,9 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
     arrays = {**flatten_tree(params, "params", "params"), **flatten_tree(state, "state", "state")}
     if param_dtype is None:
         dtypes = sorted({np.dtype(a.dtype).name for a in arrays.values()})
+        if len(dtypes) > 1:  # the weights whose layer fixes their dtype (quantized) aside
+            fixed = _fixed_dtypes(graph)
+            dtypes = sorted({np.dtype(a.dtype).name for k, a in arrays.items() if k not in fixed})
         if len(dtypes) > 1:
             raise SerializationError(f"the weights have several dtypes ({', '.join(dtypes)}); "
                                      f"a saved model keeps all of them in one param dtype, as "
@@ -219,6 +224,13 @@ def _check_checksummed(reader: SafetensorsReader, version: int, verify: bool, wh
                                  f"records checksums, and this one has none")
     if verify:
         warn_unverified(where, what, stacklevel=4)
+
+
+def _fixed_dtypes(graph: Graph) -> set[str]:
+    """The array names of the weights whose dtype the graph fixes whatever the param
+    dtype (``ParamSpec.dtype``: a quantized layer's values and scales)."""
+    (one, _), (other, _) = (_expected(graph, dtype, "the graph") for dtype in ("float32", "float16"))
+    return {name for name, (dtype, _) in one.items() if other[name][0] == dtype}
 
 
 def _expected(graph: Graph, param_dtype: str, what: str):
