@@ -40,8 +40,9 @@ __all__ = ["lora", "lora_params", "merge_lora", "lora_a_uniform", "lora_a_unifor
 _PARTS = (".lora_dropout", ".lora_A", ".lora_B", ".lora_scale")
 #: The node summing the layer's output and the adapter's: ``<name>.lora``.
 _SUM = ".lora"
-#: The op names ``lora`` adapts.
-ADAPTED_OPS = ("linear", "embedding", "conv")
+#: The op names ``lora`` adapts (a quantized layer's adapter is float: QLoRA).
+ADAPTED_OPS = ("linear", "embedding", "conv", "quantized_linear", "quantized_embedding",
+               "quantized_conv")
 
 
 def lora_a_uniform(key, shape, dtype):
@@ -181,6 +182,9 @@ class _Lora(Rule):
             return rewrite.emit(Node(new, op, inputs, (), new, self.source), infer=True).value()
 
         x = kept.inputs[0]
+        if getattr(node.op, "quantizes_inputs", False):
+            # The adapter reads the float input, not the Quantize node's int8 cast of it.
+            x = next(n for n in reversed(rewrite.nodes) if n.name == x.node).inputs[0]
         if isinstance(node.op, Embedding):
             a = emit(".lora_A", Embedding(node.op.num_embeddings, self.rank, dtype=node.op.dtype,
                                           embedding_init=initializers.zeros,
@@ -340,6 +344,10 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
         base = path[: -len(".lora_A")]
         if base not in nodes or base + ".lora_B" not in nodes or base + ".lora_scale" not in nodes:
             continue
+        if getattr(nodes[base].op, "scheme", None) is not None:
+            raise GraphError(f"merge_lora: {base!r} is quantized ({nodes[base].op.scheme}): "
+                             f"folding the adapter in would need its float weights; merge "
+                             f"into the float model's weights (quantize afterwards)")
         if base in shared:
             raise GraphError(f"merge_lora: the weights of {base!r} are used by another call too "
                              f"(a tied output head), which does not have the adapter: folding "
