@@ -41,7 +41,7 @@ _PARTS = (".lora_dropout", ".lora_A", ".lora_B", ".lora_scale")
 _SUM = ".lora"
 #: The op names ``lora`` adapts (quantized layers get float adapters: QLoRA).
 ADAPTED_OPS = ("linear", "embedding", "conv", "multi_head_attention", "quantized_linear",
-               "quantized_embedding", "quantized_conv")
+               "quantized_embedding", "quantized_conv", "quantized_multi_head_attention")
 #: The projections of an attention layer that naming the layer itself adapts, as PEFT's
 #: and Keras's defaults for attention (query and value).
 DEFAULT_PROJECTIONS = ("query", "value")

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 
 from ..compiler.compile import compile
-from ..compiler.program import get_in, set_in
-from ..core.errors import ConfigError, GraphError, SourceInfo, capture_source, node_message
+from ..compiler.program import get_in, leaf_paths, set_in
+from ..core.errors import ConfigError, GraphError, ShapeError, SourceInfo, capture_source, node_message
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.rewrite import Rewrite, Rule, rewrite
@@ -24,15 +24,20 @@ from ..ir.surgery import layer_paths, resolve_selection
 from ..ir.verify import verify
 from ..ops.conv import Conv
 from ..ops.quantize import SCHEMES, Quantize
-from ..ops.quantized import QUANTIZED_OPS, QuantizedEmbedding, quantize_params
+from ..ops.quantized import QuantizedConv, QuantizedEmbedding, QuantizedLinear, quantize_params
+from ..ops.quantized_attention import QuantizedMultiHeadAttention
 
-__all__ = ["quantize", "quantize_weights", "QUANTIZABLE"]
+__all__ = ["quantize", "quantize_weights", "QUANTIZABLE", "QUANTIZED_OPS"]
 
+#: The quantized op classes by the float op's name.
+QUANTIZED_OPS: dict[str, type] = {"linear": QuantizedLinear, "conv": QuantizedConv,
+                                  "embedding": QuantizedEmbedding,
+                                  "multi_head_attention": QuantizedMultiHeadAttention}
 #: The float ops each scheme quantizes.
-QUANTIZABLE = {"int8": ("linear", "conv", "embedding"),
-               "int8_weight_only": ("linear", "conv", "embedding"),
-               "int4_weight_only": ("linear", "conv", "embedding"),
-               "float8": ("linear",)}
+QUANTIZABLE = {"int8": ("linear", "conv", "embedding", "multi_head_attention"),
+               "int8_weight_only": ("linear", "conv", "embedding", "multi_head_attention"),
+               "int4_weight_only": ("linear", "conv", "embedding", "multi_head_attention"),
+               "float8": ("linear", "multi_head_attention")}
 #: int4's group size when none is given.
 DEFAULT_GROUP = 128
 
@@ -65,8 +70,9 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
       >>> from mlaxgraph import ops
       >>> x = mg.Input(("batch", 8), name="x")
       >>> g = mg.Graph(x, ops.Linear(4, name="head")(ops.Linear(16, name="fc")(x)))
-      >>> [(n.name, n.op.op_name) for n in mg.quantize(g, "int8").nodes]
-      [('x', 'input'), ('fc.quantize', 'quantize'), ('fc', 'quantized_linear'), ('head.quantize', 'quantize'), ('head', 'quantized_linear')]
+      >>> qg = mg.quantize(g, "int8")
+      >>> [n.name for n in qg.nodes], qg.node("fc").op.op_name
+      (['x', 'fc.quantize', 'fc', 'head.quantize', 'head'], 'quantized_linear')
     """
     source = capture_source()
     if not isinstance(graph, Graph):
@@ -116,18 +122,22 @@ def _check_target(path: str, node: Node, graph: Graph, scheme: str, group: int |
         return
     inner = _inner_graph(graph, path)
     specs = inner.input_specs_of(inner.node(path.split("/")[-1]))
-    if op.op_name == "embedding":
-        n = op.features
-    elif isinstance(op, Conv):
-        n = specs[0].shape[op.resolved(specs)._channel_axis()] // op.groups
-    else:
-        n = specs[0].shape[-1]
-    if n % group:
+    try:
+        _quantized_op(op, specs, scheme, group).param_specs(specs)
+    except ShapeError as e:
         raise ConfigError(node_message(
             path, op.op_name,
-            f"int4_weight_only groups its {n} inputs by group_size={group}, which does not "
-            f"divide them; pass group_size=32 (or another even divisor) or leave this "
-            f"layer out of targets", source=source))
+            f"{e.problem}; pass group_size=32 (or another even divisor) or leave this layer "
+            f"out of targets", source=source)) from None
+
+
+def _quantized_op(op: Any, specs: Any, scheme: str, group: int | None) -> Any:
+    """The quantized form of float layer ``op`` (its input specs resolve a Conv's
+    kernel size)."""
+    if isinstance(op, Conv):
+        op = op.resolved(specs)
+    return QUANTIZED_OPS[op.op_name](**op.attrs(), scheme=scheme, group_size=group,
+                                     name=op.name)
 
 
 def _inner_graph(graph: Graph, path: str) -> Graph:
@@ -156,11 +166,8 @@ class _Quantize(Rule):
     def visit(self, node: Node, rewrite: Rewrite):
         if (node.layer,) not in self.targets:
             return None
-        op: Any = node.op
-        if isinstance(op, Conv):
-            op = op.resolved([rewrite.spec(v) for v in node.inputs])
-        quantized = QUANTIZED_OPS[op.op_name](**op.attrs(), scheme=self.scheme,
-                                              group_size=self.group_size, name=op.name)
+        quantized = _quantized_op(node.op, [rewrite.spec(v) for v in node.inputs], self.scheme,
+                                  self.group_size)
         x = node.inputs[0]
         attends = isinstance(quantized, QuantizedEmbedding) and rewrite.spec(x).is_float
         if not quantized.quantizes_inputs or (isinstance(quantized, QuantizedEmbedding)
@@ -228,16 +235,19 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
 
 
 def _stored(given: Mapping, want: Mapping) -> bool:
-    """Whether ``given`` holds stored (already quantized) weights."""
-    return all(k in given and np.dtype(given[k].dtype) == np.dtype(w.dtype)
-               for k, w in want.items() if not np.issubdtype(w.dtype, np.floating)
-               or k.endswith("_scale"))
+    """Whether ``given`` holds stored (already quantized) weights: its values and
+    scales have the quantized layer's dtypes."""
+    have = leaf_paths(given)
+    return all(k in have and np.dtype(have[k].dtype) == np.dtype(w.dtype)
+               for k, w in leaf_paths(want).items()
+               if np.dtype(w.dtype).itemsize == 1 or k.endswith("_scale"))
 
 
 def _quantized(path: str, node: Node, given: Mapping, want: Mapping) -> dict:
     op: Any = node.op
     weight = "embedding" if isinstance(op, QuantizedEmbedding) else "kernel"
-    if weight not in given or not np.issubdtype(np.dtype(given[weight].dtype), np.floating):
+    floats = [leaf for key, leaf in leaf_paths(given).items() if key.endswith(weight)]
+    if not floats or not all(np.issubdtype(np.dtype(leaf.dtype), np.floating) for leaf in floats):
         raise GraphError(node_message(path, op.op_name,
                                       f"params have no float {weight!r} for this layer to "
                                       f"quantize"))
@@ -245,8 +255,7 @@ def _quantized(path: str, node: Node, given: Mapping, want: Mapping) -> dict:
         return quantize_params(op, dict(given))
     except (TypeError, ValueError) as e:
         raise GraphError(node_message(path, op.op_name,
-                                      f"its float {weight!r} {tuple(given[weight].shape)} is not "
-                                      f"this layer's: {e}")) from None
+                                      f"its float {weight!r} is not this layer's: {e}")) from None
 
 
 def _check(path: str, node: Node | None, given: Any, want: Any, what: str = "params") -> None:

@@ -99,7 +99,8 @@ def _init_program(program: Program, key: jax.Array, param_dtype: np.dtype) -> tu
         else:
             # A loop over the keys, not vmap: XLA would fuse a vmapped draw into each
             # member's slice, compiling one copy of the initializer per weight.
-            values = jax.lax.map(lambda k, init=initializer, shape=shape: init(k, shape, dtype),
+            values = jax.lax.map(lambda k, init=initializer, shape=shape, dtype=dtype:
+                                 init(k, shape, dtype),
                                  member_keys)
         for i, index in enumerate(members):
             which, weights, path, _, _ = leaves[index]

@@ -239,10 +239,15 @@ class MultiHeadAttention(Layer):
         context = ((tuple(input_axes[0][:2]) + (None,)),) if "out" in self.adapters else ()
         return (tuple(input_axes[0][:2]) + out[-1:], *context)
 
+    def float_weights(self, params, dtype):
+        """The weights as ``param_specs`` lays them out, in ``dtype`` (a quantized
+        attention dequantizes its stored ones here)."""
+        return cast_params(params, dtype)
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         inputs, deltas = self._split(inputs)
         q_in, kv_in = inputs[:2]
-        p = cast_params(params, q_in.dtype)
+        p = self.float_weights(params, q_in.dtype)
 
         def project(x, w, name):
             y = jnp.einsum("bld,dhk->blhk", x, w["kernel"])

@@ -153,7 +153,7 @@ class Quantize(Layer):
       >>> import mlaxgraph as mg
       >>> from mlaxgraph import ops
       >>> ops.Quantize("int8")(mg.Input(("batch", 8)))
-      (SymbolicTensor(i8[batch,8], from 'quantize'), SymbolicTensor(f32[batch,1], from 'quantize#1'))
+      (SymbolicTensor(i8[batch,8], from 'quantize'), SymbolicTensor(f32[batch,1], from 'quantize'#1))
     """
 
     dtype: np.dtype = field(default="int8", converter=_to_quantized_dtype)

@@ -30,8 +30,7 @@ from .flops import size
 from .linear import Linear
 from .quantize import FLOAT8, SCHEMES, dequantize_groups, quantize_weight, unpack_int4
 
-__all__ = ["QuantizedLinear", "QuantizedConv", "QuantizedEmbedding", "QUANTIZED_OPS",
-           "quantize_params"]
+__all__ = ["QuantizedLinear", "QuantizedConv", "QuantizedEmbedding", "quantize_params"]
 
 _INT8 = np.dtype(jnp.int8)
 _F32 = np.dtype(jnp.float32)
@@ -401,15 +400,12 @@ class QuantizedEmbedding(_Scheme, Embedding):
         return count + self._dequantize_flops(size(y), 0)
 
 
-#: The quantized op classes by the float op's name.
-QUANTIZED_OPS: dict[str, type] = {"linear": QuantizedLinear, "conv": QuantizedConv,
-                                  "embedding": QuantizedEmbedding}
-
-
 def quantize_params(op: Any, params: dict) -> dict:
     """The stored weights of quantized layer ``op`` from its float layer's ``params``
     (``kernel`` / ``embedding`` float, ``bias``): absmax scales, as ``op.scheme``
     says. The float weight must have the float layer's shape."""
+    if hasattr(op, "quantized_params"):  # a layer of several kernels knows their layout
+        return op.quantized_params(params)
     if isinstance(op, QuantizedEmbedding):
         w = params["embedding"]
         values, scale = quantize_weight(w, op.scheme, reduce=(1,), axis=1, group=op.group_size)
