@@ -47,10 +47,12 @@ def _bound(dtype: np.dtype) -> float:
 
 
 def absmax_scale(x: jax.Array, axes: tuple[int, ...], bound: float) -> jax.Array:
-    """``max |x| / bound`` over ``axes`` (kept as size-1 dims), in float32; 1 where the
-    values are all zero (they quantize to zero whatever the scale)."""
+    """``max |x| * (1 / bound)`` over ``axes`` (kept as size-1 dims), in float32 (times
+    the reciprocal, as XLA rewrites a division by a constant, so the scale is the same
+    eagerly and jitted); 1 where the values are all zero (they quantize to zero
+    whatever the scale)."""
     amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axes, keepdims=True)
-    return jnp.where(amax > 0, amax / jnp.float32(bound), jnp.float32(1))
+    return jnp.where(amax > 0, amax * jnp.float32(1.0 / bound), jnp.float32(1))
 
 
 def quantize_to(x: jax.Array, scale: jax.Array, dtype: Any, low: float | None = None,
@@ -144,7 +146,7 @@ def _to_axes(value: Any, layer: Layer) -> tuple[int, ...]:
 class Quantize(Layer):
     """Casts a float tensor to ``dtype`` (int8 or float8_e4m3fn) with a scale: outputs
     ``(q, scale)``, ``q = round(x / scale)`` (clipped to ``[-127, 127]``; float8: to
-    +-448, rounded by the cast) and ``scale = max |x| / 127`` (448 for float8) over
+    +-448, rounded by the cast) and ``scale = max |x| * (1 / 127)`` (448 for float8) over
     ``axes`` (kept as size-1 dims, in ``x``'s dtype), computed at each call. ``axes=(-1,)``
     gives one scale per token; a layer reading ``q`` multiplies its result by
     ``scale``. ``x = q * scale`` up to rounding.

@@ -217,24 +217,25 @@ class QuantizedConv(_Scheme, Conv):
     def _in_axis(self) -> int:
         return -1 if self.channels_last else 1
 
-    def _check(self, inputs):
+    def _checked(self, inputs):
+        """``(x, channels)`` as ``Conv._check`` gives them, ``x`` the values read."""
         if not self.quantizes_inputs:
-            x, channels = super()._check(inputs)
+            x, channels = Conv._check(self, inputs)
         else:
             q, _ = self._quantized_inputs(inputs)
-            x, channels = super()._check([q.with_dtype(_F32)])
+            x, channels = Conv._check(self, [q.with_dtype(_F32)])
             x = q
         if self.scheme == "int4_weight_only":
             self._groups(channels // self.groups)
         return x, channels
 
     def infer(self, inputs):
-        x, _ = self._check(inputs)
+        x, _ = self._checked(inputs)
         (y,) = super().infer([x.with_dtype(_F32)])
         return (y.with_dtype(inputs[1].dtype if self.quantizes_inputs else x.dtype),)
 
     def param_specs(self, inputs):
-        x, _ = self._check(inputs)
+        x, _ = self._checked(inputs)
         specs = dict(super().param_specs([x.with_dtype(_F32)]))
         kernel = specs["kernel"]
         shape, axes = tuple(kernel.shape), kernel.axes or ()
@@ -291,7 +292,7 @@ class QuantizedConv(_Scheme, Conv):
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """The convolution's count as ``Conv``'s (its taps), the dequantization, the
         bias add, the activation."""
-        x, _ = self._check(inputs)
+        x, _ = self._checked(inputs)
         plain = Conv(self.features, self.kernel_size, strides=self.strides,
                      padding=self.padding, dilation=self.dilation, groups=self.groups,
                      use_bias=self.use_bias, data_format=self.data_format,
