@@ -166,8 +166,9 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
             continue
         if base not in nodes:
             continue
-        if getattr(nodes[base].op, "scheme", None) is not None:
-            raise GraphError(f"merge_lora: {base!r} is quantized ({nodes[base].op.scheme}): "
+        scheme = getattr(nodes[base].op, "scheme", None)
+        if scheme is not None:
+            raise GraphError(f"merge_lora: {base!r} is quantized ({scheme}): "
                              f"folding the adapter in needs its float weights; merge into the "
                              f"float model's weights, then quantize")
         if base in shared:

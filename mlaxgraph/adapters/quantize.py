@@ -144,9 +144,9 @@ def _inner_graph(graph: Graph, path: str) -> Graph:
     """The graph holding the layer at ``path`` (a block's for a nested path)."""
     for name in path.split("/")[:-1]:
         for node in graph.nodes:
-            if name in (getattr(node.op, "names", None) or (node.name,)) \
-                    and node.op.subgraph() is not None:
-                graph = node.op.subgraph()
+            inner = node.op.subgraph()
+            if name in (getattr(node.op, "names", None) or (node.name,)) and inner is not None:
+                graph = inner
                 break
     return graph
 
