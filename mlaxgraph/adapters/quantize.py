@@ -23,8 +23,8 @@ from ..ir.scan import unfold_scans
 from ..ir.surgery import layer_paths, resolve_selection
 from ..ir.verify import verify
 from ..ops.conv import Conv
-from ..ops.quantize import SCHEMES, Quantize
-from ..ops.quantized import QuantizedConv, QuantizedEmbedding, QuantizedLinear, quantize_params
+from ..ops.quantize import SCHEMES, Quantize, quantize_weight
+from ..ops.quantized import QuantizedConv, QuantizedEmbedding, QuantizedLinear
 from ..ops.quantized_attention import QuantizedMultiHeadAttention
 
 __all__ = ["quantize", "quantize_weights", "QUANTIZABLE", "QUANTIZED_OPS"]
@@ -273,3 +273,27 @@ def _check(path: str, node: Node | None, given: Any, want: Any, what: str = "par
         raise GraphError(node_message(
             path, op_name, f"weight is {np.dtype(given.dtype).name}{list(given.shape)}, the "
                            f"quantized graph needs {np.dtype(want.dtype).name}{list(want.shape)}"))
+
+
+def quantize_params(op: Any, params: dict) -> dict:
+    """The stored weights of quantized layer ``op`` from its float layer's ``params``
+    (``kernel`` / ``embedding`` float, ``bias``): absmax scales, as ``op.scheme``
+    says. The float weight must have the float layer's shape."""
+    if hasattr(op, "quantized_params"):  # a layer of several kernels knows their layout
+        return op.quantized_params(params)
+    if isinstance(op, QuantizedEmbedding):
+        w = params["embedding"]
+        values, scale = quantize_weight(w, op.scheme, reduce=(1,), axis=1, group=op.group_size)
+        return {"embedding": values, "embedding_scale": scale}
+    w = params["kernel"]
+    if isinstance(op, QuantizedConv):
+        out_axis, in_axis = 0, op._in_axis() % w.ndim
+    else:
+        out_axis, in_axis = w.ndim - 1, 0
+    reduce = tuple(i for i in range(w.ndim) if i != out_axis)
+    values, scale = quantize_weight(w, op.scheme, reduce=reduce, axis=in_axis,
+                                    group=op.group_size)
+    out = {"kernel": values, "kernel_scale": scale}
+    if "bias" in params:
+        out["bias"] = params["bias"]
+    return out

@@ -28,9 +28,9 @@ from .conv import Conv
 from .embedding import Embedding
 from .flops import size
 from .linear import Linear
-from .quantize import FLOAT8, SCHEMES, dequantize_groups, quantize_weight, unpack_int4
+from .quantize import FLOAT8, SCHEMES, dequantize_groups, unpack_int4
 
-__all__ = ["QuantizedLinear", "QuantizedConv", "QuantizedEmbedding", "quantize_params"]
+__all__ = ["QuantizedLinear", "QuantizedConv", "QuantizedEmbedding"]
 
 _INT8 = np.dtype(jnp.int8)
 _F32 = np.dtype(jnp.float32)
@@ -400,26 +400,3 @@ class QuantizedEmbedding(_Scheme, Embedding):
         count = 16 * ids + size(y)
         return count + self._dequantize_flops(size(y), 0)
 
-
-def quantize_params(op: Any, params: dict) -> dict:
-    """The stored weights of quantized layer ``op`` from its float layer's ``params``
-    (``kernel`` / ``embedding`` float, ``bias``): absmax scales, as ``op.scheme``
-    says. The float weight must have the float layer's shape."""
-    if hasattr(op, "quantized_params"):  # a layer of several kernels knows their layout
-        return op.quantized_params(params)
-    if isinstance(op, QuantizedEmbedding):
-        w = params["embedding"]
-        values, scale = quantize_weight(w, op.scheme, reduce=(1,), axis=1, group=op.group_size)
-        return {"embedding": values, "embedding_scale": scale}
-    w = params["kernel"]
-    if isinstance(op, QuantizedConv):
-        out_axis, in_axis = 0, op._in_axis() % w.ndim
-    else:
-        out_axis, in_axis = w.ndim - 1, 0
-    reduce = tuple(i for i in range(w.ndim) if i != out_axis)
-    values, scale = quantize_weight(w, op.scheme, reduce=reduce, axis=in_axis,
-                                    group=op.group_size)
-    out = {"kernel": values, "kernel_scale": scale}
-    if "bias" in params:
-        out["bias"] = params["bias"]
-    return out
