@@ -40,8 +40,8 @@ _PARTS = (".lora_dropout", ".lora_A", ".lora_B", ".lora_scale")
 #: The node summing the layer's output and the adapter's: ``<name>.lora``.
 _SUM = ".lora"
 #: The op names ``lora`` adapts (quantized layers get float adapters: QLoRA).
-ADAPTED_OPS = ("linear", "embedding", "conv", "multi_head_attention", "quantized_linear",
-               "quantized_embedding", "quantized_conv", "quantized_multi_head_attention")
+ADAPTED_OPS = ("linear", "embedding", "conv", "multi_head_attention")
+QUANTIZED_ADAPTED_OPS = tuple(f"quantized_{name}" for name in ADAPTED_OPS)
 #: The projections of an attention layer that naming the layer itself adapts, as PEFT's
 #: and Keras's defaults for attention (query and value).
 DEFAULT_PROJECTIONS = ("query", "value")
@@ -164,10 +164,11 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
 
 def _check_target(path: str, node: Node, source: SourceInfo | None) -> None:
     op = node.op
-    if op.op_name not in ADAPTED_OPS:
+    if op.op_name not in ADAPTED_OPS + QUANTIZED_ADAPTED_OPS:
         raise ConfigError(node_message(
             path, op.op_name,
-            f"LoRA does not adapt op {op.op_name!r} yet (it adapts {', '.join(ADAPTED_OPS)}); "
+            f"LoRA does not adapt op {op.op_name!r} yet (it adapts {', '.join(ADAPTED_OPS)}, "
+            f"quantized or not); "
             f"select those layers instead", source=source))
     if isinstance(op, (Linear, Conv)) and op.activation is not None:
         kind = type(op).__name__
