@@ -13,8 +13,9 @@ and of 32, ``float8``; default targets: every Linear, Embedding and attention):
              (jitted, batch 1, ``LENGTH`` tokens) over ``REPEATS`` calls, interleaved
              with float32's calls, as a ratio to float32's median in the same run
 
-and, from the optimized HLO of the int8 model (``hlo_by_layer``), the operations of
-``h.0/mlp.c_fc``: whether the dot is ``s8 x s8 -> s32`` as XLA runs it.
+and, from the optimized HLO of the int8, int8_weight_only and float8 models
+(``hlo_by_layer``), the operations of ``h.0/mlp.c_fc``: whether the dot is ``s8 x s8
+-> s32`` as XLA runs it, or its operands are converted first.
 
 Run: ``nice python benchmarks/bench_quantize.py``
 """
@@ -69,11 +70,11 @@ def main() -> None:
         name = scheme + (f" (group {kw['group_size']})" if kw else "")
         print(f"{name:28s} {stored / base:8.3f} {err:9.4f} {agree:7.3f} "
               f"{q_med / f_med:9.2f}  ({q_med * 1e3:.1f} ms vs {f_med * 1e3:.1f} ms)")
-        if scheme == "int8":
+        if scheme in ("int8", "int8_weight_only", "float8"):
             hlo = qmodel.hlo_by_layer(one, inference_mode=True)
-            print("  optimized HLO of h.0/mlp.c_fc (int8):")
+            print(f"  optimized HLO of h.0/mlp.c_fc ({scheme}):")
             for op in hlo["h.0/mlp.c_fc"]:
-                print("   ", str(op)[:160])
+                print("   ", str(op)[:150])
 
 
 if __name__ == "__main__":

@@ -271,8 +271,10 @@ def test_qlora_trains_only_the_adapters(gpt2):
                                   before["h.0"]["mlp.c_fc"]["kernel"])
     assert not np.array_equal(np.asarray(ts.params["h.0"]["mlp.c_fc.lora_A"]["kernel"]),
                               before["h.0"]["mlp.c_fc.lora_A"]["kernel"])
-    with pytest.raises(mg.GraphError, match="is quantized"):
+    with pytest.raises(mg.GraphError, match="'h.0/mlp.c_fc' is quantized"):
         mg.merge_lora(ag, ap)
+    with pytest.raises(mg.GraphError, match="'h.1/attn' is quantized"):
+        mg.merge_lora(mg.lora(qg, "h.1/attn", rank=2), ap)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4_weight_only", "float8"])
@@ -346,3 +348,20 @@ def test_bad_input_is_named():
     params, state = mg.compile(_linear(features=12)).init(jax.random.key(0))
     with pytest.raises(mg.GraphError, match=r"layer 'fc/bias'.*float32\[12\].*float32\[24\]"):
         mg.quantize_weights(q, params, state)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int8_weight_only", "int4_weight_only", "float8"])
+def test_flop_rules_match_xla_count(scheme):
+    x = mg.Input(("batch", 6, 6, 8), name="x")
+    ids = mg.Input(("batch", 5), "int32", name="ids")
+    emb = ops.Embedding(40, 8, name="emb")
+    conv = ops.Conv(4, (3, 3), padding="SAME", name="conv")(x)
+    out = ops.Linear(8, name="fc")(ops.Flatten()(conv)) + ops.Flatten()(emb.attend(emb(ids)))[:, :8]
+    g = mg.Graph([x, ids], out)
+    targets = ["fc"] if scheme == "float8" else None
+    qg = mg.quantize(g, scheme, targets=targets, **({"group_size": 4} if "int4" in scheme else {}))
+    table = mg.compile(qg).cost_table(batch=3, inference_mode=True)
+    quantized = [row for row in table if row.op.startswith("quantize")]
+    assert len(quantized) >= (2 if scheme == "float8" else 4)
+    for row in quantized:
+        assert row.flops == row.xla_flops, row

@@ -98,6 +98,11 @@ def _merge_attention(params: dict, nodes: Mapping[str, Node], owner: str, projec
     if owner in shared:
         raise GraphError(f"merge_lora: the weights of {owner!r} are used by another call too, "
                          f"which does not have the adapter; keep the adapter unmerged")
+    scheme = getattr(nodes[owner].op, "scheme", None)
+    if scheme is not None:
+        raise GraphError(f"merge_lora: {owner!r} is quantized ({scheme}): folding the adapter "
+                         f"in needs its float weights; merge into the float model's weights, "
+                         f"then quantize")
     base = f"{owner}.{projection}"
     scale = nodes[base + ".lora_scale"].op.constant  # type: ignore[attr-defined]
     try:

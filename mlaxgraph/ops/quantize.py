@@ -182,12 +182,15 @@ class Quantize(Layer):
         return (quantize_to(x, scale, self.dtype), scale.astype(x.dtype)), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        """Per element: the absolute value and the max reducing it, the divide, and the
-        round and two-sided clip (int8) or the clip (float8); per scale, the compare,
-        divide and select of the all-zero guard."""
+        """Per element: the absolute value and the max reducing it, the divide, the
+        two-sided clip and the convert, and the round for int8; per scale, the multiply
+        and the select of the all-zero guard (its compare folds into the reduction), as
+        XLA counts them; the clip's two bounds for int8."""
         (x,), (_, scale) = inputs, outputs
-        per_element = 6 if self.dtype != FLOAT8 else 5
-        count = per_element * size(x) + 3 * size(scale)
+        if self.dtype == FLOAT8:
+            count = 6 * size(x) + 2 * size(scale)
+        else:
+            count = 7 * size(x) + 2 * size(scale) + 2
         if x.dtype != np.float32:  # x converted to float32, the scale back
             count = count + size(x) + size(scale)
         return count

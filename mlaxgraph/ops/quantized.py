@@ -93,11 +93,13 @@ class _Scheme:
         """The converts and multiplies turning stored weights (or a quantized product)
         into floats."""
         if self.scheme == "int4_weight_only":
-            # unpack: shift, convert, shift per value (and the high half's convert); the
-            # convert to float and the multiply by the group's scale
-            return 5 * weights
+            # unpacking a byte: shift, convert, shift (low nibble), convert, shift (high);
+            # per value the convert to float and the multiply by the group's scale
+            return 5 * (weights // 2) + 2 * weights
         if self.scheme == "int8_weight_only":
             return weights + outputs  # the kernel's convert, the scale's multiply per output
+        if self.scheme == "float8":
+            return 2 * outputs  # two multiplies (the product is float32 already)
         return 3 * outputs  # the accumulator's convert, two multiplies
 
 
@@ -394,9 +396,16 @@ class QuantizedEmbedding(_Scheme, Embedding):
             count = 2 * size(y) * self.features
             if len(inputs) == 2:
                 return count + 3 * size(y)
+            if self.scheme == "int8_weight_only":
+                return count + 2 * table  # the table's convert and multiply
             return count + self._dequantize_flops(table, 0)
         ids = size(inputs[0])
-        # the selects of the fill values (rows, scales), the redirect and bounds checks
-        count = 16 * ids + size(y)
-        return count + self._dequantize_flops(size(y), 0)
+        if self.scheme == "int4_weight_only":
+            # per id the redirect and bounds checks of two takes; the fill's select per
+            # byte and per scale; unpacking and dequantizing the rows
+            return 14 * ids + size(y) // 2 + size(y) // (self.group_size or 1) \
+                + self._dequantize_flops(size(y), 0)
+        # per id the redirect and bounds checks of the rows' and the scales' takes; per
+        # value the fill's select, the convert and the multiply by the row's scale
+        return 15 * ids + 3 * size(y)
 
