@@ -127,6 +127,7 @@ def test_bad_attention_targets_are_errors():
         mg.lora(g, "attn/quer", rank=2)
     g2 = mg.lora(g, "attn", rank=2)
     with pytest.raises(mg.ConfigError, match="adapters already"):
-        mg.lora(g2, "attn/out", rank=2)
+        mg.lora(g2, "attn/query", rank=2)
+    assert dict(mg.lora(g2, "attn/out", rank=2).walk())["attn"].op.adapters == ("query", "value", "out")
     with pytest.raises(mg.ConfigError, match="adapters must be"):
         ops.MultiHeadAttention(2, adapters=("value", "query"))
