@@ -127,6 +127,27 @@ def test_bad_attention_targets_are_errors():
         mg.lora(g, "attn/quer", rank=2)
     g2 = mg.lora(g, "attn", rank=2)
     with pytest.raises(mg.ConfigError, match="adapters already"):
-        mg.lora(g2, "attn/out", rank=2)
+        mg.lora(g2, "attn/query", rank=2)
+    assert dict(mg.lora(g2, "attn/out", rank=2).walk())["attn"].op.adapters == ("query", "value", "out")
     with pytest.raises(mg.ConfigError, match="adapters must be"):
         ops.MultiHeadAttention(2, adapters=("value", "query"))
+
+
+def test_scanned_base_weights_are_reused_and_adapted_models_save(tmp_path):
+    g = mg.models.gpt2({"n_layer": 3, "n_embd": 16, "n_head": 2, "vocab_size": 31,
+                        "n_positions": 8})
+    params, state = mg.compile(g, scan_blocks=True).init(jax.random.key(0))
+    g2 = mg.lora(g, ["h.*/attn/qkv", "h.*/attn/out"], rank=2)
+    model = mg.compile(g2, scan_blocks=True)
+    p2, s2 = model.init(jax.random.key(1), reuse=(params, state))
+    # The stacked base weights are the very same arrays: nothing restacked or copied.
+    for name in ("query", "key", "value", "out"):
+        assert p2["h.0..h.2"]["attn"][name]["kernel"] is params["h.0..h.2"]["attn"][name]["kernel"]
+    p2 = jax.tree.map(lambda w: w + 0.01, p2)
+    ids = jax.random.randint(jax.random.key(5), (2, 8), 0, 31)
+    want, _ = model.apply(p2, s2, ids, inference_mode=True)
+    mg.save(tmp_path / "adapted.mlg", model.graph, p2, s2)
+    loaded, lp, ls = mg.load(tmp_path / "adapted.mlg")
+    assert loaded == g2
+    out, _ = mg.compile(loaded).apply(lp, ls, ids, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5)

@@ -111,8 +111,16 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
     graph = unfold_scans(graph)
     chosen = lora_targets(graph, targets)
     nodes = dict(layer_paths(graph))
-    for path in chosen:
+    for path, projections in chosen.items():
         _check_target(path, nodes[path], source)
+        op: Any = nodes[path].op
+        if isinstance(op, MultiHeadAttention) and (
+                set(op.adapters) & set(projections)
+                or ("qkv" in op.adapters + projections and len(set(op.adapters + projections)) > 1
+                    and set(op.adapters + projections) & {"query", "key", "value"})):
+            raise ConfigError(node_message(
+                path, op.op_name, f"this attention has adapters already ({', '.join(op.adapters)}); "
+                f"merge_lora folds them in first", source=source))
     rule = _Lora(tuple((tuple(path.split("/")), projections)
                        for path, projections in chosen.items()),
                  rank, scale, float(dropout), source)
@@ -182,10 +190,6 @@ def _check_target(path: str, node: Node, source: SourceInfo | None) -> None:
             path, op.op_name,
             f"LoRA does not adapt a grouped Conv (groups={op.groups}), as PEFT does not; "
             f"select ungrouped convolutions", source=source))
-    if isinstance(op, MultiHeadAttention) and op.adapters:
-        raise ConfigError(node_message(
-            path, op.op_name, f"this attention has adapters already ({', '.join(op.adapters)}); "
-            f"merge_lora folds them in first", source=source))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,18 +286,24 @@ class _Lora(Rule):
         if taken:
             raise ConfigError(node_message(name, op.op_name, f"the graph already has {taken[0]!r}",
                                            source=self.source))
-        q_in, kv_in = node.inputs[:2]
+        count = len(op.delta_inputs)
+        base_inputs = node.inputs[: len(node.inputs) - count]
+        existing = dict(zip(op.delta_inputs, node.inputs[len(base_inputs):]))
+        q_in, kv_in = base_inputs[:2]
         head_dim = op._dims(tuple(rewrite.spec(v) for v in node.inputs))[2]
-        deltas = []
+        deltas = dict(existing)
         for p in projections:
             if p != "out":
                 source = kv_in if p in ("key", "value") else q_in
-                deltas.append(self._adapter(rewrite, f"{name}.{p}", source,
-                                            op.delta_width(p, head_dim), None))
-        new_op = dataclasses.replace(op, adapters=projections)
-        kept = rewrite.keep(node.replace(op=new_op, inputs=node.inputs + tuple(deltas)))
+                deltas[p] = self._adapter(rewrite, f"{name}.{p}", source,
+                                          op.delta_width(p, head_dim), None)
+        adapters = tuple(p for p in ADAPTABLE if p in projections or p in op.adapters)
+        new_op = dataclasses.replace(op, adapters=adapters)
+        inputs = base_inputs + tuple(deltas[p] for p in new_op.delta_inputs)
+        kept = rewrite.keep(node.replace(op=new_op, inputs=inputs))
+        rest = (kept.value(1),) if "out" in op.adapters else ()   # an adapter reads it already
         if "out" not in projections:
-            return (kept.value(),)
+            return (kept.value(), *rest)
         out_features = rewrite.spec(kept.value()).shape[-1]
         scaled = self._adapter(rewrite, f"{name}.out", kept.value(1), out_features, None)
         total = f"{name}.out{_SUM}"
