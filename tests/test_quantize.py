@@ -13,6 +13,8 @@ import pytest
 
 import mlaxgraph as mg
 from mlaxgraph import ops
+from mlaxgraph.compiler.program import leaf_paths
+from mlaxgraph.ir.surgery import layer_paths
 
 F8 = ml_dtypes.float8_e4m3fn
 
@@ -217,8 +219,7 @@ def test_attention_projections_equal_the_float_attention_with_numpy_dequantized_
 def test_gpt2_default_targets_bytes_as_stored_and_int8_dot_in_hlo(gpt2):
     g, params, state, ids = gpt2
     qg = mg.quantize(g, "int8")
-    ops_used = {p: n.op.op_name for p, n in ((p, n) for p, n in
-                                            __import__("mlaxgraph.ir.surgery", fromlist=["x"]).layer_paths(qg))}
+    ops_used = {path: node.op.op_name for path, node in layer_paths(qg)}
     assert ops_used["h.0/attn"] == "quantized_multi_head_attention"
     assert ops_used["wte"] == ops_used["wpe"] == "quantized_embedding"
     assert ops_used["h.1/mlp.c_fc.quantize"] == "quantize"
@@ -253,12 +254,6 @@ def test_qlora_trains_only_the_adapters(gpt2):
     np.testing.assert_array_equal(np.asarray(model.apply(ap, as_, ids, inference_mode=True)[0]),
                                   np.asarray(base))  # B = 0
     trainer = mg.train.Trainer(model, optax.adam(1e-2), trainable="**/*.lora_*")
-    grads = jax.grad(lambda t: jnp.sum(model.apply(trainer._with_trained(ap, t), as_, ids,
-                                                    inference_mode=True)[0]))(
-        trainer._train_part(ap))
-    assert {p for p in __import__("mlaxgraph.compiler.program", fromlist=["x"]).leaf_paths(grads)} \
-        == {p for p in __import__("mlaxgraph.compiler.program", fromlist=["x"]).leaf_paths(
-            mg.lora_params(ap))}
     # B = 0 would leave A's gradient zero in the first step.
     ap = jax.tree_util.tree_map_with_path(
         lambda p, w: w + 0.1 if ".lora_B" in jax.tree_util.keystr(p) else w, ap)
@@ -267,6 +262,8 @@ def test_qlora_trains_only_the_adapters(gpt2):
     before = jax.tree.map(np.asarray, ap)
     ts, metrics = trainer.train_step(ts, ids, ids)
     assert np.isfinite(float(metrics["loss"]))
+    # Adam's moments (the weights differentiated) are the adapters' alone.
+    assert set(leaf_paths(ts.opt_state[0].mu)) == set(leaf_paths(mg.lora_params(ap)))
     np.testing.assert_array_equal(np.asarray(ts.params["h.0"]["mlp.c_fc"]["kernel"]),
                                   before["h.0"]["mlp.c_fc"]["kernel"])
     assert not np.array_equal(np.asarray(ts.params["h.0"]["mlp.c_fc.lora_A"]["kernel"]),
@@ -277,7 +274,7 @@ def test_qlora_trains_only_the_adapters(gpt2):
         mg.merge_lora(mg.lora(qg, "h.1/attn", rank=2), ap)
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4_weight_only", "float8"])
+@pytest.mark.parametrize("scheme", ["int4_weight_only", "float8"])
 def test_save_load_and_export_round_trip(gpt2, tmp_path, scheme):
     g, params, state, ids = gpt2
     qg = mg.quantize(g, scheme, **({"group_size": 32} if scheme.startswith("int4") else {}))
@@ -292,13 +289,21 @@ def test_save_load_and_export_round_trip(gpt2, tmp_path, scheme):
     want, _ = mg.compile(qg).apply(qp, qs, ids, inference_mode=True)
     np.testing.assert_array_equal(np.asarray(mg.compile(g2).apply(p2, s2, ids, inference_mode=True)[0]),
                                   np.asarray(want))
+    if scheme == "float8":
+        return  # one export is enough: the artifact holds the program, not the scheme
     folder = os.path.join(tmp_path, "exported")
     mg.compile(qg).save_hlo(folder, ids, params=qp, state=qs)
     np.testing.assert_array_equal(np.asarray(mg.load_exported(folder)(ids)[0]), np.asarray(want))
 
 
-def test_a_damaged_quantized_file_is_refused(linear, tmp_path):
+def test_int8_file_round_trip_and_a_damaged_file_is_refused(linear, tmp_path):
     g, params, state, _ = linear
+    q8 = mg.quantize(g, "int8")
+    p8, s8 = mg.quantize_weights(q8, params, state)
+    mg.save(os.path.join(tmp_path, "q8.mlg"), q8, p8, s8)
+    g8, loaded, _ = mg.load(os.path.join(tmp_path, "q8.mlg"))
+    assert g8 == q8 and loaded["fc"]["kernel"].dtype == jnp.int8
+    np.testing.assert_array_equal(np.asarray(loaded["fc"]["kernel"]), np.asarray(p8["fc"]["kernel"]))
     qg = mg.quantize(g, "int4_weight_only", group_size=32)
     qp, qs = mg.quantize_weights(qg, params, state)
     path = os.path.join(tmp_path, "q.mlg")
