@@ -370,3 +370,18 @@ def test_flop_rules_match_xla_count(scheme):
     assert len(quantized) >= (2 if scheme == "float8" else 4)
     for row in quantized:
         assert row.flops == row.xla_flops, row
+
+
+@pytest.mark.parametrize("scheme, category, stored", [
+    ("int8", "int", "i8"), ("float8", "float8", "f8e4m3"), ("int4_weight_only", "int", "u8")])
+def test_explorer_colours_the_casts_and_layers_by_stored_dtype(scheme, category, stored):
+    from mlaxgraph.render.html.payload import scope_of
+
+    qg = mg.quantize(_linear(), scheme, **({"group_size": 32} if "int4" in scheme else {}))
+    root, _ = scope_of(qg)
+    nodes = {node["name"]: node for node in root["n"]}
+    assert nodes["x"]["cat"] == "float32" and nodes["fc"]["cat"] == category
+    assert nodes["fc"]["weights"][0][:3] == ["kernel", "[64,24]" if "int4" not in scheme else "[32,24]",
+                                              stored]
+    if scheme != "int4_weight_only":
+        assert nodes["fc.quantize"]["cat"] == category
