@@ -51,12 +51,14 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
     int32 product), ``"int8_weight_only"`` (the same weights, float input),
     ``"int4_weight_only"`` (weights in ``[-8, 7]``, one scale per group of
     ``group_size`` inputs, 128 unless given, two values a byte) or ``"float8"`` (e4m3
-    weights and input, one scale per output channel and per token; Linear layers
-    only). Each targeted layer becomes its quantized op (``quantized_linear``,
-    ``quantized_conv``, ``quantized_embedding``) under the same name, so its weights
-    keep their path; with int8 and float8 a ``Quantize`` node ``<name>.quantize``
-    before it casts its input, with the scale as its second output. A tied head
-    (``embedding.attend``) is the same layer, quantized with it.
+    weights and input, one scale per output channel and per token; Linear layers and
+    attention only). Each targeted layer becomes its quantized op (``quantized_linear``,
+    ``quantized_conv``, ``quantized_embedding``, ``quantized_multi_head_attention``)
+    under the same name, so its weights keep their path; with int8 and float8 a
+    ``Quantize`` node ``<name>.quantize`` before a Linear, Conv or tied head casts its
+    input, with the scale as its second output (an attention's kernels are dequantized
+    inside it: weight-only). A tied head (``embedding.attend``) is the same layer,
+    quantized with it.
 
     ``targets``: a path, glob pattern or list of paths (what ``graph.select``
     returns); None takes every layer the scheme quantizes (LoRA adapters aside).
