@@ -239,7 +239,7 @@ def test_gpt2_default_targets_bytes_as_stored_and_int8_dot_in_hlo(gpt2):
     assert float(jnp.linalg.norm(logits - ref) / jnp.linalg.norm(ref)) < 0.05
 
 
-def test_qlora_trains_only_the_adapters(gpt2):
+def test_qlora_trains_only_the_adapters(gpt2, tmp_path):
     g, params, state, ids = gpt2
     qg = mg.quantize(g, "int8")
     qp, qs = mg.quantize_weights(qg, params, state)
@@ -268,6 +268,12 @@ def test_qlora_trains_only_the_adapters(gpt2):
                                   before["h.0"]["mlp.c_fc"]["kernel"])
     assert not np.array_equal(np.asarray(ts.params["h.0"]["mlp.c_fc.lora_A"]["kernel"]),
                               before["h.0"]["mlp.c_fc.lora_A"]["kernel"])
+    path = os.path.join(tmp_path, "qlora.mlg")   # an adapted quantized model's file
+    mg.save(path, ag, ts.params, ts.state)
+    loaded_graph, loaded, _ = mg.load(path)
+    assert loaded_graph == ag
+    for a, b in zip(jax.tree.leaves(ts.params), jax.tree.leaves(loaded)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(mg.GraphError, match="'h.0/mlp.c_fc' is quantized"):
         mg.merge_lora(ag, ap)
     with pytest.raises(mg.GraphError, match="'h.1/attn' is quantized"):
