@@ -6,7 +6,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import optax
 import pytest
@@ -16,7 +15,7 @@ from mlaxgraph import ops
 from mlaxgraph.compiler.program import leaf_paths
 from mlaxgraph.ir.surgery import layer_paths
 
-F8 = ml_dtypes.float8_e4m3fn
+F8 = jnp.float8_e4m3fn  # ml_dtypes' type, which NumPy arrays take
 
 
 # --- NumPy references of the schemes ---------------------------------------------------
