@@ -97,7 +97,7 @@ def _decoder(c: Config, o: AxisOverrides, *, biases: bool, out_bias: bool,
     for i in range(c.positive_int("num_hidden_layers")):
         h = layer.as_block(f"model.layers.{i}")(h)
     h = ops.RMSNorm(epsilon=eps, name="model.norm", param_axes=o("model.norm"))(h)
-    logits = embed.attend(h) if c["tie_word_embeddings"] else linear(vocab, "lm_head")(h)
+    logits = embed.attend(h) if c["tie_word_embeddings"] else linear(vocab, "lm_head", {"kernel": ("embed", "vocab")})(h)
     o.check()
     return Graph(ids, logits, name=c.model)
 
