@@ -462,3 +462,199 @@ def test_builders_take_per_layer_axes(mesh):
     assert layer["mlp.down_proj"]["kernel"].spec == P(None, None)
     with pytest.raises(mg.ConfigError, match=r"axes= names 'self_atn', which matches no layer.*'self_attn'"):
         mg.models.llama(SMALL["llama"], axes={"self_atn": {"key/kernel": ("embed", None, "kv")}})
+
+
+# --- loaders: folders, PyTorch files without torch, mismatches ------------------------------
+
+
+def _write_torch_file(path, state_dict, *, pickle_bytes=None):
+    """A file in torch.save's zip layout, written from its documented structure:
+    ``archive/data.pkl`` (protocol 2; storages as persistent ids ``("storage",
+    torch.FloatStorage, key, "cpu", numel)``; tensors rebuilt by
+    ``torch._utils._rebuild_tensor_v2``), ``archive/data/<key>`` (raw little-endian
+    bytes), ``archive/version``. torch's globals are pickled by name from stand-in
+    modules that exist only while writing."""
+    import collections
+    import io
+    import pickle
+    import sys
+    import types
+    import zipfile
+
+    torch, utils = types.ModuleType("torch"), types.ModuleType("torch._utils")
+
+    class FloatStorage:
+        pass
+
+    class _Tensor:
+        def __init__(self, key, array):
+            self.key, self.array = key, array
+
+        def __reduce__(self):
+            return (utils._rebuild_tensor_v2, (_Storage(self.key, self.array), 0, self.array.shape,
+                                               tuple(s // self.array.itemsize for s in self.array.strides),
+                                               False, collections.OrderedDict()))
+
+    class _Storage:
+        def __init__(self, key, array):
+            self.key, self.array = key, array
+
+    def _rebuild_tensor_v2(*args):
+        raise AssertionError("never called while writing")
+
+    FloatStorage.__module__, FloatStorage.__qualname__ = "torch", "FloatStorage"
+    _rebuild_tensor_v2.__module__, _rebuild_tensor_v2.__qualname__ = "torch._utils", "_rebuild_tensor_v2"
+    torch.FloatStorage, utils._rebuild_tensor_v2, torch._utils = FloatStorage, _rebuild_tensor_v2, utils
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            if isinstance(obj, _Storage):
+                return ("storage", FloatStorage, obj.key, "cpu", obj.array.size)
+            return None
+
+    tensors = collections.OrderedDict(
+        (name, _Tensor(str(i), np.ascontiguousarray(a, np.float32))) for i, (name, a) in enumerate(state_dict.items()))
+    saved = {k: sys.modules.get(k) for k in ("torch", "torch._utils")}
+    sys.modules.update({"torch": torch, "torch._utils": utils})
+    try:
+        buffer = io.BytesIO()
+        Pickler(buffer, protocol=2).dump(tensors)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", pickle_bytes if pickle_bytes is not None else buffer.getvalue())
+        z.writestr("archive/version", "3\n")
+        for t in tensors.values():
+            z.writestr(f"archive/data/{t.key}", t.array.tobytes())
+
+
+def test_a_torchvision_pth_loads_without_torch(tmp_path):
+    """The user's call: a torchvision .pth file (it read as a safetensors header claiming
+    578712552184433488 bytes)."""
+    import sys
+
+    graph = mg.models.resnet18(num_classes=10, width=4)
+    params, state = mg.compile(graph).init(jax.random.key(0))
+    sd = mg.models.to_state_dict(graph, params, state)
+    sd = {k: v for k, v in sd.items() if not k.endswith("num_batches_tracked")}  # int64 in torch's
+    _write_torch_file(tmp_path / "resnet18.pth", sd)
+    assert "torch" not in sys.modules
+    loaded_params, loaded_state = mg.models.load_state_dict(graph, tmp_path / "resnet18.pth")
+    for path, value in _leaves(params).items():
+        np.testing.assert_array_equal(_leaves(loaded_params)[path], value, err_msg=path)
+    np.testing.assert_array_equal(loaded_state["bn1"]["var"], state["bn1"]["var"])
+    assert "torch" not in sys.modules
+
+
+def test_a_pytorch_model_bin_in_a_checkpoint_folder(tmp_path):
+    """A Hugging Face folder of the PyTorch era: config.json and pytorch_model.bin; the
+    builder and load_state_dict both take the folder."""
+    config = dict(tf.gpt2_config(), model_type="gpt2")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    sd = tf.state_dict("gpt2", tf.gpt2_config())
+    _write_torch_file(tmp_path / "pytorch_model.bin", {f"transformer.{k}": v for k, v in sd.items()})
+    graph = mg.models.gpt2(tmp_path)
+    params, state = mg.models.load_state_dict(graph, tmp_path)
+    ids = np.arange(12, dtype=np.int32).reshape(2, 6)
+    logits, _ = mg.compile(graph).apply(params, state, ids, inference_mode=True)
+    np.testing.assert_allclose(logits, tf.forward("gpt2", sd, tf.gpt2_config(), ids)[0], rtol=1e-4, atol=1e-4)
+
+
+class _Marker:
+    ran = False
+
+
+def mark_ran(*args):
+    _Marker.ran = True
+    return 0
+
+
+@pytest.mark.parametrize("target", ["os system", "builtins eval", "test_zoo_train mark_ran"])
+def test_a_hostile_pickle_is_refused_and_runs_nothing(tmp_path, target):
+    """A pickle whose GLOBAL + REDUCE would call os.system (or eval, or a function of
+    this module that records the call): refused when the global is looked up."""
+    module, name = target.split()
+    hostile = (b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\n"
+               + b"X\x0b\x00\x00\x00touch pwned\x85R.")
+    _write_torch_file(tmp_path / "evil.pth", {}, pickle_bytes=hostile)
+    graph = mg.models.resnet18(num_classes=10, width=4)
+    with pytest.raises(mg.SerializationError, match=rf"refers to {module}\.{name}.*nothing in it was run"):
+        mg.models.load_state_dict(graph, tmp_path / "evil.pth")
+    assert not _Marker.ran and not (tmp_path / "pwned").exists()
+
+
+def test_damaged_and_legacy_pytorch_files_are_named(tmp_path):
+    graph = mg.models.resnet18(num_classes=10, width=4)
+    (tmp_path / "old.pth").write_bytes(b"\x80\x02\x8a\x0alegacy torch pickle")
+    with pytest.raises(mg.SerializationError, match="old.pth: not a zip archive"):
+        mg.models.load_state_dict(graph, tmp_path / "old.pth")
+    _write_torch_file(tmp_path / "short.pth", {"w": np.ones(4, np.float32)})
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "short.pth") as z, zipfile.ZipFile(tmp_path / "cut.pth", "w") as out:
+        for item in z.namelist():
+            data = z.read(item)
+            out.writestr(item, data[:8] if item.endswith("data/0") else data)
+    with pytest.raises(mg.SerializationError, match="storage '0' of 'w' holds 8 bytes"):
+        mg.models.load_state_dict(graph, tmp_path / "cut.pth")
+
+
+def test_a_name_mismatch_lists_missing_and_unexpected_side_by_side():
+    config = tf.llama_config()
+    sd = tf.state_dict("llama", config)
+    renamed = {k.replace("mlp.up_proj", "mlp.up"): v for k, v in sd.items()}
+    with pytest.raises(mg.SerializationError) as info:
+        mg.models.load_state_dict(mg.models.llama(config), renamed)
+    lines = str(info.value).splitlines()
+    assert lines[1].split() == ["missing", "(2)", "unexpected", "(2)"]
+    assert lines[2].split() == ["'model.layers.0.mlp.up_proj.weight'", "'model.layers.0.mlp.up.weight'"]
+
+
+def test_mg_load_takes_a_folder(tmp_path):
+    """The user's call: mg.load(folder) raised IsADirectoryError."""
+    graph, params, state = _init("gpt2")
+    (tmp_path / "run").mkdir()
+    mg.save(tmp_path / "run" / "model.mlg", graph, params, state)
+    loaded, _, _ = mg.load(tmp_path / "run")
+    assert loaded == graph
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    with pytest.raises(mg.SerializationError, match=r"a Hugging Face checkpoint folder.*mg.models.<model_type>"):
+        mg.load(tmp_path / "hf")
+    with pytest.raises(mg.SerializationError, match="no mlaxgraph model file"):
+        mg.load(tmp_path / "hf" / "..")
+
+
+# --- fit: epochs to run now, initial_epoch to resume ----------------------------------------
+
+
+def test_fit_runs_epochs_more_after_manual_steps_and_resumes_with_initial_epoch():
+    """The user's calls: fit(epochs=3) after 21 manual steps ran only epoch 3; a second
+    call ran nothing and returned {'epoch': []} without a word."""
+    import warnings
+
+    from mlaxgraph.examples import mlp
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(70, 4)).astype(np.float32), rng.integers(0, 3, 70).astype(np.int32)
+    trainer = mg.train.Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1))
+    ts = trainer.init(jax.random.key(0))
+    for i in range(21):  # 3 epochs of 7 steps of 10
+        ts, _ = trainer.train_step(ts, x[(i % 7) * 10:(i % 7) * 10 + 10], y[(i % 7) * 10:(i % 7) * 10 + 10])
+    ts, history = trainer.fit(ts, (x, y), epochs=3, batch_size=10, progress=False)
+    assert history["epoch"] == [4, 5, 6] and int(ts.step) == 21 + 21
+    ts, history = trainer.fit(ts, (x, y), epochs=3, batch_size=10, progress=False)
+    assert history["epoch"] == [7, 8, 9] and int(ts.step) == 63
+    ts, history = trainer.fit(ts, (x, y), epochs=10, initial_epoch=9, batch_size=10, progress=False)
+    assert history["epoch"] == [10] and int(ts.step) == 70
+    with pytest.warns(UserWarning, match="nothing to do"):
+        ts, history = trainer.fit(ts, (x, y), epochs=10, initial_epoch=10, batch_size=10, progress=False)
+    assert history == {"epoch": []}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ts, history = trainer.fit(ts, (x, y), epochs=1, batch_size=10, progress=False)
+    assert history["epoch"] == [11]
