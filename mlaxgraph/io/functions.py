@@ -97,9 +97,9 @@ def function_name(fn: Callable) -> str | None:
     entry = _BY_ID.get(id(fn))
     if entry is not None and entry[0] is fn:
         return entry[1]
-    family = getattr(fn, "family", None)
-    if family in initializers.PARAMETRIC and initializers.PARAMETRIC[family](fn.argument) is fn:
-        name = f"{_FAMILY_PREFIX}{family}:{fn.argument!r}"
+    family, argument = getattr(fn, "family", None), getattr(fn, "argument", None)
+    if family in initializers.PARAMETRIC and initializers.PARAMETRIC[family](argument) is fn:
+        name = f"{_FAMILY_PREFIX}{family}:{argument!r}"
         return name if NAME_PATTERN.fullmatch(name) else None
     return None
 

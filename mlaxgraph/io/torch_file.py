@@ -207,8 +207,9 @@ class TorchReader:
 
     def array(self, name: str) -> np.ndarray:
         tensor = self.tensors[name]
-        dtype = _dtype(tensor.storage.dtype).newbyteorder(self.byteorder) if tensor.storage.dtype not in (
-            "bfloat16", "bool", "uint8", "int8") else _dtype(tensor.storage.dtype)
+        dtype = _dtype(tensor.storage.dtype)
+        if tensor.storage.dtype not in ("bfloat16", "bool", "uint8", "int8"):
+            dtype = dtype.newbyteorder(">" if self.byteorder == ">" else "<")
         flat = np.frombuffer(self._read(f"{self.root}data/{tensor.storage.key}"), dtype)
         if not math.prod(tensor.shape):
             return np.zeros(tensor.shape, _dtype(tensor.storage.dtype))

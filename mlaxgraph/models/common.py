@@ -58,7 +58,7 @@ class AxisOverrides:
         self.used: set[str] = set()
         self.names: list[str] = []
 
-    def __call__(self, name: str, defaults: Mapping[str, Any] | None = None) -> dict | None:
+    def __call__(self, name: str, defaults: Mapping[str, Any] | None = None) -> Any:
         """The ``param_axes`` of the layer ``name``: its ``defaults`` with the user's
         overrides on top (None when neither has any)."""
         self.names.append(name)

@@ -33,16 +33,6 @@ GPT2 = Family(
                         "summary_proj_to_labels", "summary_first_dropout",
                         "reorder_and_upcast_attn"}))
 
-register_layout
-
-__all__ = ["gpt2", "GPT2_DEFAULTS", "GPT2"]
-
-#: GPT2Config's defaults: GPT-2 small (124M).
-GPT2_DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12,
-                 "n_head": 12, "n_inner": None, "activation_function": "gelu_new",
-                 "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1,
-                 "layer_norm_epsilon": 1e-5}
-
 register_layout("gpt2", TorchLayout(
     linear="in_out", attention=(("qkv", "c_attn"), ("out", "c_proj")),
     prefixes=("transformer.",), tied=(("lm_head.weight", "wte.weight"),),

@@ -73,7 +73,7 @@ def _decoder(c: Config, o: AxisOverrides, *, biases: bool, out_bias: bool,
 
     x = Input(("batch", "seq", width), name="hidden_states")
     a = ops.MultiHeadAttention(heads, head_dim, num_kv_heads=kv_heads, causal=True, rope=base,
-                               rope_scaling=scaling, sliding_window=sliding_window,
+                               rope_scaling=scaling,  # type: ignore[arg-type]  # its converter sliding_window=sliding_window,
                                use_bias=biases, out_bias=out_bias, kernel_init=normal,
                                dropout=c.number("attention_dropout", 0.0, 1.0),
                                name="self_attn", param_axes=o("self_attn", kv_axes))(
@@ -97,7 +97,8 @@ def _decoder(c: Config, o: AxisOverrides, *, biases: bool, out_bias: bool,
     for i in range(c.positive_int("num_hidden_layers")):
         h = layer.as_block(f"model.layers.{i}")(h)
     h = ops.RMSNorm(epsilon=eps, name="model.norm", param_axes=o("model.norm"))(h)
-    logits = embed.attend(h) if c["tie_word_embeddings"] else linear(vocab, "lm_head", {"kernel": ("embed", "vocab")})(h)
+    head = None if c["tie_word_embeddings"] else linear(vocab, "lm_head", {"kernel": ("embed", "vocab")})
+    logits = embed.attend(h) if head is None else head(h)
     o.check()
     return Graph(ids, logits, name=c.model)
 

@@ -51,7 +51,8 @@ def rope_settings(c: Config) -> tuple[float, dict[str, Any] | None]:
     (``scaling`` None when unscaled). ``rope_parameters`` (5.x) and ``rope_theta`` /
     ``rope_scaling`` (4.x) are both read; given both, they must agree."""
     theta = c.get("rope_theta")
-    kind, params = "default", {}
+    kind: str = "default"
+    params: dict[str, Any] = {}
     if c.get("rope_scaling") is not None:
         kind, params, inner = _scaling(c, "rope_scaling", c["rope_scaling"])
         if inner is not None:

@@ -28,8 +28,9 @@ FAMILIES = _TRANSFORMERS + _CONVOLUTIONAL
 
 def _kv_heads(graph: Graph) -> set[int]:
     """The key/value head counts of the graph's attention layers."""
-    return {step.op.kv_heads for step in flatten(graph).owners()
-            if step.op.op_name == "multi_head_attention"}
+    layers: list[Any] = [step.op for step in flatten(graph).owners()
+                         if step.op.op_name == "multi_head_attention"]
+    return {layer.kv_heads for layer in layers}
 
 
 def sharding_rules(model: Graph | str, mesh: Mesh | None = None, *, data: str = "data",

@@ -49,7 +49,7 @@ def _parametric(family: str) -> Callable[[Callable], Callable]:
     (cached, so layers holding the same one compare equal), carrying ``.family`` and
     ``.argument`` so that a file names it ``mlaxgraph.initializers.<family>:<x>``."""
     def wrap(make: Callable) -> Callable:
-        @functools.lru_cache(maxsize=None)
+        @functools.cache
         def cached(x: float) -> Callable:
             init = make(x)
             init.__name__ = init.__qualname__ = f"{family}({x!r})"

@@ -52,10 +52,10 @@ def to_rope_scaling(value, layer) -> tuple[tuple[str, object], ...] | None:
         layer.invalid(f"rope_scaling must be None or a mapping with rope_type and its "
                       f"parameters, got {value!r}")
     kind = items.get("rope_type")
-    if kind not in ROPE_SCALINGS:
+    if not isinstance(kind, str) or kind not in ROPE_SCALINGS:
         layer.invalid(f"rope_scaling's rope_type must be one of {', '.join(map(repr, ROPE_SCALINGS))}, "
                       f"got {kind!r}")
-    wanted = set(ROPE_SCALINGS[kind]) | {"rope_type"}
+    wanted = set(ROPE_SCALINGS[str(kind)]) | {"rope_type"}
     if set(items) != wanted:
         layer.invalid(f"rope_scaling of type {kind!r} takes exactly "
                       f"{', '.join(sorted(wanted - {'rope_type'}))}; got {', '.join(sorted(items))}")
