@@ -73,7 +73,8 @@ def _decoder(c: Config, o: AxisOverrides, *, biases: bool, out_bias: bool,
 
     x = Input(("batch", "seq", width), name="hidden_states")
     a = ops.MultiHeadAttention(heads, head_dim, num_kv_heads=kv_heads, causal=True, rope=base,
-                               rope_scaling=scaling,  # type: ignore[arg-type]  # its converter sliding_window=sliding_window,
+                               rope_scaling=scaling,  # type: ignore[arg-type]  # the field's converter takes dicts
+                               sliding_window=sliding_window,
                                use_bias=biases, out_bias=out_bias, kernel_init=normal,
                                dropout=c.number("attention_dropout", 0.0, 1.0),
                                name="self_attn", param_axes=o("self_attn", kv_axes))(
