@@ -184,7 +184,7 @@ def test_dict_file_and_folder_give_the_same_graph(family, tmp_path):
     config = {"model_type": family, **SMALL[family]}
     (tmp_path / "config.json").write_text(json.dumps(config))
     build = getattr(mg.models, family)
-    assert build(config) == build(str(tmp_path / "config.json")) == build(tmp_path)
+    assert build(config) == build(str(tmp_path / "config.json")) == build(str(tmp_path)) == build(tmp_path)
 
 
 def test_the_fields_of_a_real_gpt2_config_json_are_harmless(tmp_path):
@@ -658,3 +658,28 @@ def test_fit_runs_epochs_more_after_manual_steps_and_resumes_with_initial_epoch(
         warnings.simplefilter("error")
         ts, history = trainer.fit(ts, (x, y), epochs=1, batch_size=10, progress=False)
     assert history["epoch"] == [11]
+
+
+def test_the_documented_rules_give_row_parallel_down_projections(mesh):
+    """The user's call: the rules docs/sharding.md shows gave GPT-2's mlp.c_proj and
+    Llama's mlp.down_proj P(None, 'model'), column-parallel."""
+    documented = {"batch": "data", "mlp": "model", "heads": "model"}
+    gpt2 = mg.compile(mg.models.gpt2(SMALL["gpt2"]), mesh=mesh, rules=documented)
+    assert gpt2.sharding.params["h.0"]["mlp.c_proj"]["kernel"].spec == P("model", None)
+    llama = mg.compile(mg.models.llama(SMALL["llama"]), mesh=mesh, rules=documented)
+    layer = llama.sharding.params["model.layers.0"]
+    assert layer["mlp.down_proj"]["kernel"].spec == P("model", None)
+    assert layer["self_attn"]["out"]["kernel"].spec == P("model", None, None)
+    assert layer["self_attn"]["key"]["kernel"].spec == P(None, None, None)  # kv_heads: no rule
+
+
+def test_demo_of_a_checkpoint_with_a_short_position_table(tmp_path, capsys):
+    """`mlaxgraph demo --model gpt2` ran a forward pass at seq 128 on an n_positions=64
+    checkpoint (all NaN); it runs at the table's length now."""
+    from mlaxgraph.cli.main import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 64, "n_layer": 1,
+                                                      "n_embd": 32, "n_head": 4, "vocab_size": 50}))
+    assert main(["demo", "--model", "gpt2", "--config", str(tmp_path / "config.json"),
+                 "--out", str(tmp_path / "out")]) == 0
+    assert "one forward pass at batch 1, seq 64: outputs (1, 64, 50)" in capsys.readouterr().out
