@@ -192,7 +192,8 @@ def main(out_dir: str, names: tuple[str, ...]) -> None:
 def zoo(meshes, arrays: dict, report: dict, lap) -> None:
     """GPT-2 and Llama under ``mg.models.sharding_rules`` on the 2x4 and 1x8 meshes: the
     logits, the loss and its gradients against one device; the collectives of the
-    forward pass and of the gradient step; ``describe()``."""
+    forward pass; ``describe()``. (The train step's collectives and time are measured
+    by benchmarks/bench_zoo_sharding.py.)"""
     import jax
     import numpy as np
 
@@ -220,9 +221,7 @@ def zoo(meshes, arrays: dict, report: dict, lap) -> None:
                 arrays[f"{prefix}/grads/" + "/".join(str(getattr(k, "key", k)) for k in path)] = np.asarray(leaf)
             if rules is not None:
                 forward = collectives(model, batch=cases.ZOO_BATCH, seq=cases.ZOO_SEQ, inference_mode=True)
-                step_hlo = step.lower(params, state, ids).compile().as_text()
                 report[prefix] = {"rules": rules, "forward": [list(c) for c in forward],
-                                  "step": [list(c) for c in collectives(step_hlo)],
                                   "describe": model.sharding.describe(forward),
                                   "specs": {k: spec_entries(v.sharding.spec) for k, v in
                                             (("down", params[f"{'h.0' if name == 'gpt2' else 'model.layers.0'}"][
