@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import DTypeError, GraphError, ShapeError, node_message
+from ..core.errors import DTypeError, GraphError, MlaxGraphError, ShapeError, node_message
 from ..core.scopes import scope_name
 from ..core.specs import bind_dims, flatten_specs, is_symbolic, match_shape
 from ..ir.printer import context_lines
@@ -307,7 +307,11 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context,
         else:
             op = step.op
             if op.symbolic_fields and context.bindings is not None:
-                op = op.bind(step.dims).bind(context.bindings)
+                try:
+                    op = op.bind(step.dims).bind(context.bindings)
+                except MlaxGraphError as e:  # a bound dim the layer refuses (Arange's limit)
+                    raise type(e)(node_message(step.path, op.op_name, e.problem, expected=e.expected,
+                                               source=step.node.source)) from None
             outs, s2 = op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
         outs = tuple(outs)
         _check_outputs(step, outs, context.bindings)

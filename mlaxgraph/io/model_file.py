@@ -145,7 +145,7 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
     every array is checked against what the graph's ``init`` would create.
 
     Args:
-      path: the file ``mg.save`` wrote.
+      path: the file ``mg.save`` wrote, or a folder holding one ``*.mlg`` file.
       verify: check the checksums (the default). ``False`` skips hashing the file's
         bytes, for huge files read from storage you trust; every other check stays.
 
@@ -161,6 +161,8 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
         (layout version 1); it loads, unverified.
     """
     where = os.fspath(path)
+    if os.path.isdir(where):
+        where = path = _model_file_in(where)
     with SafetensorsReader(path, verify=verify) as reader:
         meta = reader.metadata()
         for key in _META_KEYS:
@@ -211,6 +213,26 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
     params = rebuild_tree(params_tree, "params", arrays.__getitem__)
     state = rebuild_tree(state_tree, "state", arrays.__getitem__)
     return graph, params, state
+
+
+def _model_file_in(folder: str) -> str:
+    """The one model file (``*.mlg``) of a folder; a folder of another kind of
+    checkpoint is an error saying how to read it."""
+    files = sorted(os.listdir(folder))
+    models = [f for f in files if f.endswith(".mlg")]
+    if len(models) == 1:
+        return os.path.join(folder, models[0])
+    if models:
+        raise SerializationError(f"{folder}: holds {len(models)} model files ({', '.join(models[:5])}); "
+                                 f"pass the one to load")
+    if "config.json" in files:
+        raise SerializationError(
+            f"{folder}: a Hugging Face checkpoint folder (config.json and its weights), not an "
+            f"mlaxgraph model file: build the graph with its zoo builder and read the weights, "
+            f"graph = mg.models.<model_type>({folder!r}); params, state = "
+            f"mg.models.load_state_dict(graph, {folder!r})")
+    raise SerializationError(f"{folder}: no mlaxgraph model file (*.mlg) in this folder "
+                             f"({len(files)} entries)")
 
 
 def _check_checksummed(reader: SafetensorsReader, version: int, verify: bool, where: str,
