@@ -1,0 +1,342 @@
+"""The ``onnx`` family's network operators: softmax, convolution, pooling,
+normalization, attention and the losses."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..core.errors import ShapeError
+from ..ops.flops import size
+from .layer import define
+
+
+def _softmax(fn):
+    def run(a, x):
+        if a.opset < 13:
+            axis = a.get("axis", 1) % max(x.ndim, 1)
+            flat = x.reshape(int(np.prod(x.shape[:axis])), -1)
+            return fn(flat, axis=-1).reshape(x.shape)
+        return fn(x, axis=a.get("axis", -1))
+    return run
+
+
+define("Softmax", dtypes="float")(_softmax(jax.nn.softmax))
+define("LogSoftmax", dtypes="float")(_softmax(jax.nn.log_softmax))
+
+
+# --- convolution and pooling -----------------------------------------------------------
+
+def _padding(a, spatial, kernel, strides, dilations):
+    pad = a.get("auto_pad", "NOTSET")
+    if pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = []
+        for n, k, s, d in zip(spatial, kernel, strides, dilations):
+            total = max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0)
+            low = total // 2 if pad == "SAME_UPPER" else total - total // 2
+            out.append((low, total - low))
+        return out
+    if pad == "VALID":
+        return [(0, 0)] * len(spatial)
+    pads = a.get("pads") or (0,) * (2 * len(spatial))
+    half = len(pads) // 2
+    return [(int(pads[i]), int(pads[i + half])) for i in range(half)]
+
+
+def _conv_flops(inputs, outputs, a):
+    w = inputs[1]
+    per_output = 2 * size(w) // w.shape[0]
+    return per_output * size(outputs[0])
+
+
+@define("Conv", dtypes="float", flops=_conv_flops)
+def _conv(a, x, w, b=None):
+    nd = x.ndim - 2
+    kernel = tuple(w.shape[2:])
+    strides = tuple(a.get("strides") or (1,) * nd)
+    dilations = tuple(a.get("dilations") or (1,) * nd)
+    pads = _padding(a, x.shape[2:], kernel, strides, dilations)
+    out = lax.conv_general_dilated(x, w.astype(x.dtype), strides, pads, rhs_dilation=dilations,
+                                   feature_group_count=a.get("group", 1),
+                                   precision=lax.Precision.HIGHEST)
+    if b is not None:
+        out = out + b.reshape((1, -1) + (1,) * nd).astype(x.dtype)
+    return out
+
+
+@define("ConvTranspose", dtypes="float", flops="input")
+def _conv_transpose(a, x, w, b=None):
+    nd = x.ndim - 2
+    group = a.get("group", 1)
+    kernel = tuple(w.shape[2:])
+    strides = tuple(a.get("strides") or (1,) * nd)
+    dilations = tuple(a.get("dilations") or (1,) * nd)
+    extra = tuple(a.get("output_padding") or (0,) * nd)
+    spatial = x.shape[2:]
+    if a.get("output_shape") is not None:
+        target = tuple(a["output_shape"])[-nd:]
+        totals = [s * (n - 1) + e + (k - 1) * d + 1 - t for n, k, s, d, e, t in
+                  zip(spatial, kernel, strides, dilations, extra, target)]
+        upper = a.get("auto_pad", "NOTSET") != "SAME_LOWER"
+        pads = [(t - t // 2, t // 2) if not upper else (t // 2, t - t // 2) for t in totals]
+    elif a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
+        totals = [s * (n - 1) + e + (k - 1) * d + 1 - n * s for n, k, s, d, e in
+                  zip(spatial, kernel, strides, dilations, extra)]
+        upper = a["auto_pad"] == "SAME_UPPER"
+        pads = [(t // 2, t - t // 2) if upper else (t - t // 2, t // 2) for t in totals]
+    else:
+        p = a.get("pads") or (0,) * (2 * nd)
+        pads = [(int(p[i]), int(p[i + nd])) for i in range(nd)]
+    # (C_in, C_out/group, k...) -> a forward conv's (C_out, C_in/group, k...), flipped
+    cin = w.shape[0]
+    wg = w.reshape((group, cin // group, w.shape[1]) + kernel)
+    wg = jnp.swapaxes(wg, 1, 2).reshape((group * w.shape[1], cin // group) + kernel)
+    wg = jnp.flip(wg, axis=tuple(range(2, 2 + nd)))
+    conv_pads = [((k - 1) * d - lo, (k - 1) * d - hi + e) for (lo, hi), k, d, e in
+                 zip(pads, kernel, dilations, extra)]
+    out = lax.conv_general_dilated(x, wg.astype(x.dtype), (1,) * nd, conv_pads,
+                                   lhs_dilation=strides, rhs_dilation=dilations,
+                                   feature_group_count=group, precision=lax.Precision.HIGHEST)
+    if b is not None:
+        out = out + b.reshape((1, -1) + (1,) * nd).astype(x.dtype)
+    return out
+
+
+def _pool(a, x, init, op, average=False, p=None):
+    nd = x.ndim - 2
+    kernel = tuple(a["kernel_shape"])
+    strides = tuple(a.get("strides") or (1,) * nd)
+    dilations = tuple(a.get("dilations") or (1,) * nd)
+    pads = _padding(a, x.shape[2:], kernel, strides, dilations)
+    if a.get("ceil_mode", 0):
+        pads = [(lo, hi + _ceil_extra(n + lo + hi, k, s, d, lo))
+                for (lo, hi), n, k, s, d in zip(pads, x.shape[2:], kernel, strides, dilations)]
+    window, step = (1, 1) + kernel, (1, 1) + strides
+    dil, full = (1, 1) + dilations, [(0, 0), (0, 0)] + pads
+    y = x if p is None else jnp.abs(x) ** p
+    out = lax.reduce_window(y, jnp.asarray(init, x.dtype), op, window, step, full,
+                            window_dilation=dil)
+    if p is not None:
+        return (out ** (1.0 / p)).astype(x.dtype)
+    if not average:
+        return out
+    if a.get("count_include_pad", 0):
+        explicit = [(lo, hi) for lo, hi in pads]
+        ones = jnp.pad(jnp.ones(x.shape[2:], x.dtype), explicit)
+        ceil = [(0, 0)] * nd
+        counts = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, kernel, strides, ceil,
+                                   window_dilation=dilations)
+    else:
+        counts = lax.reduce_window(jnp.ones(x.shape[2:], x.dtype), jnp.asarray(0, x.dtype),
+                                   lax.add, kernel, strides, pads, window_dilation=dilations)
+    return (out / counts).astype(x.dtype)
+
+
+def _ceil_extra(padded, k, s, d, low):
+    span = (k - 1) * d + 1
+    floor_out = (padded - span) // s + 1
+    ceil_out = -(-(padded - span) // s) + 1
+    if (ceil_out - 1) * s >= padded - low - 0:  # the last window would start in the padding
+        ceil_out -= 1
+    return (ceil_out - floor_out) * s
+
+
+def _pool_flops(inputs, outputs, a):
+    return size(outputs[0]) * int(np.prod(a["kernel_shape"]))
+
+
+@define("MaxPool", flops=_pool_flops)
+def _max_pool(a, x):
+    low = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    out = _pool(a, x, low, lax.max)
+    if a.outputs > 1:
+        return out, _max_pool_indices(a, x, out)
+    return out
+
+
+def _max_pool_indices(a, x, out):
+    raise ShapeError("MaxPool's second output (the indices of the maxima) is not implemented",
+                     expected="a MaxPool node with one output")
+
+
+@define("AveragePool", flops=_pool_flops)
+def _average_pool(a, x):
+    return _pool(a, x, 0, lax.add, average=True)
+
+
+@define("LpPool", flops=_pool_flops)
+def _lp_pool(a, x):
+    return _pool(a, x, 0, lax.add, p=a.get("p", 2))
+
+
+define("GlobalAveragePool", flops="input")(
+    lambda a, x: jnp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True))
+define("GlobalMaxPool", flops="input")(
+    lambda a, x: jnp.max(x, axis=tuple(range(2, x.ndim)), keepdims=True))
+
+
+# --- normalization -------------------------------------------------------------------
+
+def _norm_flops(inputs, outputs, a):
+    return 8 * size(inputs[0])
+
+
+@define("BatchNormalization", dtypes="float", flops=_norm_flops)
+def _batch_norm(a, x, scale, bias, mean, var):
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    eps = a.get("epsilon", 1e-5)
+    y = (x - mean.reshape(shape)) / jnp.sqrt(var.reshape(shape) + eps)
+    return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
+
+
+def _normalize(x, axes, eps):
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    mean = jnp.mean(xf, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True)
+    return (xf - mean) * lax.rsqrt(var + eps), mean, lax.rsqrt(var + eps)
+
+
+@define("LayerNormalization", dtypes="float", flops=_norm_flops)
+def _layer_norm(a, x, scale, bias=None):
+    axis = a.get("axis", -1) % x.ndim
+    axes = tuple(range(axis, x.ndim))
+    y, mean, inv = _normalize(x, axes, a.get("epsilon", 1e-5))
+    y = y * scale
+    if bias is not None:
+        y = y + bias
+    out = (y.astype(x.dtype),)
+    if a.outputs > 1:
+        stash = jnp.promote_types(x.dtype, jnp.float32)
+        out += (mean.astype(stash), inv.astype(stash))
+    return out
+
+
+@define("RMSNormalization", dtypes="float", flops=_norm_flops)
+def _rms_norm(a, x, scale):
+    axis = a.get("axis", -1) % x.ndim
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    ms = jnp.mean(jnp.square(xf), axis=tuple(range(axis, x.ndim)), keepdims=True)
+    return (xf * lax.rsqrt(ms + a.get("epsilon", 1e-5)) * scale).astype(x.dtype)
+
+
+@define("InstanceNormalization", dtypes="float", flops=_norm_flops)
+def _instance_norm(a, x, scale, bias):
+    y, _, _ = _normalize(x, tuple(range(2, x.ndim)), a.get("epsilon", 1e-5))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
+
+
+@define("GroupNormalization", dtypes="float", flops=_norm_flops)
+def _group_norm(a, x, scale, bias):
+    groups = a["num_groups"]
+    g = x.reshape((x.shape[0], groups, -1))
+    y, _, _ = _normalize(g, (2,), a.get("epsilon", 1e-5))
+    y = y.reshape(x.shape)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    if scale.shape[0] != x.shape[1]:
+        scale, bias = jnp.repeat(scale, x.shape[1] // groups), jnp.repeat(bias, x.shape[1] // groups)
+    return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
+
+
+@define("LpNormalization", dtypes="float", flops=_norm_flops)
+def _lp_norm(a, x):
+    axis, p = a.get("axis", -1), a.get("p", 2)
+    norm = jnp.sum(jnp.abs(x) ** p, axis=axis, keepdims=True) ** (1.0 / p)
+    return jnp.where(norm == 0, 0, x / norm).astype(x.dtype)
+
+
+@define("MeanVarianceNormalization", dtypes="float", flops=_norm_flops)
+def _mvn(a, x):
+    axes = tuple(a.get("axes") or (0, 2, 3))
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    std = jnp.sqrt(jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True))
+    return ((x - mean) / (std + 1e-9)).astype(x.dtype)
+
+
+@define("LRN", dtypes="float", flops=_norm_flops)
+def _lrn(a, x):
+    n = a["size"]
+    sq = jnp.pad(jnp.square(x), [(0, 0), ((n - 1) // 2, n - 1 - (n - 1) // 2)]
+                 + [(0, 0)] * (x.ndim - 2))
+    total = sum(sq[:, i:i + x.shape[1]] for i in range(n))
+    scale = (a.get("bias", 1.0) + a.get("alpha", 1e-4) / n * total) ** a.get("beta", 0.75)
+    return (x / scale).astype(x.dtype)
+
+
+# --- losses ------------------------------------------------------------------------------
+
+def _nll(a, logp, target, weight=None):
+    ignore = a.get("ignore_index")
+    c = logp.shape[1]
+    t = target if ignore is None else jnp.where(target == ignore, 0, target)
+    picked = jnp.take_along_axis(logp, jnp.expand_dims(t, 1).astype(jnp.int32), axis=1)[:, 0]
+    w = jnp.ones_like(picked) if weight is None else weight[t].astype(logp.dtype)
+    if ignore is not None:
+        w = jnp.where(target == ignore, 0, w)
+    loss = -picked * w
+    reduction = a.get("reduction", "mean")
+    del c
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return jnp.sum(loss)
+    return jnp.sum(loss) / jnp.sum(w)
+
+
+define("NegativeLogLikelihoodLoss")(lambda a, x, t, w=None: _nll(a, x, t, w).astype(x.dtype))
+
+
+@define("SoftmaxCrossEntropyLoss")
+def _softmax_ce(a, x, t, w=None):
+    logp = jax.nn.log_softmax(x, axis=1)
+    loss = _nll(a, logp, t, w).astype(x.dtype)
+    return (loss, logp) if a.outputs > 1 else loss
+
+
+# --- attention ---------------------------------------------------------------------------
+
+def _attention_flops(inputs, outputs, a):
+    q, k = inputs[0], inputs[1]
+    return 4 * size(q) * k.shape[-2] if q.rank == 4 else 4 * size(q) * k.shape[1]
+
+
+@define("Attention", dtypes="float", flops=_attention_flops)
+def _attention(a, q, k, v, mask=None, past_key=None, past_value=None, *rest):
+    three_d = q.ndim == 3
+    if three_d:
+        qh, kvh = a["q_num_heads"], a["kv_num_heads"]
+        q = q.reshape(q.shape[0], q.shape[1], qh, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(k.shape[0], k.shape[1], kvh, -1).transpose(0, 2, 1, 3)
+        v = v.reshape(v.shape[0], v.shape[1], kvh, -1).transpose(0, 2, 1, 3)
+    if past_key is not None:
+        k = jnp.concatenate([past_key, k], axis=2)
+        v = jnp.concatenate([past_value, v], axis=2)
+    present_k, present_v = k, v
+    groups = q.shape[1] // k.shape[1]
+    kr, vr = jnp.repeat(k, groups, axis=1), jnp.repeat(v, groups, axis=1)
+    scale = a.get("scale") or 1 / math.sqrt(q.shape[-1])
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q * math.sqrt(scale), kr * math.sqrt(scale),
+                        precision=lax.Precision.HIGHEST)
+    lq, lk = scores.shape[-2], scores.shape[-1]
+    bias = jnp.zeros((lq, lk), scores.dtype)
+    if a.get("is_causal", 0):
+        bias = jnp.where(jnp.arange(lk)[None, :] <= jnp.arange(lq)[:, None] + (lk - lq), 0, -jnp.inf)
+    if mask is not None:
+        m = jnp.where(mask, 0, -jnp.inf) if mask.dtype == jnp.bool_ else mask
+        if m.shape[-1] < lk:
+            m = jnp.pad(m, [(0, 0)] * (m.ndim - 1) + [(0, lk - m.shape[-1])],
+                        constant_values=-jnp.inf)
+        bias = bias + m.astype(scores.dtype)
+    scores = scores + bias
+    cap = a.get("softcap", 0.0)
+    if cap:
+        scores = cap * jnp.tanh(scores / cap)
+    weights = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bhqk,bhkd->bhqd", weights, vr, precision=lax.Precision.HIGHEST).astype(q.dtype)
+    if three_d:
+        out = out.transpose(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1)
+    return out, present_k, present_v, scores

@@ -1,0 +1,275 @@
+"""``mg.from_onnx``: an ONNX model as a typed mlaxgraph graph, its weights as params.
+
+The nodes are walked in dependency order. Each value is either a tensor of the graph
+being built or a constant known now (a ``Constant`` node, an initializer, or the
+result of a node whose inputs are all constants, folded when the graph is built: the
+shape arithmetic exporters write around ``Shape`` nodes disappears this way). Float
+initializers become weights (``params``); other constants used as tensors become
+``onnx.constant`` layers. Every other node becomes a layer of the ``onnx`` family.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..core.errors import GraphError, MlaxGraphError, SerializationError, ShapeError
+from ..core.specs import as_dim
+from ..ir.graph import Graph, Input
+from ..ops.param import Param
+from .dtypes import canonical, to_dtype
+from .layer import TABLE, Constant, encode_array, op_class
+from .protos import attribute_value, load_model, require_onnx, tensor_to_array
+
+__all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
+
+#: The oldest operator set read.
+MIN_OPSET = 7
+
+
+class _Weight:
+    """A float initializer: a weight when used as a tensor, a value when static."""
+
+    def __init__(self, name: str, array: np.ndarray):
+        self.name, self.array = name, array
+
+
+def _safe_name(raw: str, used: set[str], fallback: str) -> str:
+    name = re.sub(r"[/#]", ".", raw.strip("/")) or fallback
+    name = re.sub(r"\s", "_", name)[:200]
+    base, n = name, 1
+    while name in used:
+        name, n = f"{base}_{n}", n + 1
+    used.add(name)
+    return name
+
+
+def static_inputs(model: Any) -> set[str]:
+    """The names of the values that must be constants when the graph is built: those
+    at the static input positions of the operators (a ``Reshape``'s shape) and,
+    through the nodes computing them, the values they are computed from."""
+    needed: set[str] = set()
+    for node in reversed(list(model.graph.node)):
+        op = TABLE.get(node.op_type)
+        if any(out in needed for out in node.output):
+            needed.update(i for i in node.input if i)
+        if op is not None:
+            needed.update(node.input[p] for p in op.static if p < len(node.input) and node.input[p])
+    return needed
+
+
+def _opset(model: Any) -> int:
+    onnx = require_onnx()
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not versions:
+        raise SerializationError("the model imports no version of the ONNX operator set")
+    version = int(versions[0])
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= version <= newest:
+        raise SerializationError(f"the model's ONNX operator set is {version}; mlaxgraph "
+                                 f"reads {MIN_OPSET} to {newest}")
+    return version
+
+
+def _input_shape(value: Any, dims: Mapping[str, int]) -> tuple:
+    kind = value.type.WhichOneof("value")
+    if kind != "tensor_type":
+        raise SerializationError(f"graph input {value.name!r} is a {kind or 'value without type'}"
+                                 f"; mlaxgraph reads tensors")
+    shape = []
+    for i, d in enumerate(value.type.tensor_type.shape.dim):
+        if d.HasField("dim_value"):
+            shape.append(int(d.dim_value))
+        else:
+            name = d.dim_param if d.HasField("dim_param") else f"{value.name}_{i}"
+            name = re.sub(r"\W", "_", name) or f"d{i}"
+            name = name if not name[0].isdigit() else f"d_{name}"
+            shape.append(int(dims[name]) if name in dims else as_dim(name))
+    return tuple(shape)
+
+
+def _toposort(nodes: list, known: set[str]) -> list:
+    producers = {out: i for i, n in enumerate(nodes) for out in n.output if out}
+    order, state = [], [0] * len(nodes)
+    for start in range(len(nodes)):
+        stack = [(start, 0)]
+        while stack:
+            i, k = stack.pop()
+            if k == 0:
+                if state[i] == 2:
+                    continue
+                if state[i] == 1:
+                    raise GraphError(f"the ONNX graph has a cycle through node "
+                                     f"{nodes[i].name or nodes[i].op_type!r} ({nodes[i].op_type})")
+                state[i] = 1
+            deps = [producers[v] for v in nodes[i].input if v in producers and v not in known]
+            if k < len(deps):
+                stack.append((i, k + 1))
+                if state[deps[k]] != 2:
+                    if state[deps[k]] == 1:
+                        raise GraphError(f"the ONNX graph has a cycle through node "
+                                         f"{nodes[i].name or nodes[i].op_type!r} "
+                                         f"({nodes[i].op_type})")
+                    stack.append((deps[k], 0))
+                continue
+            state[i] = 2
+            order.append(nodes[i])
+    return order
+
+
+class _Reader:
+    def __init__(self, model: Any, folder: str | None, dims: Mapping[str, int]):
+        self.model, self.folder, self.dims = model, folder, dict(dims)
+        self.opset = _opset(model)
+        self.values: dict[str, Any] = {}
+        self.params: dict[str, Any] = {}
+        self.used: set[str] = set()
+        self.materialized: dict[str, Any] = {}
+
+    def read(self) -> tuple[Graph, dict, dict]:
+        g = self.model.graph
+        for t in g.initializer:
+            array = tensor_to_array(t, self.folder)
+            if array.dtype.kind == "f" and array.size > 0:
+                self.values[t.name] = _Weight(t.name, array)
+            else:
+                self.values[t.name] = array
+        inputs = []
+        for value in g.input:
+            if value.name in self.values:
+                continue  # an initializer listed as an input (IR version < 4)
+            code = value.type.tensor_type.elem_type
+            spec_dtype = canonical(to_dtype(code))
+            name = _safe_name(value.name, self.used, "input")
+            x = Input(_input_shape(value, self.dims), spec_dtype, name=name)
+            self.values[value.name] = x
+            inputs.append(x)
+        for node in _toposort(list(g.node), set(self.values)):
+            self.node(node)
+        outputs = []
+        for value in g.output:
+            if value.name not in self.values:
+                raise GraphError(f"graph output {value.name!r} is computed by no node")
+            outputs.append(self.tensor(value.name))
+        name = _safe_name(g.name or "onnx", set(), "onnx")
+        return Graph(inputs=inputs, outputs=outputs, name=name), self.params, {}
+
+    def tensor(self, name: str) -> Any:
+        """The value as a tensor of the graph: constants become layers, once."""
+        value = self.values[name]
+        if not isinstance(value, (_Weight, np.ndarray)):
+            return value
+        if name in self.materialized:
+            return self.materialized[name]
+        layer_name = _safe_name(name, self.used, "constant")
+        if isinstance(value, _Weight):
+            array = value.array
+            layer = Param(array.shape, dtype=canonical(array.dtype), name=layer_name)
+            self.params[layer_name] = {"value": jax.numpy.asarray(array.astype(
+                canonical(array.dtype)))}
+        else:
+            array = np.asarray(value)
+            if array.dtype != canonical(array.dtype):
+                array = array.astype(canonical(array.dtype))
+            layer = Constant(encode_array(array), name=layer_name)
+        out = layer()
+        self.materialized[name] = out
+        return out
+
+    def node(self, node: Any) -> None:
+        where = f"node {node.name or '(unnamed)'!r} ({node.op_type})"
+        for v in node.input:
+            if v and v not in self.values:
+                raise GraphError(f"{where} reads {v!r}, which no node, input or initializer "
+                                 f"provides")
+        if node.domain not in ("", "ai.onnx"):
+            raise GraphError(f"{where}: operators of the domain {node.domain!r} are not "
+                             f"supported")
+        attrs = {a.name: attribute_value(a, self.folder, node.name) for a in node.attribute}
+        if node.op_type == "Constant":
+            self.values[node.output[0]] = self.constant(attrs, where)
+            return
+        if node.op_type not in TABLE:
+            raise GraphError(f"{where}: the ONNX operator {node.op_type} is not supported; "
+                             f"supported: {', '.join(sorted(TABLE))}")
+        op = TABLE[node.op_type]
+        present = tuple(bool(v) for v in node.input)
+        args = [self.values[v] if v else None for v in node.input]
+        statics, tensors = [], []
+        for position, (v, value) in enumerate(zip(node.input, args)):
+            if not v:
+                continue
+            if position in op.static:
+                if not isinstance(value, (np.ndarray, _Weight)):
+                    raise ShapeError(f"{where}: input {position} ({v!r}) must be known when the "
+                                     f"graph is built (it sets a shape or an index), but it is "
+                                     f"computed from the graph's inputs; bind symbolic dims "
+                                     f"with from_onnx(..., dims={{name: size}})")
+                array = value.array if isinstance(value, _Weight) else value
+                statics.append((position, encode_array(array)))
+            else:
+                tensors.append(v)
+        n_out = len(node.output)
+        layer_cls = op_class(node.op_type)
+        constant = all(isinstance(self.values[v], np.ndarray) for v in tensors) and not op.random
+        name = _safe_name(node.name, self.used, node.op_type.lower())
+        try:
+            layer = layer_cls(attributes=tuple(sorted(attrs.items())), static=tuple(statics),
+                              present=present, outputs=n_out, opset=self.opset, name=name)
+            if constant:
+                outs = layer.compute([np.asarray(self.values[v]) for v in tensors])
+                outs = tuple(np.asarray(o) for o in outs)
+            else:
+                result = layer(*[self.tensor(v) for v in tensors])
+                outs = result if isinstance(result, tuple) else (result,)
+        except MlaxGraphError:
+            raise
+        except Exception as e:  # the computation refused the constants it was given
+            raise ShapeError(f"{where}: {type(e).__name__}: "
+                             f"{(str(e).splitlines() or [''])[0][:300]}") from None
+        if len(outs) < len([o for o in node.output if o]):
+            raise GraphError(f"{where} names {n_out} outputs; the operator gives {len(outs)}")
+        for out_name, out in zip(node.output, outs):
+            if out_name:
+                self.values[out_name] = out
+
+    def constant(self, attrs: dict, where: str) -> np.ndarray:
+        for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                           ("value_int", np.int64), ("value_ints", np.int64)):
+            if key in attrs:
+                return np.asarray(attrs[key], dtype)
+        if "value" in attrs:
+            from .layer import decode_array
+            return decode_array(attrs["value"])
+        raise GraphError(f"{where} holds no value this reader takes (value, value_float(s), "
+                         f"value_int(s))")
+
+
+def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None) -> tuple[Graph, dict, dict]:
+    """An ONNX model as ``(graph, params, state)``.
+
+    Args:
+      source: a path to a ``.onnx`` file (its external data is read from its folder,
+        and only from there), its bytes, or an ``onnx.ModelProto``.
+      dims: sizes for the model's symbolic dims (``dim_param``), by name; dims left
+        out stay symbolic. A node whose shape argument depends on a symbolic dim
+        (a ``Reshape`` to a computed shape) needs it bound here.
+
+    Returns:
+      The typed graph, its weights (``params[layer]["value"]`` for each float
+      initializer) and an empty state.
+
+    Raises:
+      mg.SerializationError: the file is not a valid ONNX model or its data is
+        damaged; mg.GraphError: an unsupported operator, a cycle, a missing value;
+        mg.ShapeError / mg.DTypeError: a node that cannot take its inputs.
+    """
+    model, folder = load_model(source)
+    try:
+        return _Reader(model, folder, dims or {}).read()
+    except RecursionError:
+        raise GraphError("the ONNX graph nests too deeply to be read") from None
