@@ -214,6 +214,10 @@ class _Reader:
             else:
                 tensors.append(v)
         n_out = len(node.output)
+        folded = self.fold_shape(node.op_type, attrs, tensors)
+        if folded is not None:
+            self.values[node.output[0]] = folded
+            return
         layer_cls = op_class(node.op_type)
         constant = all(isinstance(self.values[v], np.ndarray) for v in tensors) and not op.random
         name = _safe_name(node.name, self.used, node.op_type.lower())
@@ -236,6 +240,19 @@ class _Reader:
         for out_name, out in zip(node.output, outs):
             if out_name:
                 self.values[out_name] = out
+
+    def fold_shape(self, op_type: str, attrs: dict, tensors: list[str]) -> np.ndarray | None:
+        """``Shape`` and ``Size`` of a tensor whose shape is static, as constants."""
+        if op_type not in ("Shape", "Size") or len(tensors) != 1:
+            return None
+        value = self.values[tensors[0]]
+        shape = tuple(np.shape(value)) if isinstance(value, np.ndarray) else (
+            value.array.shape if isinstance(value, _Weight) else tuple(value.shape))
+        if not all(isinstance(d, (int, np.integer)) for d in shape):
+            return None
+        if op_type == "Size":
+            return np.asarray(int(np.prod(shape, dtype=np.int64)), np.int64)
+        return np.asarray(shape[slice(attrs.get("start", 0), attrs.get("end"))], np.int64)
 
     def constant(self, attrs: dict, where: str) -> np.ndarray:
         for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
