@@ -37,6 +37,7 @@ from .core.version import __version__
 from .io.exported import ExportedModel, load_exported
 from .io.functions import register_function
 from .io.model_file import load, save
+from .onnx import from_onnx
 from .ir import Graph, Input, Node, Sequential, SymbolicTensor, Value
 from .render.html import diff_html, show
 
@@ -47,6 +48,6 @@ __all__ = [
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
     "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
-    "lora", "lora_params", "merge_lora",
+    "lora", "lora_params", "merge_lora", "from_onnx",
     "__version__",
 ]

@@ -356,6 +356,14 @@ class Graph:
 
         return graph_from_json(text)
 
+    def to_onnx(self, path: Any, params: Any = None, state: Any = None, *, opset: int = 21):
+        """Writes the graph with its weights as an ONNX model (``mlaxgraph.onnx.writer``):
+        symbolic dims as ``dim_param``, a ``Linear`` as MatMul + Add, casts as Cast.
+        Returns the ``onnx.ModelProto``; needs ``pip install mlaxgraph[onnx]``."""
+        from ..onnx.writer import to_onnx
+
+        return to_onnx(self, path, params, state, opset=opset)
+
     def to_dot(self, **options: Any) -> str:
         """DOT text for Graphviz (no dependency); options as ``render``."""
         from ..render.dot import graph_to_dot
