@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from _onnx_suite import Cases, known_failures, node_cases, sample  # noqa: E402
+from _onnx_suite import Cases, known_failures, node_cases, reason, sample  # noqa: E402
 
 MODELS = node_cases()
 SAMPLE = sample(MODELS)
@@ -40,5 +40,5 @@ def test_node_case(cases, name):
         assert problem is None, problem
         return
     assert problem is not None, f"{name} passes now: regenerate tests/data/onnx_failures.txt"
-    last = problem.strip().splitlines()[-1]
-    assert last.startswith(("mlaxgraph.core.errors.", "AssertionError")), last
+    why = reason(problem)
+    assert why.startswith(("mlaxgraph.core.errors.", "AssertionError")), problem

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from ..compiler.compile import compile as compile_graph
+from ..core.errors import GraphError
 from .protos import require_onnx
 from .reader import from_onnx, static_inputs
 
@@ -62,7 +63,13 @@ class MlaxGraphRep(BackendRep):
     def run(self, inputs: Any, **kwargs: Any) -> tuple:
         if isinstance(inputs, dict):
             inputs = list(inputs.values())
-        inputs = [np.asarray(x) for x in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
+        inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        for i, x in enumerate(inputs):
+            if isinstance(x, (list, tuple)) or x is None:
+                raise GraphError(f"input {i} is a {'sequence' if x is not None else 'None'}; "
+                                 f"mlaxgraph runs tensors (ONNX sequences and optionals are "
+                                 f"not supported)")
+        inputs = [np.asarray(x) for x in inputs]
         with jax.enable_x64(True):
             if self.compiled is None:
                 self.compiled = self._specialize(inputs)

@@ -38,7 +38,8 @@ define("Concat", flops="none")(lambda a, *xs: jnp.concatenate(xs, axis=a["axis"]
 
 @define("Flatten", flops="none")
 def _flatten(a, x):
-    axis = a.get("axis", 1) % (x.ndim + 1) if x.ndim else 0
+    axis = a.get("axis", 1)
+    axis = axis + x.ndim if axis < 0 else axis
     lead = int(np.prod(x.shape[:axis])) if all(isinstance(d, int) for d in x.shape[:axis]) \
         else -1
     return jnp.reshape(x, (lead, -1) if lead != -1 else (-1, int(np.prod(x.shape[axis:]))))

@@ -23,6 +23,7 @@ from ..ir.graph import Graph, Input
 from ..ops.param import Param
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
+from .patterns import match
 from .protos import attribute_value, load_model, require_onnx, tensor_to_array
 
 __all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
@@ -38,7 +39,13 @@ class _Weight:
         self.name, self.array = name, array
 
 
+def _text(value: Any) -> str:
+    """A string field of the proto (protobuf hands back bytes for invalid UTF-8)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def _safe_name(raw: str, used: set[str], fallback: str) -> str:
+    raw = _text(raw)
     name = re.sub(r"[/#]", ".", raw.strip("/")) or fallback
     name = re.sub(r"\s", "_", name)[:200]
     base, n = name, 1
@@ -51,11 +58,12 @@ def _safe_name(raw: str, used: set[str], fallback: str) -> str:
 def static_inputs(model: Any) -> set[str]:
     """The names of the values that must be constants when the graph is built: those
     at the static input positions of the operators (a ``Reshape``'s shape) and,
-    through the nodes computing them, the values they are computed from."""
+    through the nodes computing them, the values they are computed from (a ``Shape``
+    needs only its input's shape, known when the graph is built)."""
     needed: set[str] = set()
     for node in reversed(list(model.graph.node)):
         op = TABLE.get(node.op_type)
-        if any(out in needed for out in node.output):
+        if node.op_type not in ("Shape", "Size") and any(out in needed for out in node.output):
             needed.update(i for i in node.input if i)
         if op is not None:
             needed.update(node.input[p] for p in op.static if p < len(node.input) and node.input[p])
@@ -122,8 +130,15 @@ def _toposort(nodes: list, known: set[str]) -> list:
 
 
 class _Reader:
-    def __init__(self, model: Any, folder: str | None, dims: Mapping[str, int]):
-        self.model, self.folder, self.dims = model, folder, dict(dims)
+    def __init__(self, model: Any, folder: str | None, dims: Mapping[str, int], layers: bool):
+        self.model, self.folder, self.dims, self.layers = model, folder, dict(dims), layers
+        self.state: dict[str, Any] = {}
+        self.done: set[int] = set()
+        self.consumers: dict[str, list] = {}
+        self.outputs = {v.name for v in model.graph.output}
+        for n in model.graph.node:
+            for v in n.input:
+                self.consumers.setdefault(v, []).append(n)
         self.opset = _opset(model)
         self.values: dict[str, Any] = {}
         self.params: dict[str, Any] = {}
@@ -156,7 +171,7 @@ class _Reader:
                 raise GraphError(f"graph output {value.name!r} is computed by no node")
             outputs.append(self.tensor(value.name))
         name = _safe_name(g.name or "onnx", set(), "onnx")
-        return Graph(inputs=inputs, outputs=outputs, name=name), self.params, {}
+        return Graph(inputs=inputs, outputs=outputs, name=name), self.params, self.state
 
     def tensor(self, name: str) -> Any:
         """The value as a tensor of the graph: constants become layers, once."""
@@ -181,7 +196,9 @@ class _Reader:
         return out
 
     def node(self, node: Any) -> None:
-        where = f"node {node.name or '(unnamed)'!r} ({node.op_type})"
+        if id(node) in self.done:
+            return
+        where = f"node {_text(node.name) or '(unnamed)'!r} ({_text(node.op_type)})"
         for v in node.input:
             if v and v not in self.values:
                 raise GraphError(f"{where} reads {v!r}, which no node, input or initializer "
@@ -192,6 +209,12 @@ class _Reader:
         attrs = {a.name: attribute_value(a, self.folder, node.name) for a in node.attribute}
         if node.op_type == "Constant":
             self.values[node.output[0]] = self.constant(attrs, where)
+            return
+        matched = match(self, node, attrs)
+        if matched is not None:
+            for out_name, out in zip(*matched):
+                if out_name:
+                    self.values[out_name] = out
             return
         if node.op_type not in TABLE:
             raise GraphError(f"{where}: the ONNX operator {node.op_type} is not supported; "
@@ -266,7 +289,8 @@ class _Reader:
                          f"value_int(s))")
 
 
-def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None) -> tuple[Graph, dict, dict]:
+def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
+              layers: bool = True) -> tuple[Graph, dict, dict]:
     """An ONNX model as ``(graph, params, state)``.
 
     Args:
@@ -275,10 +299,15 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None) -> tuple[Gr
       dims: sizes for the model's symbolic dims (``dim_param``), by name; dims left
         out stay symbolic. A node whose shape argument depends on a symbolic dim
         (a ``Reshape`` to a computed shape) needs it bound here.
+      layers: read the recognisable patterns as mlaxgraph's layers (MatMul + Add of
+        constant weights as ``Linear``, ``Conv``, ``LayerNorm``, ``BatchNorm``:
+        ``mlaxgraph.onnx.patterns``); False keeps every node an ``onnx`` family op.
 
     Returns:
       The typed graph, its weights (``params[layer]["value"]`` for each float
-      initializer) and an empty state.
+      initializer a node reads, ``params[layer]["kernel"]`` ... for the layers the
+      patterns made) and its state (a ``BatchNorm``'s statistics). A ``BatchNorm``
+      computes as ONNX's inference form with ``apply(..., inference_mode=True)``.
 
     Raises:
       mg.SerializationError: the file is not a valid ONNX model or its data is
@@ -287,6 +316,10 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None) -> tuple[Gr
     """
     model, folder = load_model(source)
     try:
-        return _Reader(model, folder, dims or {}).read()
+        return _Reader(model, folder, dims or {}, layers).read()
     except RecursionError:
         raise GraphError("the ONNX graph nests too deeply to be read") from None
+    except (TypeError, UnicodeError, AttributeError, OverflowError) as e:
+        # fields a damaged file fills with what the proto allows but no model holds
+        raise SerializationError(f"the ONNX model is damaged: {type(e).__name__}: "
+                                 f"{(str(e).splitlines() or [''])[0][:200]}") from None

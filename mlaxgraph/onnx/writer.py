@@ -51,9 +51,12 @@ class _Writer:
         return name
 
     def node(self, op_type: str, inputs: list[str], path: str, outputs: int = 1,
-             **attrs: Any) -> list[str]:
+             part: bool = False, **attrs: Any) -> list[str]:
+        """One node named ``/path`` (``/path/Op`` when it is one ``part`` of a layer
+        written as several nodes, the exporters' form, read back as one layer)."""
         outs = [self.fresh(f"{path}:{i}" if outputs > 1 else path) for i in range(outputs)]
-        self.nodes.append(self.onnx.helper.make_node(op_type, inputs, outs, name=f"/{path}/{op_type}",
+        name = f"/{path}/{op_type}" if part else f"/{path}"
+        self.nodes.append(self.onnx.helper.make_node(op_type, inputs, outs, name=name,
                                                      **{k: v for k, v in attrs.items()
                                                         if v is not None}))
         return outs
@@ -112,10 +115,10 @@ def _attr(value: Any) -> Any:
 
 def _linear(w: _Writer, node, args, weights, stats, path):
     kernel = w.constant(f"{path}.kernel", np.asarray(weights["kernel"]))
-    (out,) = w.node("MatMul", [args[0], kernel], path)
+    (out,) = w.node("MatMul", [args[0], kernel], path, part=True)
     if node.op.use_bias:
         bias = w.constant(f"{path}.bias", np.asarray(weights["bias"]))
-        (out,) = w.node("Add", [out, bias], path)
+        (out,) = w.node("Add", [out, bias], path, part=True)
     return [out]
 
 
@@ -166,12 +169,86 @@ def _gelu(w, node, args, weights, stats, path):
 
 
 def _silu(w, node, args, weights, stats, path):
-    (s,) = w.node("Sigmoid", args, path)
-    return w.node("Mul", [args[0], s], path)
+    (s,) = w.node("Sigmoid", args, path, part=True)
+    return w.node("Mul", [args[0], s], path, part=True)
 
 
 def _flatten(w, node, args, weights, stats, path):
     return w.node("Flatten", args, path, axis=1)
+
+
+def _channels_first(w: _Writer, node, arg: str, path: str, spatial: int, last: bool) -> str:
+    if not last:
+        return arg
+    (out,) = w.node("Transpose", [arg], path, part=True, perm=[0, spatial + 1, *range(1, spatial + 1)])
+    return out
+
+
+def _channels_back(w: _Writer, out: str, path: str, spatial: int, last: bool) -> list[str]:
+    if not last:
+        return [out]
+    return w.node("Transpose", [out], path + "/out", part=True,
+                  perm=[0, *range(2, spatial + 2), 1])
+
+
+def _pads(padding: Any, spatial: int) -> dict:
+    if padding == "SAME":
+        return {"auto_pad": "SAME_UPPER"}
+    if padding == "VALID":
+        return {"pads": [0] * (2 * spatial)}
+    return {"pads": [int(p[0]) for p in padding] + [int(p[1]) for p in padding]}
+
+
+def _conv(w, node, args, weights, stats, path):
+    op = node.op
+    n = len(op.kernel_size)
+    last = op.data_format.endswith("C")
+    kernel = np.asarray(weights["kernel"])
+    if last:  # O, spatial..., I -> O, I, spatial...
+        kernel = np.transpose(kernel, (0, n + 1, *range(1, n + 1)))
+    ins = [_channels_first(w, node, args[0], path, n, last), w.constant(f"{path}.kernel", kernel)]
+    if op.use_bias:
+        ins.append(w.constant(f"{path}.bias", np.asarray(weights["bias"])))
+    (out,) = w.node("Conv", ins, path, part=last, strides=list(op.strides),
+                    dilations=list(op.dilation), group=op.groups, **_pads(op.padding, n))
+    return _channels_back(w, out, path, n, last)
+
+
+def _pool(op_type: str) -> Callable:
+    def write(w, node, args, weights, stats, path):
+        op = node.op
+        n = len(op.window)
+        last = op.data_format.endswith("C")
+        extra = {"count_include_pad": int(op.count_include_pad)} if op_type == "AveragePool" else {}
+        (out,) = w.node(op_type, [_channels_first(w, node, args[0], path, n, last)], path,
+                        part=last, kernel_shape=list(op.window), strides=list(op.strides),
+                        **_pads(op.padding, n), **extra)
+        return _channels_back(w, out, path, n, last)
+    return write
+
+
+def _batch_norm(w, node, args, weights, stats, path):
+    # the inference form: x * a + b, per channel of the layer's axis
+    op = node.op
+    rank = len(node.outputs[0].shape)
+    axis = op.axis % rank
+    var, mean = np.asarray(stats["var"], np.float64), np.asarray(stats["mean"], np.float64)
+    scale = np.asarray(weights["scale"], np.float64) if op.use_scale else 1.0
+    bias = np.asarray(weights["bias"], np.float64) if op.use_bias else 0.0
+    a = scale / np.sqrt(var + op.epsilon)
+    b = bias - mean * a
+    shape = [1] * rank
+    shape[axis] = -1
+    dtype = node.outputs[0].dtype
+    a_name = w.constant(f"{path}.a", a.reshape(shape).astype(dtype))
+    b_name = w.constant(f"{path}.b", b.reshape(shape).astype(dtype))
+    (out,) = w.node("Mul", [args[0], a_name], path, part=True)
+    return w.node("Add", [out, b_name], path, part=True)
+
+
+def _embedding(w, node, args, weights, stats, path):
+    table = w.constant(f"{path}.embedding", np.asarray(weights["embedding"]))
+    return w.node("Gather", [table, args[0]], path, axis=0)
 
 
 _RULES: dict[str, Callable] = {
@@ -182,6 +259,8 @@ _RULES: dict[str, Callable] = {
     "add": _binary("Add"), "sub": _binary("Sub"), "mul": _binary("Mul"), "div": _binary("Div"),
     "maximum": _binary("Max"), "minimum": _binary("Min"), "matmul": _binary("MatMul"),
     "layer_norm": _layer_norm, "flatten": _flatten, "concat": _axis_op("Concat"),
+    "conv": _conv, "max_pool": _pool("MaxPool"), "avg_pool": _pool("AveragePool"),
+    "batch_norm": _batch_norm, "embedding": _embedding, "dropout": _unary("Identity"),
 }
 
 
