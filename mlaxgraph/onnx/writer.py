@@ -255,8 +255,10 @@ def _batch_norm(w, node, args, weights, stats, path):
 
 
 def _embedding(w, node, args, weights, stats, path):
-    table = w.constant(f"{path}.embedding", np.asarray(weights["embedding"]))
-    return w.node("Gather", [table, args[0]], path, axis=0)
+    table = np.asarray(weights["embedding"])
+    if w.input_specs[0].is_float:  # embedding.attend(h): h @ table.T, the tied head
+        return w.node("MatMul", [args[0], w.constant(f"{path}.embedding_t", table.T)], path)
+    return w.node("Gather", [w.constant(f"{path}.embedding", table), args[0]], path, axis=0)
 
 
 def _attention(w, node, args, weights, stats, path):
