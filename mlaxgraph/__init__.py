@@ -37,8 +37,8 @@ from .core.version import __version__
 from .io.exported import ExportedModel, load_exported
 from .io.functions import register_function
 from .io.model_file import load, save
-from .onnx import from_onnx
 from .ir import Graph, Input, Node, Sequential, SymbolicTensor, Value
+from .onnx import from_onnx
 from .render.html import diff_html, show
 
 __all__ = [

@@ -149,7 +149,8 @@ class OnnxOp(Layer):
     def _args(self, tensors: Sequence[Any]) -> list:
         statics = {position: decode_array(value) for position, value in self.static}
         present = self.present or (True,) * (len(tensors) + len(statics))
-        args, it = [], iter(tensors)
+        args: list[Any] = []
+        it = iter(tensors)
         for position, given in enumerate(present):
             if not given:
                 args.append(None)

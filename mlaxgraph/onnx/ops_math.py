@@ -3,6 +3,8 @@ reductions, arg-reductions, casts, clipping, cumulative sums, matrix products.""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +19,7 @@ _f = jnp.issubdtype
 
 # --- element-wise, one input --------------------------------------------------------
 
-_UNARY = {
+_UNARY: dict[str, Any] = {
     "Abs": jnp.abs, "Neg": jnp.negative, "Exp": jnp.exp, "Log": jnp.log, "Sqrt": jnp.sqrt,
     "Reciprocal": jnp.reciprocal, "Floor": jnp.floor, "Ceil": jnp.ceil, "Sin": jnp.sin,
     "Cos": jnp.cos, "Tan": jnp.tan, "Asin": jnp.arcsin, "Acos": jnp.arccos, "Atan": jnp.arctan,
@@ -75,7 +77,7 @@ def _div(x, y):
     return x / y
 
 
-_BINARY = {
+_BINARY: dict[str, Any] = {
     "Add": jnp.add, "Sub": jnp.subtract, "Mul": jnp.multiply, "Div": _div,
     "Equal": jnp.equal, "Less": jnp.less, "LessOrEqual": jnp.less_equal,
     "Greater": jnp.greater, "GreaterOrEqual": jnp.greater_equal,

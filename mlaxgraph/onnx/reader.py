@@ -181,6 +181,7 @@ class _Reader:
         if name in self.materialized:
             return self.materialized[name]
         layer_name = _safe_name(name, self.used, "constant")
+        layer: Param | Constant
         if isinstance(value, _Weight):
             array = value.array
             layer = Param(array.shape, dtype=canonical(array.dtype), name=layer_name)
