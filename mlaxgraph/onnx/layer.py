@@ -166,7 +166,10 @@ class OnnxOp(Layer):
         attrs = Attrs(dict(self.attributes), self.opset, self.outputs)
         if self.definition().random:
             attrs._items["__rng__"] = rng
-        out = self.definition().fn(attrs, *self._args(tensors))
+        # ONNX's operators say their own types; inside them numpy's promotion holds,
+        # whatever the user's jax_numpy_dtype_promotion
+        with jax.numpy_dtype_promotion("standard"):
+            out = self.definition().fn(attrs, *self._args(tensors))
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return outs[:self.outputs]
 
