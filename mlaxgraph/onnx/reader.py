@@ -320,6 +320,8 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
         return _Reader(model, folder, dims or {}, layers).read()
     except RecursionError:
         raise GraphError("the ONNX graph nests too deeply to be read") from None
+    except MlaxGraphError:
+        raise
     except (TypeError, UnicodeError, AttributeError, OverflowError) as e:
         # fields a damaged file fills with what the proto allows but no model holds
         raise SerializationError(f"the ONNX model is damaged: {type(e).__name__}: "
