@@ -4,6 +4,7 @@ normalization, attention and the losses."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ from jax import lax
 
 from ..core.errors import ShapeError
 from ..ops.flops import size
+from .dtypes import to_dtype
 from .layer import define
 
 
@@ -305,38 +307,69 @@ def _attention_flops(inputs, outputs, a):
 
 
 @define("Attention", dtypes="float", flops=_attention_flops)
-def _attention(a, q, k, v, mask=None, past_key=None, past_value=None, *rest):
+def _attention(a, q, k, v, mask=None, past_key=None, past_value=None, nonpad=None, *rest):
     three_d = q.ndim == 3
     if three_d:
-        qh, kvh = a["q_num_heads"], a["kv_num_heads"]
-        q = q.reshape(q.shape[0], q.shape[1], qh, -1).transpose(0, 2, 1, 3)
-        k = k.reshape(k.shape[0], k.shape[1], kvh, -1).transpose(0, 2, 1, 3)
-        v = v.reshape(v.shape[0], v.shape[1], kvh, -1).transpose(0, 2, 1, 3)
+        split = [(q, a["q_num_heads"]), (k, a["kv_num_heads"]), (v, a["kv_num_heads"])]
+        q, k, v = (t.reshape(t.shape[0], t.shape[1], h, -1).transpose(0, 2, 1, 3) for t, h in split)
+    offset: Any = 0
     if past_key is not None:
+        offset = past_key.shape[2]
         k = jnp.concatenate([past_key, k], axis=2)
         v = jnp.concatenate([past_value, v], axis=2)
     present_k, present_v = k, v
+    lq, lk = q.shape[2], k.shape[2]
+    if nonpad is not None and past_key is None:
+        offset = nonpad.reshape(-1, 1, 1, 1) - lq
+    dtype = q.dtype
+    scale = a.get("scale")
+    scale = math.sqrt(1 / math.sqrt(q.shape[-1]) if scale is None else scale)
     groups = q.shape[1] // k.shape[1]
     kr, vr = jnp.repeat(k, groups, axis=1), jnp.repeat(v, groups, axis=1)
-    scale = a.get("scale") or 1 / math.sqrt(q.shape[-1])
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q * math.sqrt(scale), kr * math.sqrt(scale),
-                        precision=lax.Precision.HIGHEST)
-    lq, lk = scores.shape[-2], scores.shape[-1]
-    bias = jnp.zeros((lq, lk), scores.dtype)
-    if a.get("is_causal", 0):
-        bias = jnp.where(jnp.arange(lk)[None, :] <= jnp.arange(lq)[:, None] + (lk - lq), 0, -jnp.inf)
-    if mask is not None:
-        m = jnp.where(mask, 0, -jnp.inf) if mask.dtype == jnp.bool_ else mask
-        if m.shape[-1] < lk:
-            m = jnp.pad(m, [(0, 0)] * (m.ndim - 1) + [(0, lk - m.shape[-1])],
-                        constant_values=-jnp.inf)
-        bias = bias + m.astype(scores.dtype)
-    scores = scores + bias
-    cap = a.get("softcap", 0.0)
+    qk = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.asarray(scale, dtype), kr * jnp.asarray(scale, dtype),
+                    precision=lax.Precision.HIGHEST)
+    cap = a.get("softcap")
     if cap:
-        scores = cap * jnp.tanh(scores / cap)
-    weights = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bhqk,bhkd->bhqd", weights, vr, precision=lax.Precision.HIGHEST).astype(q.dtype)
+        qk = (cap * jnp.tanh(qk / cap)).astype(dtype)
+    neg = jnp.asarray(-jnp.inf, dtype)
+    bias = jnp.zeros((lq, lk), dtype)
+    if mask is not None:
+        if mask.shape[-1] < lk:
+            fill = False if mask.dtype == jnp.bool_ else -jnp.inf
+            mask = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, lk - mask.shape[-1])],
+                           constant_values=fill)
+        bias = bias + (jnp.where(mask, jnp.asarray(0, dtype), neg) if mask.dtype == jnp.bool_
+                       else mask.astype(dtype))
+    rows = jnp.arange(lq)[:, None]
+    cols = jnp.arange(lk)[None, :]
+    if a.get("is_causal", 0):
+        bias = bias + jnp.where(cols <= rows + offset, jnp.asarray(0, dtype), neg)
+    left, right = a.get("left_window_size", -1), a.get("right_window_size", -1)
+    if left >= 0 or right >= 0:
+        diff = rows + offset - cols
+        allowed = jnp.ones(jnp.shape(diff), bool)
+        if left >= 0:
+            allowed &= diff <= left
+        if right >= 0:
+            allowed &= -diff <= right
+        bias = bias + jnp.where(allowed, jnp.asarray(0, dtype), neg)
+    if nonpad is not None:
+        keep = jnp.arange(lk)[None, :] < nonpad.reshape(-1, 1)
+        bias = bias + jnp.where(keep, 0, -jnp.inf).astype(dtype).reshape(-1, 1, 1, lk)
+    with_bias = qk + bias
+    mode = a.get("qk_matmul_output_mode", 0)
+    extra = with_bias if mode == 2 else qk
+    precision = a.get("softmax_precision")
+    logits = with_bias.astype(to_dtype(precision)) if precision else with_bias
+    dead = jnp.isneginf(jnp.max(jnp.broadcast_to(bias, with_bias.shape), axis=-1, keepdims=True))
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    e = jnp.exp(logits - jnp.where(jnp.isneginf(top), 0, top))
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    probs = jnp.where(dead, 0, e / jnp.where(total == 0, 1, total))
+    if mode == 3:
+        extra = probs
+    out = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(dtype), vr,
+                     precision=lax.Precision.HIGHEST).astype(dtype)
     if three_d:
         out = out.transpose(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1)
-    return out, present_k, present_v, scores
+    return out, present_k, present_v, extra.astype(dtype)
