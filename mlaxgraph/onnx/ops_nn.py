@@ -191,6 +191,14 @@ def _norm_flops(inputs, outputs, a):
 def _batch_norm(a, x, scale, bias, mean, var):
     shape = (1, -1) + (1,) * (x.ndim - 2)
     eps = a.get("epsilon", 1e-5)
+    if a.get("training_mode", 0):
+        axes = (0,) + tuple(range(2, x.ndim))
+        batch_mean, batch_var = jnp.mean(x, axis=axes), jnp.var(x, axis=axes)
+        y = (x - batch_mean.reshape(shape)) / jnp.sqrt(batch_var.reshape(shape) + eps)
+        y = (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
+        momentum = a.get("momentum", 0.9)
+        return (y, (mean * momentum + batch_mean * (1 - momentum)).astype(mean.dtype),
+                (var * momentum + batch_var * (1 - momentum)).astype(var.dtype))
     y = (x - mean.reshape(shape)) / jnp.sqrt(var.reshape(shape) + eps)
     return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
 
