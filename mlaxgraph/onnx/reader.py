@@ -314,6 +314,17 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
       mg.SerializationError: the file is not a valid ONNX model or its data is
         damaged; mg.GraphError: an unsupported operator, a cycle, a missing value;
         mg.ShapeError / mg.DTypeError: a node that cannot take its inputs.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from onnx import TensorProto, helper
+      >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+      >>> y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+      >>> relu = helper.make_node("Relu", ["x"], ["y"], name="/act/Relu")
+      >>> graph, params, state = mg.from_onnx(helper.make_model(
+      ...     helper.make_graph([relu], "g", [x], [y])))
+      >>> graph.output_specs
+      (f32[batch,4],)
     """
     model, folder = load_model(source)
     try:
