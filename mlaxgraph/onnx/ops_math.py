@@ -146,9 +146,16 @@ def _clip(a, x, low=None, high=None):
 def _cast(x, dtype, saturate):
     if jnp.issubdtype(dtype, jnp.integer) and _f(x.dtype, jnp.floating):
         x = jnp.trunc(x)
+    bits = jnp.iinfo(dtype).bits if jnp.issubdtype(dtype, jnp.integer) else 0
+    if 0 < bits < 8 and not _f(x.dtype, jnp.bool_):
+        # sub-byte integers wrap around, as ONNX's casts to int4 and int2 do
+        wrapped = jnp.bitwise_and(x.astype(jnp.int32), (1 << bits) - 1)
+        if jnp.issubdtype(dtype, jnp.signedinteger):
+            wrapped = jnp.where(wrapped >= 1 << (bits - 1), wrapped - (1 << bits), wrapped)
+        return wrapped.astype(dtype)
     if saturate and dtype.itemsize == 1 and _f(dtype, jnp.floating) and _f(x.dtype, jnp.floating):
         top = float(jnp.finfo(dtype).max)
-        x = jnp.where(jnp.isinf(x) & ("e5m2" in dtype.name), x, jnp.clip(x, -top, top))
+        x = jnp.clip(x, -top, top)
     return x.astype(dtype)
 
 
