@@ -33,11 +33,10 @@ from _common import fmt_time, md_table, median, quantiles
 import mlaxgraph as mg
 
 
-def _cases(quick: bool):
+def _cases():
     yield ("ResNet-50, batch 8", lambda: mg.models.resnet50(),
-           {"batch": 8}, lambda rng: [rng.normal(size=(8, 224, 224, 3)).astype(np.float32)])
+           lambda rng: [rng.normal(size=(8, 224, 224, 3)).astype(np.float32)])
     yield ("GPT-2 small, 1 x 128 tokens", lambda: mg.models.gpt2(),
-           {"batch": 1, "sequence": 128},
            lambda rng: [rng.integers(0, 50257, size=(1, 128)).astype(np.int32)])
 
 
@@ -48,7 +47,7 @@ def run(quick: bool = False) -> str:
     rng = np.random.default_rng(0)
     rows = []
     folder = pathlib.Path(tempfile.mkdtemp())
-    for name, make, dims, example in _cases(quick):
+    for name, make, example in _cases():
         graph = make()
         params, state = mg.compile(graph).init(jax.random.key(0))
         path = folder / "model.onnx"
@@ -57,7 +56,9 @@ def run(quick: bool = False) -> str:
         del params, state
         xs = example(rng)
         start = time.perf_counter()
-        back, p, s = mg.from_onnx(path, dims={k: v for k, v in dims.items()})
+        bound = {str(d): x.shape[i] for spec, x in zip(graph.input_specs, xs)
+                 for i, d in enumerate(spec.shape) if not isinstance(d, int)}
+        back, p, s = mg.from_onnx(path, dims=bound)
         t_import = time.perf_counter() - start
         start = time.perf_counter()
         session = ort.InferenceSession(str(path))

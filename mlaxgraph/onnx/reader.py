@@ -133,6 +133,7 @@ class _Reader:
     def __init__(self, model: Any, folder: str | None, dims: Mapping[str, int], layers: bool):
         self.model, self.folder, self.dims, self.layers = model, folder, dict(dims), layers
         self.state: dict[str, Any] = {}
+        self.symbolic: list[str] = []
         self.done: set[int] = set()
         self.consumers: dict[str, list] = {}
         self.outputs = {v.name for v in model.graph.output}
@@ -161,6 +162,8 @@ class _Reader:
             spec_dtype = canonical(to_dtype(code))
             name = _safe_name(value.name, self.used, "input")
             x = Input(_input_shape(value, self.dims), spec_dtype, name=name)
+            self.symbolic += [str(d) for d in x.shape
+                              if not isinstance(d, int) and str(d) not in self.symbolic]
             self.values[value.name] = x
             inputs.append(x)
         for node in _toposort(list(g.node), set(self.values)):
@@ -231,8 +234,9 @@ class _Reader:
                 if not isinstance(value, (np.ndarray, _Weight)):
                     raise ShapeError(f"{where}: input {position} ({v!r}) must be known when the "
                                      f"graph is built (it sets a shape or an index), but it is "
-                                     f"computed from the graph's inputs; bind symbolic dims "
-                                     f"with from_onnx(..., dims={{name: size}})")
+                                     f"computed from the graph's inputs; bind the symbolic "
+                                     f"dims ({', '.join(self.symbolic) or 'none'}) with "
+                                     f"from_onnx(..., dims={{name: size}})")
                 array = value.array if isinstance(value, _Weight) else value
                 statics.append((position, encode_array(array)))
             else:
