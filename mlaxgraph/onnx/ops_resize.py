@@ -133,3 +133,77 @@ class _Asymmetric:
 def _upsample(a, x, scales=None):
     scales = a.get("scales") if scales is None else scales
     return _resize(_Asymmetric(a), x, None, np.asarray(scales, np.float64), None)
+
+
+def _reflect(x, low: float, high: float):
+    span = high - low
+    below, above = x < low, x > high
+    dx = jnp.where(below, low - x, x - high)
+    n = jnp.trunc(dx / span)
+    r = dx - n * span
+    even = jnp.mod(n, 2) == 0
+    return jnp.where(below, jnp.where(even, low + r, high - r),
+                     jnp.where(above, jnp.where(even, high - r, low + r), x))
+
+
+def _keys_cubic(r):
+    a = -0.75
+    return [((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+            ((a + 2) * r - (a + 3)) * r * r + 1,
+            ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
+            ((a * (2 - r) - 5 * a) * (2 - r) + 8 * a) * (2 - r) - 4 * a]
+
+
+@define("GridSample", dtypes="float")
+def _grid_sample(a, x, grid):
+    import itertools
+
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(a.get("mode", "linear"),
+                                                          a.get("mode", "linear"))
+    padding, aligned = a.get("padding_mode", "zeros"), bool(a.get("align_corners", 0))
+    dims = x.shape[2:]
+    rank = len(dims)
+    g = grid.astype(jnp.float32)
+    taps_per_dim = []
+    for i, d in enumerate(dims):
+        c = g[..., rank - 1 - i]
+        v = (c + 1) / 2 * (d - 1) if aligned else ((c + 1) * d - 1) / 2
+        low, high = (0.0, d - 1.0) if aligned else (-0.5, d - 0.5)
+        if mode == "nearest":
+            v = jnp.round(v)
+        if padding == "border":
+            v = jnp.where((v < low) | (v > high), jnp.clip(v, 0, d - 1), v)
+        elif padding == "reflection":
+            v = _reflect(v, low, high)
+        if mode == "nearest":
+            base, weights = v, [jnp.ones_like(v)]
+            offsets = [0]
+        else:
+            base = jnp.floor(v)
+            f = v - base
+            offsets = [0, 1] if mode == "linear" else [-1, 0, 1, 2]
+            weights = [1 - f, f] if mode == "linear" else _keys_cubic(f)
+        entries = []
+        for off, w in zip(offsets, weights):
+            idx = base + off
+            if padding == "zeros":
+                valid = (idx >= 0) & (idx < d)
+            else:
+                valid = jnp.ones(idx.shape, bool)
+                idx = jnp.clip(idx, 0, d - 1) if padding == "border" else \
+                    jnp.trunc(_reflect(idx, low, high))
+            entries.append((jnp.clip(idx, 0, d - 1).astype(jnp.int32), w, valid))
+        taps_per_dim.append(entries)
+    strides = [int(np.prod(dims[i + 1:])) for i in range(rank)]
+    flat = x.reshape(x.shape[0], x.shape[1], -1)
+    out = jnp.zeros(x.shape[:2] + grid.shape[1:-1], jnp.float32)
+    for combo in itertools.product(*taps_per_dim):
+        index = sum(idx * s for (idx, _, _), s in zip(combo, strides))
+        weight = jnp.ones_like(combo[0][1])
+        valid = jnp.ones(combo[0][2].shape, bool)
+        for _, w, ok in combo:
+            weight, valid = weight * w, valid & ok
+        values = jnp.take_along_axis(flat, index.reshape(index.shape[0], 1, -1), axis=2)
+        values = values.reshape(out.shape)
+        out = out + jnp.where(valid[:, None], weight[:, None], 0) * values
+    return out.astype(x.dtype)
