@@ -121,3 +121,53 @@ def _center_crop_pad(a, x, shape):
             widths[axis] = (low, size - n - low)
             out = jnp.pad(out, widths)
     return out
+
+
+@define("CausalConvWithState", dtypes="float", flops="input")
+def _causal_conv(a, x, w, b=None, past=None):
+    channels, k = x.shape[1], w.shape[2]
+    pad = jnp.zeros((x.shape[0], channels, k - 1), x.dtype) if past is None else past
+    padded = jnp.concatenate([pad, x], axis=2)
+    out = lax.conv_general_dilated(padded, w.astype(x.dtype), (1,), [(0, 0)],
+                                   feature_group_count=channels,
+                                   precision=lax.Precision.HIGHEST)
+    if b is not None:
+        out = out + b.reshape(1, -1, 1).astype(x.dtype)
+    if a.get("activation", "none") in ("silu", "swish"):
+        wide = out.astype(jnp.float32)
+        out = (wide * jax.nn.sigmoid(wide)).astype(x.dtype)
+    return out, padded[:, :, padded.shape[2] - (k - 1):]
+
+
+def _dequantized(x, scale, zero):
+    y = x.astype(jnp.float32)
+    if zero is not None:
+        y = y - zero.astype(jnp.float32).reshape(zero.shape + (1,) * 0)
+    return y * scale.astype(jnp.float32)
+
+
+@define("QLinearMatMul", flops="input")
+def _qlinear_matmul(a, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero):
+    xs = (x.astype(jnp.float32) - x_zero.astype(jnp.float32).reshape(-1, 1)
+          if x_zero.ndim else x.astype(jnp.float32) - x_zero.astype(jnp.float32))
+    xs = xs * (x_scale.astype(jnp.float32).reshape(-1, 1) if x_scale.ndim else x_scale)
+    ws = (w.astype(jnp.float32) - w_zero.astype(jnp.float32)) * w_scale.astype(jnp.float32)
+    y = jnp.matmul(xs, ws, precision=lax.Precision.HIGHEST) / y_scale.astype(jnp.float32)
+    return _saturate(jnp.round(y) + y_zero.astype(jnp.float32), y_zero.dtype, True)
+
+
+@define("ConvInteger", flops="input")
+def _conv_integer(a, x, w, x_zero=None, w_zero=None):
+    from .ops_nn import _padding
+
+    nd = x.ndim - 2
+    xi = x.astype(jnp.int32) - (0 if x_zero is None else x_zero.astype(jnp.int32))
+    wi = w.astype(jnp.int32) - (0 if w_zero is None else
+                                w_zero.astype(jnp.int32).reshape((-1,) + (1,) * (w.ndim - 1))
+                                if w_zero.ndim else w_zero.astype(jnp.int32))
+    strides = tuple(a.get("strides") or (1,) * nd)
+    dilations = tuple(a.get("dilations") or (1,) * nd)
+    pads = _padding(a, x.shape[2:], tuple(w.shape[2:]), strides, dilations)
+    return lax.conv_general_dilated(xi, wi, strides, pads, rhs_dilation=dilations,
+                                    feature_group_count=a.get("group", 1),
+                                    preferred_element_type=jnp.int32)

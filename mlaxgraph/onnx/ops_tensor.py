@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from .dtypes import int64
+from .dtypes import canonical, int64
 from .layer import define
 
 
@@ -193,7 +193,9 @@ def _constant_of_shape(a, shape):
 @define("Range", static=(0, 1, 2), flops="none")
 def _range(a, start, limit, delta):
     n = max(int(np.ceil((limit.item() - start.item()) / delta.item())), 0)
-    return (jnp.asarray(start) + jnp.arange(n, dtype=start.dtype) * delta).astype(start.dtype)
+    dtype = canonical(np.asarray(start).dtype)
+    return (jnp.asarray(start, dtype) + jnp.arange(n, dtype=dtype) * jnp.asarray(delta, dtype)
+            ).astype(dtype)
 
 
 @define("OneHot", static=(1,), flops="none")
