@@ -58,3 +58,46 @@ def _dft(a, x, length=None, axis=None):
     if onesided:
         out = jnp.take(out, jnp.arange(n // 2 + 1), axis=axis)
     return jnp.stack([out.real, out.imag], axis=-1).astype(x.dtype)
+
+
+def _heads(x, heads: int):
+    b, t, hd = x.shape
+    return x.reshape(b, t, heads, hd // heads).transpose(0, 2, 1, 3)
+
+
+@define("LinearAttention", dtypes="float", flops="input")
+def _linear_attention(a, q, k, v, past=None, decay=None, beta=None):
+    """The recurrent form, one ``lax.scan`` step per position: the state decays
+    (``gated``), is corrected toward the value (``delta``) and accumulates ``k v^T``;
+    each query reads it."""
+    from jax import lax
+
+    rule = a.get("update_rule", "gated_delta")
+    qh, kvh = a["q_num_heads"], a["kv_num_heads"]
+    b, t, _ = q.shape
+    q4, k4, v4 = (_heads(x, h).astype(jnp.float32) for x, h in ((q, qh), (k, kvh), (v, kvh)))
+    d_k, d_v = q4.shape[-1], v4.shape[-1]
+    if decay is not None:
+        decay4 = (decay.reshape(b, t, kvh, 1).transpose(0, 2, 1, 3) if decay.shape[-1] == kvh
+                  else _heads(decay, kvh)).astype(jnp.float32)
+    if beta is not None:
+        beta4 = beta.reshape(b, t, beta.shape[-1], 1).transpose(0, 2, 1, 3).astype(jnp.float32)
+    state = jnp.zeros((b, kvh, d_k, d_v), jnp.float32) if past is None else past.astype(jnp.float32)
+    scale = a.get("scale") or 1.0 / np.sqrt(d_k)
+    group = qh // kvh
+
+    def step(state, i):
+        k_t, v_t = k4[:, :, i], v4[:, :, i]
+        if rule in ("gated", "gated_delta"):
+            state = state * jnp.exp(decay4[:, :, i])[..., None]
+        if rule in ("delta", "gated_delta"):
+            v_t = beta4[:, :, i] * (v_t - jnp.einsum("bhdm,bhd->bhm", state, k_t,
+                                                     precision=lax.Precision.HIGHEST))
+        state = state + k_t[..., :, None] * v_t[..., None, :]
+        read = jnp.repeat(state, group, axis=1) if group > 1 else state
+        return state, scale * jnp.einsum("bhd,bhdm->bhm", q4[:, :, i], read,
+                                         precision=lax.Precision.HIGHEST)
+
+    state, outs = lax.scan(step, state, jnp.arange(t))
+    out = jnp.transpose(outs, (1, 0, 2, 3)).reshape(b, t, qh * d_v)
+    return out.astype(q.dtype), state.astype(q.dtype if past is None else past.dtype)
