@@ -74,11 +74,11 @@ def run(quick: bool = False) -> str:
         t_ort_first = time.perf_counter() - start
         error = float(np.max(np.abs(np.asarray(first) - want)))
 
-        def ours():
+        def ours(model=model, p=p, s=s, xs=xs):
             out, _ = model.apply(p, s, *xs, inference_mode=True)
             jax.block_until_ready(out)
 
-        def theirs():
+        def theirs(session=session, feeds=feeds):
             session.run(None, feeds)
 
         times: dict[str, list[float]] = {"mlaxgraph": [], "onnxruntime": []}

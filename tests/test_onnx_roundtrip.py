@@ -9,8 +9,9 @@ import pytest
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-import mlaxgraph as mg  # noqa: E402
 from _zoo_transformers import gpt2_config  # noqa: E402
+
+import mlaxgraph as mg  # noqa: E402
 from mlaxgraph import ops  # noqa: E402
 from mlaxgraph.examples import models as examples  # noqa: E402
 
