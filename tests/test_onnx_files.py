@@ -51,7 +51,7 @@ def test_a_model_matches_onnxruntime():
     np.testing.assert_allclose(run_mlaxgraph(model, x), want, rtol=1e-5, atol=1e-6)
     graph, params, _ = mg.from_onnx(model)
     assert str(graph.input_specs[0]) == "f32[batch,6]"
-    np.testing.assert_array_equal(params["W1"]["value"], W1)
+    np.testing.assert_array_equal(params["fc"]["kernel"], W1)  # MatMul + Add read as a Linear
 
 
 def test_external_data_is_read_from_the_model_folder(tmp_path):

@@ -87,3 +87,19 @@ def test_a_layer_without_onnx_form_is_named():
     params, state = mg.compile(graph).init(jax.random.key(0))
     with pytest.raises(mg.SerializationError, match="'rnn' \\(op lstm\\) has no ONNX form"):
         graph.to_onnx(None, params, state)
+
+
+def test_scopes_come_back_as_nested_blocks():
+    graph = MODELS["transformer_lm"]()
+    params, state = mg.compile(graph).init(jax.random.key(0))
+    proto = graph.to_onnx(None, params, state)
+    assert "/block0/attention/query/MatMul" in {n.name for n in proto.graph.node}
+    back, params2, state2 = mg.from_onnx(proto)
+    assert [n.op.op_name for n in back.nodes if n.name.startswith("block")] == ["block", "block"]
+    inner = back.node("block0").op.subgraph()
+    assert {"ln_attention", "attention", "mlp_in", "mlp_out"} <= {n.name for n in inner.nodes}
+    np.testing.assert_array_equal(params2["block0"]["attention"]["query"]["kernel"],
+                                  np.asarray(params["block0"]["attention"]["query"]["kernel"])
+                                  .reshape(32, 32))
+    flat, _, _ = mg.from_onnx(proto, blocks=False)
+    assert "block0.attention.query" in {n.name for n in flat.nodes}

@@ -40,11 +40,16 @@ def _weight(reader: Any, name: str, rank: int | None = None) -> np.ndarray | Non
 
 
 def _layer_name(reader: Any, node: Any, fallback: str) -> str:
-    """The node's scope (``/encoder/fc/MatMul`` -> ``encoder.fc``) as the layer's name."""
-    from .reader import _safe_name, _text
+    """The node's scope (``/encoder/fc/MatMul`` -> ``encoder.fc``) as the layer's name;
+    nested, the layer is ``fc`` in the block ``encoder``."""
+    from .reader import _safe_name, _text, scope_of
 
-    scope = _text(node.name).strip("/").rpartition("/")[0]
-    return _safe_name(scope or _text(node.name), reader.used, fallback)
+    scope_text = _text(node.name).strip("/").rpartition("/")[0]
+    name = _safe_name(scope_text or _text(node.name), reader.used, fallback)
+    scope, _ = scope_of(node.name)
+    if scope:
+        reader.places[name] = (scope[:-1], scope[-1])
+    return name
 
 
 def _store(reader: Any, name: str, params: dict, state: dict | None = None) -> None:
@@ -142,6 +147,7 @@ def _batch_norm(reader, node, attrs):
     return node.output, (layer(reader.tensor(node.input[0])),)
 
 
+_ARITY = {"MatMul": 2, "Gemm": 2, "Conv": 2, "LayerNormalization": 2, "BatchNormalization": 5}
 _RULES = {"MatMul": _linear, "Gemm": _linear, "Conv": _conv,
           "LayerNormalization": _layer_norm, "BatchNormalization": _batch_norm}
 
@@ -149,7 +155,8 @@ _RULES = {"MatMul": _linear, "Gemm": _linear, "Conv": _conv,
 def match(reader: Any, node: Any, attrs: dict) -> tuple | None:
     """``(output names, output tensors)`` when ``node`` is read as a layer of ours."""
     rule = _RULES.get(node.op_type)
-    if rule is None or not reader.layers:
+    if rule is None or not reader.layers or not node.output or \
+            len(node.input) < _ARITY[node.op_type]:
         return None
     if not all(v in reader.values for v in node.input if v):
         return None

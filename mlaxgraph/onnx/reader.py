@@ -24,6 +24,7 @@ from ..ops.param import Param
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
 from .patterns import match
+from .scopes import nest
 from .protos import attribute_value, load_model, require_onnx, tensor_to_array
 
 __all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
@@ -53,6 +54,15 @@ def _safe_name(raw: str, used: set[str], fallback: str) -> str:
         name, n = f"{base}_{n}", n + 1
     used.add(name)
     return name
+
+
+def scope_of(raw: Any) -> tuple[tuple[str, ...], str]:
+    """An exporter's node name as (scope path, last part): ``/layer1/conv1/Conv`` ->
+    ``(("layer1", "conv1"), "Conv")``; each part a valid layer name."""
+    parts = [re.sub(r"[#\s]", "_", p)[:100] for p in _text(raw).split("/") if p]
+    if len(parts) < 2:
+        return (), ""
+    return tuple(parts[:-1]), parts[-1]
 
 
 def static_inputs(model: Any) -> set[str]:
@@ -134,6 +144,8 @@ class _Reader:
         self.model, self.folder, self.dims, self.layers = model, folder, dict(dims), layers
         self.state: dict[str, Any] = {}
         self.symbolic: list[str] = []
+        #: layer name -> (scope path, name within it), for nesting (scopes.nest)
+        self.places: dict[str, tuple[tuple[str, ...], str]] = {}
         self.done: set[int] = set()
         self.consumers: dict[str, list] = {}
         self.outputs = {v.name for v in model.graph.output}
@@ -210,6 +222,8 @@ class _Reader:
         if node.domain not in ("", "ai.onnx"):
             raise GraphError(f"{where}: operators of the domain {node.domain!r} are not "
                              f"supported")
+        if not any(node.output):
+            raise GraphError(f"{where} has no outputs")
         attrs = {a.name: attribute_value(a, self.folder, node.name) for a in node.attribute}
         if node.op_type == "Constant":
             self.values[node.output[0]] = self.constant(attrs, where)
@@ -258,6 +272,9 @@ class _Reader:
             else:
                 result = layer(*[self.tensor(v) for v in tensors])
                 outs = result if isinstance(result, tuple) else (result,)
+                scope, last = scope_of(node.name)
+                if scope:
+                    self.places[name] = (scope, last)
         except MlaxGraphError:
             raise
         except Exception as e:  # the computation refused the constants it was given
@@ -295,7 +312,7 @@ class _Reader:
 
 
 def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
-              layers: bool = True) -> tuple[Graph, dict, dict]:
+              layers: bool = True, blocks: bool = True) -> tuple[Graph, dict, dict]:
     """An ONNX model as ``(graph, params, state)``.
 
     Args:
@@ -307,6 +324,9 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
       layers: read the recognisable patterns as mlaxgraph's layers (MatMul + Add of
         constant weights as ``Linear``, ``Conv``, ``LayerNorm``, ``BatchNorm``:
         ``mlaxgraph.onnx.patterns``); False keeps every node an ``onnx`` family op.
+      blocks: group the nodes into nested blocks by the scopes of their names
+        (``/layer1/layer1.0/conv1/Conv``: ``mlaxgraph.onnx.scopes``); False keeps the
+        graph flat, each layer named by its whole path (``layer1.layer1.0.conv1``).
 
     Returns:
       The typed graph, its weights (``params[layer]["value"]`` for each float
@@ -332,7 +352,11 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
     """
     model, folder = load_model(source)
     try:
-        return _Reader(model, folder, dims or {}, layers).read()
+        reader = _Reader(model, folder, dims or {}, layers)
+        graph, params, state = reader.read()
+        if blocks:
+            graph, params, state = nest(graph, reader.places, params, state)
+        return graph, params, state
     except RecursionError:
         raise GraphError("the ONNX graph nests too deeply to be read") from None
     except MlaxGraphError:

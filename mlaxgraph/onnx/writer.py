@@ -55,10 +55,11 @@ class _Writer:
 
     def node(self, op_type: str, inputs: list[str], path: str, outputs: int = 1,
              part: bool = False, **attrs: Any) -> list[str]:
-        """One node named ``/path`` (``/path/Op`` when it is one ``part`` of a layer
-        written as several nodes, the exporters' form, read back as one layer)."""
+        """One node named ``/path/Op``, the exporters' form (``from_onnx`` reads the
+        path back as the layer's name and scope; ``part`` marks one node of several
+        a layer is written as)."""
         outs = [self.fresh(f"{path}:{i}" if outputs > 1 else path) for i in range(outputs)]
-        name = f"/{path}/{op_type}" if part else f"/{path}"
+        name = f"/{path}/{op_type}"
         self.nodes.append(self.onnx.helper.make_node(op_type, inputs, outs, name=name,
                                                      **{k: v for k, v in attrs.items()
                                                         if v is not None}))
