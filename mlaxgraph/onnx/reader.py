@@ -24,8 +24,8 @@ from ..ops.param import Param
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
 from .patterns import match
-from .scopes import nest
 from .protos import attribute_value, load_model, require_onnx, tensor_to_array
+from .scopes import nest
 
 __all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
 
