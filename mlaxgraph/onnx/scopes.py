@@ -73,8 +73,8 @@ class _Nester:
         env: dict[Value, Any] = {}
         inputs = []
         for name in g.inputs:
-            node = g.node(name)
-            x = Input(node.op.shape, node.op.dtype, name=name)
+            spec = g.spec(Value(name, 0))
+            x = Input(spec.shape, spec.dtype, name=name)
             env[Value(name, 0)] = x
             inputs.append(x)
         body = [n for n in g.nodes if n.name not in g.inputs]
