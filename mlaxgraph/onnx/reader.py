@@ -31,6 +31,8 @@ __all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
 
 #: The oldest operator set read.
 MIN_OPSET = 7
+#: The operator domains read: ONNX's, and its training domain's optimizers.
+_DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training")
 
 
 class _Weight:
@@ -83,10 +85,12 @@ def static_inputs(model: Any) -> set[str]:
 def _opset(model: Any) -> int:
     onnx = require_onnx()
     versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    newest = onnx.defs.onnx_opset_version()
     if not versions:
+        if any(o.domain in _DOMAINS for o in model.opset_import):
+            return newest  # a model of the training domain alone
         raise SerializationError("the model imports no version of the ONNX operator set")
     version = int(versions[0])
-    newest = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= version <= newest:
         raise SerializationError(f"the model's ONNX operator set is {version}; mlaxgraph "
                                  f"reads {MIN_OPSET} to {newest}")
@@ -219,7 +223,7 @@ class _Reader:
             if v and v not in self.values:
                 raise GraphError(f"{where} reads {v!r}, which no node, input or initializer "
                                  f"provides")
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in _DOMAINS:
             raise GraphError(f"{where}: operators of the domain {node.domain!r} are not "
                              f"supported")
         if not any(node.output):
