@@ -13,7 +13,7 @@ from jax import lax
 
 from ..core.errors import ShapeError
 from ..ops.flops import size
-from .dtypes import to_dtype
+from .dtypes import int64, to_dtype
 from .layer import define
 
 
@@ -113,9 +113,9 @@ def _pool(a, x, init, op, average=False, p=None):
     kernel = tuple(a["kernel_shape"])
     strides = tuple(a.get("strides") or (1,) * nd)
     dilations = tuple(a.get("dilations") or (1,) * nd)
-    pads = _padding(a, x.shape[2:], kernel, strides, dilations)
+    explicit = pads = _padding(a, x.shape[2:], kernel, strides, dilations)
     if a.get("ceil_mode", 0):
-        pads = [(lo, hi + _ceil_extra(n + lo + hi, k, s, d, lo))
+        pads = [(lo, hi + _ceil_extra(n, lo, hi, k, s, d))
                 for (lo, hi), n, k, s, d in zip(pads, x.shape[2:], kernel, strides, dilations)]
     window, step = (1, 1) + kernel, (1, 1) + strides
     dil, full = (1, 1) + dilations, [(0, 0), (0, 0)] + pads
@@ -127,24 +127,26 @@ def _pool(a, x, init, op, average=False, p=None):
     if not average:
         return out
     if a.get("count_include_pad", 0):
-        explicit = [(lo, hi) for lo, hi in pads]
-        ones = jnp.pad(jnp.ones(x.shape[2:], x.dtype), explicit)
-        ceil = [(0, 0)] * nd
-        counts = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, kernel, strides, ceil,
-                                   window_dilation=dilations)
+        # the explicit padding counts, the room ceil_mode adds does not
+        ones = jnp.ones(tuple(n + lo + hi for n, (lo, hi) in zip(x.shape[2:], explicit)), x.dtype)
+        extra = [(0, hi - e_hi) for (_, hi), (_, e_hi) in zip(pads, explicit)]
+        counts = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, kernel, strides,
+                                   extra, window_dilation=dilations)
     else:
         counts = lax.reduce_window(jnp.ones(x.shape[2:], x.dtype), jnp.asarray(0, x.dtype),
                                    lax.add, kernel, strides, pads, window_dilation=dilations)
     return (out / counts).astype(x.dtype)
 
 
-def _ceil_extra(padded, k, s, d, low):
-    span = (k - 1) * d + 1
+def _ceil_extra(n, low, high, k, s, d):
+    """The padding ``ceil_mode`` adds at the end: room for one more window, unless it
+    would start in the end padding."""
+    padded, span = n + low + high, (k - 1) * d + 1
     floor_out = (padded - span) // s + 1
     ceil_out = -(-(padded - span) // s) + 1
-    if (ceil_out - 1) * s >= padded - low - 0:  # the last window would start in the padding
+    if (ceil_out - 1) * s >= n + low:
         ceil_out -= 1
-    return (ceil_out - floor_out) * s
+    return max((ceil_out - 1) * s + span - padded, 0) if ceil_out > floor_out else 0
 
 
 def _pool_flops(inputs, outputs, a):
@@ -161,8 +163,30 @@ def _max_pool(a, x):
 
 
 def _max_pool_indices(a, x, out):
-    raise ShapeError("MaxPool's second output (the indices of the maxima) is not implemented",
-                     expected="a MaxPool node with one output")
+    """The flat index (into ``x``, padding not counted) of each window's first maximum:
+    a reduction of (value, index) pairs; ``storage_order=1`` numbers the spatial dims
+    column-major."""
+    nd = x.ndim - 2
+    kernel = tuple(a["kernel_shape"])
+    strides = tuple(a.get("strides") or (1,) * nd)
+    dilations = tuple(a.get("dilations") or (1,) * nd)
+    pads = _padding(a, x.shape[2:], kernel, strides, dilations)
+    index = jnp.arange(int(np.prod(x.shape)), dtype=jnp.int32).reshape(x.shape)
+    low = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+
+    def pick(left, right):
+        (lv, li), (rv, ri) = left, right
+        take = (rv > lv) | ((rv == lv) & (ri < li))
+        return jnp.where(take, rv, lv), jnp.where(take, ri, li)
+
+    _, found = lax.reduce_window((x, index), (jnp.asarray(low, x.dtype), jnp.int32(2 ** 31 - 1)),
+                                 pick, (1, 1) + kernel, (1, 1) + strides,
+                                 [(0, 0), (0, 0)] + pads, window_dilation=(1, 1) + dilations)
+    if a.get("storage_order", 0) and nd == 2:
+        h, w = x.shape[2:]
+        plane, rest = found // (h * w), found % (h * w)
+        found = plane * h * w + (rest % w) * h + rest // w
+    return found.astype(int64())
 
 
 @define("AveragePool", flops=_pool_flops)
