@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..core.errors import ShapeError
 from ..ops.flops import size
 from .dtypes import int64, to_dtype
 from .layer import define

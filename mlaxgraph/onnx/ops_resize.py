@@ -207,3 +207,22 @@ def _grid_sample(a, x, grid):
         values = values.reshape(out.shape)
         out = out + jnp.where(valid[:, None], weight[:, None], 0) * values
     return out.astype(x.dtype)
+
+
+@define("AffineGrid", static=(1,), dtypes="float")
+def _affine_grid(a, theta, size):
+    """The sampling grid of ``GridSample`` for affine matrices ``theta``: the output
+    positions, normalized to [-1, 1], times ``theta``."""
+    dims = [int(v) for v in np.asarray(size).reshape(-1)[2:]]
+    aligned = bool(a.get("align_corners", 0))
+
+    def axis(n):
+        if aligned:
+            return np.linspace(-1.0, 1.0, n) if n > 1 else np.zeros(1)
+        return (2 * np.arange(n) + 1) / n - 1
+
+    coords = np.meshgrid(*[axis(n) for n in dims], indexing="ij")  # per dim, (D,) H, W
+    base = np.stack(list(coords[::-1]) + [np.ones(dims)], axis=-1)  # x, y, (z), 1
+    grid = jnp.einsum("...k,nik->n...i", jnp.asarray(base, theta.dtype), theta,
+                      precision="highest")
+    return grid.astype(theta.dtype)

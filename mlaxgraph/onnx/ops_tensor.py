@@ -244,7 +244,8 @@ def _depth_to_space(a, x):
 def _space_to_depth(a, x):
     b = a["blocksize"]
     n, c, h, w = x.shape
-    y = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+    perm = (0, 1, 3, 5, 2, 4) if a.get("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+    y = x.reshape(n, c, h // b, b, w // b, b).transpose(perm)
     return y.reshape(n, c * b * b, h // b, w // b)
 
 
@@ -266,7 +267,7 @@ def _top_k(a, x, k):
     axis = a.get("axis", -1) % x.ndim
     moved = jnp.moveaxis(x, axis, -1)
     largest = a.get("largest", 1)
-    order = jnp.argsort(-moved if largest else moved, axis=-1, stable=True)[..., :k]
+    order = jnp.argsort(moved, axis=-1, stable=True, descending=bool(largest))[..., :k]
     values = jnp.take_along_axis(moved, order, axis=-1)
     return jnp.moveaxis(values, -1, axis), jnp.moveaxis(order.astype(int64()), -1, axis)
 
@@ -288,3 +289,19 @@ def _hardmax(a, x):
 def _hardmax_last(x):
     return (jnp.arange(x.shape[-1]) == jnp.argmax(x, axis=-1)[..., None]).astype(x.dtype)
 
+
+
+@define("TensorScatter", flops="none")
+def _tensor_scatter(a, cache, update, indices=None):
+    """Writes ``update`` into ``cache`` along ``axis`` from each batch row's write
+    index (0 without indices); ``mode="circular"`` wraps around."""
+    axis = a.get("axis", -2) % cache.ndim
+    moved_cache = jnp.moveaxis(cache, axis, 1)
+    moved_update = jnp.moveaxis(update, axis, 1)
+    batch, steps, length = cache.shape[0], moved_update.shape[1], moved_cache.shape[1]
+    start = jnp.zeros((batch,), jnp.int32) if indices is None else indices.astype(jnp.int32)
+    rows = start[:, None] + jnp.arange(steps)[None, :]
+    if a.get("mode", "linear") == "circular":
+        rows = rows % length
+    out = moved_cache.at[jnp.arange(batch)[:, None], rows].set(moved_update)
+    return jnp.moveaxis(out, 1, axis)
