@@ -127,7 +127,24 @@ def _value_info(onnx: Any, name: str, spec: Any) -> Any:
 def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mapping | None = None,
             *, opset: int = DEFAULT_OPSET) -> Any:
     """Writes ``graph`` with its weights as an ONNX model to ``path`` (None: only
-    returned) and returns the ``onnx.ModelProto``."""
+    returned) and returns the ``onnx.ModelProto``: symbolic dims as ``dim_param``, a
+    ``Linear`` as MatMul + Add, casts as Cast, each node named ``/layer path/Op``
+    (docs/onnx.md lists every layer's form). Needs ``pip install mlaxgraph[onnx]``.
+
+    Raises:
+      mg.SerializationError: a layer with no ONNX form, named.
+
+    Example:
+      >>> import jax
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> x = mg.Input(("batch", 4), name="x")
+      >>> graph = mg.Graph(x, ops.relu(ops.Linear(2, name="fc")(x)))
+      >>> params, state = mg.compile(graph).init(jax.random.key(0))
+      >>> proto = graph.to_onnx(None, params, state)
+      >>> [node.name for node in proto.graph.node]
+      ['/fc/MatMul', '/fc/Add', '/relu/Relu']
+    """
     writer = _Writer(opset)
     onnx = writer.onnx
     inputs = [writer.fresh(name) for name in graph.inputs]
