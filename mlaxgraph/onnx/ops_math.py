@@ -199,10 +199,14 @@ def _extreme(fn, fill):
 
 
 def _lowest(d):
+    if d == jnp.bool_:
+        return False
     return -jnp.inf if _f(d, jnp.floating) else jnp.iinfo(d).min
 
 
 def _highest(d):
+    if d == jnp.bool_:
+        return True
     return jnp.inf if _f(d, jnp.floating) else jnp.iinfo(d).max
 
 

@@ -82,7 +82,7 @@ def _conv_transpose(a, x, w, b=None):
         target = tuple(a["output_shape"])[-nd:]
         totals = [s * (n - 1) + e + (k - 1) * d + 1 - t for n, k, s, d, e, t in
                   zip(spatial, kernel, strides, dilations, extra, target)]
-        upper = a.get("auto_pad", "NOTSET") != "SAME_LOWER"
+        upper = a.get("auto_pad", "NOTSET") == "SAME_UPPER"
         pads = [(t - t // 2, t // 2) if not upper else (t // 2, t - t // 2) for t in totals]
     elif a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
         totals = [s * (n - 1) + e + (k - 1) * d + 1 - n * s for n, k, s, d, e in

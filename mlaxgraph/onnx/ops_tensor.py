@@ -305,3 +305,21 @@ def _tensor_scatter(a, cache, update, indices=None):
         rows = rows % length
     out = moved_cache.at[jnp.arange(batch)[:, None], rows].set(moved_update)
     return jnp.moveaxis(out, 1, axis)
+
+
+@define("MaxUnpool", static=(2,), flops="none")
+def _max_unpool(a, x, indices, output_shape=None):
+    """Scatters ``x`` to the flat positions ``indices`` (MaxPool's second output) of a
+    zero tensor of the size the pooling came from, placed at the start of a tensor of
+    ``output_shape`` when one is given."""
+    nd = x.ndim - 2
+    kernel, strides = a["kernel_shape"], a.get("strides") or (1,) * nd
+    pads = a.get("pads") or (0,) * (2 * nd)
+    inferred = list(x.shape[:2]) + [(n - 1) * s + k - pads[i] - pads[i + nd] for i, (n, k, s)
+                                    in enumerate(zip(x.shape[2:], kernel, strides))]
+    out = jnp.zeros(int(np.prod(inferred)), x.dtype).at[indices.reshape(-1)].set(x.reshape(-1))
+    out = out.reshape(inferred)
+    if output_shape is not None and np.size(output_shape):
+        shape = _ints(output_shape)
+        out = jnp.pad(out, [(0, s - n) for s, n in zip(shape, inferred)])
+    return out
