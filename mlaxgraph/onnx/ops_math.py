@@ -143,7 +143,29 @@ def _clip(a, x, low=None, high=None):
 
 # --- casts ----------------------------------------------------------------------------
 
-def _cast(x, dtype, saturate):
+def _to_e8m0(x, saturate: bool, round_mode: str):
+    """float8_e8m0fnu (a power of two, the exponent alone) from x's float32 bits,
+    rounded ``up`` (ONNX's default), ``down`` or to ``nearest``."""
+    bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    exponent = ((bits >> 23) & 0xFF).astype(jnp.int32)
+    special = exponent == 0xFF
+    if round_mode == "up":
+        bump = (bits & 0x7FFFFF) > 0
+    elif round_mode == "nearest":
+        g, r = (bits & 0x400000) > 0, (bits & 0x200000) > 0
+        bump = g & (r | ((bits & 0x1FFFFF) > 0) | (exponent > 0))
+    else:
+        bump = jnp.zeros(bits.shape, bool)
+    bump = bump & ~special
+    if saturate:
+        bump = bump & (exponent != 0xFE)
+    exponent = jnp.where(special, 0xFF, exponent + bump.astype(jnp.int32))
+    return lax.bitcast_convert_type(exponent.astype(jnp.uint8), jnp.dtype("float8_e8m0fnu"))
+
+
+def _cast(x, dtype, saturate, round_mode="up"):
+    if dtype.name == "float8_e8m0fnu" and _f(x.dtype, jnp.floating):
+        return _to_e8m0(x, bool(saturate), round_mode)
     if jnp.issubdtype(dtype, jnp.integer) and _f(x.dtype, jnp.floating):
         x = jnp.trunc(x)
     bits = jnp.iinfo(dtype).bits if jnp.issubdtype(dtype, jnp.integer) else 0
@@ -159,7 +181,8 @@ def _cast(x, dtype, saturate):
     return x.astype(dtype)
 
 
-define("Cast", flops="none")(lambda a, x: _cast(x, to_dtype(a["to"]), a.get("saturate", 1)))
+define("Cast", flops="none")(lambda a, x: _cast(x, to_dtype(a["to"]), a.get("saturate", 1),
+                                                a.get("round_mode", "up")))
 define("CastLike", flops="none")(lambda a, x, like: _cast(x, like.dtype, a.get("saturate", 1)))
 
 

@@ -60,6 +60,11 @@ def _axis(x, axis: int, n_out: int, scale: float, a, roi: tuple):
     if mode == "nearest":
         taps = _nearest(coord, a.get("nearest_mode", "round_prefer_floor"), scale)[:, None]
         weights = np.ones_like(taps)
+    elif a.get("antialias", 0):
+        taps, weights = _antialias_taps(coord, scale, mode, a.get("cubic_coeff_a", -0.75))
+        if a.get("exclude_outside", 0):
+            weights = np.where((taps < 0) | (taps >= n_in), 0, weights)
+            weights = weights / weights.sum(-1, keepdims=True)
     else:
         base = np.floor(coord)
         r = coord - base
@@ -88,10 +93,28 @@ def _axis(x, axis: int, n_out: int, scale: float, a, roi: tuple):
     return jnp.moveaxis(out.astype(x.dtype), -1, axis)
 
 
+def _antialias_taps(coord, scale: float, mode: str, a: float):
+    """Taps and weights of the filter stretched by ``1 / scale`` when downsampling
+    (the antialiased linear and cubic of ONNX's Resize), normalized to sum 1."""
+    stretch = min(scale, 1.0)
+    whole = coord == np.floor(coord)
+    base = np.where(whole, coord - 1, np.floor(coord))
+    ratio = np.where(whole, 1.0, coord - np.floor(coord))
+    reach = 1 if mode == "linear" else 2
+    start = int(np.floor(-reach / stretch) + 1)
+    offsets = np.arange(start, 2 - start)
+    t = np.abs((offsets[None, :] - ratio[:, None]) * stretch)
+    if mode == "linear":
+        weights = np.clip(1 - t, 0, 1)
+    else:
+        weights = np.where(t <= 1, (a + 2) * t ** 3 - (a + 3) * t ** 2 + 1,
+                           np.where(t < 2, a * t ** 3 - 5 * a * t ** 2 + 8 * a * t - 4 * a, 0.0))
+    weights = weights / weights.sum(-1, keepdims=True)
+    return base[:, None] + offsets[None, :], weights
+
+
 @define("Resize", static=(1, 2, 3))
 def _resize(a, x, roi=None, scales=None, sizes=None):
-    if a.get("antialias", 0):
-        raise ShapeError("Resize with antialias is not implemented", expected="antialias=0")
     axes = a.get("axes")
     axes = list(range(x.ndim)) if axes is None else [v % x.ndim for v in axes]
     if sizes is not None and np.size(sizes):
