@@ -108,6 +108,9 @@ def main(write: bool) -> int:
     passed = sum(r is None for r in results.values())
     print(f"{passed} of {len(results)} node cases pass ({100 * passed / len(results):.1f}%) "
           f"in {seconds:.0f} s")
+    models = model_cases(cases.runner)
+    for kind, (ok, total, why) in models.items():
+        print(f"{kind}: {ok} of {total}", "; ".join(f"{w} ({n})" for w, n in why.most_common(3)))
     if not write:
         return 0
     FAILURES.write_text("# node cases that fail (written by tests/_onnx_suite.py --write)\n" + "".join(
@@ -123,6 +126,11 @@ def main(write: bool) -> int:
     lines = [_BEGIN, "",
              f"{passed} of {len(results)} node cases pass ({100 * passed / len(results):.1f}%), "
              f"onnx {_onnx_version()}, in {seconds:.0f} s on 2 CPU cores.", "",
+             "The model cases shipped in the package (read from its data folder, no "
+             "network): " + "; ".join(
+                 f"{kind} {ok} of {total}" + (f" (the others: {', '.join(w for w, _ in why.most_common(3))})"
+                                              if ok < total else "")
+                 for kind, (ok, total, why) in models.items()) + ".", "",
              "| operator | passed / cases | why the others fail |", "|---|---|---|"]
     for op, (ok, total, why) in sorted(per_op.items()):
         text = "; ".join(f"{w} ({n})" for w, n in why.most_common(2)).replace("|", "\\|")
@@ -133,6 +141,33 @@ def main(write: bool) -> int:
     _, _, tail = rest.partition(_END)
     DOCS.write_text(head + "\n".join(lines) + tail)
     return 0
+
+
+_MODEL_KINDS = {"simple": "OnnxBackendSimpleModelTest",
+                "pytorch-converted": "OnnxBackendPyTorchConvertedModelTest",
+                "pytorch-operator": "OnnxBackendPyTorchOperatorModelTest"}
+
+
+def model_cases(runner) -> dict[str, tuple[int, int, collections.Counter]]:
+    """kind -> (passed, cases, reasons of the failures) for the model cases the onnx
+    package ships with their data (the "real" models need the network: not run)."""
+    out = {}
+    for kind, category in _MODEL_KINDS.items():
+        cls = runner.test_cases[category]
+        names = sorted(m for m in dir(cls) if m.startswith("test_") and m.endswith("_cpu"))
+        ok, why = 0, collections.Counter()
+        for name in names:
+            result = unittest.TestResult()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cls(name).run(result)
+            problems = result.errors + result.failures
+            if problems:
+                why[_short(reason(problems[0][1]))] += 1
+            else:
+                ok += 1
+        out[kind] = (ok, len(names), why)
+    return out
 
 
 def _short(text: str) -> str:

@@ -66,6 +66,8 @@ def _gelu(a, x):
 
 @define("PRelu")
 def _prelu(a, x, slope):
+    if a.opset < 7 and slope.ndim == 1 and x.ndim > 2 and slope.shape[0] == x.shape[1]:
+        slope = slope.reshape((-1,) + (1,) * (x.ndim - 2))  # one slope per channel
     return jnp.where(x < 0, x * slope, x).astype(x.dtype)
 
 
@@ -84,12 +86,22 @@ _BINARY: dict[str, Any] = {
     "And": jnp.logical_and, "Or": jnp.logical_or, "Xor": jnp.logical_xor,
     "BitwiseAnd": jnp.bitwise_and, "BitwiseOr": jnp.bitwise_or, "BitwiseXor": jnp.bitwise_xor,
 }
+def _legacy(a, x, y):
+    """Opsets before 7: with ``broadcast=1``, ``y``'s dims line up with ``x``'s from
+    ``axis`` (by default the trailing ones)."""
+    if a.opset >= 7 or not a.get("broadcast", 0) or y.ndim == 0:
+        return y
+    axis = a.get("axis", x.ndim - y.ndim) % max(x.ndim, 1)
+    return y.reshape(y.shape + (1,) * (x.ndim - axis - y.ndim))
+
+
 for _name, _fn in _BINARY.items():
-    define(_name)(lambda a, x, y, fn=_fn: fn(x, y))
+    define(_name)(lambda a, x, y, fn=_fn: fn(x, _legacy(a, x, y)))
 
 
 @define("Pow")
 def _pow(a, x, y):
+    y = _legacy(a, x, y)
     if _f(x.dtype, jnp.floating) and _f(y.dtype, jnp.floating):
         return jnp.power(x, y.astype(x.dtype))
     if _f(x.dtype, jnp.integer) and _f(y.dtype, jnp.integer):

@@ -29,8 +29,9 @@ from .scopes import nest
 
 __all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
 
-#: The oldest operator set read.
-MIN_OPSET = 7
+#: The oldest operator set read (6: the operators' legacy broadcast attributes are
+#: honoured).
+MIN_OPSET = 6
 #: The operator domains read: ONNX's, and its training domain's optimizers.
 _DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training")
 
