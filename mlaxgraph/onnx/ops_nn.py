@@ -125,16 +125,18 @@ def _pool(a, x, init, op, average=False, p=None):
         return (out ** (1.0 / p)).astype(x.dtype)
     if not average:
         return out
-    if a.get("count_include_pad", 0):
-        # the explicit padding counts, the room ceil_mode adds does not
-        ones = jnp.ones(tuple(n + lo + hi for n, (lo, hi) in zip(x.shape[2:], explicit)), x.dtype)
-        extra = [(0, hi - e_hi) for (_, hi), (_, e_hi) in zip(pads, explicit)]
-        counts = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, kernel, strides,
-                                   extra, window_dilation=dilations)
-    else:
-        counts = lax.reduce_window(jnp.ones(x.shape[2:], x.dtype), jnp.asarray(0, x.dtype),
-                                   lax.add, kernel, strides, pads, window_dilation=dilations)
-    return (out / counts).astype(x.dtype)
+    # the taps each window counts, per dim (a box window's count is their product),
+    # computed now: the shapes are static. With count_include_pad the explicit padding
+    # counts, the room ceil_mode adds does not.
+    include = bool(a.get("count_include_pad", 0))
+    counts = np.ones((), np.float64)
+    for n, (lo, _), (e_lo, e_hi), k, st, d, m in zip(x.shape[2:], pads, explicit, kernel,
+                                                      strides, dilations, out.shape[2:]):
+        first, last = (-e_lo, n + e_hi) if include else (0, n)
+        taps = np.arange(m)[:, None] * st - lo + np.arange(k)[None, :] * d
+        per_dim = ((taps >= first) & (taps < last)).sum(-1)
+        counts = np.multiply.outer(counts, per_dim)
+    return (out / jnp.asarray(counts, out.dtype)).astype(x.dtype)
 
 
 def _ceil_extra(n, low, high, k, s, d):
