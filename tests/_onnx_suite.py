@@ -108,8 +108,8 @@ def main(write: bool) -> int:
     passed = sum(r is None for r in results.values())
     print(f"{passed} of {len(results)} node cases pass ({100 * passed / len(results):.1f}%) "
           f"in {seconds:.0f} s")
-    models = model_cases(cases.runner)
-    for kind, (ok, total, why) in models.items():
+    shipped = model_cases(cases.runner)
+    for kind, (ok, total, why) in shipped.items():
         print(f"{kind}: {ok} of {total}", "; ".join(f"{w} ({n})" for w, n in why.most_common(3)))
     if not write:
         return 0
@@ -130,7 +130,7 @@ def main(write: bool) -> int:
              "network): " + "; ".join(
                  f"{kind} {ok} of {total}" + (f" (the others: {', '.join(w for w, _ in why.most_common(3))})"
                                               if ok < total else "")
-                 for kind, (ok, total, why) in models.items()) + ".", "",
+                 for kind, (ok, total, why) in shipped.items()) + ".", "",
              "| operator | passed / cases | why the others fail |", "|---|---|---|"]
     for op, (ok, total, why) in sorted(per_op.items()):
         text = "; ".join(f"{w} ({n})" for w, n in why.most_common(2)).replace("|", "\\|")
