@@ -51,9 +51,12 @@ test: setup chromium lint
 
 # The soak (not part of `make test`; about 25 minutes on 2 cores): 10,000 random graphs
 # against the reference interpreter, 100,000 mutated files through the loaders, 120
-# saves killed at random points; the figures go to SOAK.md.
+# saves killed at random points; the figures go to SOAK.md. Then ONNX's whole node
+# conformance suite (about 6 minutes): its per-operator table goes to docs/onnx.md and
+# its failing cases to tests/data/onnx_failures.txt.
 soak: setup
 	nice -n 10 $(PY) tests/soak.py --graphs 10000 --files 100000 --kills 120 --workers 2
+	nice -n 10 $(PY) tests/_onnx_suite.py --write
 
 demo: setup
 	$(PY) -m mlaxgraph demo

@@ -21,6 +21,9 @@ Benchmarks:
                         layer graphs (flat and nested) and on GPT-2 small, ``mg.compile``
                         twice on one graph, and ``apply``'s ``capture`` / ``intervene`` per
                         call on a scanned 12-block GPT-2 against plain ``apply``
+  bench_onnx            ResNet-50 and GPT-2 small written by ``to_onnx``, read back by
+                        ``mg.from_onnx``: import, compile and per-call time against
+                        onnxruntime on the same file
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import _common  # noqa: F401  (sys.path and JAX_PLATFORMS)
 import bench_apply_overhead
 import bench_compile_scale
 import bench_deep
+import bench_onnx
 import bench_see_save
 import bench_surgery
 import bench_train
@@ -95,6 +99,8 @@ def main(argv=None) -> int:
                    help="skip the deep-models benchmark (compile time against depth, remat, planner)")
     p.add_argument("--skip-surgery", action="store_true",
                    help="skip the graph surgery and taps benchmark")
+    p.add_argument("--skip-onnx", action="store_true",
+                   help="skip the ONNX models against onnxruntime (needs onnxruntime, the bench extra)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="compile-scale: skip the passes of a size projected to take longer than "
                         "this many seconds (default 60; 'inf' runs all)")
@@ -222,6 +228,14 @@ def main(argv=None) -> int:
         sections.append("## 6. Graph surgery, taps (capture, intervene) and the memoised compile\n\n"
                         + bench_surgery.markdown(res))
         loads.append(f"after surgery: {loadavg()}")
+
+    if not args.skip_onnx:
+        print("== ONNX models against onnxruntime ...", file=sys.stderr, flush=True)
+        table = bench_onnx.run(quick=args.quick)
+        sections.append("## 7. ONNX models: mlaxgraph against onnxruntime\n\n"
+                        + bench_onnx.__doc__.split("\n\n", 1)[1].split("Run alone")[0]
+                        + table + "\n")
+        loads.append(f"after onnx: {loadavg()}")
 
     elapsed = time.perf_counter() - t_start
     header = [

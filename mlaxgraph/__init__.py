@@ -39,6 +39,7 @@ from .io.functions import register_function
 from .io.model_file import load, save
 from .ir import Graph, Input, Node, Sequential, SymbolicTensor, Value
 from .models.peft import lora_from_peft
+from .onnx import from_onnx
 from .render.html import diff_html, show
 
 __all__ = [
@@ -49,5 +50,6 @@ __all__ = [
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
     "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
     "lora", "lora_params", "merge_lora", "lora_from_peft", "quantize", "quantize_weights",
+    "from_onnx",
     "__version__",
 ]

@@ -23,6 +23,7 @@ LAYERS = [
     ("adapters",),
     ("distributed",),
     ("io",),
+    ("onnx",),
     ("analysis",),
     ("render",),
     ("examples", "models"),
@@ -38,6 +39,7 @@ LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
 FACADES = (
     # Graph (ir): its files (io) and its drawings, explorer and summary (render)
     "mlaxgraph.ir.graph:Graph.to_json",
+    "mlaxgraph.ir.graph:Graph.to_onnx",
     "mlaxgraph.ir.graph:Graph.from_json",
     "mlaxgraph.ir.graph:Graph.to_dot",
     "mlaxgraph.ir.graph:Graph.render",
@@ -53,6 +55,7 @@ FACADES = (
     "mlaxgraph.compiler.compile:CompiledModel.cost_table",
     "mlaxgraph.compiler.compile:CompiledModel.hlo_by_layer",
     "mlaxgraph.compiler.compile:CompiledModel.save_hlo",
+    "mlaxgraph.compiler.compile:CompiledModel.to_onnx",
     "mlaxgraph.compiler.compile:CompiledModel.summary",
     "mlaxgraph.compiler.compile:CompiledModel.to_dot",  # through Graph.to_dot
     "mlaxgraph.compiler.compile:CompiledModel.render",  # through Graph.render

@@ -204,8 +204,8 @@ def add_commands(commands) -> None:
     """Adds the inspection subcommands to an ``add_subparsers`` object."""
     model = argparse.ArgumentParser(add_help=False)
     model.add_argument("model", metavar="MODEL",
-                       help="a .mlg file (mg.save), a .json graph (Graph.to_json) or "
-                            "module:function returning an mg.Graph")
+                       help="a .mlg file (mg.save), a .json graph (Graph.to_json), an "
+                            ".onnx model or module:function returning an mg.Graph")
     model.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                        help="on an error, print all of its message and the traceback")
     policy = argparse.ArgumentParser(add_help=False)

@@ -1,6 +1,7 @@
 """The model a command-line argument names: a saved graph file (``.mlg`` from
-``mg.save``, ``.json`` from ``Graph.to_json``) or ``module:function`` (a module path or
-a ``file.py``) returning a ``Graph``."""
+``mg.save``, ``.json`` from ``Graph.to_json``), an ONNX model (``.onnx``, read by
+``mg.from_onnx``) or ``module:function`` (a module path or a ``file.py``) returning a
+``Graph``."""
 
 from __future__ import annotations
 
@@ -51,8 +52,13 @@ def load_model(spec: str) -> LoadedModel:
         if suffix in (".mlg", ".safetensors"):
             graph, params, state = load(path)
             return LoadedModel(graph, params, state, spec)
+        if suffix == ".onnx":
+            from ..onnx.reader import from_onnx
+
+            graph, params, state = from_onnx(path)
+            return LoadedModel(graph, params, state, spec)
         raise UsageError(f"cannot tell what {spec} is: give a .mlg file (mg.save), a .json "
-                         f"graph (Graph.to_json) or module:function")
+                         f"graph (Graph.to_json), an .onnx model or module:function")
     module_name, colon, attribute = spec.rpartition(":")
     if not colon or not module_name or not attribute:
         raise UsageError(f"no such file: {spec} (give a .mlg or .json file, or module:function)")

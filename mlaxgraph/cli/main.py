@@ -25,8 +25,8 @@ EPILOG = """examples:
                                  summary, SVG, explorer page, cost table, a block's HLO
   mlaxgraph demo --model gpt2 --weights gpt2/model.safetensors
 """ + EXAMPLES + """
-MODEL is a .mlg file (mg.save), a .json graph (Graph.to_json) or module:function
-returning an mg.Graph. Exit status: 0 done, 1 an error in the model, 2 a wrong
+MODEL is a .mlg file (mg.save), a .json graph (Graph.to_json), an .onnx model or
+module:function returning an mg.Graph. Exit status: 0 done, 1 an error in the model, 2 a wrong
 argument or a missing file. `mlaxgraph COMMAND --help` describes each command.
 """
 

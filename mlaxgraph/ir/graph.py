@@ -346,20 +346,22 @@ class Graph:
     def to_json(self, indent: int | None = None) -> str:
         """The graph as JSON text in the documented, versioned schema (docs/file_format.md)."""
         from ..io.json_format import graph_to_json
-
         return graph_to_json(self, indent=indent)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Graph:
         """A graph from ``to_json`` text; ops are looked up by name, no code runs."""
         from ..io.json_format import graph_from_json
-
         return graph_from_json(text)
+
+    def to_onnx(self, path: Any, params: Any = None, state: Any = None, *, opset: int = 21):
+        """The graph and its weights written as ONNX to ``path`` (``mlaxgraph.onnx.writer``)."""
+        from ..onnx.writer import to_onnx
+        return to_onnx(self, path, params, state, opset=opset)
 
     def to_dot(self, **options: Any) -> str:
         """DOT text for Graphviz (no dependency); options as ``render``."""
         from ..render.dot import graph_to_dot
-
         return graph_to_dot(self, **options)
 
     def render(self, path: Any, format: str | None = None, **options: Any):
@@ -372,7 +374,6 @@ class Graph:
     def to_networkx(self):
         """The graph as a ``networkx.MultiDiGraph``."""
         from ..render.networkx import graph_to_networkx
-
         return graph_to_networkx(self)
 
     @classmethod

@@ -1,0 +1,247 @@
+"""The ``onnx`` op family: one layer class per ONNX operator (``onnx.Add``,
+``onnx.Reshape``, ...), all driven by one table of definitions (``OpDef``).
+
+A definition holds the operator's computation, written with ``jax.numpy`` and
+``jax.lax`` as ``fn(attrs, *inputs)``, the input positions that must be known when
+the graph is built (a ``Reshape``'s shape: ``static``), the dtypes its first input
+may have and its FLOP rule. From the one function the layer gets its shape and dtype
+inference (``jax.eval_shape``, symbolic dims kept), its ``apply`` and the importer its
+constant folding. Hyperparameters are the node's attributes and its static inputs,
+as hashable tuples, so graphs holding these layers save and load like any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core.errors import DTypeError, MlaxGraphError, ShapeError
+from ..core.registry import register
+from ..core.specs import TensorSpec
+from ..ops.base import Layer
+from ..ops.flops import size
+
+__all__ = ["OpDef", "Attrs", "OnnxOp", "Constant", "TABLE", "define", "op_class",
+           "encode_array", "decode_array", "ONNX_OPS"]
+
+
+class Attrs:
+    """A node's attributes, read by name: ``a.get("axis", 0)``, ``a["perm"]``; ``a.opset``
+    the opset the model was written for, ``a.outputs`` how many outputs it asked for."""
+
+    def __init__(self, items: Mapping[str, Any], opset: int, outputs: int):
+        self._items = dict(items)
+        self.opset = opset
+        self.outputs = outputs
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = self._items.get(name, default)
+        if isinstance(value, tuple) and len(value) == 4 and value[0] == "tensor":
+            return decode_array(value)
+        return value
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._items:
+            raise ShapeError(f"the attribute {name!r} is required", expected=f"attribute {name}")
+        return self.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDef:
+    """One ONNX operator: ``fn(attrs, *inputs) -> array or tuple`` (absent optional
+    inputs are None, static ones numpy arrays); ``static`` the input positions that
+    must be constants; ``dtypes`` what its first input may be ("any", "float",
+    "numeric", "int", "bool"); ``flops`` "elementwise" (one per output element),
+    "input" (one per input element), "none", or ``fn(inputs, outputs) -> int``."""
+
+    fn: Callable[..., Any]
+    static: tuple[int, ...] = ()
+    dtypes: str = "any"
+    flops: Any = "elementwise"
+    random: bool = False
+
+
+#: ONNX operator name -> its definition.
+TABLE: dict[str, OpDef] = {}
+
+_KINDS = {
+    "float": lambda d: jnp.issubdtype(d, jnp.floating),
+    "numeric": lambda d: jnp.issubdtype(d, jnp.number),
+    "int": lambda d: jnp.issubdtype(d, jnp.integer),
+    "bool": lambda d: d == np.bool_,
+    "any": lambda d: True,
+}
+
+
+def define(*names: str, **kwargs: Any) -> Callable[[Callable], Callable]:
+    """Adds ``fn`` to the table under each of ``names`` (a decorator)."""
+
+    def add(fn: Callable) -> Callable:
+        for name in names:
+            TABLE[name] = OpDef(fn, **kwargs)
+            op_class(name)
+        return fn
+
+    return add
+
+
+def encode_array(value: Any) -> tuple:
+    """An array as a hashable hyperparameter: ``("tensor", dtype, shape, values)``."""
+    array = np.asarray(value)
+    flat = array.reshape(-1)
+    if array.dtype.kind == "f" or array.dtype.name == "bfloat16":
+        values: tuple = tuple(float(v) for v in flat.astype(np.float64))
+    elif array.dtype.kind == "c":
+        values = tuple(complex(v) for v in flat)
+    elif array.dtype.kind == "b":
+        values = tuple(bool(v) for v in flat)
+    elif array.dtype.kind in "iu":
+        values = tuple(int(v) for v in flat)
+    else:
+        values = tuple(str(v) for v in flat)
+    return ("tensor", array.dtype.name, tuple(int(d) for d in array.shape), values)
+
+
+def decode_array(encoded: tuple) -> np.ndarray:
+    _, dtype, shape, values = encoded
+    dtype = jnp.dtype(dtype)
+    return np.asarray(values, dtype=np.float64 if dtype.name == "bfloat16" else None) \
+        .astype(dtype).reshape(shape) if values else np.zeros(shape, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class OnnxOp(Layer):
+    """An ONNX operator as a layer (one subclass per operator, ``onnx.<Op>``).
+
+    ``attributes``: the node's attributes, ``(name, value)`` pairs; ``static``: its
+    constant inputs, ``(position, encoded array)``; ``present``: which of its ONNX
+    inputs are given (omitted optional inputs are False); ``outputs``: how many
+    outputs the node has; ``opset``: the operator set the model was written for.
+    The layer's tensor inputs are the given inputs that are not static, in order.
+    """
+
+    attributes: tuple = ()
+    static: tuple = ()
+    present: tuple = ()
+    outputs: int = 1
+    opset: int = 21
+
+    onnx_type = ""
+
+    @property
+    def default_name(self) -> str:
+        return self.onnx_type.lower() or "onnx"
+
+    def definition(self) -> OpDef:
+        return TABLE[self.onnx_type]
+
+    def uses_rng(self) -> bool:
+        return self.definition().random
+
+    def _args(self, tensors: Sequence[Any]) -> list:
+        statics = {position: decode_array(value) for position, value in self.static}
+        present = self.present or (True,) * (len(tensors) + len(statics))
+        args: list[Any] = []
+        it = iter(tensors)
+        for position, given in enumerate(present):
+            if not given:
+                args.append(None)
+            elif position in statics:
+                args.append(statics[position])
+            else:
+                args.append(next(it))
+        while args and args[-1] is None:
+            args.pop()
+        return args
+
+    def compute(self, tensors: Sequence[Any], rng: Any = None) -> tuple:
+        attrs = Attrs(dict(self.attributes), self.opset, self.outputs)
+        if self.definition().random:
+            attrs._items["__rng__"] = rng
+        # ONNX's operators say their own types; inside them numpy's promotion holds,
+        # whatever the user's jax_numpy_dtype_promotion
+        with jax.numpy_dtype_promotion("standard"):
+            out = self.definition().fn(attrs, *self._args(tensors))
+        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return outs[:self.outputs]
+
+    def infer(self, inputs):
+        kind = self.definition().dtypes
+        if inputs and not _KINDS[kind](inputs[0].dtype):
+            raise DTypeError(f"{self.onnx_type} does not take {inputs[0].dtype}",
+                             expected=f"a {kind} dtype")
+        rng = jax.eval_shape(jax.random.key, 0) if self.definition().random else None
+        try:
+            out = jax.eval_shape(lambda xs, key: self.compute(xs, key),
+                                 [s.to_jax() for s in inputs], rng)
+        except MlaxGraphError:
+            raise
+        except Exception as e:  # the computation refused the shapes or dtypes
+            raise ShapeError(f"{self.onnx_type} cannot take these inputs: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                             expected="inputs as the ONNX operator's specification says") from None
+        return tuple(TensorSpec.from_jax(o) for o in out)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        return self.compute(inputs, None if inference_mode else rng), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        rule = self.definition().flops
+        if rule == "elementwise":
+            return sum(size(o) for o in outputs)
+        if rule == "input":
+            return sum(size(i) for i in inputs)
+        if rule == "none":
+            return 0
+        return rule(inputs, outputs, Attrs(dict(self.attributes), self.opset, self.outputs))
+
+
+_CLASSES: dict[str, type[OnnxOp]] = {}
+
+
+def op_class(onnx_type: str) -> type[OnnxOp]:
+    """The layer class of an ONNX operator (``onnx.<Op>``), made once."""
+    cls = _CLASSES.get(onnx_type)
+    if cls is None:
+        cls = type(f"Onnx{onnx_type}", (OnnxOp,), {"onnx_type": onnx_type,
+                                                    "__qualname__": f"Onnx{onnx_type}",
+                                                    "__module__": __name__})
+        cls = register(f"onnx.{onnx_type}")(dataclasses.dataclass(frozen=True)(cls))
+        _CLASSES[onnx_type] = cls
+    return cls
+
+
+@register("onnx.constant")
+@dataclasses.dataclass(frozen=True)
+class Constant(Layer):
+    """A constant tensor held in the graph (an ONNX ``Constant`` or a non-float
+    initializer): ``value`` is ``("tensor", dtype, shape, values)``. It takes no input."""
+
+    value: tuple = ()
+
+    @property
+    def default_name(self) -> str:
+        return "constant"
+
+    def infer(self, inputs):
+        _, dtype, shape, _ = self.value
+        return (TensorSpec(tuple(shape), np.dtype(jnp.dtype(dtype))),)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        return (jnp.asarray(decode_array(self.value)),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return 0
+
+
+def ONNX_OPS() -> list[str]:
+    """The ONNX operators the family implements, sorted."""
+    return sorted(TABLE)

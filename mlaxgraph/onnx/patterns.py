@@ -1,0 +1,163 @@
+"""The patterns ``from_onnx`` reads as mlaxgraph's own layers, so summaries, FLOPs and
+``hlo_by_layer`` read as for a model built here:
+
+- ``MatMul`` by a constant 2-D weight, and the ``Add`` of a constant bias that alone
+  reads it -> ``Linear`` (``kernel``, ``bias``); ``Gemm`` with a constant ``B``
+  (alpha = beta = 1, ``transA`` = 0) -> ``Linear``;
+- ``Conv`` with a constant weight (and bias) -> ``Conv`` (channel-first, OIHW kernel);
+- ``LayerNormalization`` over the last axis with a constant scale (and bias) ->
+  ``LayerNorm``;
+- ``BatchNormalization`` in inference form with constant statistics -> ``BatchNorm``
+  (``scale``, ``bias``; state ``mean``, ``var``).
+
+Each rule takes a node (and what the reader knows) and returns the layer's outputs,
+or None when the node does not match.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..ops.conv import Conv
+from ..ops.linear import Linear
+from ..ops.normalization import BatchNorm, LayerNorm
+
+__all__ = ["match"]
+
+
+def _weight(reader: Any, name: str, rank: int | None = None) -> np.ndarray | None:
+    from .reader import _Weight
+
+    value = reader.values.get(name) if name else None
+    if not isinstance(value, _Weight) or value.array.dtype.kind != "f":
+        return None
+    if rank is not None and value.array.ndim != rank:
+        return None
+    return value.array
+
+
+def _layer_name(reader: Any, node: Any, fallback: str) -> str:
+    """The node's scope (``/encoder/fc/MatMul`` -> ``encoder.fc``) as the layer's name;
+    nested, the layer is ``fc`` in the block ``encoder``."""
+    from .reader import _safe_name, _text, scope_of
+
+    scope_text = _text(node.name).strip("/").rpartition("/")[0]
+    name = _safe_name(scope_text or _text(node.name), reader.used, fallback)
+    scope, _ = scope_of(node.name)
+    if scope:
+        reader.places[name] = (scope[:-1], scope[-1])
+    return name
+
+
+def _store(reader: Any, name: str, params: dict, state: dict | None = None) -> None:
+    reader.params[name] = {k: jnp.asarray(v) for k, v in params.items()}
+    if state:
+        reader.state[name] = {k: jnp.asarray(v) for k, v in state.items()}
+
+
+def _linear(reader, node, attrs):
+    if node.op_type == "Gemm":
+        if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or attrs.get("transA", 0):
+            return None
+        kernel = _weight(reader, node.input[1], 2)
+        if kernel is None:
+            return None
+        kernel = kernel.T if attrs.get("transB", 0) else kernel
+        bias = _weight(reader, node.input[2], 1) if len(node.input) > 2 else None
+        if len(node.input) > 2 and node.input[2] and (bias is None or bias.shape != kernel.shape[1:]):
+            return None
+        outputs, last = node.output, node
+    else:
+        kernel = _weight(reader, node.input[1], 2)
+        if kernel is None:
+            return None
+        bias, last = None, node
+        users = reader.consumers.get(node.output[0], [])
+        if len(users) == 1 and users[0].op_type == "Add" and node.output[0] not in reader.outputs:
+            add = users[0]
+            other = add.input[1] if add.input[0] == node.output[0] else add.input[0]
+            candidate = _weight(reader, other, 1)
+            if candidate is not None and candidate.shape == kernel.shape[1:]:
+                bias, last = candidate, add
+                reader.done.add(id(add))
+        outputs = last.output
+    x = reader.values[node.input[0]]
+    if isinstance(x, np.ndarray) or not hasattr(x, "shape") or not x.shape or \
+            x.shape[-1] != kernel.shape[0]:
+        return None
+    name = _layer_name(reader, node, "linear")
+    layer = Linear(int(kernel.shape[1]), use_bias=bias is not None, name=name)
+    _store(reader, name, {"kernel": kernel, **({"bias": bias} if bias is not None else {})})
+    return outputs, (layer(reader.tensor(node.input[0])),)
+
+
+def _conv(reader, node, attrs):
+    kernel = _weight(reader, node.input[1])
+    bias = _weight(reader, node.input[2], 1) if len(node.input) > 2 and node.input[2] else None
+    if kernel is None or kernel.ndim not in (3, 4, 5) or (len(node.input) > 2 and node.input[2]
+                                                          and bias is None):
+        return None
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto not in ("NOTSET", "VALID", "SAME_UPPER"):
+        return None
+    nd = kernel.ndim - 2
+    pads = attrs.get("pads") or (0,) * (2 * nd)
+    padding: Any = "SAME" if auto == "SAME_UPPER" else tuple(
+        (int(pads[i]), int(pads[i + nd])) for i in range(nd))
+    name = _layer_name(reader, node, "conv")
+    layer = Conv(int(kernel.shape[0]), tuple(int(k) for k in kernel.shape[2:]),
+                 strides=tuple(attrs.get("strides") or (1,) * nd),
+                 padding=padding,
+                 dilation=tuple(attrs.get("dilations") or (1,) * nd),
+                 groups=int(attrs.get("group", 1)), use_bias=bias is not None,
+                 data_format="NCHW", precision="highest", name=name)
+    _store(reader, name, {"kernel": kernel, **({"bias": bias} if bias is not None else {})})
+    return node.output, (layer(reader.tensor(node.input[0])),)
+
+
+def _layer_norm(reader, node, attrs):
+    if len(node.output) > 1 and any(node.output[1:]):
+        return None
+    x = reader.values[node.input[0]]
+    scale = _weight(reader, node.input[1], 1)
+    bias = _weight(reader, node.input[2], 1) if len(node.input) > 2 and node.input[2] else None
+    if scale is None or not hasattr(x, "shape") or attrs.get("axis", -1) not in (-1, len(x.shape) - 1):
+        return None
+    name = _layer_name(reader, node, "layer_norm")
+    layer = LayerNorm(epsilon=float(attrs.get("epsilon", 1e-5)), use_bias=bias is not None,
+                      name=name)
+    _store(reader, name, {"scale": scale, **({"bias": bias} if bias is not None else {})})
+    return node.output[:1], (layer(reader.tensor(node.input[0])),)
+
+
+def _batch_norm(reader, node, attrs):
+    if len(node.output) > 1 or attrs.get("training_mode", 0):
+        return None
+    weights = [_weight(reader, name, 1) for name in node.input[1:5]]
+    if len(weights) != 4 or any(w is None for w in weights):
+        return None
+    scale, bias, mean, var = weights
+    name = _layer_name(reader, node, "batch_norm")
+    layer = BatchNorm(momentum=float(attrs.get("momentum", 0.9)),
+                      epsilon=float(attrs.get("epsilon", 1e-5)), axis=1, name=name)
+    _store(reader, name, {"scale": scale, "bias": bias}, {"mean": mean, "var": var})
+    return node.output, (layer(reader.tensor(node.input[0])),)
+
+
+_ARITY = {"MatMul": 2, "Gemm": 2, "Conv": 2, "LayerNormalization": 2, "BatchNormalization": 5}
+_RULES = {"MatMul": _linear, "Gemm": _linear, "Conv": _conv,
+          "LayerNormalization": _layer_norm, "BatchNormalization": _batch_norm}
+
+
+def match(reader: Any, node: Any, attrs: dict) -> tuple | None:
+    """``(output names, output tensors)`` when ``node`` is read as a layer of ours."""
+    rule = _RULES.get(node.op_type)
+    if rule is None or not reader.layers or not node.output or \
+            len(node.input) < _ARITY[node.op_type]:
+        return None
+    if not all(v in reader.values for v in node.input if v):
+        return None
+    return rule(reader, node, attrs)

@@ -1,0 +1,372 @@
+"""``mg.from_onnx``: an ONNX model as a typed mlaxgraph graph, its weights as params.
+
+The nodes are walked in dependency order. Each value is either a tensor of the graph
+being built or a constant known now (a ``Constant`` node, an initializer, or the
+result of a node whose inputs are all constants, folded when the graph is built: the
+shape arithmetic exporters write around ``Shape`` nodes disappears this way). Float
+initializers become weights (``params``); other constants used as tensors become
+``onnx.constant`` layers. Every other node becomes a layer of the ``onnx`` family.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..core.errors import GraphError, MlaxGraphError, SerializationError, ShapeError
+from ..core.specs import as_dim
+from ..ir.graph import Graph, Input
+from ..ops.param import Param
+from .dtypes import canonical, to_dtype
+from .layer import TABLE, Constant, encode_array, op_class
+from .patterns import match
+from .protos import attribute_value, load_model, require_onnx, tensor_to_array
+from .scopes import nest
+
+__all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
+
+#: The oldest operator set read (6: the operators' legacy broadcast attributes are
+#: honoured).
+MIN_OPSET = 6
+#: The operator domains read: ONNX's, and its training domain's optimizers.
+_DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training")
+
+
+class _Weight:
+    """A float initializer: a weight when used as a tensor, a value when static."""
+
+    def __init__(self, name: str, array: np.ndarray):
+        self.name, self.array = name, array
+
+
+def _text(value: Any) -> str:
+    """A string field of the proto (protobuf hands back bytes for invalid UTF-8)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _safe_name(raw: str, used: set[str], fallback: str) -> str:
+    raw = _text(raw)
+    name = re.sub(r"[/#]", ".", raw.strip("/")) or fallback
+    name = re.sub(r"\s", "_", name)[:200]
+    base, n = name, 1
+    while name in used:
+        name, n = f"{base}_{n}", n + 1
+    used.add(name)
+    return name
+
+
+def scope_of(raw: Any) -> tuple[tuple[str, ...], str]:
+    """An exporter's node name as (scope path, last part): ``/layer1/conv1/Conv`` ->
+    ``(("layer1", "conv1"), "Conv")``; each part a valid layer name."""
+    parts = [re.sub(r"[#\s]", "_", p)[:100] for p in _text(raw).split("/") if p]
+    if len(parts) < 2:
+        return (), ""
+    return tuple(parts[:-1]), parts[-1]
+
+
+def static_inputs(model: Any) -> set[str]:
+    """The names of the values that must be constants when the graph is built: those
+    at the static input positions of the operators (a ``Reshape``'s shape) and,
+    through the nodes computing them, the values they are computed from (a ``Shape``
+    needs only its input's shape, known when the graph is built)."""
+    needed: set[str] = set()
+    for node in reversed(list(model.graph.node)):
+        op = TABLE.get(node.op_type)
+        if node.op_type not in ("Shape", "Size") and any(out in needed for out in node.output):
+            needed.update(i for i in node.input if i)
+        if op is not None:
+            needed.update(node.input[p] for p in op.static if p < len(node.input) and node.input[p])
+    return needed
+
+
+def _opset(model: Any) -> int:
+    onnx = require_onnx()
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    newest = onnx.defs.onnx_opset_version()
+    if not versions:
+        if any(o.domain in _DOMAINS for o in model.opset_import):
+            return newest  # a model of the training domain alone
+        raise SerializationError("the model imports no version of the ONNX operator set")
+    version = int(versions[0])
+    if not MIN_OPSET <= version <= newest:
+        raise SerializationError(f"the model's ONNX operator set is {version}; mlaxgraph "
+                                 f"reads {MIN_OPSET} to {newest}")
+    return version
+
+
+def _input_shape(value: Any, dims: Mapping[str, int]) -> tuple:
+    kind = value.type.WhichOneof("value")
+    if kind != "tensor_type":
+        raise SerializationError(f"graph input {value.name!r} is a {kind or 'value without type'}"
+                                 f"; mlaxgraph reads tensors")
+    shape = []
+    for i, d in enumerate(value.type.tensor_type.shape.dim):
+        if d.HasField("dim_value"):
+            shape.append(int(d.dim_value))
+        else:
+            name = d.dim_param if d.HasField("dim_param") else f"{value.name}_{i}"
+            name = re.sub(r"\W", "_", name) or f"d{i}"
+            name = name if not name[0].isdigit() else f"d_{name}"
+            shape.append(int(dims[name]) if name in dims else as_dim(name))
+    return tuple(shape)
+
+
+def _toposort(nodes: list, known: set[str]) -> list:
+    producers = {out: i for i, n in enumerate(nodes) for out in n.output if out}
+    order, state = [], [0] * len(nodes)
+    for start in range(len(nodes)):
+        stack = [(start, 0)]
+        while stack:
+            i, k = stack.pop()
+            if k == 0:
+                if state[i] == 2:
+                    continue
+                if state[i] == 1:
+                    raise GraphError(f"the ONNX graph has a cycle through node "
+                                     f"{nodes[i].name or nodes[i].op_type!r} ({nodes[i].op_type})")
+                state[i] = 1
+            deps = [producers[v] for v in nodes[i].input if v in producers and v not in known]
+            if k < len(deps):
+                stack.append((i, k + 1))
+                if state[deps[k]] != 2:
+                    if state[deps[k]] == 1:
+                        raise GraphError(f"the ONNX graph has a cycle through node "
+                                         f"{nodes[i].name or nodes[i].op_type!r} "
+                                         f"({nodes[i].op_type})")
+                    stack.append((deps[k], 0))
+                continue
+            state[i] = 2
+            order.append(nodes[i])
+    return order
+
+
+class _Reader:
+    def __init__(self, model: Any, folder: str | None, dims: Mapping[str, int], layers: bool):
+        self.model, self.folder, self.dims, self.layers = model, folder, dict(dims), layers
+        self.state: dict[str, Any] = {}
+        self.symbolic: list[str] = []
+        #: layer name -> (scope path, name within it), for nesting (scopes.nest)
+        self.places: dict[str, tuple[tuple[str, ...], str]] = {}
+        self.done: set[int] = set()
+        self.consumers: dict[str, list] = {}
+        self.outputs = {v.name for v in model.graph.output}
+        for n in model.graph.node:
+            for v in n.input:
+                self.consumers.setdefault(v, []).append(n)
+        self.opset = _opset(model)
+        self.values: dict[str, Any] = {}
+        self.params: dict[str, Any] = {}
+        self.used: set[str] = set()
+        self.materialized: dict[str, Any] = {}
+
+    def read(self) -> tuple[Graph, dict, dict]:
+        g = self.model.graph
+        for t in g.initializer:
+            array = tensor_to_array(t, self.folder)
+            if array.dtype.kind == "f" and array.size > 0:
+                self.values[t.name] = _Weight(t.name, array)
+            else:
+                self.values[t.name] = array
+        inputs = []
+        for value in g.input:
+            if value.name in self.values:
+                continue  # an initializer listed as an input (IR version < 4)
+            code = value.type.tensor_type.elem_type
+            spec_dtype = canonical(to_dtype(code))
+            name = _safe_name(value.name, self.used, "input")
+            x = Input(_input_shape(value, self.dims), spec_dtype, name=name)
+            self.symbolic += [str(d) for d in x.shape
+                              if not isinstance(d, int) and str(d) not in self.symbolic]
+            self.values[value.name] = x
+            inputs.append(x)
+        for node in _toposort(list(g.node), set(self.values)):
+            self.node(node)
+        outputs = []
+        for value in g.output:
+            if value.name not in self.values:
+                raise GraphError(f"graph output {value.name!r} is computed by no node")
+            outputs.append(self.tensor(value.name))
+        name = _safe_name(g.name or "onnx", set(), "onnx")
+        return Graph(inputs=inputs, outputs=outputs, name=name), self.params, self.state
+
+    def tensor(self, name: str) -> Any:
+        """The value as a tensor of the graph: constants become layers, once."""
+        value = self.values[name]
+        if not isinstance(value, (_Weight, np.ndarray)):
+            return value
+        if name in self.materialized:
+            return self.materialized[name]
+        layer_name = _safe_name(name, self.used, "constant")
+        layer: Param | Constant
+        if isinstance(value, _Weight):
+            array = value.array
+            layer = Param(array.shape, dtype=canonical(array.dtype), name=layer_name)
+            self.params[layer_name] = {"value": jax.numpy.asarray(array.astype(
+                canonical(array.dtype)))}
+        else:
+            array = np.asarray(value)
+            if array.dtype != canonical(array.dtype):
+                array = array.astype(canonical(array.dtype))
+            layer = Constant(encode_array(array), name=layer_name)
+        out = layer()
+        self.materialized[name] = out
+        return out
+
+    def node(self, node: Any) -> None:
+        if id(node) in self.done:
+            return
+        where = f"node {_text(node.name) or '(unnamed)'!r} ({_text(node.op_type)})"
+        for v in node.input:
+            if v and v not in self.values:
+                raise GraphError(f"{where} reads {v!r}, which no node, input or initializer "
+                                 f"provides")
+        if node.domain not in _DOMAINS:
+            raise GraphError(f"{where}: operators of the domain {node.domain!r} are not "
+                             f"supported")
+        if not any(node.output):
+            raise GraphError(f"{where} has no outputs")
+        attrs = {a.name: attribute_value(a, self.folder, node.name) for a in node.attribute}
+        if node.op_type == "Constant":
+            self.values[node.output[0]] = self.constant(attrs, where)
+            return
+        matched = match(self, node, attrs)
+        if matched is not None:
+            for out_name, out in zip(*matched):
+                if out_name:
+                    self.values[out_name] = out
+            return
+        if node.op_type not in TABLE:
+            raise GraphError(f"{where}: the ONNX operator {node.op_type} is not supported; "
+                             f"supported: {', '.join(sorted(TABLE))}")
+        op = TABLE[node.op_type]
+        present = tuple(bool(v) for v in node.input)
+        args = [self.values[v] if v else None for v in node.input]
+        statics, tensors = [], []
+        for position, (v, value) in enumerate(zip(node.input, args)):
+            if not v:
+                continue
+            if position in op.static:
+                if not isinstance(value, (np.ndarray, _Weight)):
+                    raise ShapeError(f"{where}: input {position} ({v!r}) must be known when the "
+                                     f"graph is built (it sets a shape or an index), but it is "
+                                     f"computed from the graph's inputs; bind the symbolic "
+                                     f"dims ({', '.join(self.symbolic) or 'none'}) with "
+                                     f"from_onnx(..., dims={{name: size}})")
+                array = value.array if isinstance(value, _Weight) else value
+                statics.append((position, encode_array(array)))
+            else:
+                tensors.append(v)
+        n_out = len(node.output)
+        folded = self.fold_shape(node.op_type, attrs, tensors)
+        if folded is not None:
+            self.values[node.output[0]] = folded
+            return
+        layer_cls = op_class(node.op_type)
+        constant = all(isinstance(self.values[v], np.ndarray) for v in tensors) and not op.random
+        name = _safe_name(node.name, self.used, node.op_type.lower())
+        try:
+            layer = layer_cls(attributes=tuple(sorted(attrs.items())), static=tuple(statics),
+                              present=present, outputs=n_out, opset=self.opset, name=name)
+            if constant:
+                outs = layer.compute([np.asarray(self.values[v]) for v in tensors])
+                outs = tuple(np.asarray(o) for o in outs)
+            else:
+                result = layer(*[self.tensor(v) for v in tensors])
+                outs = result if isinstance(result, tuple) else (result,)
+                scope, last = scope_of(node.name)
+                if scope:
+                    self.places[name] = (scope, last)
+        except MlaxGraphError:
+            raise
+        except Exception as e:  # the computation refused the constants it was given
+            raise ShapeError(f"{where}: {type(e).__name__}: "
+                             f"{(str(e).splitlines() or [''])[0][:300]}") from None
+        if len(outs) < len([o for o in node.output if o]):
+            raise GraphError(f"{where} names {n_out} outputs; the operator gives {len(outs)}")
+        for out_name, out in zip(node.output, outs):
+            if out_name:
+                self.values[out_name] = out
+
+    def fold_shape(self, op_type: str, attrs: dict, tensors: list[str]) -> np.ndarray | None:
+        """``Shape`` and ``Size`` of a tensor whose shape is static, as constants."""
+        if op_type not in ("Shape", "Size") or len(tensors) != 1:
+            return None
+        value = self.values[tensors[0]]
+        shape = tuple(np.shape(value)) if isinstance(value, np.ndarray) else (
+            value.array.shape if isinstance(value, _Weight) else tuple(value.shape))
+        if not all(isinstance(d, (int, np.integer)) for d in shape):
+            return None
+        if op_type == "Size":
+            return np.asarray(int(np.prod(shape, dtype=np.int64)), np.int64)
+        return np.asarray(shape[slice(attrs.get("start", 0), attrs.get("end"))], np.int64)
+
+    def constant(self, attrs: dict, where: str) -> np.ndarray:
+        for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                           ("value_int", np.int64), ("value_ints", np.int64)):
+            if key in attrs:
+                return np.asarray(attrs[key], dtype)
+        if "value" in attrs:
+            from .layer import decode_array
+            return decode_array(attrs["value"])
+        raise GraphError(f"{where} holds no value this reader takes (value, value_float(s), "
+                         f"value_int(s))")
+
+
+def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
+              layers: bool = True, blocks: bool = True) -> tuple[Graph, dict, dict]:
+    """An ONNX model as ``(graph, params, state)``.
+
+    Args:
+      source: a path to a ``.onnx`` file (its external data is read from its folder,
+        and only from there), its bytes, or an ``onnx.ModelProto``.
+      dims: sizes for the model's symbolic dims (``dim_param``), by name; dims left
+        out stay symbolic. A node whose shape argument depends on a symbolic dim
+        (a ``Reshape`` to a computed shape) needs it bound here.
+      layers: read the recognisable patterns as mlaxgraph's layers (MatMul + Add of
+        constant weights as ``Linear``, ``Conv``, ``LayerNorm``, ``BatchNorm``:
+        ``mlaxgraph.onnx.patterns``); False keeps every node an ``onnx`` family op.
+      blocks: group the nodes into nested blocks by the scopes of their names
+        (``/layer1/layer1.0/conv1/Conv``: ``mlaxgraph.onnx.scopes``); False keeps the
+        graph flat, each layer named by its whole path (``layer1.layer1.0.conv1``).
+
+    Returns:
+      The typed graph, its weights (``params[layer]["value"]`` for each float
+      initializer a node reads, ``params[layer]["kernel"]`` ... for the layers the
+      patterns made) and its state (a ``BatchNorm``'s statistics). A ``BatchNorm``
+      computes as ONNX's inference form with ``apply(..., inference_mode=True)``.
+
+    Raises:
+      mg.SerializationError: the file is not a valid ONNX model or its data is
+        damaged; mg.GraphError: an unsupported operator, a cycle, a missing value;
+        mg.ShapeError / mg.DTypeError: a node that cannot take its inputs.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from onnx import TensorProto, helper
+      >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+      >>> y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+      >>> relu = helper.make_node("Relu", ["x"], ["y"], name="/act/Relu")
+      >>> graph, params, state = mg.from_onnx(helper.make_model(
+      ...     helper.make_graph([relu], "g", [x], [y])))
+      >>> graph.output_specs
+      (f32[batch,4],)
+    """
+    model, folder = load_model(source)
+    try:
+        reader = _Reader(model, folder, dims or {}, layers)
+        graph, params, state = reader.read()
+        if blocks:
+            graph, params, state = nest(graph, reader.places, params, state)
+        return graph, params, state
+    except RecursionError:
+        raise GraphError("the ONNX graph nests too deeply to be read") from None
+    except MlaxGraphError:
+        raise
+    except (TypeError, UnicodeError, AttributeError, OverflowError) as e:
+        # fields a damaged file fills with what the proto allows but no model holds
+        raise SerializationError(f"the ONNX model is damaged: {type(e).__name__}: "
+                                 f"{(str(e).splitlines() or [''])[0][:200]}") from None

@@ -1,0 +1,172 @@
+"""``graph.to_onnx``: a graph written as an ONNX model with its weights.
+
+Layers of the ``onnx`` family are written back as the operator they hold (static
+inputs as initializers); weights (``param`` layers and the weights of mlaxgraph's
+own layers) as initializers; a ``Linear`` as MatMul + Add, a cast as Cast; symbolic
+dims as ``dim_param``. Nested blocks are written inline, their nodes named by their
+path (``block/layer``), the form exporters use, so reading the file back keeps the
+names. A layer with no ONNX form is an ``mg.SerializationError`` naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import SerializationError
+from ..core.specs import is_symbolic
+from ..ir.graph import Graph
+from .dtypes import to_code
+from .layer import OnnxOp, decode_array
+from .protos import require_onnx
+from .writer_rules import RULES
+
+__all__ = ["to_onnx", "DEFAULT_OPSET"]
+
+DEFAULT_OPSET = 21
+
+
+class _Writer:
+    def __init__(self, opset: int):
+        self.onnx = require_onnx()
+        self.opset = opset
+        self.nodes: list = []
+        self.initializers: list = []
+        self.names: set[str] = set()
+        self.input_specs: list = []
+        #: symbolic dim name -> (graph input, axis) holding it, for sizes written as Shape
+        self.dims: dict[str, tuple[str, int]] = {}
+
+    def fresh(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.names:
+            name, n = f"{base}_{n}", n + 1
+        self.names.add(name)
+        return name
+
+    def constant(self, base: str, array: Any) -> str:
+        from onnx import numpy_helper
+
+        name = self.fresh(base)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def node(self, op_type: str, inputs: list[str], path: str, outputs: int = 1,
+             part: bool = False, **attrs: Any) -> list[str]:
+        """One node named ``/path/Op``, the exporters' form (``from_onnx`` reads the
+        path back as the layer's name and scope; ``part`` marks one node of several
+        a layer is written as)."""
+        outs = [self.fresh(f"{path}:{i}" if outputs > 1 else path) for i in range(outputs)]
+        name = f"/{path}/{op_type}"
+        self.nodes.append(self.onnx.helper.make_node(op_type, inputs, outs, name=name,
+                                                     **{k: v for k, v in attrs.items()
+                                                        if v is not None}))
+        return outs
+
+    def graph(self, graph: Graph, inputs: list[str], params: Mapping, state: Mapping,
+              prefix: str) -> list[str]:
+        env: dict[tuple[str, int], str] = {}
+        for name, value in zip(graph.inputs, inputs):
+            env[(name, 0)] = value
+        for node in graph.nodes:
+            if node.name in graph.inputs:
+                continue
+            args = [env[(v.node, v.index)] for v in node.inputs]
+            self.input_specs = [graph.spec(v) for v in node.inputs]
+            path = prefix + node.name
+            weights = params.get(node.layer, {}) if isinstance(params, Mapping) else {}
+            stats = state.get(node.layer, {}) if isinstance(state, Mapping) else {}
+            sub = node.op.subgraph()
+            if sub is not None:
+                outs = self.graph(sub, args, weights, stats, path + "/")
+            else:
+                outs = self.layer(node, args, weights, stats, path)
+            for i, out in enumerate(outs):
+                env[(node.name, i)] = out
+        return [env[(v.node, v.index)] for v in graph.outputs]
+
+    def layer(self, node: Any, args: list[str], weights: Mapping, stats: Mapping,
+              path: str) -> list[str]:
+        op = node.op
+        if isinstance(op, OnnxOp):
+            full, it = [], iter(args)
+            statics = dict(op.static)
+            for position, given in enumerate(op.present or (True,) * (len(args) + len(statics))):
+                if not given:
+                    full.append("")
+                elif position in statics:
+                    full.append(self.constant(f"{path}.in{position}", decode_array(statics[position])))
+                else:
+                    full.append(next(it))
+            attrs = {k: _attr(v) for k, v in op.attributes}
+            return self.node(op.onnx_type, full, path, op.outputs, **attrs)
+        rule = RULES.get(op.op_name)
+        if rule is None:
+            raise SerializationError(f"layer {node.name!r} (op {op.op_name}) has no ONNX form; "
+                                     f"to_onnx writes: {', '.join(sorted(RULES))} and the "
+                                     f"onnx family")
+        return rule(self, node, args, weights, stats, path)
+
+
+def _attr(value: Any) -> Any:
+    if isinstance(value, tuple) and len(value) == 4 and value[0] == "tensor":
+        from onnx import numpy_helper
+
+        return numpy_helper.from_array(decode_array(value))
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _value_info(onnx: Any, name: str, spec: Any) -> Any:
+    shape = [str(d).replace(" ", "") if is_symbolic(d) else int(d) for d in spec.shape]
+    return onnx.helper.make_tensor_value_info(name, to_code(spec.dtype), shape)
+
+
+def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mapping | None = None,
+            *, opset: int = DEFAULT_OPSET) -> Any:
+    """Writes ``graph`` with its weights as an ONNX model to ``path`` (None: only
+    returned) and returns the ``onnx.ModelProto``: symbolic dims as ``dim_param``, a
+    ``Linear`` as MatMul + Add, casts as Cast, each node named ``/layer path/Op``
+    (docs/onnx.md lists every layer's form). Needs ``pip install mlaxgraph[onnx]``.
+
+    Raises:
+      mg.SerializationError: a layer with no ONNX form, named.
+
+    Example:
+      >>> import jax
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> x = mg.Input(("batch", 4), name="x")
+      >>> graph = mg.Graph(x, ops.relu(ops.Linear(2, name="fc")(x)))
+      >>> params, state = mg.compile(graph).init(jax.random.key(0))
+      >>> proto = graph.to_onnx(None, params, state)
+      >>> [node.name for node in proto.graph.node]
+      ['/fc/MatMul', '/fc/Add', '/relu/Relu']
+    """
+    writer = _Writer(opset)
+    onnx = writer.onnx
+    inputs = [writer.fresh(name) for name in graph.inputs]
+    for name, spec in zip(inputs, graph.input_specs):
+        for axis, d in enumerate(spec.shape):
+            if is_symbolic(d):
+                writer.dims.setdefault(str(d), (name, axis))
+    outputs = writer.graph(graph, inputs, params or {}, state or {}, "")
+    out_names = []
+    for i, out in enumerate(outputs):
+        if out in inputs or out in out_names or any(t.name == out for t in writer.initializers):
+            (out,) = writer.node("Identity", [out], f"output_{i}")
+        out_names.append(out)
+    body = onnx.helper.make_graph(
+        writer.nodes, graph.name, [_value_info(onnx, n, s) for n, s in zip(inputs, graph.input_specs)],
+        [_value_info(onnx, n, s) for n, s in zip(out_names, graph.output_specs)],
+        initializer=writer.initializers)
+    model = onnx.helper.make_model(body, producer_name="mlaxgraph",
+                                   opset_imports=[onnx.helper.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, 10)
+    if path is not None:
+        data = model.SerializeToString()
+        with open(os.fspath(path), "wb") as f:
+            f.write(data)
+    return model

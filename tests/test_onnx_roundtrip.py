@@ -1,0 +1,105 @@
+"""``graph.to_onnx`` and back: each example model and the zoo's small configs written as
+ONNX run in onnxruntime equal to mlaxgraph, and ``from_onnx`` of the file equals the
+graph in outputs; the patterns read the layers back (Linear, Conv, LayerNorm)."""
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from _zoo_transformers import gpt2_config  # noqa: E402
+
+import mlaxgraph as mg  # noqa: E402
+from mlaxgraph import ops  # noqa: E402
+from mlaxgraph.examples import models as examples  # noqa: E402
+
+MODELS = {
+    "mlp": lambda: examples.mlp(),
+    "residual_cnn": lambda: examples.residual_cnn(),
+    "transformer_block": lambda: examples.transformer_block(),
+    "transformer_lm": lambda: examples.transformer_lm(vocab=50, length=16, depth=2, width=32,
+                                                      heads=2),
+    "resnet18": lambda: mg.models.resnet18(num_classes=10, image_size=32, width=8),
+    "gpt2": lambda: mg.models.gpt2(gpt2_config()),
+}
+BATCH = {"batch": 2, "sequence": 8, "seq": 8, "length": 8}
+
+
+def _example(spec, rng):
+    shape = [d if isinstance(d, int) else BATCH.get(str(d), 2) for d in spec.shape]
+    if spec.is_float:
+        return rng.normal(size=shape).astype(spec.dtype)
+    return rng.integers(0, 2 if spec.dtype == bool else 40, size=shape).astype(spec.dtype)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_round_trip_and_onnxruntime(name, tmp_path):
+    graph = MODELS[name]()
+    model = mg.compile(graph)
+    params, state = model.init(jax.random.key(0))
+    path = tmp_path / f"{name}.onnx"
+    proto = graph.to_onnx(path, params, state)
+    rng = np.random.default_rng(0)
+    xs = [_example(spec, rng) for spec in graph.input_specs]
+    want, _ = model.apply(params, state, *xs, inference_mode=True)
+    want = want if isinstance(want, tuple) else (want,)
+    session = ort.InferenceSession(str(path))
+    got_ort = session.run(None, {v.name: x for v, x in zip(proto.graph.input, xs)})
+    bound = {str(d): x.shape[i] for spec, x in zip(graph.input_specs, xs)
+             for i, d in enumerate(spec.shape) if not isinstance(d, int)}
+    back, params2, state2 = mg.from_onnx(path, dims=bound)
+    got, _ = mg.compile(back).apply(params2, state2, *xs, inference_mode=True)
+    got = got if isinstance(got, tuple) else (got,)
+    for w, o, m in zip(want, got_ort, got):
+        np.testing.assert_allclose(o, np.asarray(w), rtol=2e-4, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(m), np.asarray(w), rtol=2e-4, atol=2e-5)
+
+
+def test_symbolic_dims_are_dim_params_and_layers_come_back():
+    x = mg.Input(("batch", 6), name="x")
+    y = ops.LayerNorm(name="norm")(ops.relu(ops.Linear(4, name="fc")(x)))
+    graph = mg.Graph(x, y, name="small")
+    params, state = mg.compile(graph).init(jax.random.key(1))
+    proto = graph.to_onnx(None, params, state)
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "batch" and dims[1].dim_value == 6
+    assert [n.op_type for n in proto.graph.node] == ["MatMul", "Add", "Relu", "LayerNormalization"]
+    back, params2, _ = mg.from_onnx(proto)
+    assert [back.node(n).op.op_name for n in back.inputs] == ["input"]
+    ops_back = {node.name: node.op.op_name for node in back.nodes}
+    assert ops_back == {"x": "input", "fc": "linear", "relu": "onnx.Relu", "norm": "layer_norm"}
+    np.testing.assert_array_equal(params2["fc"]["kernel"], params["fc"]["kernel"])
+
+
+def test_casts_are_written_as_cast():
+    x = mg.Input(("batch", 3), name="x")
+    graph = mg.Graph(x, ops.cast(x, "bfloat16") if hasattr(ops, "cast") else x, name="c")
+    proto = graph.to_onnx(None, {}, {})
+    assert [n.op_type for n in proto.graph.node] == ["Cast"]
+    assert proto.graph.node[0].attribute[0].i == 16  # bfloat16
+
+
+def test_a_layer_without_onnx_form_is_named():
+    x = mg.Input(("batch", 5, 4), name="x")
+    graph = mg.Graph(x, ops.LSTM(3, name="rnn")(x), name="r")
+    params, state = mg.compile(graph).init(jax.random.key(0))
+    with pytest.raises(mg.SerializationError, match="'rnn' \\(op lstm\\) has no ONNX form"):
+        graph.to_onnx(None, params, state)
+
+
+def test_scopes_come_back_as_nested_blocks():
+    graph = MODELS["transformer_lm"]()
+    params, state = mg.compile(graph).init(jax.random.key(0))
+    proto = graph.to_onnx(None, params, state)
+    assert "/block0/attention/query/MatMul" in {n.name for n in proto.graph.node}
+    back, params2, state2 = mg.from_onnx(proto)
+    assert [n.op.op_name for n in back.nodes if n.name.startswith("block")] == ["block", "block"]
+    inner = back.node("block0").op.subgraph()
+    assert {"ln_attention", "attention", "mlp_in", "mlp_out"} <= {n.name for n in inner.nodes}
+    np.testing.assert_array_equal(params2["block0"]["attention"]["query"]["kernel"],
+                                  np.asarray(params["block0"]["attention"]["query"]["kernel"])
+                                  .reshape(32, 32))
+    flat, _, _ = mg.from_onnx(proto, blocks=False)
+    assert "block0.attention.query" in {n.name for n in flat.nodes}
