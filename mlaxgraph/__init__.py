@@ -14,8 +14,9 @@ Example:
   ((32, 10), dtype('float32'))
 """
 
-from . import models, ops, train
+from . import aten, models, ops, train
 from .adapters import lora, lora_params, merge_lora
+from .aten import from_torch
 from .analysis.cost import CostTable, LayerCost
 from .analysis.hlo.by_layer import HloByLayer, HloOperation
 from .analysis.policy_comparison import PolicyComparison, compare_policies
@@ -48,6 +49,6 @@ __all__ = [
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
     "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
-    "lora", "lora_params", "merge_lora", "lora_from_peft",
+    "lora", "lora_params", "merge_lora", "lora_from_peft", "aten", "from_torch",
     "__version__",
 ]

@@ -23,6 +23,7 @@ LAYERS = [
     ("adapters",),
     ("distributed",),
     ("io",),
+    ("aten",),
     ("analysis",),
     ("render",),
     ("examples", "models"),
