@@ -39,10 +39,10 @@ def _export(module: Any, example_args: Any, dynamic_shapes: Any) -> Any:
                          f"removed") from None
 
 
-def _capture(program: Any) -> tuple[dict, dict]:
+def _capture(program: Any, dynamic_shapes: Any = None) -> tuple[dict, dict]:
     from .capture import capture
 
-    return capture(program)
+    return capture(program, dynamic_shapes)
 
 
 def from_torch(source: Any, example_args: Any = None, *,
@@ -55,7 +55,9 @@ def from_torch(source: Any, example_args: Any = None, *,
         ``mg.aten.save_program`` wrote (read without torch).
       example_args: the module's example inputs (a tensor or a tuple of them).
       dynamic_shapes: ``torch.export``'s ``dynamic_shapes`` (``torch.export.Dim``s):
-        those dims are symbolic in the graph.
+        those dims are symbolic in the graph, named as the ``Dim``s (with an
+        ``ExportedProgram``, pass the ``dynamic_shapes`` it was exported with to
+        keep the names; torch's ``s0`` ... otherwise).
 
     Returns:
       The graph (its blocks the module hierarchy, named by module path relative to
@@ -79,7 +81,7 @@ def from_torch(source: Any, example_args: Any = None, *,
             source = _export(source, example_args, dynamic_shapes)
         else:
             name = type(source.module()).__name__ if hasattr(source, "module") else "torch"
-        record, tensors = _capture(source)
+        record, tensors = _capture(source, dynamic_shapes)
         record = program_file.check_program(record)
     return read_program(record, tensors, name=name)
 
@@ -91,5 +93,5 @@ def save_program(source: Any, folder: str | os.PathLike, example_args: Any = Non
     ``from_torch(folder)`` reads without torch."""
     if not hasattr(source, "graph_signature"):
         source = _export(source, example_args, dynamic_shapes)
-    record, tensors = _capture(source)
+    record, tensors = _capture(source, dynamic_shapes)
     return program_file.save_program(folder, record, tensors)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import re
+
 import numpy as np
 
 from ..core.errors import ConfigError, GraphError
@@ -24,11 +26,38 @@ def require_torch() -> Any:
     return torch
 
 
+_NAMES: dict[str, str] = {}  # torch's symbols -> the user's Dim names, while capturing
+
+
 def _dim(d: Any) -> Any:
-    try:
+    if isinstance(d, (int, np.integer)):
         return int(d)
-    except (TypeError, ValueError):
-        return {"sym": str(d).replace(" ", "")}
+    text = str(d).replace(" ", "")
+    if _NAMES:
+        text = re.sub(r"\b[su]\d+\b", lambda m: _NAMES.get(m.group(0), m.group(0)), text)
+    try:
+        return int(text)
+    except ValueError:
+        return {"sym": text}
+
+
+def _dim_names(program: Any, dynamic_shapes: Any) -> dict[str, str]:
+    """torch's symbol of each user input dim given as a named ``torch.export.Dim``."""
+    if dynamic_shapes is None:
+        return {}
+    specs = list(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else list(dynamic_shapes)
+    users = [n for n in program.graph.nodes if n.op == "placeholder"
+             and n.name in {s.arg.name for s in program.graph_signature.input_specs
+                            if s.kind.name.lower() == "user_input"}]
+    names = {}
+    for node, spec in zip(users, specs):
+        dims = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
+        shape = getattr(node.meta.get("val"), "shape", ())
+        for i, dim in dims:
+            name = getattr(dim, "__name__", None)
+            if name and i < len(shape) and not isinstance(shape[i], int):
+                names[str(shape[i])] = re.sub(r"\W", "_", name)
+    return names
 
 
 def _spec(value: Any) -> dict | None:
@@ -65,10 +94,20 @@ def _target(node: Any) -> str:
     return str(node.target)
 
 
-def capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
+def capture(program: Any, dynamic_shapes: Any = None) -> tuple[dict, dict[str, np.ndarray]]:
     """``(record, tensors)`` of an ``ExportedProgram``: the record as
     ``mlaxgraph.aten.program`` documents it, the tensors its parameters, buffers and
-    constants by their state-dict names."""
+    constants by their state-dict names. Symbolic dims take the names of the
+    ``torch.export.Dim``s in ``dynamic_shapes`` (torch's own, ``s0``, otherwise)."""
+    _NAMES.clear()
+    _NAMES.update(_dim_names(program, dynamic_shapes))
+    try:
+        return _capture(program)
+    finally:
+        _NAMES.clear()
+
+
+def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     torch = require_torch()
     sig = program.graph_signature
     kinds: dict[str, tuple[str, str | None]] = {}
@@ -90,7 +129,8 @@ def capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
                 "kwargs": {k: _arg(v) for k, v in node.kwargs.items()},
                 "outputs": [_spec(v) for v in vals],
                 "stack": [[path, getattr(kind, "__name__", str(kind)).rpartition(".")[2]]
-                          for path, kind in stack.values() if path],
+                          for path, kind in stack.values()
+                          if path and not path.startswith("_empty_nn_module_stack")],
                 "source": (node.meta.get("stack_trace") or "").strip().splitlines()[-2:][:1],
             })
         elif node.op == "output":
@@ -104,7 +144,7 @@ def capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     ranges = {}
     for symbol, r in program.range_constraints.items():
         lower, upper = r.lower, r.upper
-        ranges[str(symbol)] = [int(lower), None if not upper.is_finite else int(upper)]
+        ranges[_NAMES.get(str(symbol), str(symbol))] = [int(lower), None if not upper.is_finite else int(upper)]
     training = any(str(n["target"]).startswith(("aten._native_batch_norm_legit_functional",
                                                 "aten.native_batch_norm"))
                    or (n["target"] == "aten.batch_norm.default" and n["args"][5] is True)

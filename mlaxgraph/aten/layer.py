@@ -71,7 +71,7 @@ def _fill(value: Any, tensors: list) -> Any:
 def _bind(value: Any, dims: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_bind(v, dims) for v in value)
-    if is_symbolic(value):
+    if not isinstance(value, (str, bool, int, float)) and value is not None and is_symbolic(value):
         return substitute((value,), dims)[0]
     return value
 
@@ -89,6 +89,7 @@ class AtenOp(Layer):
     kwargs: tuple = ()
 
     aten_name = ""
+    symbolic_fields = ("args", "kwargs")
 
     @property
     def default_name(self) -> str:

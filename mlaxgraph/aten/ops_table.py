@@ -393,7 +393,15 @@ def _pool_window(x, kernel, stride, padding, nd):
     return k, tup(stride, k), tup(padding, 0)
 
 
-@define("aten.max_pool2d.default", "aten.max_pool2d_with_indices.default", flops="elementwise")
+@define("aten.max_pool2d_with_indices.default", flops="elementwise")
+def _max_pool2d_with_indices(x, *args):
+    """The pooled values; the indices (read only by the backward pass PyTorch derives
+    from them) are not computed: the second output is zeros."""
+    y = _max_pool2d(x, *args)
+    return y, jnp.zeros(y.shape, jnp.int32)
+
+
+@define("aten.max_pool2d.default", flops="elementwise")
 def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     k, s, p = _pool_window(x, kernel_size, stride, padding, 2)
     pads = [(0, 0), (0, 0)]

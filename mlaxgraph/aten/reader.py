@@ -28,6 +28,11 @@ from .ops_table import dtype_of
 __all__ = ["read_program"]
 
 _WEIGHT_KINDS = ("parameter",)
+_SYM_OPS: dict[str, Any] = {
+    "aten.sym_size.int": None,
+    "<built-in function mul>": lambda a, b: a * b, "<built-in function add>": lambda a, b: a + b,
+    "<built-in function sub>": lambda a, b: a - b, "<built-in function floordiv>": lambda a, b: a // b,
+}
 _STATE_KINDS = ("buffer", "constant_tensor")
 
 
@@ -62,6 +67,8 @@ class _Reader:
         self.layers: dict[tuple, Any] = {}
         self.made: dict[str, tuple] = {}   # placeholder -> the key of its layer's output
         self.uses: dict[str, int] = {}
+        self.symbols: dict[str, Any] = {}  # size computations: node -> its dim
+        self.shapes: dict[Hashable, tuple] = {}
 
     # --- values ----------------------------------------------------------------------
 
@@ -147,6 +154,12 @@ class _Reader:
         target, name, stack = node["target"], node["name"], node["stack"]
         module = stack[-1][0] if stack else "(the top module)"
         where = f"node {name!r} ({target}) in module {module}"
+        for i, out in enumerate(node["outputs"]):
+            if isinstance(out, dict) and "shape" in out:
+                self.shapes[(name, i)] = tuple(_dim(d, where) for d in out["shape"])
+        if target in _SYM_OPS:
+            self.sym_node(node, where)
+            return
         if target == "getitem":
             source, index = node["args"]
             self.alias[name] = (self.key(source["ref"])[0], int(index))
@@ -167,6 +180,8 @@ class _Reader:
 
         def encode(value: Any) -> Any:
             if isinstance(value, dict):
+                if "ref" in value and value["ref"] in self.symbols:
+                    return self.symbols[value["ref"]]
                 if "ref" in value:
                     entry = self.inputs.get(value["ref"])
                     if entry is not None and entry["kind"] in _WEIGHT_KINDS + _STATE_KINDS:
@@ -211,6 +226,26 @@ class _Reader:
                 raise type(e)(f"{where}: {e}") from None
             return out if isinstance(out, tuple) else (out,)
         self.steps.append(Step(scopes, reads, tuple((name, i) for i in range(n_out)), build))
+
+    def sym_node(self, node: dict, where: str) -> None:
+        """A size computed from a tensor's shape (``aten.sym_size.int``) or from other
+        sizes: known when the graph is built, kept as a (symbolic) dim."""
+        def value(a: Any) -> Any:
+            if isinstance(a, dict) and "ref" in a:
+                if a["ref"] in self.symbols:
+                    return self.symbols[a["ref"]]
+                raise GraphError(f"{where}: a size computed from tensor values; mlaxgraph's "
+                                 f"graphs have shapes known from the input shapes")
+            return _dim(a, where) if isinstance(a, dict) else a
+        args = node["args"]
+        if node["target"] == "aten.sym_size.int":
+            ref = args[0]["ref"]
+            shape = self.shapes.get(self.key(ref))
+            if shape is None:
+                raise GraphError(f"{where}: the size of {ref!r}, whose shape is not known")
+            self.symbols[node["name"]] = shape[int(args[1])]
+            return
+        self.symbols[node["name"]] = _SYM_OPS[node["target"]](value(args[0]), value(args[1]))
 
     def layer_step(self, node: dict, found: Any, stack: list, where: str) -> None:
         scopes = self.scopes(stack, found.owner)
@@ -273,6 +308,7 @@ class _Reader:
                     raise GraphError(f"{where} is a {entry['dtype']} tensor; mlaxgraph reads "
                                      f"float, int and bool inputs")
                 inputs[(entry["name"], 0)] = Input(shape, dtype, name=_safe(entry["name"]))
+                self.shapes[(entry["name"], 0)] = shape
             elif entry["kind"] not in _WEIGHT_KINDS + _STATE_KINDS + ("token",):
                 raise GraphError(f"input {entry['name']!r} of kind {entry['kind']} is not supported")
         nodes = self.live_nodes()
