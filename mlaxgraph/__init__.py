@@ -16,10 +16,10 @@ Example:
 
 from . import aten, models, ops, train
 from .adapters import lora, lora_params, merge_lora
-from .aten import from_torch
 from .analysis.cost import CostTable, LayerCost
 from .analysis.hlo.by_layer import HloByLayer, HloOperation
 from .analysis.policy_comparison import PolicyComparison, compare_policies
+from .aten import from_torch
 from .compiler.compile import CompiledModel, compile
 from .compiler.policy import Policy
 from .core.errors import (

@@ -4,9 +4,8 @@ and its tensors as NumPy arrays: the one place that imports torch (lazily, insid
 
 from __future__ import annotations
 
-from typing import Any
-
 import re
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +112,7 @@ def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     kinds: dict[str, tuple[str, str | None]] = {}
     for spec in sig.input_specs:
         name = getattr(spec.arg, "name", None)
-        kinds[name] = (spec.kind.name.lower(), spec.target)
+        kinds[str(name)] = (spec.kind.name.lower(), spec.target)
     inputs, nodes, outputs = [], [], []
     for node in program.graph.nodes:
         val = node.meta.get("val")

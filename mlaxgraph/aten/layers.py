@@ -124,9 +124,10 @@ def _dropout(args, kwargs, weight, shape):
 _RULES: dict[str, Callable] = {
     "aten.linear.default": _linear,
     "aten.conv1d.default": _conv, "aten.conv2d.default": _conv, "aten.conv3d.default": _conv,
-    "aten.convolution.default": lambda *a: _conv(*a, core=True),
+    "aten.convolution.default": lambda a, k, w, s: _conv(a, k, w, s, core=True),
     "aten.batch_norm.default": _batch_norm,
-    "aten._native_batch_norm_legit_no_training.default": lambda *a: _batch_norm(*a, core=True),
+    "aten._native_batch_norm_legit_no_training.default":
+        lambda a, k, w, s: _batch_norm(a, k, w, s, core=True),
     "aten.layer_norm.default": _layer_norm,
     "aten.embedding.default": _embedding,
     "aten.dropout.default": _dropout,

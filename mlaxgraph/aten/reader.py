@@ -20,7 +20,7 @@ from ..core.specs import as_dim
 from ..ir.graph import Graph, Input
 from ..ir.outline import Scope, Step, outline
 from ..ops.param import Param
-from . import ops_table  # noqa: F401  (fills the table)
+from . import ops_nn, ops_table  # noqa: F401  (they fill the table)
 from .layer import TABLE, TENSOR, Buffer, op_class
 from .layers import match_layer
 from .ops_table import dtype_of
@@ -130,13 +130,13 @@ class _Reader:
         name = self.relative(stack, scopes, target)
         array = self.tensors[target]
         key = (f"{placeholder}", 0)
+        make: Any
         if kind in _WEIGHT_KINDS and np.issubdtype(array.dtype, np.floating):
-            def make(n, shape=array.shape):
-                return Param(shape, name=n)
+            make = lambda n: Param(array.shape, name=n)  # noqa: E731
             store = self.params
         else:
-            def make(n, shape=array.shape, dtype=array.dtype):
-                return Buffer(tuple(int(d) for d in shape), jnp.dtype(dtype_of(dtype.name, dtype)).name, name=n)
+            dtype = jnp.dtype(dtype_of(array.dtype.name, array.dtype)).name
+            make = lambda n: Buffer(tuple(int(d) for d in array.shape), dtype, name=n)  # noqa: E731
             store = self.state
         layer = self.layer(scopes, name, make)
         self.put(store, scopes, name, {"value": array})
@@ -208,7 +208,7 @@ class _Reader:
         scopes, layer_name = self.scopes(stack), None
         if found is not None:  # weightless layer of ours (dropout)
             layer_make: Any = lambda n: found.layer(n)  # noqa: E731
-            reads = (refs[0],)
+            reads: tuple = (refs[0],)
         else:
             layer_make = lambda n: cls(args=enc_args, kwargs=enc_kwargs, name=n)  # noqa: E731
             reads = tuple(refs)
