@@ -124,7 +124,8 @@ def test_resnet18():
 
 def test_gpt2_random_config_folds_its_blocks():
     import transformers
-    config = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, vocab_size=100, n_positions=32)
+    config = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, vocab_size=100, n_positions=32,
+                                     use_cache=False)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
     ids = torch.randint(0, 100, (2, 16))
@@ -132,3 +133,10 @@ def test_gpt2_random_config_folds_its_blocks():
     _close(out, model(ids).logits)
     inner = graph.node("transformer").op.graph
     assert [n.name for n in inner.nodes if n.name.startswith("h.")] == ["h.0", "h.1", "h.2"]
+    scanned = mg.compile(graph, scan_blocks=True).graph.node("transformer").op.graph
+    assert scanned.node("h.0..h.2").op.op_name == "scan"
+    # the state dict's names, the tied head's copy included
+    _, params, state = mg.from_torch(model, (ids,))
+    ours = mg.models.to_state_dict(graph, params, state)
+    theirs = {k: v for k, v in model.state_dict().items() if not k.endswith((".attn.bias", ".masked_bias"))}
+    assert set(ours) == set(theirs)

@@ -328,3 +328,53 @@ define("aten.scalar_tensor.default", flops="none")(
     lambda value, dtype=None, **kw: jnp.asarray(value, dtype_of(dtype, jnp.float32)))
 
 
+
+
+define("aten.new_ones.default", flops="none")(
+    lambda x, size, dtype=None, **kw: jnp.ones(tuple(size), dtype_of(dtype, x.dtype)))
+define("aten.new_zeros.default", flops="none")(
+    lambda x, size, dtype=None, **kw: jnp.zeros(tuple(size), dtype_of(dtype, x.dtype)))
+define("aten.new_full.default", flops="none")(
+    lambda x, size, value, dtype=None, **kw: jnp.full(tuple(size), value, dtype_of(dtype, x.dtype)))
+for _name, _fn in {"__and__": jnp.bitwise_and, "__or__": jnp.bitwise_or, "__xor__": jnp.bitwise_xor,
+                   "logical_xor": jnp.logical_xor, "bitwise_xor": jnp.bitwise_xor}.items():
+    define(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar", f"aten.{_name}.default")(
+        lambda x, y, fn=_fn: fn(x, y))
+
+
+@define("aten.diff.default")
+def _diff(x, n=1, dim=-1, prepend=None, append=None):
+    return jnp.diff(x, n=n, axis=dim, prepend=prepend, append=append)
+
+
+@define("aten.any.default", "aten.any.dim", "aten.any.dims", flops="input")
+def _any(x, dim=None, keepdim=False):
+    return jnp.any(x, axis=_axes(dim), keepdims=keepdim)
+
+
+@define("aten.all.default", "aten.all.dim", "aten.all.dims", flops="input")
+def _all(x, dim=None, keepdim=False):
+    return jnp.all(x, axis=_axes(dim), keepdims=keepdim)
+
+
+@define("aten.max.dim", flops="input")
+def _max_dim(x, dim, keepdim=False):
+    return jnp.max(x, axis=dim, keepdims=keepdim), jnp.argmax(x, axis=dim, keepdims=keepdim)
+
+
+@define("aten.min.dim", flops="input")
+def _min_dim(x, dim, keepdim=False):
+    return jnp.min(x, axis=dim, keepdims=keepdim), jnp.argmin(x, axis=dim, keepdims=keepdim)
+
+
+define("aten.max.default", flops="input")(lambda x: jnp.max(x))
+define("aten.min.default", flops="input")(lambda x: jnp.min(x))
+define("aten.prod.default", flops="input")(lambda x, dtype=None: jnp.prod(x, dtype=dtype_of(dtype)))
+define("aten.std.correction", flops="input")(
+    lambda x, dim=None, correction=1, keepdim=False: jnp.std(
+        x, axis=_axes(dim), ddof=1 if correction is None else correction, keepdims=keepdim))
+define("aten.repeat.default", flops="none")(lambda x, repeats: jnp.tile(x, tuple(repeats)))
+define("aten.flip.default", flops="none")(lambda x, dims: jnp.flip(x, tuple(dims)))
+define("aten.expand_as.default", flops="none")(lambda x, other: jnp.broadcast_to(x, other.shape))
+define("aten.view_as.default", "aten.reshape_as.default", flops="none")(
+    lambda x, other: jnp.reshape(x, other.shape))

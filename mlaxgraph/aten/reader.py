@@ -111,13 +111,17 @@ class _Reader:
         again in the same scope calls the same layer (its weights shared)."""
         if name is None:
             return make(None)
-        key = (tuple(s.name for s in scopes), name)
-        layer = make(name)
-        known = self.layers.get(key)
-        if known is not None:
-            return known if known == layer else make(None)
-        self.layers[key] = layer
-        return layer
+        where = tuple(s.name for s in scopes)
+        base, n = name, 1
+        while True:
+            layer = make(name)
+            known = self.layers.get((where, name))
+            if known is None:
+                self.layers[(where, name)] = layer
+                return layer
+            if known == layer:
+                return known
+            name, n = f"{base}_{n}", n + 1
 
     # --- steps -----------------------------------------------------------------------
 
@@ -139,7 +143,7 @@ class _Reader:
             make = lambda n: Buffer(tuple(int(d) for d in array.shape), dtype, name=n)  # noqa: E731
             store = self.state
         layer = self.layer(scopes, name, make)
-        self.put(store, scopes, name, {"value": array})
+        self.put(store, scopes, layer.name, {"value": array})
         self.steps.append(Step(scopes, (), (key,), lambda layer=layer: (layer(),)))
         self.made[placeholder] = key
         return key
@@ -148,7 +152,7 @@ class _Reader:
         node = store
         for s in scopes:
             node = node.setdefault(s.name, {})
-        node[name] = {k: jnp.asarray(v) for k, v in values.items()}
+        node.setdefault(name, {}).update({k: jnp.asarray(v) for k, v in values.items()})
 
     def node(self, node: dict) -> None:
         target, name, stack = node["target"], node["name"], node["stack"]
@@ -248,14 +252,18 @@ class _Reader:
         self.symbols[node["name"]] = _SYM_OPS[node["target"]](value(args[0]), value(args[1]))
 
     def layer_step(self, node: dict, found: Any, stack: list, where: str) -> None:
-        scopes = self.scopes(stack, found.owner)
-        name = self.relative(stack, scopes, found.owner)
-        layer = self.layer(scopes, name, found.layer)
+        owner = found.owner
+        if stack and owner not in {path for path, _ in stack}:
+            # a weight of another module (tied: a head reading the embedding's table):
+            # this module holds a copy under its own name, as its state dict does
+            owner = stack[-1][0]
+        scopes = self.scopes(stack, owner)
+        layer = self.layer(scopes, self.relative(stack, scopes, owner), found.layer)
         params = {k: found.convert.get(k, lambda a: a)(self.tensors[t]) for k, t in found.params.items()}
         if params:
-            self.put(self.params, scopes, name, params)
+            self.put(self.params, scopes, layer.name, params)
         if found.state:
-            self.put(self.state, scopes, name, {k: self.tensors[t] for k, t in found.state.items()})
+            self.put(self.state, scopes, layer.name, {k: self.tensors[t] for k, t in found.state.items()})
         x = self.key(found.input["ref"])
 
         def build(t, layer=layer, where=where):
