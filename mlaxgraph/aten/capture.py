@@ -106,8 +106,23 @@ def capture(program: Any, dynamic_shapes: Any = None) -> tuple[dict, dict[str, n
         _NAMES.clear()
 
 
+def _writes_in_place(program: Any) -> bool:
+    """Whether an operator writes into a tensor the program computes (``fill_`` on a
+    slice of a mask): such programs are made functional first (``slice_scatter``)."""
+    for node in program.graph.nodes:
+        if node.op != "call_function" or not str(node.target).startswith("aten."):
+            continue
+        op = str(node.target).split(".")[1]
+        if op.endswith("_") and not op.endswith("__") and node.args and \
+                getattr(node.args[0], "op", None) != "placeholder":
+            return True
+    return False
+
+
 def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     torch = require_torch()
+    if _writes_in_place(program):
+        program = program.run_decompositions({})
     sig = program.graph_signature
     kinds: dict[str, tuple[str, str | None]] = {}
     for spec in sig.input_specs:

@@ -35,8 +35,14 @@ class Match(NamedTuple):
 def _owner(targets: list[str | None]) -> str | None:
     """The module owning weights named ``<module>.weight`` ...: None when they are not
     all parameters of one module."""
-    modules = {t.rpartition(".")[0] for t in targets if t is not None}
+    given = [t for t in targets if t is not None]
+    if any(t.rpartition(".")[2] not in _NAMES for t in given):
+        return None  # not the module's own weight and bias (MultiheadAttention's in_proj_weight)
+    modules = {t.rpartition(".")[0] for t in given}
     return modules.pop() if len(modules) == 1 else None
+
+
+_NAMES = ("weight", "bias", "running_mean", "running_var")
 
 
 def _tuple(v: Any, n: int) -> tuple:

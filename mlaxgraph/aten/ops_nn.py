@@ -186,3 +186,23 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
 
 define("aten.dropout.default", "aten.dropout_.default", "aten.feature_dropout.default",
        flops="none")(lambda x, p=0.5, train=False: x)
+
+
+def _einsum_flops(inputs, outputs, args):
+    """2 x the product of the sizes of every index the equation names (each output
+    element sums over the others)."""
+    equation = args[0].replace(" ", "").split("->")[0]
+    sizes: dict[str, object] = {}
+    for term, spec in zip(equation.split(","), inputs):
+        letters = [c for c in term if c.isalpha()]
+        for c, d in zip(letters, spec.shape[len(spec.shape) - len(letters):] if "..." in term else spec.shape):
+            sizes[c] = d
+    total: object = 2
+    for d in sizes.values():
+        total = total * d  # type: ignore[operator]
+    return total
+
+
+@define("aten.einsum.default", flops=_einsum_flops)
+def _einsum(equation, tensors, path=None):
+    return jnp.einsum(equation, *tensors, precision="highest")

@@ -378,3 +378,67 @@ define("aten.flip.default", flops="none")(lambda x, dims: jnp.flip(x, tuple(dims
 define("aten.expand_as.default", flops="none")(lambda x, other: jnp.broadcast_to(x, other.shape))
 define("aten.view_as.default", "aten.reshape_as.default", flops="none")(
     lambda x, other: jnp.reshape(x, other.shape))
+define("aten.swapaxes.default", "aten.swapdims.default", flops="none")(
+    lambda x, a, b: jnp.swapaxes(x, a, b))
+define("aten.fill_.Scalar", "aten.fill.Scalar", flops="none")(
+    lambda x, value: jnp.full_like(x, value))
+define("aten.zero_.default", "aten.zero.default", flops="none")(lambda x: jnp.zeros_like(x))
+
+
+@define("aten.unflatten.int", flops="none")
+def _unflatten(x, dim, sizes):
+    dim = dim % x.ndim
+    sizes = list(sizes)
+    if -1 in sizes:
+        known = math.prod(d for d in sizes if not (isinstance(d, int) and d == -1))
+        sizes[sizes.index(-1)] = x.shape[dim] // known
+    return x.reshape(x.shape[:dim] + tuple(sizes) + x.shape[dim + 1:])
+
+
+@define("aten.pad.default", flops="none")
+def _pad_mode(x, pad, mode="constant", value=None):
+    if mode != "constant":
+        widths = [(0, 0)] * x.ndim
+        for i in range(len(pad) // 2):
+            widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+        return jnp.pad(x, widths, mode={"reflect": "reflect", "replicate": "edge",
+                                        "circular": "wrap"}[mode])
+    return _pad(x, pad, 0 if value is None else value)
+
+
+@define("aten.linalg_vector_norm.default", flops=lambda i, o, a: 2 * size(i[0]))
+def _vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
+    x = x.astype(dtype_of(dtype, x.dtype))
+    axes = _axes(dim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=keepdim))
+    if ord == float("inf"):
+        return jnp.max(jnp.abs(x), axis=axes, keepdims=keepdim)
+    return jnp.sum(jnp.abs(x) ** ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+
+
+@define("aten.slice_scatter.default", flops="none")
+def _slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    index = [slice(None)] * x.ndim
+    if isinstance(end, int) and end > 2 ** 62:
+        end = None
+    index[dim] = slice(start, end, step)
+    return x.at[tuple(index)].set(src.astype(x.dtype))
+
+
+@define("aten.select_scatter.default", flops="none")
+def _select_scatter(x, src, dim, index):
+    where = [slice(None)] * x.ndim
+    where[dim] = index
+    return x.at[tuple(where)].set(src.astype(x.dtype))
+
+
+@define("aten.index_put.default", "aten.index_put_.default", flops="none")
+def _index_put(x, indices, values, accumulate=False):
+    where = tuple(slice(None) if i is None else i for i in indices)
+    values = jnp.asarray(values, x.dtype)
+    return x.at[where].add(values) if accumulate else x.at[where].set(values)
+
+
+define("aten.copy.default", "aten.copy_.default", flops="none")(
+    lambda x, src, non_blocking=False: jnp.broadcast_to(src.astype(x.dtype), x.shape))

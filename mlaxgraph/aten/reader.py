@@ -143,10 +143,21 @@ class _Reader:
             make = lambda n: Buffer(tuple(int(d) for d in array.shape), dtype, name=n)  # noqa: E731
             store = self.state
         layer = self.layer(scopes, name, make)
-        self.put(store, scopes, layer.name, {"value": array})
+        # state is kept in float32 as weights are (exact for indices below 2**24)
+        self.put(store, scopes, layer.name, {"value": array if store is self.params else
+                                             np.asarray(array, np.float32)})
         self.steps.append(Step(scopes, (), (key,), lambda layer=layer: (layer(),)))
         self.made[placeholder] = key
         return key
+
+    def read_key(self, arg: dict, stack: list, where: str) -> tuple:
+        """The key of a tensor argument; a parameter or buffer gets its layer first."""
+        entry = self.inputs.get(arg["ref"])
+        if entry is not None and entry["kind"] in _WEIGHT_KINDS + _STATE_KINDS:
+            if entry.get("target") not in self.tensors:
+                raise GraphError(f"{where}: the program holds no tensor {entry.get('target')!r}")
+            return self.weight_step(entry["target"], entry["kind"], arg["ref"], stack, where)
+        return self.key(arg["ref"])
 
     def put(self, store: dict, scopes: tuple, name: str, values: dict) -> None:
         node = store
@@ -187,12 +198,7 @@ class _Reader:
                 if "ref" in value and value["ref"] in self.symbols:
                     return self.symbols[value["ref"]]
                 if "ref" in value:
-                    entry = self.inputs.get(value["ref"])
-                    if entry is not None and entry["kind"] in _WEIGHT_KINDS + _STATE_KINDS:
-                        key = self.weight_step(entry["target"], entry["kind"], value["ref"], stack, where)
-                    else:
-                        key = self.key(value["ref"])
-                    refs.append(key)
+                    refs.append(self.read_key(value, stack, where))
                     return (TENSOR, len(refs) - 1)
                 if "dtype" in value:
                     return str(value["dtype"])
@@ -253,7 +259,8 @@ class _Reader:
 
     def layer_step(self, node: dict, found: Any, stack: list, where: str) -> None:
         owner = found.owner
-        if stack and owner not in {path for path, _ in stack}:
+        if stack and owner not in {path for path, _ in stack} and \
+                not owner.startswith(stack[-1][0] + "."):
             # a weight of another module (tied: a head reading the embedding's table):
             # this module holds a copy under its own name, as its state dict does
             owner = stack[-1][0]
@@ -264,7 +271,7 @@ class _Reader:
             self.put(self.params, scopes, layer.name, params)
         if found.state:
             self.put(self.state, scopes, layer.name, {k: self.tensors[t] for k, t in found.state.items()})
-        x = self.key(found.input["ref"])
+        x = self.read_key(found.input, stack, where)
 
         def build(t, layer=layer, where=where):
             try:
