@@ -7,13 +7,16 @@ Each model of ``torchvision.models.list_models(module=torchvision.models)`` is b
 with random weights (seed 0) in eval mode, exported with ``torch.export`` on one
 1 x 3 x 224 x 224 input, imported, compiled and run; its output is compared with
 PyTorch's (``allclose`` with rtol 1e-4 and atol 1e-4 times the output's largest
-magnitude). ``--write`` puts the table into docs/torch.md between its markers.
+magnitude). Each row goes to benchmarks/torch_models.json (rows of models run
+again replace theirs); ``--write`` puts the table of all rows into docs/torch.md
+between its markers.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 import time
@@ -28,6 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import mlaxgraph as mg  # noqa: E402
 
+ROWS = os.path.join(os.path.dirname(__file__), "torch_models.json")
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "torch.md")
 BEGIN, END = "<!-- torchvision table: begin -->", "<!-- torchvision table: end -->"
 
@@ -84,17 +88,20 @@ def main():
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     names = args.only or torchvision.models.list_models(module=torchvision.models)
-    rows = []
+    known = json.load(open(ROWS)) if os.path.exists(ROWS) else {}
     for name in names:
         if name in args.skip:
             continue
         row = check(name)
-        rows.append(row)
+        known[name] = row
+        with open(ROWS, "w") as f:
+            json.dump(known, f, indent=1)
         print(f"{name}: {row['result']} ({row.get('import_s', 0):.1f} s import, "
               f"{row.get('compile_run_s', 0):.1f} s compile + run)", flush=True)
         gc.collect()
         jax.clear_caches()
-    text = table(rows)
+    order = torchvision.models.list_models(module=torchvision.models)
+    text = table([known[n] for n in order if n in known])
     print(text)
     if args.write:
         doc = open(DOC).read()

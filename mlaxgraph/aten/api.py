@@ -18,7 +18,7 @@ __all__ = ["from_torch", "save_program", "supported_ops"]
 
 def supported_ops() -> list[str]:
     """The ATen operators ``from_torch`` reads, sorted."""
-    return sorted(set(TABLE) | set(LAYER_TARGETS))
+    return sorted(set(TABLE) | set(LAYER_TARGETS) | {"aten.sym_size.int"})
 
 
 def _export(module: Any, example_args: Any, dynamic_shapes: Any) -> Any:

@@ -4,6 +4,7 @@ normalization, embedding, attention, dropout (in ATen's signatures)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -192,17 +193,56 @@ def _einsum_flops(inputs, outputs, args):
     """2 x the product of the sizes of every index the equation names (each output
     element sums over the others)."""
     equation = args[0].replace(" ", "").split("->")[0]
-    sizes: dict[str, object] = {}
+    sizes: dict[str, Any] = {}
     for term, spec in zip(equation.split(","), inputs):
         letters = [c for c in term if c.isalpha()]
         for c, d in zip(letters, spec.shape[len(spec.shape) - len(letters):] if "..." in term else spec.shape):
             sizes[c] = d
-    total: object = 2
+    total: Any = 2
     for d in sizes.values():
-        total = total * d  # type: ignore[operator]
+        total = total * d
     return total
 
 
 @define("aten.einsum.default", flops=_einsum_flops)
 def _einsum(equation, tensors, path=None):
     return jnp.einsum(equation, *tensors, precision="highest")
+
+
+@define("aten.native_group_norm.default", flops=lambda i, o, a: 8 * size(o[0]))
+def _group_norm(x, w, b, n, c, hw, groups, eps):
+    g = x.reshape((x.shape[0], groups, -1))
+    mean = g.mean(-1, keepdims=True)
+    rstd = lax.rsqrt(((g - mean) ** 2).mean(-1, keepdims=True) + eps)
+    y = ((g - mean) * rstd).reshape(x.shape)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    y = y if w is None else y * w.reshape(shape)
+    y = y if b is None else y + b.reshape(shape)
+    return y, mean.reshape(x.shape[0], groups), rstd.reshape(x.shape[0], groups)
+
+
+@define("aten.group_norm.default", flops=lambda i, o, a: 8 * size(o[0]))
+def _group_norm_composite(x, groups, w=None, b=None, eps=1e-5, cudnn_enabled=True):
+    return _group_norm(x, w, b, x.shape[0], x.shape[1], None, groups, eps)[0]
+
+
+def _resize(x, size_hw, method):
+    return jax.image.resize(x, x.shape[:2] + tuple(size_hw), method=method)
+
+
+@define("aten.upsample_nearest2d.vec", "aten.upsample_nearest2d.default", flops="none")
+def _upsample_nearest(x, output_size=None, scale_factors=None):
+    if output_size is None:
+        output_size = [int(d * s) for d, s in zip(x.shape[2:], scale_factors)]
+    rows = (jnp.arange(output_size[0]) * x.shape[2] // output_size[0])
+    cols = (jnp.arange(output_size[1]) * x.shape[3] // output_size[1])
+    return x[:, :, rows][:, :, :, cols]
+
+
+@define("aten.upsample_bilinear2d.vec", flops="elementwise")
+def _upsample_bilinear(x, output_size=None, align_corners=False, scale_factors=None):
+    if output_size is None:
+        output_size = [int(d * s) for d, s in zip(x.shape[2:], scale_factors)]
+    if align_corners:
+        raise NotImplementedError("align_corners=True")
+    return _resize(x, output_size, "linear").astype(x.dtype)

@@ -442,3 +442,71 @@ def _index_put(x, indices, values, accumulate=False):
 
 define("aten.copy.default", "aten.copy_.default", flops="none")(
     lambda x, src, non_blocking=False: jnp.broadcast_to(src.astype(x.dtype), x.shape))
+
+
+_MORE_UNARY: dict[str, Any] = {
+    "acos": jnp.arccos, "acosh": jnp.arccosh, "asin": jnp.arcsin, "asinh": jnp.arcsinh,
+    "atan": jnp.arctan, "atanh": jnp.arctanh, "cosh": jnp.cosh, "sinh": jnp.sinh, "tan": jnp.tan,
+    "trunc": jnp.trunc, "log10": jnp.log10, "log2": jnp.log2, "isinf": jnp.isinf,
+}
+for _name, _fn in _MORE_UNARY.items():
+    define(f"aten.{_name}.default")(lambda x, fn=_fn: fn(x))
+define("aten.bitwise_and.Scalar")(lambda x, y: jnp.bitwise_and(x, y))
+define("aten.bitwise_or.Scalar")(lambda x, y: jnp.bitwise_or(x, y))
+define("aten.div.Scalar_mode")(lambda x, y, rounding_mode=None: _div(x, y, rounding_mode))
+define("aten.argmin.default", flops="input")(
+    lambda x, dim=None, keepdim=False: jnp.argmin(x, axis=dim, keepdims=keepdim))
+define("aten.prod.dim_int", flops="input")(
+    lambda x, dim, keepdim=False, dtype=None: jnp.prod(x, axis=dim, keepdims=keepdim, dtype=dtype_of(dtype)))
+define("aten.var.dim", flops="input")(
+    lambda x, dim=None, unbiased=True, keepdim=False: jnp.var(x, axis=_axes(dim), ddof=int(unbiased),
+                                                              keepdims=keepdim))
+define("aten.diagonal.default", flops="none")(
+    lambda x, offset=0, dim1=0, dim2=1: jnp.diagonal(x, offset, dim1, dim2))
+define("aten.empty.memory_format", flops="none")(
+    lambda shape, dtype=None, **kw: jnp.zeros(tuple(shape), dtype_of(dtype, jnp.float32)))
+define("aten.empty_strided.default", flops="none")(
+    lambda shape, stride, dtype=None, **kw: jnp.zeros(tuple(shape), dtype_of(dtype, jnp.float32)))
+
+
+def _pad_last(x, pad, mode):
+    widths = [(0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    return jnp.pad(x, widths, mode=mode)
+
+
+define("aten.reflection_pad1d.default", "aten.reflection_pad2d.default", "aten.reflection_pad3d.default",
+       flops="none")(lambda x, pad: _pad_last(x, pad, "reflect"))
+define("aten.replication_pad2d.default", "aten.replication_pad3d.default", flops="none")(
+    lambda x, pad: _pad_last(x, pad, "edge"))
+
+
+def _scatter_index(x, dim, index):
+    grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij")
+    grids[dim % x.ndim] = index
+    return tuple(grids)
+
+
+define("aten.scatter.src", flops="none")(
+    lambda x, dim, index, src: x.at[_scatter_index(x, dim, index)].set(src[tuple(
+        slice(0, n) for n in index.shape)].astype(x.dtype)))
+define("aten.scatter.value", flops="none")(
+    lambda x, dim, index, value: x.at[_scatter_index(x, dim, index)].set(jnp.asarray(value, x.dtype)))
+define("aten.scatter_add.default", flops="none")(
+    lambda x, dim, index, src: x.at[_scatter_index(x, dim, index)].add(src[tuple(
+        slice(0, n) for n in index.shape)].astype(x.dtype)))
+
+
+@define("aten.sort.default", flops="input")
+def _sort(x, dim=-1, descending=False):
+    order = jnp.argsort(-x if descending else x, axis=dim, stable=True)
+    return jnp.take_along_axis(x, order, axis=dim), order
+
+
+@define("aten.topk.default", flops="input")
+def _topk(x, k, dim=-1, largest=True, sorted=True):
+    moved = jnp.moveaxis(x if largest else -x, dim, -1)
+    values, indices = jax.lax.top_k(moved, k)
+    values = values if largest else -values
+    return jnp.moveaxis(values, -1, dim), jnp.moveaxis(indices, -1, dim)

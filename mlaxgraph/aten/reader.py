@@ -69,6 +69,7 @@ class _Reader:
         self.uses: dict[str, int] = {}
         self.symbols: dict[str, Any] = {}  # size computations: node -> its dim
         self.shapes: dict[Hashable, tuple] = {}
+        self.dissolved: set[str] = set()  # modules that are one of our layers
 
     # --- values ----------------------------------------------------------------------
 
@@ -88,22 +89,23 @@ class _Reader:
 
     # --- scopes ----------------------------------------------------------------------
 
-    @staticmethod
-    def scopes(stack: list, within: str | None = None) -> tuple[Scope, ...]:
-        """The stack as scopes, each named relative to its parent; with ``within``,
-        only the modules that hold it (the scopes its weights sit under)."""
+    def scopes(self, stack: list, within: str | None = None) -> tuple[tuple[Scope, ...], str]:
+        """The stack as scopes, each named relative to its parent, and the path of the
+        innermost; with ``within``, only the modules that hold it (the scopes its
+        weights sit under). A module that is itself one of our layers (a LayerNorm2d
+        permuting around its norm) is no scope: its other operations sit beside it."""
         out, parent = [], ""
         for path, kind in stack:
             if within is not None and not within.startswith(path + "."):
                 break
-            name = path[len(parent) + 1:] if parent and path.startswith(parent + ".") else path
-            out.append(Scope(_safe(name), _safe(kind)))
+            if path in self.dissolved:
+                continue
+            out.append(Scope(self.relative(parent, path), _safe(kind)))
             parent = path
-        return tuple(out)
+        return tuple(out), parent
 
     @staticmethod
-    def relative(stack: list, scopes: tuple, path: str) -> str:
-        parent = stack[len(scopes) - 1][0] if scopes else ""
+    def relative(parent: str, path: str) -> str:
         return _safe(path[len(parent) + 1:] if parent and path.startswith(parent + ".") else path)
 
     def layer(self, scopes: tuple, name: str | None, make: Any) -> Any:
@@ -130,8 +132,8 @@ class _Reader:
         that holds its module."""
         if placeholder in self.made:
             return self.made[placeholder]
-        scopes = self.scopes(stack, target)
-        name = self.relative(stack, scopes, target)
+        scopes, parent = self.scopes(stack, target)
+        name = self.relative(parent, target)
         array = self.tensors[target]
         key = (f"{placeholder}", 0)
         make: Any
@@ -180,10 +182,7 @@ class _Reader:
             self.alias[name] = (self.key(source["ref"])[0], int(index))
             return
         args, kwargs = node["args"], node["kwargs"]
-        found = match_layer(target, args, kwargs,
-                            lambda a, any_kind=False: self.placeholder(
-                                a, _WEIGHT_KINDS + (_STATE_KINDS if any_kind else ())),
-                            self.shape_of)
+        found = self.match(node)
         if found is not None and found.owner:
             self.layer_step(node, found, stack, where)
             return
@@ -215,14 +214,14 @@ class _Reader:
         enc_kwargs = tuple(sorted((k, encode(v)) for k, v in kwargs.items()))
         n_out = len(node["outputs"])
         cls = op_class(target)
-        scopes, layer_name = self.scopes(stack), None
+        (scopes, innermost), layer_name = self.scopes(stack), None
         if found is not None:  # weightless layer of ours (dropout)
             layer_make: Any = lambda n: found.layer(n)  # noqa: E731
             reads: tuple = (refs[0],)
         else:
             layer_make = lambda n: cls(args=enc_args, kwargs=enc_kwargs, name=n)  # noqa: E731
             reads = tuple(refs)
-        if stack and self.uses.get(stack[-1][0], 0) == 1:
+        if stack and innermost == stack[-1][0] and self.uses.get(innermost, 0) == 1:
             scopes, layer_name = scopes[:-1], scopes[-1].name  # a module of one operation
         try:
             layer = self.layer(scopes, layer_name, layer_make)
@@ -257,15 +256,27 @@ class _Reader:
             return
         self.symbols[node["name"]] = _SYM_OPS[node["target"]](value(args[0]), value(args[1]))
 
-    def layer_step(self, node: dict, found: Any, stack: list, where: str) -> None:
+    def match(self, node: dict) -> Any:
+        return match_layer(node["target"], node["args"], node["kwargs"],
+                           lambda a, any_kind=False: self.placeholder(
+                               a, _WEIGHT_KINDS + (_STATE_KINDS if any_kind else ())),
+                           self.shape_of)
+
+    @staticmethod
+    def owner(found: Any, stack: list) -> str:
+        """The module a layer is named after: its weights' module, or (for a weight of
+        another module: a head reading the embedding's table) the module calling it,
+        which holds a copy under its own name, as its state dict does."""
         owner = found.owner
         if stack and owner not in {path for path, _ in stack} and \
                 not owner.startswith(stack[-1][0] + "."):
-            # a weight of another module (tied: a head reading the embedding's table):
-            # this module holds a copy under its own name, as its state dict does
             owner = stack[-1][0]
-        scopes = self.scopes(stack, owner)
-        layer = self.layer(scopes, self.relative(stack, scopes, owner), found.layer)
+        return owner
+
+    def layer_step(self, node: dict, found: Any, stack: list, where: str) -> None:
+        owner = self.owner(found, stack)
+        scopes, parent = self.scopes(stack, owner)
+        layer = self.layer(scopes, self.relative(parent, owner), found.layer)
         params = {k: found.convert.get(k, lambda a: a)(self.tensors[t]) for k, t in found.params.items()}
         if params:
             self.put(self.params, scopes, layer.name, params)
@@ -338,6 +349,12 @@ class _Reader:
             run = [leaf, run[1] + 1 if run[0] == leaf else 1]
             if leaf is not None:
                 self.uses[leaf] = max(self.uses.get(leaf, 0), run[1])
+        for n in nodes:
+            found = self.match(n) if n["target"] != "getitem" else None
+            if found is not None and found.owner:
+                owner = self.owner(found, n["stack"])
+                if owner in {path for path, _ in n["stack"]}:
+                    self.dissolved.add(owner)
         for n in nodes:
             self.node(n)
         outputs = []
