@@ -86,8 +86,9 @@ def main():
     parser.add_argument("--only", nargs="*")
     parser.add_argument("--skip", nargs="*", default=[])
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--table", action="store_true", help="run nothing: the table of the rows kept")
     args = parser.parse_args()
-    names = args.only or torchvision.models.list_models(module=torchvision.models)
+    names = [] if args.table else args.only or torchvision.models.list_models(module=torchvision.models)
     known = json.load(open(ROWS)) if os.path.exists(ROWS) else {}
     for name in names:
         if name in args.skip:

@@ -17,7 +17,13 @@ __all__ = ["from_torch", "save_program", "supported_ops"]
 
 
 def supported_ops() -> list[str]:
-    """The ATen operators ``from_torch`` reads, sorted."""
+    """The ATen operators ``from_torch`` reads, sorted.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> "aten.convolution.default" in mg.aten.supported_ops()
+      True
+    """
     return sorted(set(TABLE) | set(LAYER_TARGETS) | {"aten.sym_size.int"})
 
 
@@ -71,6 +77,14 @@ def from_torch(source: Any, example_args: Any = None, *,
         module path), or a module torch.export cannot capture; mg.ShapeError: a
         data-dependent size, or dims that contradict the module;
         mg.SerializationError: a damaged program folder.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> graph, params, state = mg.from_torch("tests/fixtures/torch/small_cnn")
+      >>> graph.select(op="conv")[:3]
+      ['stem/0', 'layer1/0/conv1', 'layer1/0/conv2']
+      >>> sorted(mg.models.to_state_dict(graph, params, state))[:2]
+      ['head.bias', 'head.weight']
     """
     if isinstance(source, (str, os.PathLike)):
         record, tensors = program_file.load_program(source)
@@ -90,7 +104,13 @@ def save_program(source: Any, folder: str | os.PathLike, example_args: Any = Non
                  dynamic_shapes: Any = None) -> str:
     """Writes a module or ``ExportedProgram`` as a program folder (``program.json`` and
     ``tensors.safetensors``, documented in ``mlaxgraph.aten.program``) that
-    ``from_torch(folder)`` reads without torch."""
+    ``from_torch(folder)`` reads without torch; returns the folder. Needs torch.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> mg.aten.save_program  # doctest: +ELLIPSIS
+      <function save_program at ...>
+    """
     if not hasattr(source, "graph_signature"):
         source = _export(source, example_args, dynamic_shapes)
     record, tensors = _capture(source, dynamic_shapes)
