@@ -51,8 +51,11 @@ def lookup(op_name: str) -> type[Layer]:
     try:
         return _REGISTRY[op_name]
     except (KeyError, TypeError):
+        plain = [name for name in sorted(_REGISTRY) if "." not in name]
+        families = sorted({name.partition(".")[0] for name in _REGISTRY if "." in name})
+        more = f"; and the families {', '.join(f + '.*' for f in families)}" if families else ""
         raise GraphError(f"unknown op {op_name!r}; registered ops: "
-                         f"{', '.join(sorted(_REGISTRY))}") from None
+                         f"{', '.join(plain)}{more}") from None
 
 
 def registered_ops() -> dict[str, type[Layer]]:
