@@ -20,7 +20,7 @@ from ..core.specs import as_dim
 from ..ir.graph import Graph, Input
 from ..ir.outline import Scope, Step, outline
 from ..ops.param import Param
-from . import ops_nn, ops_table  # noqa: F401  (they fill the table)
+from . import ops_nn, ops_table, ops_tensor  # noqa: F401  (they fill the table)
 from .layer import TABLE, TENSOR, Buffer, op_class
 from .layers import match_layer
 from .ops_table import dtype_of
