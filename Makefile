@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup graphviz chromium lint test soak demo bench docs clean
+.PHONY: setup graphviz chromium lint test test-torch soak demo bench docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -48,6 +48,22 @@ TEST_WORKERS ?= auto
 
 test: setup chromium lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
+
+# mg.from_torch against PyTorch itself: torch (about 5 GB with its CUDA libraries),
+# torchvision and transformers go into their own environment, never into $(VENV);
+# `make test` checks the importer on the committed programs in tests/fixtures/torch
+# (tests/fixtures/torch/make.py writes them with this environment).
+TORCH_VENV ?= .venv-torch
+TORCH_PY := $(TORCH_VENV)/bin/python
+
+$(TORCH_VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(TORCH_PY) || python3 -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install --quiet --upgrade pip
+	$(TORCH_PY) -m pip install --quiet -e ".[torch-test]"
+	touch $@
+
+test-torch: $(TORCH_VENV)/.installed
+	$(TORCH_PY) -m pytest -q -p no:cacheprovider tests_torch
 
 # The soak (not part of `make test`; about 25 minutes on 2 cores): 10,000 random graphs
 # against the reference interpreter, 100,000 mutated files through the loaders, 120

@@ -14,11 +14,12 @@ Example:
   ((32, 10), dtype('float32'))
 """
 
-from . import models, ops, train
+from . import aten, models, ops, train
 from .adapters import lora, lora_params, merge_lora, quantize, quantize_weights
 from .analysis.cost import CostTable, LayerCost
 from .analysis.hlo.by_layer import HloByLayer, HloOperation
 from .analysis.policy_comparison import PolicyComparison, compare_policies
+from .aten import from_torch
 from .compiler.compile import CompiledModel, compile
 from .compiler.policy import Policy
 from .core.errors import (
@@ -50,6 +51,6 @@ __all__ = [
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
     "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
     "lora", "lora_params", "merge_lora", "lora_from_peft", "quantize", "quantize_weights",
-    "from_onnx",
+    "from_onnx", "aten", "from_torch",
     "__version__",
 ]

@@ -23,7 +23,7 @@ LAYERS = [
     ("adapters",),
     ("distributed",),
     ("io",),
-    ("onnx",),
+    ("onnx", "aten"),
     ("analysis",),
     ("render",),
     ("examples", "models"),

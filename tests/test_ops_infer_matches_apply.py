@@ -262,6 +262,7 @@ CASES = {
                                  [(("batch", 6, 4), F32), ((6,), I32)],
                                  [(("batch", 6, 2, 4), F32), (("batch", 6), I32)]]),
     ],
+    "aten.buffer": [(mg.aten.Buffer((2, 3), "float32"), [[]]), (mg.aten.Buffer((5,), "int32"), [[]])],
     "function": [
         (ops.F(jnp.tanh), [[(("batch", 4), F32)], [((2, 3), BF16)]]),
         (ops.F(_two), [[(("batch", 4), F32), ((4, 3), F32)]]),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import pathlib
 import shutil
 import tempfile
@@ -63,10 +64,19 @@ def _execute(path: pathlib.Path) -> dict:
     from nbclient import NotebookClient
 
     notebook = nbformat.read(path, as_version=4)
-    with tempfile.TemporaryDirectory() as scratch:
-        shutil.copy(path, scratch)
-        NotebookClient(notebook, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": scratch}}).execute()
+    # the kernel imports this checkout's package, as the notebook tests' kernels do
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([saved] if saved else []))
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            shutil.copy(path, scratch)
+            NotebookClient(notebook, timeout=600, kernel_name="python3",
+                           resources={"metadata": {"path": scratch}}).execute()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
     return json.loads(nbformat.writes(notebook))
 
 

@@ -1,0 +1,12 @@
+"""PyTorch programs in: ``mg.from_torch`` reads a ``torch.export`` program (or exports
+a module itself) as a typed graph whose nested blocks are the module hierarchy, and
+the ``aten`` op family computes the ATen operators that are not layers of ours. Only
+``capture`` imports torch; programs saved with ``save_program`` load without it."""
+
+from . import ops_nn, ops_table, ops_tensor  # noqa: F401  (they fill the op table)
+from .api import from_torch, save_program, supported_ops
+from .layer import TABLE, AtenOp, Buffer, op_class
+from .program import load_program
+
+__all__ = ["from_torch", "save_program", "load_program", "supported_ops", "AtenOp", "Buffer",
+           "TABLE", "op_class"]

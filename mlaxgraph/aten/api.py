@@ -1,0 +1,117 @@
+"""``mg.from_torch``: a PyTorch module, a ``torch.export`` program or a saved program
+folder as ``(graph, params, state)``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..core.errors import GraphError, ShapeError
+from ..ir.graph import Graph
+from . import program as program_file
+from .layer import TABLE
+from .layers import LAYER_TARGETS
+from .reader import read_program
+
+__all__ = ["from_torch", "save_program", "supported_ops"]
+
+
+def supported_ops() -> list[str]:
+    """The ATen operators ``from_torch`` reads, sorted.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> "aten.convolution.default" in mg.aten.supported_ops()
+      True
+    """
+    return sorted(set(TABLE) | set(LAYER_TARGETS) | {"aten.sym_size.int"})
+
+
+def _export(module: Any, example_args: Any, dynamic_shapes: Any) -> Any:
+    from .capture import require_torch
+
+    torch = require_torch()
+    args = tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,)
+    try:
+        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
+    except Exception as e:  # torch's own errors: data-dependent flow, bad dims
+        text = (str(e).strip().splitlines() or [type(e).__name__])[0][:400]
+        kind = type(e).__name__
+        if "Constraint" in kind or "dynamic" in text.lower() or "Dim" in text:
+            raise ShapeError(f"torch.export could not export {type(module).__name__} with these "
+                             f"dims: {kind}: {text}") from None
+        raise GraphError(f"torch.export could not export {type(module).__name__} ({kind}): {text}; "
+                         f"data-dependent control flow must be written with torch.cond or "
+                         f"removed") from None
+
+
+def _capture(program: Any, dynamic_shapes: Any = None) -> tuple[dict, dict]:
+    from .capture import capture
+
+    return capture(program, dynamic_shapes)
+
+
+def from_torch(source: Any, example_args: Any = None, *,
+               dynamic_shapes: Any = None) -> tuple[Graph, dict, dict]:
+    """A PyTorch model as ``(graph, params, state)``.
+
+    Args:
+      source: a ``torch.export.ExportedProgram``; a ``torch.nn.Module`` (exported here
+        with ``example_args`` and ``dynamic_shapes``); or the path of a folder
+        ``mg.aten.save_program`` wrote (read without torch).
+      example_args: the module's example inputs (a tensor or a tuple of them).
+      dynamic_shapes: ``torch.export``'s ``dynamic_shapes`` (``torch.export.Dim``s):
+        those dims are symbolic in the graph, named as the ``Dim``s (with an
+        ``ExportedProgram``, pass the ``dynamic_shapes`` it was exported with to
+        keep the names; torch's ``s0`` ... otherwise).
+
+    Returns:
+      The graph (its blocks the module hierarchy, named by module path relative to
+      the parent: ``layer1`` >> ``0`` >> ``conv1``), its weights nested the same way
+      (``mg.models.to_state_dict`` gives the module's state-dict names back) and its
+      state (BatchNorm statistics, buffers). A program exported in train mode computes
+      as PyTorch's with ``apply(..., inference_mode=False)``.
+
+    Raises:
+      mg.GraphError: an ATen operator the importer does not support (named with its
+        module path), or a module torch.export cannot capture; mg.ShapeError: a
+        data-dependent size, or dims that contradict the module;
+        mg.SerializationError: a damaged program folder.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> graph, params, state = mg.from_torch("tests/fixtures/torch/small_cnn")
+      >>> graph.select(op="conv")[:3]
+      ['stem/0', 'layer1/0/conv1', 'layer1/0/conv2']
+      >>> sorted(mg.models.to_state_dict(graph, params, state))[:2]
+      ['head.bias', 'head.weight']
+    """
+    if isinstance(source, (str, os.PathLike)):
+        record, tensors = program_file.load_program(source)
+        name = os.path.basename(os.path.normpath(source)) or "torch"
+    else:
+        if not hasattr(source, "graph_signature"):
+            name = type(source).__name__
+            source = _export(source, example_args, dynamic_shapes)
+        else:
+            name = type(source.module()).__name__ if hasattr(source, "module") else "torch"
+        record, tensors = _capture(source, dynamic_shapes)
+        record = program_file.check_program(record)
+    return read_program(record, tensors, name=name)
+
+
+def save_program(source: Any, folder: str | os.PathLike, example_args: Any = None, *,
+                 dynamic_shapes: Any = None) -> str:
+    """Writes a module or ``ExportedProgram`` as a program folder (``program.json`` and
+    ``tensors.safetensors``, documented in ``mlaxgraph.aten.program``) that
+    ``from_torch(folder)`` reads without torch; returns the folder. Needs torch.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> mg.aten.save_program  # doctest: +ELLIPSIS
+      <function save_program at ...>
+    """
+    if not hasattr(source, "graph_signature"):
+        source = _export(source, example_args, dynamic_shapes)
+    record, tensors = _capture(source, dynamic_shapes)
+    return program_file.save_program(folder, record, tensors)

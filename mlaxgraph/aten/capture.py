@@ -1,0 +1,179 @@
+"""A ``torch.export`` program as mlaxgraph's torch program record (a JSON-ready dict)
+and its tensors as NumPy arrays: the one place that imports torch (lazily, inside
+``capture``), so the rest of the importer and its files need none."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ConfigError, GraphError
+from .program import FORMAT, VERSION
+
+__all__ = ["capture", "require_torch"]
+
+
+def require_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("mg.from_torch on a module or ExportedProgram needs PyTorch: "
+                          "pip install mlaxgraph[torch] (files written by "
+                          "mg.aten.save_program load without it)") from None
+    return torch
+
+
+_NAMES: dict[str, str] = {}  # torch's symbols -> the user's Dim names, while capturing
+
+
+def _dim(d: Any) -> Any:
+    if isinstance(d, (int, np.integer)):
+        return int(d)
+    text = str(d).replace(" ", "")
+    if _NAMES:
+        text = re.sub(r"\b[su]\d+\b", lambda m: _NAMES.get(m.group(0), m.group(0)), text)
+    try:
+        return int(text)
+    except ValueError:
+        return {"sym": text}
+
+
+def _dim_names(program: Any, dynamic_shapes: Any) -> dict[str, str]:
+    """torch's symbol of each user input dim given as a named ``torch.export.Dim``."""
+    if dynamic_shapes is None:
+        return {}
+    specs = list(dynamic_shapes.values()) if isinstance(dynamic_shapes, dict) else list(dynamic_shapes)
+    users = [n for n in program.graph.nodes if n.op == "placeholder"
+             and n.name in {s.arg.name for s in program.graph_signature.input_specs
+                            if s.kind.name.lower() == "user_input"}]
+    names = {}
+    for node, spec in zip(users, specs):
+        dims = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
+        shape = getattr(node.meta.get("val"), "shape", ())
+        for i, dim in dims:
+            name = getattr(dim, "__name__", None)
+            if name and i < len(shape) and not isinstance(shape[i], int):
+                names[str(shape[i])] = re.sub(r"\W", "_", name)
+    return names
+
+
+def _spec(value: Any) -> dict | None:
+    torch = require_torch()
+    if isinstance(value, torch.Tensor):
+        return {"shape": [_dim(d) for d in value.shape], "dtype": str(value.dtype).replace("torch.", "")}
+    return None
+
+
+def _arg(value: Any) -> Any:
+    torch = require_torch()
+    if isinstance(value, torch.fx.Node):
+        return {"ref": value.name}
+    if isinstance(value, (list, tuple)):
+        return [_arg(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).replace("torch.", "")}
+    if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
+        return None
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return _dim(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        if isinstance(value, float) and not np.isfinite(value):
+            return {"float": str(value)}
+        return value
+    raise GraphError(f"an argument of type {type(value).__name__} is not supported: {value!r}")
+
+
+def _target(node: Any) -> str:
+    import operator
+
+    if node.target is operator.getitem:
+        return "getitem"
+    return str(node.target)
+
+
+def capture(program: Any, dynamic_shapes: Any = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """``(record, tensors)`` of an ``ExportedProgram``: the record as
+    ``mlaxgraph.aten.program`` documents it, the tensors its parameters, buffers and
+    constants by their state-dict names. Symbolic dims take the names of the
+    ``torch.export.Dim``s in ``dynamic_shapes`` (torch's own, ``s0``, otherwise)."""
+    _NAMES.clear()
+    _NAMES.update(_dim_names(program, dynamic_shapes))
+    try:
+        return _capture(program)
+    finally:
+        _NAMES.clear()
+
+
+def _writes_in_place(program: Any) -> bool:
+    """Whether an operator writes into a tensor the program computes (``fill_`` on a
+    slice of a mask): such programs are made functional first (``slice_scatter``)."""
+    for node in program.graph.nodes:
+        if node.op != "call_function" or not str(node.target).startswith("aten."):
+            continue
+        op = str(node.target).split(".")[1]
+        if op.endswith("_") and not op.endswith("__") and node.args and \
+                getattr(node.args[0], "op", None) != "placeholder":
+            return True
+    return False
+
+
+def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
+    torch = require_torch()
+    if _writes_in_place(program):
+        program = program.run_decompositions({})
+    sig = program.graph_signature
+    kinds: dict[str, tuple[str, str | None]] = {}
+    for spec in sig.input_specs:
+        name = getattr(spec.arg, "name", None)
+        kinds[str(name)] = (spec.kind.name.lower(), spec.target)
+    inputs, nodes, outputs = [], [], []
+    for node in program.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            kind, target = kinds.get(node.name, ("user_input", None))
+            inputs.append({"name": node.name, "kind": kind, "target": target, **(_spec(val) or {})})
+        elif node.op == "call_function":
+            vals = val if isinstance(val, (list, tuple)) else [val]
+            stack = node.meta.get("nn_module_stack") or {}
+            nodes.append({
+                "name": node.name, "target": _target(node),
+                "args": [_arg(a) for a in node.args],
+                "kwargs": {k: _arg(v) for k, v in node.kwargs.items()},
+                "outputs": [_spec(v) for v in vals],
+                "stack": [[path, getattr(kind, "__name__", str(kind)).rpartition(".")[2]]
+                          for path, kind in stack.values()
+                          if path and not path.startswith("_empty_nn_module_stack")],
+                "source": (node.meta.get("stack_trace") or "").strip().splitlines()[-2:][:1],
+            })
+        elif node.op == "output":
+            outputs = [_arg(a) for a in node.args[0]]
+        else:
+            raise GraphError(f"node {node.name!r}: {node.op} nodes are not supported "
+                             f"(torch.export gives placeholders, call_function and output)")
+    mutations = {o.arg.name: o.target for o in sig.output_specs
+                 if o.kind.name.lower() == "buffer_mutation"}
+    user_outputs = [i for i, o in enumerate(sig.output_specs) if o.kind.name.lower() == "user_output"]
+    ranges = {}
+    for symbol, r in program.range_constraints.items():
+        lower, upper = r.lower, r.upper
+        ranges[_NAMES.get(str(symbol), str(symbol))] = [int(lower), None if not upper.is_finite else int(upper)]
+    training = any(str(n["target"]).startswith(("aten._native_batch_norm_legit_functional",
+                                                "aten.native_batch_norm"))
+                   or (n["target"] == "aten.batch_norm.default" and n["args"][5] is True)
+                   or (n["target"] == "aten.dropout.default" and n["args"][2] is True)
+                   for n in nodes)
+    record = {"format": FORMAT, "version": VERSION, "torch": torch.__version__,
+              "training": bool(training), "inputs": inputs, "nodes": nodes,
+              "outputs": outputs, "user_outputs": user_outputs, "mutations": mutations,
+              "dims": ranges}
+    tensors: dict[str, np.ndarray] = {}
+    for source in (program.state_dict, program.constants):
+        for name, t in source.items():
+            if isinstance(t, torch.Tensor):
+                t = t.detach().cpu()
+                if t.dtype == torch.bfloat16:
+                    t = t.float()
+                tensors[name] = t.numpy().copy()
+    return record, tensors

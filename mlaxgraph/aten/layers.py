@@ -1,0 +1,157 @@
+"""The module calls read as mlaxgraph's own layers, so summaries, FLOPs, state dicts
+and ``hlo_by_layer`` read as for a model built here: each rule takes an ATen node whose
+weights are the module's parameters and returns the layer, its weights in our layout
+and the node's tensor argument. ``nn.Linear`` (``aten.linear``), ``nn.Conv1d/2d/3d``
+(``aten.conv2d``, ``aten.convolution``), ``nn.BatchNorm*`` (``aten.batch_norm``,
+``aten._native_batch_norm_legit_no_training``), ``nn.LayerNorm`` over the last dim
+(``aten.layer_norm``), ``nn.Embedding`` (``aten.embedding``) and ``nn.Dropout``
+(``aten.dropout``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..ops.conv import Conv
+from ..ops.dropout import Dropout
+from ..ops.embedding import Embedding
+from ..ops.linear import Linear
+from ..ops.normalization import BatchNorm, LayerNorm
+
+__all__ = ["Match", "match_layer", "LAYER_TARGETS"]
+
+
+class Match(NamedTuple):
+    layer: Any               # the layer, without a name yet (``layer(name)``)
+    owner: str | None        # the module its weights belong to ("" for none)
+    params: dict             # our weight name -> the program's tensor name
+    state: dict              # likewise for state
+    convert: dict            # our weight name -> how to lay the tensor out (a function)
+    input: Any               # the node's tensor argument ({"ref": ...})
+
+
+def _owner(targets: list[str | None]) -> str | None:
+    """The module owning weights named ``<module>.weight`` ...: None when they are not
+    all parameters of one module."""
+    given = [t for t in targets if t is not None]
+    if any(t.rpartition(".")[2] not in _NAMES for t in given):
+        return None  # not the module's own weight and bias (MultiheadAttention's in_proj_weight)
+    modules = {t.rpartition(".")[0] for t in given}
+    return modules.pop() if len(modules) == 1 else None
+
+
+_NAMES = ("weight", "bias", "running_mean", "running_var")
+
+
+def _tuple(v: Any, n: int) -> tuple:
+    return tuple(v) * (n if len(v) == 1 else 1) if isinstance(v, list) else (v,) * n
+
+
+def _linear(args, kwargs, weight, shape):
+    w, b = weight(args[1]), weight(args[2]) if len(args) > 2 else None
+    if w is None or (len(args) > 2 and args[2] is not None and b is None):
+        return None
+    out = shape(args[1])[0]
+    params = {"kernel": w, **({"bias": b} if b else {})}
+    return Match(lambda name: Linear(int(out), use_bias=b is not None, precision="highest", name=name),
+                 _owner([w, b]), params, {}, {"kernel": lambda a: a.T}, args[0])
+
+
+def _conv(args, kwargs, weight, shape, core=False):
+    w = weight(args[1])
+    b = weight(args[2]) if len(args) > 2 and args[2] is not None else None
+    if w is None or (len(args) > 2 and args[2] is not None and b is None):
+        return None
+    k = shape(args[1])
+    nd = len(k) - 2
+    if core:
+        stride, padding, dilation, transposed, _, groups = args[3:9]
+        if transposed:
+            return None
+    else:
+        stride, padding, dilation, groups = (list(args[3:]) + [1, 0, 1, 1][len(args) - 3:])[:4] \
+            if len(args) > 3 else (1, 0, 1, 1)
+        if isinstance(padding, str):
+            return None
+    pads = tuple((p, p) for p in _tuple(padding, nd))
+    params = {"kernel": w, **({"bias": b} if b else {})}
+
+    def make(name):
+        return Conv(int(k[0]), tuple(int(d) for d in k[2:]), strides=_tuple(stride, nd), padding=pads,
+                    dilation=_tuple(dilation, nd), groups=int(groups), use_bias=b is not None,
+                    data_format="NCHW", precision="highest", name=name)
+    return Match(make, _owner([w, b]), params, {}, {}, args[0])
+
+
+def _batch_norm(args, kwargs, weight, shape, core=False):
+    names = [weight(a, any_kind=True) for a in args[1:5]]
+    if any(n is None for n in names):
+        return None
+    momentum, eps = (args[5], args[6]) if core else (args[6], args[7])
+    if momentum is None:
+        return None
+    params, state = {"scale": names[0], "bias": names[1]}, {"mean": names[2], "var": names[3]}
+    return Match(lambda name: BatchNorm(momentum=1.0 - float(momentum), epsilon=float(eps), axis=1,
+                                        unbiased_running_var=True, name=name),
+                 _owner(names), params, state, {}, args[0])
+
+
+def _layer_norm(args, kwargs, weight, shape):
+    if len(args) < 3 or len(args[1]) != 1:
+        return None
+    w = weight(args[2])
+    b = weight(args[3]) if len(args) > 3 and args[3] is not None else None
+    if w is None or (len(args) > 3 and args[3] is not None and b is None):
+        return None
+    eps = args[4] if len(args) > 4 else 1e-5
+    params = {"scale": w, **({"bias": b} if b else {})}
+    return Match(lambda name: LayerNorm(epsilon=float(eps), use_bias=b is not None, name=name),
+                 _owner([w, b]), params, {}, {}, args[0])
+
+
+def _embedding(args, kwargs, weight, shape):
+    w = weight(args[0])
+    if w is None or (len(args) > 2 and args[2] not in (-1, None)):
+        return None
+    n, d = shape(args[0])
+    return Match(lambda name: Embedding(int(n), int(d), name=name), _owner([w]),
+                 {"embedding": w}, {}, {}, args[1])
+
+
+def _dropout(args, kwargs, weight, shape):
+    p = float(args[1]) if len(args) > 1 else 0.5
+    if not 0.0 <= p < 1.0:
+        return None
+    return Match(lambda name: Dropout(p, name=name), "", {}, {}, {}, args[0])
+
+
+_RULES: dict[str, Callable] = {
+    "aten.linear.default": _linear,
+    "aten.conv1d.default": _conv, "aten.conv2d.default": _conv, "aten.conv3d.default": _conv,
+    "aten.convolution.default": lambda a, k, w, s: _conv(a, k, w, s, core=True),
+    "aten.batch_norm.default": _batch_norm,
+    "aten._native_batch_norm_legit_no_training.default":
+        lambda a, k, w, s: _batch_norm(a, k, w, s, core=True),
+    "aten.layer_norm.default": _layer_norm,
+    "aten.embedding.default": _embedding,
+    "aten.dropout.default": _dropout,
+}
+
+#: The ATen operators read as mlaxgraph's layers.
+LAYER_TARGETS = tuple(sorted(_RULES))
+
+
+def match_layer(target: str, args: list, kwargs: dict, weight: Callable, shape: Callable) -> Match | None:
+    """The layer a node is, or None. ``weight(arg)`` is the parameter an argument
+    names (its state-dict name) or None; ``shape(arg)`` its shape."""
+    rule = _RULES.get(target)
+    if rule is None:
+        return None
+    found = rule(args, kwargs, weight, shape)
+    return found if found is None or found.owner is not None else None
+
+
+def as_array(value: Any) -> np.ndarray:
+    return np.asarray(value)

@@ -1,0 +1,157 @@
+"""mg.from_torch on committed torch.export programs (tests/fixtures/torch, written by
+tests/fixtures/torch/make.py with PyTorch): numerics against PyTorch's own outputs
+stored beside them, the module hierarchy as blocks, state-dict names, scanned blocks,
+and the errors. torch itself is not needed (``make test-torch`` runs it live)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import mlaxgraph as mg
+from mlaxgraph.aten.program import load_program
+from mlaxgraph.aten.reader import read_program
+
+HERE = os.path.join(os.path.dirname(__file__), "fixtures", "torch")
+
+
+def _load(name):
+    folder = os.path.join(HERE, name)
+    graph, params, state = mg.from_torch(folder)
+    return graph, params, state, load_file(os.path.join(folder, "reference.safetensors"))
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "small_cnn_core", "tiny_transformer"])
+def test_outputs_match_pytorch(name):
+    graph, params, state, ref = _load(name)
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(ref["input_0"]), inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out), ref["output_0"], rtol=1e-5, atol=1e-5)
+
+
+def test_blocks_are_the_module_hierarchy():
+    graph, params, _, _ = _load("small_cnn")
+    paths = [path for path, _ in graph.walk()]
+    for module in ("stem", "stem/0", "stem/1", "layer1", "layer1/0", "layer1/0/conv1",
+                   "layer1/1/bn1", "layer1/1/conv2", "head"):
+        assert module in paths
+    assert graph.node("layer1").op.graph.node("0").op.graph.name == "Residual"
+    assert graph.select(op="conv") == ["stem/0", "layer1/0/conv1", "layer1/0/conv2",
+                                       "layer1/1/conv1", "layer1/1/conv2"]
+    assert graph.node("head").op.op_name == "linear"
+    # equal modules give equal graphs
+    layer1 = graph.node("layer1").op.graph
+    assert layer1.node("0").op.graph == layer1.node("1").op.graph
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "small_cnn_core", "tiny_transformer"])
+def test_weights_under_the_state_dict_names(name):
+    graph, params, state, _ = _load(name)
+    tensors = load_file(os.path.join(HERE, name, "tensors.safetensors"))
+    ours = mg.models.to_state_dict(graph, params, state)
+    assert set(ours) == set(tensors)
+    for key, value in tensors.items():
+        np.testing.assert_array_equal(ours[key], value)
+    # and back: a state dict loads into the graph's layout
+    p2, s2 = mg.models.load_state_dict(graph, tensors)
+    leaves = jax.tree_util.tree_leaves
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(p2), leaves(params)))
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(s2), leaves(state)))
+
+
+def test_symbolic_batch_and_scanned_blocks():
+    graph, params, state, ref = _load("tiny_transformer")
+    assert str(graph.input_specs[0]) == "i32[batch,8]"
+    x = np.asarray(ref["input_0"])
+    three = jnp.asarray(np.concatenate([x, x[:1]]))
+    model = mg.compile(graph)
+    out, _ = model.apply(params, state, three, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out)[:2], ref["output_0"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out)[2], ref["output_0"][0], rtol=1e-5, atol=1e-5)
+    assert graph.select("h.*/attn/qkv") == ["h.0/attn/qkv", "h.1/attn/qkv", "h.2/attn/qkv"]
+    scanned = mg.compile(graph, scan_blocks=True)
+    assert [n.op.op_name for n in scanned.graph.nodes].count("scan") == 1
+    p2, s2 = scanned.stack_weights(params, state)
+    out2, _ = scanned.apply(p2, s2, jnp.asarray(x), inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out2), ref["output_0"], rtol=1e-5, atol=1e-5)
+
+
+def test_hlo_by_layer_names_module_paths():
+    graph, params, state, ref = _load("small_cnn")
+    rows = mg.compile(graph).hlo_by_layer(jnp.asarray(ref["input_0"]), inference_mode=True)
+    text = str(rows)
+    assert "layer1/0/conv1" in text and "layer1/1/bn1" in text
+
+
+def test_flops_and_summary_of_aten_ops():
+    graph, _, _, _ = _load("tiny_transformer")
+    cost = mg.compile(graph).cost_table(batch=2)
+    rows = {row.layer: row for row in cost.rows}
+    # 2 * batch * heads * seq * seq * head_dim for Q K^T, as much for P V
+    assert rows["h.0/attn/scaled_dot_product_attention"].flops == 4 * 2 * 4 * 8 * 8 * 8
+    # the linear layers: 2 * batch * seq * in * out
+    assert rows["h.1/attn/qkv"].flops == 2 * 2 * 8 * 32 * 96 + 2 * 8 * 96
+    assert rows["h.2/mlp/1"].op == "aten.gelu.default"
+
+
+def _record(name):
+    return load_program(os.path.join(HERE, name))
+
+
+def test_unsupported_op_names_the_op_and_module():
+    record, tensors = _record("small_cnn")
+    record = copy.deepcopy(record)
+    node = next(n for n in record["nodes"] if n["target"] == "aten.relu.default")
+    node["target"] = "aten.special_bessel_j0.default"
+    with pytest.raises(mg.GraphError, match=r"aten\.special_bessel_j0\.default.*module stem\.2"):
+        read_program(record, tensors)
+
+
+def test_data_dependent_size_is_a_shape_error():
+    record, tensors = _record("small_cnn")
+    record = copy.deepcopy(record)
+    node = next(n for n in record["nodes"] if n["target"] == "aten.flatten.using_ints")
+    node["outputs"][0]["shape"] = [{"sym": "u0"}, 8]
+    with pytest.raises(mg.ShapeError, match=r"node 'flatten'.*depends on the data"):
+        read_program(record, tensors)
+
+
+def test_damaged_and_foreign_folders(tmp_path):
+    folder = tmp_path / "p"
+    shutil.copytree(os.path.join(HERE, "small_cnn"), folder)
+    (folder / "program.json").write_text("{not json")
+    with pytest.raises(mg.SerializationError, match="not JSON"):
+        mg.from_torch(str(folder))
+    record = json.loads(open(os.path.join(HERE, "small_cnn", "program.json")).read())
+    record["version"] = 99
+    (folder / "program.json").write_text(json.dumps(record))
+    with pytest.raises(mg.SerializationError, match="version"):
+        mg.from_torch(str(folder))
+    del record["nodes"]
+    record["version"] = 1
+    (folder / "program.json").write_text(json.dumps(record))
+    with pytest.raises(mg.SerializationError, match="nodes"):
+        mg.from_torch(str(folder))
+    with pytest.raises(mg.SerializationError, match="program.json"):
+        mg.from_torch(str(tmp_path))
+    shutil.copy(os.path.join(HERE, "small_cnn", "program.json"), folder / "program.json")
+    (folder / "tensors.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(mg.SerializationError, match="tensors"):
+        mg.from_torch(str(folder))
+
+
+def test_saved_graph_round_trips(tmp_path):
+    graph, params, state, ref = _load("small_cnn_core")
+    path = tmp_path / "m.mlg"
+    mg.save(path, graph, params, state)
+    g2, p2, s2 = mg.load(path)
+    assert g2 == graph
+    out, _ = mg.compile(g2).apply(p2, s2, jnp.asarray(ref["input_0"]), inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out), ref["output_0"], rtol=1e-5, atol=1e-5)

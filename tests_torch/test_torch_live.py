@@ -1,0 +1,142 @@
+"""mg.from_torch against PyTorch itself (``make test-torch``: torch, torchvision and
+transformers in their own environment, .venv-torch). Each model runs in PyTorch and
+in mlaxgraph on the same inputs and weights."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import mlaxgraph as mg
+
+_spec = importlib.util.spec_from_file_location(
+    "torch_fixtures", os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "torch", "make.py"))
+fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fixtures)
+
+
+def _run(module, *args, inference_mode=True, scan_blocks=False, **kw):
+    graph, params, state = mg.from_torch(module, args, **kw)
+    model = mg.compile(graph, scan_blocks=scan_blocks)
+    if scan_blocks:
+        params, state = model.stack_weights(params, state)
+    out, new_state = model.apply(params, state, *[jnp.asarray(a.numpy()) for a in args],
+                                 inference_mode=inference_mode)
+    return graph, np.asarray(out[0] if isinstance(out, tuple) else out), new_state
+
+
+def _close(ours, theirs, tol=1e-4):
+    theirs = theirs.detach().numpy()
+    scale = max(1.0, float(np.abs(theirs).max()))
+    np.testing.assert_allclose(ours, theirs, rtol=tol, atol=tol * scale)
+
+
+def test_small_cnn_and_its_hierarchy():
+    torch.manual_seed(0)
+    model = fixtures.SmallCNN().eval()
+    x = torch.randn(2, 3, 16, 16)
+    graph, out, _ = _run(model, x)
+    _close(out, model(x))
+    modules = {name for name, _ in model.named_modules() if name}
+    paths = {path.replace("/", ".") for path, _ in graph.walk()}
+    assert {"stem", "stem.0", "layer1", "layer1.0", "layer1.0.conv1", "head"} <= paths
+    assert paths & modules == {m for m in modules if m in paths}
+
+
+def test_train_mode_is_inference_mode_false():
+    torch.manual_seed(0)
+    model = fixtures.SmallCNN().train()
+    x = torch.randn(4, 3, 16, 16)
+    graph, params, state = mg.from_torch(model, (x,))
+    out, new_state = mg.compile(graph).apply(params, state, jnp.asarray(x.numpy()), inference_mode=False)
+    expected = model(x)  # updates the module's running statistics
+    _close(np.asarray(out), expected)
+    np.testing.assert_allclose(np.asarray(new_state["stem"]["1"]["mean"]),
+                               model.stem[1].running_mean.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(new_state["stem"]["1"]["var"]),
+                               model.stem[1].running_var.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_batch():
+    torch.manual_seed(0)
+    model = fixtures.TinyTransformer().eval()
+    batch = torch.export.Dim("batch", min=1, max=32)
+    graph, params, state = mg.from_torch(model, (torch.randint(0, 50, (2, 8)),),
+                                         dynamic_shapes=({0: batch},))
+    assert str(graph.input_specs[0]) == "i32[batch,8]"
+    ids = torch.randint(0, 50, (5, 8))
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(ids.numpy().astype(np.int32)),
+                                     inference_mode=True)
+    _close(np.asarray(out), model(ids))
+
+
+def test_data_dependent_control_flow_is_an_error():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x - 1
+
+    with pytest.raises(mg.GraphError, match="Branchy"):
+        mg.from_torch(Branchy(), (torch.randn(3),))
+
+
+def test_dims_that_contradict_the_module():
+    class Fixed(nn.Module):
+        def forward(self, x):
+            return x.reshape(2, 6)
+
+    with pytest.raises(mg.ShapeError, match="Fixed"):
+        mg.from_torch(Fixed(), (torch.randn(3, 4),),
+                      dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=8)},))
+
+
+def test_unsupported_op_names_it_and_the_module():
+    class Odd(nn.Module):
+        def forward(self, x):
+            return torch.special.bessel_j0(x)
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Odd()
+
+        def forward(self, x):
+            return self.inner(x) + 1
+
+    with pytest.raises(mg.GraphError, match=r"bessel_j0.*module inner"):
+        mg.from_torch(Outer(), (torch.randn(3),))
+
+
+def test_resnet18():
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 224, 224)
+    graph, out, _ = _run(model, x)
+    _close(out, model(x))
+    assert graph.select("layer1/*/conv1") == ["layer1/0/conv1", "layer1/1/conv1"]
+
+
+def test_gpt2_random_config_folds_its_blocks():
+    import transformers
+    config = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, vocab_size=100, n_positions=32,
+                                     use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, 100, (2, 16))
+    graph, out, _ = _run(model, ids, scan_blocks=True)
+    _close(out, model(ids).logits)
+    inner = graph.node("transformer").op.graph
+    assert [n.name for n in inner.nodes if n.name.startswith("h.")] == ["h.0", "h.1", "h.2"]
+    scanned = mg.compile(graph, scan_blocks=True).graph.node("transformer").op.graph
+    assert scanned.node("h.0..h.2").op.op_name == "scan"
+    # the state dict's names, the tied head's copy included
+    _, params, state = mg.from_torch(model, (ids,))
+    ours = mg.models.to_state_dict(graph, params, state)
+    theirs = {k: v for k, v in model.state_dict().items() if not k.endswith((".attn.bias", ".masked_bias"))}
+    assert set(ours) == set(theirs)
