@@ -34,6 +34,7 @@ from .core.errors import (
 )
 from .core.specs import TensorSpec
 from .core.version import __version__
+from .decode import Decoder, decoder, generate, generate_stream, sampling
 from .io.exported import ExportedModel, load_exported
 from .io.functions import register_function
 from .io.model_file import load, save
@@ -48,5 +49,6 @@ __all__ = [
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
     "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
     "lora", "lora_params", "merge_lora",
+    "decoder", "Decoder", "generate", "generate_stream", "sampling",
     "__version__",
 ]

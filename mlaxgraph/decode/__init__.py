@@ -4,5 +4,7 @@ samplers (``mg.sampling``)."""
 
 from .decoder import Cache, Decoder, decoder
 from .derive import decode_graph
+from . import sampling
+from .generate import generate, generate_stream
 
-__all__ = ["Cache", "Decoder", "decoder", "decode_graph"]
+__all__ = ["Cache", "Decoder", "decoder", "decode_graph", "generate", "generate_stream", "sampling"]

@@ -152,7 +152,6 @@ class Decoder:
         paths = [path for path, _, _ in _cache_steps(model.program)]
 
         def prefill(params, state, cache, input_ids, attention_mask):
-            self.compile_count += 1  # runs when traced only
             mask = attention_mask.astype(bool)
             positions = jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1
             positions = jnp.where(mask, positions, 1).astype(jnp.int32)
@@ -173,7 +172,6 @@ class Decoder:
         paths = [path for path, _, _ in _cache_steps(model.program)]
 
         def step(params, state, cache, token_ids):
-            self.compile_count += 1
             seq = token_ids.shape[1]
             new_slots = jnp.ones((token_ids.shape[0], seq), bool)
             cache_mask = jax.lax.dynamic_update_slice(cache.mask, new_slots, (0, cache.index))
@@ -190,22 +188,31 @@ class Decoder:
         fn = self._jitted.get(key)
         if fn is None:
             pure = self.prefill_fn(batch) if kind == "prefill" else self.step_fn(batch)
-            fn = self._jitted[key] = jax.jit(pure, donate_argnums=(2,))
+
+            def counted(*args):
+                self.compile_count += 1  # runs when traced only
+                return pure(*args)
+
+            fn = self._jitted[key] = jax.jit(counted, donate_argnums=(2,))
         return fn
 
     # --- the calls ------------------------------------------------------------------
 
-    def prefill(self, params: Any, state: Any, input_ids: Any, attention_mask: Any = None):
+    def prefill(self, params: Any, state: Any, input_ids: Any, attention_mask: Any = None,
+                *, room: int | None = None):
         """Runs the prompt: ``(logits (batch, seq, vocab), cache)``.
 
         The prompt is left-padded to its bucket (``bucket_length``) so that prompts of
         other lengths reuse the compiled prefill; ``attention_mask`` (1 = token, 0 =
         padding, as Hugging Face's) marks left padding of its own. Positions count
-        the tokens of each row, as Hugging Face's ``generate`` does.
+        the tokens of each row, as Hugging Face's ``generate`` does. ``room``: the
+        slots to keep free for ``step`` after the prompt (the bucket shrinks to leave
+        them, never below the prompt's length); by default half the cache.
         """
         ids, mask = self._prompt(input_ids, attention_mask)
         seq = ids.shape[1]
-        padded = bucket_length(seq, self.max_length)
+        room = self.max_length // 2 if room is None else room
+        padded = bucket_length(seq, self.max_length - room)
         ids_p, mask_p = _left_pad(ids, mask, padded)
         batch = ids.shape[0]
         logits, cache = self._jit("prefill", batch)(params, state, self.empty_cache(batch), ids_p, mask_p)
