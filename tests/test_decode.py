@@ -313,3 +313,53 @@ def test_bad_prompts_and_lengths_are_clear_errors(gpt2):
     logits, cache = dec.step(params, state, cache, np.array([1]))
     with pytest.raises(mg.ShapeError, match="the cache is full"):
         dec.step(params, state, cache, np.array([1]))
+
+
+# --- the command line ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A Llama checkpoint folder: config.json, model.safetensors, tokenizer.json (a word
+    level tokenizer of the words w0 ... w79)."""
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers
+
+    folder = tmp_path_factory.mktemp("llama")
+    g = mg.models.llama(LLAMA)
+    params, state = mg.compile(g).init(jax.random.key(5))
+    params = jax.tree.map(lambda w: w * 3.0, params)
+    save_file(mg.models.to_state_dict(g, params, state), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(__import__("json").dumps(LLAMA))
+    tokenizer = Tokenizer(tokenizer_models.WordLevel({f"w{i}": i for i in range(80)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder, g, params, state
+
+
+def test_cli_generate_from_ids_and_from_text(llama_folder, capsys):
+    from mlaxgraph.cli.main import main
+
+    folder, g, params, state = llama_folder
+    want = np.asarray(mg.generate(mg.compile(g), params, state, np.array([[4, 9, 2]]), max_new_tokens=6))
+    assert main(["generate", "--model", "llama", "--weights", str(folder), "--prompt-ids", "4,9,2",
+                 "--max-new-tokens", "6"]) == 0
+    printed = capsys.readouterr().out
+    assert f"ids: {','.join(str(t) for t in want[0])}" in printed
+    assert main(["generate", "--model", "llama", "--weights", str(folder), "--prompt", "w4 w9 w2",
+                 "--max-new-tokens", "6"]) == 0
+    printed = capsys.readouterr().out
+    assert f"ids: {','.join(str(t) for t in want[0])}" in printed
+    assert "text: " + " ".join(f"w{t}" for t in want[0]) in printed
+
+
+def test_cli_generate_bad_input(llama_folder, capsys):
+    from mlaxgraph.cli.main import main
+
+    folder = llama_folder[0]
+    assert main(["generate", "--model", "llama", "--weights", str(folder), "--prompt-ids", "4,80"]) == 1
+    assert "token id 80 is out of the vocabulary" in capsys.readouterr().err
+    assert main(["generate", "--model", "llama", "--prompt", "w1 w2"]) == 2
+    assert "tokenizer.json" in capsys.readouterr().err
+    assert main(["generate", "--model", "llama", "--prompt-ids", "1,x"]) == 2
+    assert "comma-separated ints" in capsys.readouterr().err
