@@ -363,3 +363,15 @@ def test_cli_generate_bad_input(llama_folder, capsys):
     assert "tokenizer.json" in capsys.readouterr().err
     assert main(["generate", "--model", "llama", "--prompt-ids", "1,x"]) == 2
     assert "comma-separated ints" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("policy", [None, mg.Policy(compute_dtype="bfloat16")], ids=["f32", "bf16"])
+def test_cached_attention_flops_rule_matches_xla(policy):
+    dec = mg.decoder(mg.compile(mg.models.llama(LLAMA), policy=policy), max_length=16)
+    for seq in (1, 5):
+        table = dec.model(3).cost_table(batch=3, seq=seq, inference_mode=True)
+        for row in table:
+            if row.op == "cached_attention":
+                # exact for a step; a prefill: XLA also counts the add of the cache index
+                # to each token's offset (seq of them), which it folds away for one token
+                assert row.xla_flops - row.flops == (0 if seq == 1 else seq), row

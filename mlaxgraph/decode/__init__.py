@@ -2,9 +2,9 @@
 compiler writes), ``mg.decoder``, ``mg.generate``, ``mg.generate_stream`` and the
 samplers (``mg.sampling``)."""
 
+from . import sampling
 from .decoder import Cache, Decoder, decoder
 from .derive import decode_graph
-from . import sampling
 from .generate import generate, generate_stream
 
 __all__ = ["Cache", "Decoder", "decoder", "decode_graph", "generate", "generate_stream", "sampling"]

@@ -184,10 +184,9 @@ def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: A
     logits, cache = dec.prefill(params, state, ids, mask, room=new)
     done = jnp.zeros((ids.shape[0],), bool)
     for i in range(new):
-        if i:
-            logits, cache = dec.step(params, state, cache, token)
         token = pick(logits, key, jnp.asarray(i, jnp.int32), done, jnp.asarray(pad, jnp.int32))
         done = done | (token == eos)
         yield token
-        if bool(jnp.all(done)):
+        if i + 1 == new or bool(jnp.all(done)):
             return
+        logits, cache = dec.step(params, state, cache, token)

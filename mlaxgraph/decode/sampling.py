@@ -29,7 +29,7 @@ class Sampler:
         """The logits reshaped (masked tokens at the dtype's lowest value)."""
         return logits
 
-    def __call__(self, logits: jax.Array, key: jax.Array | None) -> jax.Array:
+    def __call__(self, logits: jax.Array, key: Any) -> jax.Array:
         logits = self.process(logits.astype(jnp.float32))
         return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 

@@ -234,9 +234,9 @@ def _rewrite(graph: Graph, rule: Rule, memo: dict | None) -> Graph:
         else:
             state._alias(node, tuple(result))
     outputs = rule.results(tuple(state.renamed.get(v, v) for v in graph.outputs), state)
-    inputs = tuple(rule.inputs(graph.inputs, state))
-    if (not state.changed and outputs == graph.outputs and inputs == graph.inputs
+    names = tuple(rule.inputs(graph.inputs, state))
+    if (not state.changed and outputs == graph.outputs and names == graph.inputs
             and len(state.nodes) == len(graph.nodes)):
         return graph
-    return graph.with_parts(nodes=tuple(state.nodes), inputs=inputs, outputs=outputs)
+    return graph.with_parts(nodes=tuple(state.nodes), inputs=names, outputs=outputs)
 

@@ -19,8 +19,8 @@ from .activation import (
     tanh,
 )
 from .attention import CausalMask, MultiHeadAttention, causal_mask
-from .cached_attention import CachedAttention
 from .base import Layer, ParamSpec
+from .cached_attention import CachedAttention
 from .cast import Cast, cast
 from .constraint import Constrain, constrain
 from .conv import Conv

@@ -165,11 +165,15 @@ class CachedAttention(Layer):
         return (out,), {"key": keys, "value": values}
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        """The projections, the rotary embedding, the scaling of q, the two attention
-        dots over the whole cache, the mask (two compares, an and, the select), the
-        softmax (and its converts in another dtype), the output projection and the
-        casts of the new keys and values into another cache dtype are not counted
-        (the cache's dtype is the state's, unknown here)."""
+        """The projections, the rotary embedding (one table for q and k), the scaling of
+        q, the two attention dots over the whole cache, the mask by slot (a compare per
+        token and slot, an and per row, token and slot, the select), the softmax (and
+        its converts in another dtype), the output projection, and the clamps of the
+        cache index by the two ``dynamic_update_slice``. The cache is taken in
+        ``param_dtype`` (as ``init`` makes the state): in another dtype than the
+        input's, the new keys and values and the cache read back are converted. XLA
+        folds the add of the index to the token offsets when ``seq`` is 1; the rule
+        leaves it out (exact for a step, ``seq`` fewer than XLA's count for a prefill)."""
         x = inputs[0]
         (y,) = outputs
         batch, seq, d = x.shape
@@ -182,13 +186,12 @@ class CachedAttention(Layer):
         count = count + 2 * 2 * scores * self.head_dim + 4 * scores - batch * heads * seq
         if np.dtype(x.dtype).itemsize < 4:
             count = count + 2 * scores
-        count = count + scores + seq * length + seq + batch * heads * seq * length  # mask
+        count = count + scores + seq * length + batch * seq * length + 6  # mask, clamps
+        if np.dtype(param_dtype) != x.dtype:  # the cache converted both ways
+            count = count + 2 * per_key + 2 * batch * length * self.kv_heads * self.head_dim
         if self.rope is not None:
             count = count + rotary_flops(per_query, batch * seq, self.head_dim, x.dtype)
             count = count + 3 * per_key + per_key // 2
         count = count + 2 * per_query * y.shape[-1] + bias * size(y)
         return count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
-
-    def xla_cost_caveat(self, inference_mode):
-        return None
 
