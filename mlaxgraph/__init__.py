@@ -39,6 +39,7 @@ from .io.exported import ExportedModel, load_exported
 from .io.functions import register_function
 from .io.model_file import load, save
 from .ir import Graph, Input, Node, Sequential, SymbolicTensor, Value
+from .models.peft import lora_from_peft
 from .render.html import diff_html, show
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
     "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
-    "lora", "lora_params", "merge_lora",
+    "lora", "lora_params", "merge_lora", "lora_from_peft",
     "decoder", "Decoder", "generate", "generate_stream", "sampling",
     "__version__",
 ]

@@ -16,51 +16,34 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
-from ..compiler.program import get_in, set_in
 from ..core.errors import ConfigError, GraphError, SourceInfo, capture_source, node_message
 from ..ir.graph import Graph
 from ..ir.node import Node, Value
 from ..ir.rewrite import Rewrite, Rule, rewrite
 from ..ir.scan import unfold_scans
-from ..ir.surgery import layer_paths, resolve_selection
+from ..ir.surgery import is_pattern, layer_paths, path_matcher, resolve_selection
 from ..ir.verify import verify
 from ..ops import initializers
+from ..ops.attention import ADAPTABLE, MultiHeadAttention
 from ..ops.conv import Conv
 from ..ops.dropout import Dropout
 from ..ops.elementwise import Add, Mul
 from ..ops.embedding import Embedding
+from ..ops.embedding import normal as normal_init
+from ..ops.initializers import lora_a_uniform, lora_a_uniform_conv
 from ..ops.linear import Linear
 
-__all__ = ["lora", "lora_params", "merge_lora", "lora_a_uniform", "lora_a_uniform_conv"]
+__all__ = ["lora", "lora_params", "lora_targets", "lora_a_uniform", "lora_a_uniform_conv"]
 
 #: The adapter's nodes beside layer ``<name>``: ``<name><suffix>``.
 _PARTS = (".lora_dropout", ".lora_A", ".lora_B", ".lora_scale")
 #: The node summing the layer's output and the adapter's: ``<name>.lora``.
 _SUM = ".lora"
 #: The op names ``lora`` adapts.
-ADAPTED_OPS = ("linear", "embedding", "conv")
-
-
-def lora_a_uniform(key, shape, dtype):
-    """PEFT's default for ``lora_A``: PyTorch's ``kaiming_uniform_(a=sqrt(5))``, that is
-    uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, fan_in the kernel's input size
-    (all axes but the last of a ``(in, rank)`` kernel)."""
-    fan_in = math.prod(shape[:-1])
-    bound = 1.0 / math.sqrt(fan_in)
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-
-def lora_a_uniform_conv(key, shape, dtype):
-    """PEFT's default for a Conv's ``lora_A``: uniform in ``[-1/sqrt(fan_in),
-    1/sqrt(fan_in)]``, fan_in = in_channels * prod(kernel_size): all axes but the first
-    of our ``(rank, *kernel_size, in)`` (OHWI) or ``(rank, in, *kernel_size)`` (OIHW)
-    kernel."""
-    fan_in = math.prod(shape[1:])
-    bound = 1.0 / math.sqrt(fan_in)
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
+ADAPTED_OPS = ("linear", "embedding", "conv", "multi_head_attention")
+#: The projections of an attention layer that naming the layer itself adapts, as PEFT's
+#: and Keras's defaults for attention (query and value).
+DEFAULT_PROJECTIONS = ("query", "value")
 
 
 def _number(name: str, value: Any) -> float:
@@ -97,7 +80,13 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
     the base model. ``A`` is drawn as PEFT draws it (``lora_a_uniform``).
 
     Targets are a path, a glob pattern or a list of paths (what ``graph.select``
-    returns). Linear layers (without a fused activation) and Embeddings are adapted;
+    returns). An attention layer's projections are named inside it:
+    ``<attention>/query``, ``/key``, ``/value``, ``/out``, or ``/qkv`` (one adapter over
+    the three fused, as on GPT-2's ``c_attn``); the attention layer itself means its
+    query and value (PEFT's and Keras's defaults); see ``lora_targets``. Their adapters
+    are the nodes ``<attention>.<projection>.lora_A`` ... beside the layer, which adds
+    them inside (``MultiHeadAttention.adapters``). Linear layers (without a fused
+    activation) and Embeddings are adapted;
     for an Embedding, as PEFT, ``A`` is a table of ``rank`` columns that starts at zero
     and ``B`` a Linear drawn normal, and dropout does not apply (its input is ids). For
     a Conv (without a fused activation, ungrouped), as PEFT, ``A`` is a Conv of ``rank``
@@ -119,15 +108,65 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
     if not isinstance(graph, Graph):
         raise GraphError(f"lora works on a Graph, got {type(graph).__name__}")
     graph = unfold_scans(graph)
-    paths = resolve_selection(graph, targets, "lora")
+    chosen = lora_targets(graph, targets)
     nodes = dict(layer_paths(graph))
-    for path in paths:
+    for path, projections in chosen.items():
         _check_target(path, nodes[path], source)
-    rule = _Lora(frozenset(tuple(path.split("/")) for path in paths), rank, scale,
-                 float(dropout), source)
+        op: Any = nodes[path].op
+        if isinstance(op, MultiHeadAttention) and (
+                set(op.adapters) & set(projections)
+                or ("qkv" in op.adapters + projections and len(set(op.adapters + projections)) > 1
+                    and set(op.adapters + projections) & {"query", "key", "value"})):
+            raise ConfigError(node_message(
+                path, op.op_name, f"this attention has adapters already ({', '.join(op.adapters)}); "
+                f"merge_lora folds them in first", source=source))
+    rule = _Lora(tuple((tuple(path.split("/")), projections)
+                       for path, projections in chosen.items()),
+                 rank, scale, float(dropout), source)
     result = rewrite(graph, rule, memo={})
     verify(result)
     return result
+
+
+def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
+    """The layers ``targets`` names, each with the attention projections it adapts (empty
+    for other layers). ``<attention path>/<projection>`` names one projection
+    (``query``, ``key``, ``value``, ``out``, or ``qkv`` for the three fused in one
+    adapter); a pattern there (``*``) names query, key, value and out; the attention
+    layer itself its query and value."""
+    items = [targets] if isinstance(targets, str) else targets
+    if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
+        raise GraphError(f"lora takes a path, a glob pattern or a list of paths (what "
+                         f"select returns), got {targets!r}")
+    attention = [path for path, node in layer_paths(graph)
+                 if isinstance(node.op, MultiHeadAttention)]
+    chosen: dict[str, list[str]] = {}
+    plain = []
+    for item in items:
+        head, _, tail = item.rpartition("/")
+        if head:
+            match = path_matcher(head) if is_pattern(head) else head.__eq__
+            layers = [path for path in attention if match(path)]
+            names = [p for p in ADAPTABLE if p != "qkv" and path_matcher(tail)(p)] \
+                if is_pattern(tail) else [tail] if tail in ADAPTABLE else []
+            if layers and names:
+                for path in layers:
+                    chosen.setdefault(path, []).extend(names)
+                continue
+        plain.append(item)
+    selection = targets if len(plain) == len(items) else plain  # as the user wrote it
+    for path in resolve_selection(graph, selection, "lora") if plain or not chosen else []:
+        if path not in chosen:
+            chosen[path] = list(DEFAULT_PROJECTIONS) if path in attention else []
+    out = {}
+    for path, names in chosen.items():
+        projections = tuple(p for p in ADAPTABLE if p in names)
+        if "qkv" in projections and len(projections) > 1 and set(projections) & {"query", "key", "value"}:
+            raise ConfigError(f"lora: {path!r} is asked for the fused 'qkv' adapter and for "
+                              f"separate ones ({', '.join(p for p in projections if p != 'qkv')}); "
+                              f"choose one form")
+        out[path] = projections
+    return out
 
 
 def _check_target(path: str, node: Node, source: SourceInfo | None) -> None:
@@ -153,20 +192,24 @@ def _check_target(path: str, node: Node, source: SourceInfo | None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _Lora(Rule):
-    targets: frozenset[tuple[str, ...]]
+    #: (path parts, attention projections) of each target
+    targets: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
     rank: int
     scale: float
     dropout: float
     source: SourceInfo | None = dataclasses.field(compare=False, hash=False)
 
     def nested(self, node: Node) -> Rule | None:
-        inner = frozenset(t[1:] for t in self.targets
-                          if len(t) > 1 and t[0] in (node.name, node.layer))
+        inner = tuple((t[1:], p) for t, p in self.targets
+                      if len(t) > 1 and t[0] in (node.name, node.layer))
         return dataclasses.replace(self, targets=inner) if inner else None
 
     def visit(self, node: Node, rewrite: Rewrite):
-        if (node.name,) not in self.targets:
+        chosen = dict(self.targets).get((node.name,))
+        if chosen is None:
             return None
+        if isinstance(node.op, MultiHeadAttention):
+            return self._attention(node, chosen, rewrite)
         name = node.name
         taken = [name + suffix for suffix in (*_PARTS, _SUM) if name + suffix in rewrite.names]
         if taken:
@@ -185,8 +228,7 @@ class _Lora(Rule):
             a = emit(".lora_A", Embedding(node.op.num_embeddings, self.rank, dtype=node.op.dtype,
                                           embedding_init=initializers.zeros,
                                           name=name + ".lora_A"), (x,))
-            b_init = jax.nn.initializers.normal(1.0)
-            b = emit(".lora_B", Linear(node.op.features, use_bias=False, kernel_init=b_init,
+            b = emit(".lora_B", Linear(node.op.features, use_bias=False, kernel_init=normal_init,
                                        name=name + ".lora_B"), (a,))
         elif isinstance(node.op, Conv):
             if self.dropout > 0:
@@ -213,6 +255,56 @@ class _Lora(Rule):
                                        precision=linear.precision, name=name + ".lora_B"), (a,))
         scaled = emit(".lora_scale", Mul(constant=self.scale, name=name + ".lora_scale"), (b,))
         return (emit(_SUM, Add(name=name + _SUM), (kept.value(), scaled)),)
+
+    def _adapter(self, rewrite: Rewrite, name: str, x: Value, features: int, precision: Any) -> Value:
+        """``scale * B(A(dropout(x)))`` as the nodes ``<name>.lora_*``."""
+        def emit(suffix: str, op: Any, inputs: tuple[Value, ...]) -> Value:
+            new = name + suffix
+            return rewrite.emit(Node(new, op, inputs, (), new, self.source), infer=True).value()
+
+        if self.dropout > 0:
+            x = emit(".lora_dropout", Dropout(self.dropout, name=name + ".lora_dropout"), (x,))
+        a = emit(".lora_A", Linear(self.rank, use_bias=False, kernel_init=lora_a_uniform,
+                                   precision=precision, name=name + ".lora_A"), (x,))
+        b = emit(".lora_B", Linear(features, use_bias=False, kernel_init=initializers.zeros,
+                                   precision=precision, name=name + ".lora_B"), (a,))
+        return emit(".lora_scale", Mul(constant=self.scale, name=name + ".lora_scale"), (b,))
+
+    def _attention(self, node: Node, projections: tuple[str, ...], rewrite: Rewrite):
+        """An attention layer's projections adapted: the adapters of query, key, value
+        (or the fused qkv) read the layer's inputs and come in as its extra inputs; the
+        output projection's reads its second output (the attended values)."""
+        op: Any = node.op
+        name = node.name
+        taken = [f"{name}.{p}{s}" for p in projections for s in _PARTS
+                 if f"{name}.{p}{s}" in rewrite.names]
+        if taken:
+            raise ConfigError(node_message(name, op.op_name, f"the graph already has {taken[0]!r}",
+                                           source=self.source))
+        count = len(op.delta_inputs)
+        base_inputs = node.inputs[: len(node.inputs) - count]
+        existing = dict(zip(op.delta_inputs, node.inputs[len(base_inputs):]))
+        q_in, kv_in = base_inputs[:2]
+        head_dim = op._dims(tuple(rewrite.spec(v) for v in node.inputs))[2]
+        deltas = dict(existing)
+        for p in projections:
+            if p != "out":
+                source = kv_in if p in ("key", "value") else q_in
+                deltas[p] = self._adapter(rewrite, f"{name}.{p}", source,
+                                          op.delta_width(p, head_dim), None)
+        adapters = tuple(p for p in ADAPTABLE if p in projections or p in op.adapters)
+        new_op = dataclasses.replace(op, adapters=adapters)
+        inputs = base_inputs + tuple(deltas[p] for p in new_op.delta_inputs)
+        kept = rewrite.keep(node.replace(op=new_op, inputs=inputs))
+        rest = (kept.value(1),) if "out" in op.adapters else ()   # an adapter reads it already
+        if "out" not in projections:
+            return (kept.value(), *rest)
+        out_features = rewrite.spec(kept.value()).shape[-1]
+        scaled = self._adapter(rewrite, f"{name}.out", kept.value(1), out_features, None)
+        total = f"{name}.out{_SUM}"
+        added = rewrite.emit(Node(total, Add(name=total), (kept.value(), scaled), (), total,
+                                  self.source), infer=True)
+        return (added.value(),)
 
 
 # --- the adapter's weights ------------------------------------------------------------
@@ -246,125 +338,3 @@ def lora_params(params: Mapping) -> dict:
             if inner:
                 out[key] = inner
     return out
-
-
-# --- merging ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Unlora(Rule):
-    """Takes out the adapters' nodes; readers of ``<name>.lora`` read ``<name>`` again."""
-
-    def prepare(self, graph: Graph) -> Any:
-        names = {node.name for node in graph.nodes}
-        bases = {name for name in names
-                 if name + ".lora_A" in names and name + ".lora_B" in names and name + _SUM in names}
-        dropped = {base + suffix for base in bases for suffix in _PARTS}
-        return dropped, {base + _SUM: base for base in bases}
-
-    def visit(self, node: Node, rewrite: Rewrite):
-        dropped, sums = rewrite.data
-        if node.name in dropped:
-            return ()
-        if node.name in sums:
-            return (rewrite.read(Value(sums[node.name], 0)),)
-        return None
-
-
-def _without(tree: Mapping, drop: set[str], prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        path = prefix + key
-        if path in drop:
-            continue
-        out[key] = _without(value, drop, path + "/") if isinstance(value, Mapping) else value
-    return out
-
-
-def _shared(graph: Graph, prefix: str = "") -> set[str]:
-    """The paths of the layers whose weights another call uses too (a tied head)."""
-    found = set()
-    for node in graph.nodes:
-        if node.shares_weights:
-            found.add(prefix + node.layer)
-        inner = node.op.subgraph()
-        if inner is not None and not node.shares_weights:
-            for name in getattr(node.op, "names", None) or (node.name,):
-                found |= _shared(inner, f"{prefix}{name}/")
-    return found
-
-
-def _merge_conv(w: Any, a: Any, b: Any, scale: float) -> Any:
-    """``W + scale * (B o A)`` for a Conv: ``B``'s 1x1 kernel ``(out, 1.., rank)`` (OHWI)
-    or ``(out, rank, 1..)`` (OIHW) contracted with ``A``'s ``(rank, *k, in)`` or ``(rank,
-    in, *k)`` over the rank axis gives ``(out, *k, in)`` or ``(out, in, *k)``."""
-    rank = a.shape[0]
-    b2 = jnp.reshape(b, (b.shape[0], rank)).astype(jnp.float32)   # every other axis is 1
-    delta = jnp.tensordot(b2, a.astype(jnp.float32), axes=((1,), (0,)),
-                          precision=jax.lax.Precision.HIGHEST)
-    return (w.astype(jnp.float32) + scale * jnp.reshape(delta, w.shape)).astype(w.dtype)
-
-
-def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
-    """The base graph back, with the adapters folded into its weights: ``(graph,
-    params)`` where each adapted layer's weight is ``W + scale * A @ B`` (``A (in,
-    rank)``, ``B (rank, out)`` as our Linear kernels are laid out: ``B @ A`` in PyTorch's
-    ``(out, in)``; for a Conv, ``A``'s kernel contracted with ``B``'s 1x1 kernel over
-    the rank axis) and the adapters' nodes and weights are gone. ``params`` are the
-    adapted graph's, unscanned (``model.unstack_weights`` gives them from a scanned
-    model's). The outputs equal the adapted model's (up to rounding).
-
-    Example:
-      >>> import jax, jax.numpy as jnp, mlaxgraph as mg
-      >>> from mlaxgraph import ops
-      >>> x = mg.Input(("batch", 8), name="x")
-      >>> g = mg.Graph(x, ops.Linear(16, name="fc")(x))
-      >>> g2 = mg.lora(g, "fc", rank=2)
-      >>> params, state = mg.compile(g2).init(jax.random.key(0))
-      >>> merged, merged_params = mg.merge_lora(g2, params)
-      >>> merged == g, sorted(merged_params)
-      (True, ['fc'])
-    """
-    if not isinstance(graph, Graph):
-        raise GraphError(f"merge_lora works on a Graph, got {type(graph).__name__}")
-    if not isinstance(params, Mapping):
-        raise GraphError(f"merge_lora takes params (nested dicts), got {type(params).__name__}")
-    graph = unfold_scans(graph)
-    nodes = dict(layer_paths(graph))
-    shared = _shared(graph)
-    drop: set[str] = set()
-    merged: dict = dict(params)
-    for path in nodes:
-        if not path.endswith(".lora_A"):
-            continue
-        base = path[: -len(".lora_A")]
-        if base not in nodes or base + ".lora_B" not in nodes or base + ".lora_scale" not in nodes:
-            continue
-        if base in shared:
-            raise GraphError(f"merge_lora: the weights of {base!r} are used by another call too "
-                             f"(a tied output head), which does not have the adapter: folding "
-                             f"it in would change that call's output; keep the adapter unmerged")
-        scale_op: Any = nodes[base + ".lora_scale"].op
-        scale = scale_op.constant
-        weight = "embedding" if isinstance(nodes[base].op, Embedding) else "kernel"
-        try:
-            w = get_in(params, (*base.split("/"), weight))
-            a = get_in(params, (*path.split("/"), "embedding" if weight == "embedding" else "kernel"))
-            b = get_in(params, (*f"{base}.lora_B".split("/"), "kernel"))
-        except (KeyError, TypeError):
-            raise GraphError(f"merge_lora: params have no weights for {base!r} and its adapter "
-                             f"(give the adapted graph's params, unscanned: "
-                             f"model.unstack_weights gives them)") from None
-        if isinstance(nodes[base].op, Conv):
-            new = _merge_conv(w, a, b, scale)
-            merged = set_in(merged, (*base.split("/"), weight), new)
-            drop.update((base + ".lora_A", base + ".lora_B"))
-            continue
-        rank = a.shape[-1]
-        delta = jnp.matmul(jnp.reshape(a, (-1, rank)).astype(jnp.float32),
-                           jnp.reshape(b, (rank, -1)).astype(jnp.float32),
-                           precision=jax.lax.Precision.HIGHEST)
-        new = (w.astype(jnp.float32) + scale * jnp.reshape(delta, w.shape)).astype(w.dtype)
-        merged = set_in(merged, (*base.split("/"), weight), new)
-        drop.update((base + ".lora_A", base + ".lora_B"))
-    return rewrite(graph, _Unlora(), memo={}), _without(merged, drop)

@@ -131,7 +131,8 @@ def unregistered_message(fn: Callable, where: str) -> str:
 # mlaxgraph's own initializers, under names that do not change when code moves.
 for _fn in (initializers.zeros, initializers.ones, initializers.lecun_normal,
             initializers.lecun_normal_conv_channels_last,
-            initializers.lecun_normal_conv_channels_first):
+            initializers.lecun_normal_conv_channels_first, initializers.lora_a_uniform,
+            initializers.lora_a_uniform_conv):
     register_function(f"mlaxgraph.initializers.{_fn.__name__}", _fn)
 register_function("mlaxgraph.recurrent.orthogonal", recurrent.orthogonal)
 register_function("mlaxgraph.recurrent.lstm_bias", recurrent.lstm_bias)

@@ -22,7 +22,7 @@ GPT2_DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_lay
 
 register_layout("gpt2", TorchLayout(
     linear="in_out", attention=(("qkv", "c_attn"), ("out", "c_proj")),
-    prefixes=("transformer.",), tied=(("lm_head.weight", "wte.weight"),),
+    prefixes=("transformer.",), tied=(("lm_head.weight", "wte.weight"),), model_prefix="transformer.",
     buffers=r"h\.\d+\.attn\.(bias|masked_bias)"))
 
 

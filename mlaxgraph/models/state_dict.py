@@ -11,22 +11,24 @@ served by the original code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..compiler.flatten import flatten
-from ..compiler.program import Step, get_in, set_in
+from ..compiler.program import Step, get_in, leaf_paths, set_in
 from ..core.errors import SerializationError
 from ..core.specs import flatten_specs
 from ..io.weights import SafetensorsReader
 from ..ir.graph import Graph
-from .torch_layout import TorchLayout, exporter, importer, layout_for
+from .peft_config import ADAPTER_WEIGHTS, read_adapter_config
+from .torch_layout import TorchLayout, adapter_converter, exporter, importer, layout_for
 
 __all__ = ["load_state_dict", "to_state_dict"]
 
@@ -39,24 +41,46 @@ def _is_float(dtype: np.dtype) -> bool:
     return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
 
 
-def _layers(graph: Graph) -> Iterator[tuple[Step, str, dict[str, tuple[int, ...]]]]:
-    """(step, module name, {our weight path: shape}) of each layer with weights."""
+#: The prefix of every name in a PEFT adapter file (``adapter_model.safetensors``).
+PEFT_PREFIX = "base_model.model."
+
+
+class _Layer(NamedTuple):
+    step: Step
+    module: str                            # the dotted name its weights go under
+    shapes: dict[str, tuple[int, ...]]     # our weight path -> shape
+    export: Callable
+    import_: Callable
+    adapter: bool                          # a LoRA adapter's (PEFT's names and layouts)
+
+
+def _layers(graph: Graph, layout: TorchLayout) -> list[_Layer]:
+    """Each layer with weights, with its module name and converters."""
     if not isinstance(graph, Graph):
         raise SerializationError(f"state dicts are read into an mg.Graph (the one the model "
                                  f"was built as), got {type(graph).__name__}")
-    for step in flatten(graph).owners():
+    steps = list(flatten(graph).owners())
+    ops = {"/".join(step.weights): step.op for step in steps}
+    out = []
+    for step in steps:
         shapes = {path: tuple(spec.shape) for path, spec in flatten_specs(step.param_specs)}
         shapes.update({f"state/{path}": tuple(spec.shape)
                        for path, spec in flatten_specs(step.state_specs)})
-        yield step, ".".join(step.weights), shapes
+        module = ".".join(step.weights)
+        adapter = adapter_converter("/".join(step.weights), module, ops, layout)
+        if adapter is not None:
+            out.append(_Layer(step, adapter[0], shapes, adapter[1], adapter[2], True))
+        else:
+            out.append(_Layer(step, module, shapes, exporter(step.op, step.path),
+                              importer(step.op, step.path), False))
+    return out
 
 
 def _expected(layers: list, layout: TorchLayout) -> dict[str, tuple[Step, str, tuple[int, ...]]]:
     """Each name a state dict of the ``layers`` holds -> (step, its name relative to the
     layer, shape), from the converters run on shapes alone."""
     expected: dict[str, Any] = {}
-    for step, module, shapes in layers:
-        export = exporter(step.op, step.path)
+    for step, module, shapes, export, _, _ in layers:
         ours = {path: jax.ShapeDtypeStruct(shape, jnp.float32) for path, shape in shapes.items()}
         theirs = jax.eval_shape(lambda ours, step=step, export=export: export(
             step.op, layout, ours, jnp), ours)
@@ -73,7 +97,7 @@ def _expected(layers: list, layout: TorchLayout) -> dict[str, tuple[Step, str, t
 
 
 def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *,
-                  dtype: Any = None) -> dict[str, np.ndarray]:
+                  dtype: Any = None, adapter_only: bool = False) -> dict[str, np.ndarray]:
     """``graph``'s weights under the original framework's names and layouts, as NumPy
     arrays (what ``safetensors.numpy.save_file`` writes and torch's
     ``load_state_dict`` reads after ``torch.from_numpy``).
@@ -85,6 +109,10 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
         for a model compiled with ``scan_blocks=True``).
       state: its state (BatchNorm's statistics), likewise; None when it has none.
       dtype: cast floating weights to it; by default they keep theirs.
+      adapter_only: the LoRA adapters' weights alone (a graph made by ``mg.lora``), as
+        PEFT's ``adapter_model.safetensors`` holds them: ``base_model.model.<module>.lora_A.weight``
+        ... (``mg.models.save_adapter`` writes the folder). Without it, adapters' weights
+        are written under the same names without the ``base_model.model.`` prefix.
 
     Example:
       >>> import jax, mlaxgraph as mg
@@ -97,7 +125,15 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
     layout = layout_for(graph.name)
     state = state or {}
     out: dict[str, np.ndarray] = {}
-    for step, module, shapes in _layers(graph):
+    layers = _layers(graph, layout)
+    prefix = ""
+    if adapter_only:
+        layers = [layer for layer in layers if layer.adapter]
+        if not layers:
+            raise SerializationError(f"to_state_dict(adapter_only=True): graph {graph.name!r} "
+                                     f"has no LoRA adapters (mg.lora adds them)")
+        prefix = PEFT_PREFIX + layout.model_prefix
+    for step, module, shapes, export, _, _ in layers:
         ours = {}
         for path in shapes:
             tree, keys = (state, path.split("/")[1:]) if path.startswith("state/") else (params, path.split("/"))
@@ -116,8 +152,8 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
                 raise SerializationError(f"weight {'/'.join(step.weights + tuple(keys))!r} has shape "
                                          f"{value.shape}; layer {step.path!r} holds {shapes[path]}")
             ours[path] = value.astype(dtype) if dtype is not None and _is_float(value.dtype) else value
-        for relative, tensor in exporter(step.op, step.path)(step.op, layout, ours, np).items():
-            out[_join(module, relative)] = np.asarray(tensor, order="C")
+        for relative, tensor in export(step.op, layout, ours, np).items():
+            out[prefix + _join(module, relative)] = np.asarray(tensor, order="C")
     return out
 
 
@@ -220,7 +256,7 @@ def _listing(names, limit: int = 6) -> str:
 
 
 def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
-                    dtype: Any = "float32") -> tuple[dict, dict]:
+                    dtype: Any = "float32", adapter: Any = None) -> tuple[dict, dict]:
     """``(params, state)`` for ``graph`` from a state dict in the original framework's
     names and layouts.
 
@@ -235,6 +271,11 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
         either way.
       dtype: the dtype of the floating weights returned (float32, as PyTorch and
         Hugging Face load by default); None keeps the file's.
+      adapter: a PEFT adapter folder (``adapter_config.json`` and
+        ``adapter_model.safetensors``) for a graph ``mg.lora_from_peft`` made from it:
+        the base weights come from ``state_dict``, the adapters' (and those of the
+        ``modules_to_save``, which replace the base's) from the folder, its names under
+        ``base_model.model.``. Every adapter weight must be there, and nothing else.
 
     Returns:
       ``(params, state)`` in the graph's own layout, as ``init`` returns them.
@@ -244,13 +285,49 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
         or not floating; a tied copy differs from its weight; a file is damaged.
     """
     layout = layout_for(graph.name)
-    layers = list(_layers(graph))
+    layers = _layers(graph, layout)
+    if adapter is not None:
+        return _load_with_adapter(graph, layout, layers, state_dict, adapter, strict, dtype)
+    return _load_from(graph, layout, layers, state_dict, strict, dtype)
+
+
+def _load_from(graph, layout, layers, state_dict, strict, dtype):
     expected = _expected(layers, layout)
     source = _Source(state_dict)
     try:
         return _load(graph, layout, layers, expected, source, strict, dtype)
     finally:
         source.close()
+
+
+def _load_with_adapter(graph, layout, layers, state_dict, folder, strict, dtype):
+    """The base weights from ``state_dict``, then the adapter's (and the modules it
+    saves in full) from the PEFT folder."""
+    config = read_adapter_config(folder)
+    adapters = [layer for layer in layers if layer.adapter]
+    if not adapters:
+        raise SerializationError(f"load_state_dict(adapter={os.fspath(folder)!r}): graph "
+                                 f"{graph.name!r} has no adapters; build it with "
+                                 f"mg.lora_from_peft(graph, folder) first")
+    base = [layer for layer in layers if not layer.adapter]
+    params, state = _load_from(graph, layout, base, state_dict, strict, dtype)
+    saved = [layer for layer in base if config.saves(layout.model_prefix + layer.module)
+             or config.saves(layer.module)]
+    weights = os.path.join(os.path.dirname(config.path), ADAPTER_WEIGHTS)
+    if not os.path.exists(weights):
+        others = [f for f in os.listdir(os.path.dirname(config.path)) if f.startswith("adapter_model")]
+        raise SerializationError(
+            f"{weights}: no such file" + (f" (the folder has {', '.join(others)}: pickles are "
+                                          f"not read, since loading one can run code; save the "
+                                          f"adapter with safe_serialization)" if others else ""))
+    peft = dataclasses.replace(layout, tied=(), prefixes=tuple(
+        PEFT_PREFIX + p for p in dict.fromkeys((layout.model_prefix, "", *layout.prefixes))))
+    adapter_params, adapter_state = _load_from(graph, peft, adapters + saved, weights, True, dtype)
+    for path, value in leaf_paths(adapter_params).items():
+        params = set_in(params, tuple(path.split("/")), value)
+    for path, value in leaf_paths(adapter_state).items():
+        state = set_in(state, tuple(path.split("/")), value)
+    return params, state
 
 
 _LEGACY = {"weight": "gamma", "bias": "beta"}
@@ -317,8 +394,8 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
     theirs: dict[str, dict[str, np.ndarray]] = {}
     for name, (step, relative, _) in expected.items():
         theirs.setdefault(step.path, {})[relative] = arrays[name]
-    for step, _, shapes in layers:
-        ours = importer(step.op, step.path)(step.op, layout, theirs[step.path], shapes)
+    for step, _, shapes, _, import_, _ in layers:
+        ours = import_(step.op, layout, theirs[step.path], shapes)
         for path, value in ours.items():
             if path.startswith("state/"):
                 state = set_in(state, step.weights + tuple(path.split("/")[1:]), jnp.asarray(value))

@@ -43,6 +43,10 @@ class TorchLayout:
         of a tied head): accepted when equal to it, not written.
       buffers: a regular expression of the names of buffers the model computes rather
         than loads (GPT-2's causal mask ``attn.bias``): accepted and ignored.
+      model_prefix: the prefix of the modules' names in the Hugging Face model class
+        the graph stands for (``"transformer."``: GPT-2's graph computes logits, as
+        ``GPT2LMHeadModel``), which PEFT's adapter files write after
+        ``base_model.model.`` and its ``target_modules`` patterns may match.
     """
 
     linear: str = "out_in"
@@ -50,6 +54,7 @@ class TorchLayout:
     prefixes: tuple[str, ...] = ()
     tied: tuple[tuple[str, str], ...] = ()
     buffers: str | None = None
+    model_prefix: str = ""
 
     def is_buffer(self, name: str) -> bool:
         return name.endswith(".num_batches_tracked") or (
@@ -236,3 +241,68 @@ def exporter(op, path: str) -> Callable:
 def importer(op, path: str) -> Callable:
     """``import_(op, layout, theirs, shapes) -> {our weight path: array}``."""
     return _converter(op, path)[1]
+
+
+# --- LoRA adapters, as PEFT names and lays them out ---------------------------------------
+
+#: What an adapter layer's name ends with: ``<target>.lora_A`` / ``<target>.lora_B``.
+ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
+
+
+def _adapter_linear(export_name: str) -> tuple[Callable, Callable]:
+    """An adapter's Linear as PEFT's ``nn.Linear`` (``(out, in)`` whatever the base's
+    layout), under ``export_name``."""
+    def export(op, layout, ours, xp):
+        return {export_name: ours["kernel"].T}
+
+    def import_(op, layout, theirs, shapes):
+        return {"kernel": theirs[export_name].T}
+    return export, import_
+
+
+def _adapter_embedding_a(op, layout, ours, xp):
+    return {"lora_embedding_A": ours["embedding"].T}
+
+
+def _adapter_embedding_a_import(op, layout, theirs, shapes):
+    return {"embedding": theirs["lora_embedding_A"].T}
+
+
+def adapter_converter(path: str, module: str, ops: Mapping[str, Any],
+                      layout: TorchLayout) -> tuple[str, Callable, Callable] | None:
+    """For the weights of an adapter layer ``path`` (``<target>.lora_A`` or ``.lora_B``,
+    ``module`` its dotted name): the module PEFT names them under, and the converters.
+    ``ops`` maps layer paths to ops. None for another layer.
+
+    PEFT's names: ``<module>.lora_A.weight`` (``nn.Linear``: ``(rank, in)``; an
+    ``nn.Conv2d`` for a Conv), ``<module>.lora_B.weight``; for an Embedding
+    ``<module>.lora_embedding_A`` ``(rank, num_embeddings)`` and
+    ``<module>.lora_embedding_B`` ``(features, rank)``; for an attention projection the
+    module is the projection's own (``h.0.attn.c_attn``, ``layers.0.self_attn.q_proj``).
+    """
+    suffix = next((s for s in ADAPTER_SUFFIXES if path.endswith(s)), None)
+    if suffix is None:
+        return None
+    target = path[: -len(suffix)]
+    target_module = module[: -len(suffix)]
+    owner, _, projection = target.rpartition(".")
+    base_op = ops.get(target)
+    if base_op is None and getattr(ops.get(owner), "op_name", None) == "multi_head_attention":
+        names = dict(layout.attention)
+        if projection not in names:
+            raise SerializationError(
+                f"layer {path!r}: the state dict's layout names the attention projections "
+                f"{', '.join(names)}, not {projection!r}")
+        target_module = target_module[: -len(projection)] + names[projection]
+        base_op = ops[owner]
+    if base_op is None:
+        return None
+    kind = "A" if suffix == ".lora_A" else "B"
+    if base_op.op_name == "embedding":
+        if kind == "A":
+            return target_module, _adapter_embedding_a, _adapter_embedding_a_import
+        return (target_module, *_adapter_linear("lora_embedding_B"))
+    if base_op.op_name == "conv":
+        export, import_ = _conv(transposed=False)
+        return f"{target_module}.lora_{kind}", export, import_
+    return (f"{target_module}.lora_{kind}", *_adapter_linear("weight"))

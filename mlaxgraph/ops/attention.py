@@ -22,7 +22,10 @@ from .flops import size, weight_converts
 from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base
 from .tensor import ExpandDims
 
-__all__ = ["MultiHeadAttention", "CausalMask", "causal_mask"]
+__all__ = ["MultiHeadAttention", "CausalMask", "causal_mask", "ADAPTABLE"]
+
+#: The projections of ``MultiHeadAttention`` an adapter can change (``adapters``).
+ADAPTABLE = ("query", "key", "value", "qkv", "out")
 
 
 def _head_kernel(key, shape, dtype):
@@ -66,6 +69,15 @@ class MultiHeadAttention(Layer):
     bias ``("embed",)``; ``param_axes={"query/kernel": ...}`` overrides one weight.
     The output is ``(batch, length, <out kernel's last name>)``.
 
+    ``adapters`` (set by ``mg.lora``, not usually by hand) names projections that an
+    adapter outside the op changes: for ``"query"``, ``"key"``, ``"value"`` and
+    ``"qkv"`` (the three fused, ``[q | k | v]`` along the features, as GPT-2's
+    ``c_attn``) the op takes one more input each, after the others and in this order:
+    ``(batch, length, heads * head_dim)`` (``kv_heads`` for key and value; their sum
+    for ``qkv``) added to that projection's output. With ``"out"`` the op has a second
+    output, the attended values ``(batch, q_len, heads * head_dim)`` that the output
+    projection reads, for an adapter whose result is added to the output.
+
     Example:
       >>> import mlaxgraph as mg
       >>> from mlaxgraph import ops
@@ -85,6 +97,7 @@ class MultiHeadAttention(Layer):
     dropout: float = 0.0
     num_kv_heads: int | None = None
     rope: float | None = field(default=None, converter=to_rope_base)
+    adapters: tuple[str, ...] = field(default=(), converter=lambda v, layer: tuple(v))
 
     def validate(self):
         for name in ("num_heads", "head_dim", "out_features", "num_kv_heads"):
@@ -98,10 +111,36 @@ class MultiHeadAttention(Layer):
                          f"num_heads={self.num_heads}")
         if not 0.0 <= float(self.dropout) < 1.0:
             self.invalid(f"dropout must be in [0, 1), got {self.dropout!r}")
+        order = [p for p in ADAPTABLE if p in self.adapters]
+        if list(self.adapters) != order:
+            self.invalid(f"adapters must be distinct names among {', '.join(ADAPTABLE)}, in "
+                         f"that order, got {self.adapters!r}")
+        if "qkv" in self.adapters and set(self.adapters) & {"query", "key", "value"}:
+            self.invalid("adapters: 'qkv' adapts query, key and value together; it does not "
+                         "go with 'query', 'key' or 'value'")
 
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
+
+    @property
+    def delta_inputs(self) -> tuple[str, ...]:
+        """The projections whose adapters' outputs come in as extra inputs."""
+        return tuple(p for p in self.adapters if p != "out")
+
+    def _split(self, inputs):
+        """The inputs as (query, key_value[, mask]) and {projection: delta}."""
+        count = len(self.delta_inputs)
+        if not count:
+            return tuple(inputs), {}
+        base = tuple(inputs[:-count])
+        return base, dict(zip(self.delta_inputs, inputs[-count:]))
+
+    def delta_width(self, projection: str, head_dim: int) -> int:
+        """The features of ``projection``'s adapter output."""
+        heads = {"query": self.num_heads, "key": self.kv_heads, "value": self.kv_heads,
+                 "out": self.num_heads, "qkv": self.num_heads + 2 * self.kv_heads}[projection]
+        return heads * head_dim
 
     def uses_rng(self) -> bool:
         return self.dropout > 0
@@ -118,6 +157,7 @@ class MultiHeadAttention(Layer):
         return inputs + (_key_padding(mask, query) if isinstance(mask, SymbolicTensor) else mask,)
 
     def _dims(self, inputs):
+        inputs, _ = self._split(inputs)
         if len(inputs) not in (2, 3):
             raise ShapeError(f"takes query, key_value and an optional mask, got {len(inputs)} inputs",
                              expected="2 or 3 tensors")
@@ -148,7 +188,20 @@ class MultiHeadAttention(Layer):
 
 
     def infer(self, inputs):
-        q, kv, _ = self._dims(inputs)
+        q, kv, head_dim = self._dims(inputs)
+        inputs, deltas = self._split(inputs)
+        for projection, delta in deltas.items():
+            source = kv if projection in ("key", "value") else q
+            want = source.with_shape(source.shape[:2] + (self.delta_width(projection, head_dim),))
+            if delta.dtype != q.dtype or delta.rank != 3 or not all(
+                    same_dim(a, b) for a, b in zip(delta.shape, want.shape)):
+                raise ShapeError(f"the adapter input of the {projection} projection is {delta}",
+                                 expected=str(want))
+        if "qkv" in deltas and not same_dim(q.shape[1], kv.shape[1]):
+            raise ShapeError("a fused qkv adapter reads one sequence: query and key_value "
+                             "have different lengths", expected="self-attention")
+        y = q.with_shape(q.shape[:2] + (self.out_features or q.shape[-1],))
+        context = (q.with_shape(q.shape[:2] + (self.num_heads * head_dim,)),) if "out" in self.adapters else ()
         if len(inputs) == 3:
             mask = inputs[2]
             target = (q.shape[0], self.num_heads, q.shape[1], kv.shape[1])
@@ -160,7 +213,7 @@ class MultiHeadAttention(Layer):
             if not 2 <= mask.rank <= 4 or broadcast_shapes(shape, target) != target:
                 raise ShapeError(f"the mask {mask} does not broadcast to (batch, heads, q_len, kv_len)",
                                  expected=f"bool{shape_str(target)} or bool{shape_str(target[2:])}")
-        return (q.with_shape(q.shape[:2] + (self.out_features or q.shape[-1],)),)
+        return (y, *context)
 
     def param_specs(self, inputs):
         q, kv, head_dim = self._dims(inputs)
@@ -183,17 +236,25 @@ class MultiHeadAttention(Layer):
 
     def output_axes(self, input_axes, inputs, outputs):
         out = weight_axes(self, inputs)[0]["out/kernel"][1]
-        return (tuple(input_axes[0][:2]) + out[-1:],)
+        context = ((tuple(input_axes[0][:2]) + (None,)),) if "out" in self.adapters else ()
+        return (tuple(input_axes[0][:2]) + out[-1:], *context)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
+        inputs, deltas = self._split(inputs)
         q_in, kv_in = inputs[:2]
         p = cast_params(params, q_in.dtype)
 
-        def project(x, w):
+        def project(x, w, name):
             y = jnp.einsum("bld,dhk->blhk", x, w["kernel"])
-            return y + w["bias"] if self.use_bias else y
+            y = y + w["bias"] if self.use_bias else y
+            return y + deltas[name].reshape(y.shape) if name in deltas else y
 
-        q, k, v = project(q_in, p["query"]), project(kv_in, p["key"]), project(kv_in, p["value"])
+        q, k, v = (project(q_in, p["query"], "query"), project(kv_in, p["key"], "key"),
+                   project(kv_in, p["value"], "value"))
+        if "qkv" in deltas:
+            widths = np.cumsum([q.shape[2] * q.shape[3], k.shape[2] * k.shape[3]])
+            dq, dk, dv = jnp.split(deltas["qkv"], widths, axis=-1)
+            q, k, v = q + dq.reshape(q.shape), k + dk.reshape(k.shape), v + dv.reshape(v.shape)
         head_dim = q.shape[-1]
         if self.rope is not None:
             q = _rope(q, self.rope)
@@ -226,12 +287,15 @@ class MultiHeadAttention(Layer):
         out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
         if self.use_bias:
             out = out + p["out"]["bias"]
+        if "out" in self.adapters:
+            return (out, attended.reshape(attended.shape[:2] + (-1,))), state
         return (out,), state
 
     def _mask(self, inputs, shape):
         """The boolean mask broadcasting to the scores ``(batch, heads, q_len, kv_len)``:
         the given one and the causal one, combined; None when there is neither."""
         mask = None
+        inputs, _ = self._split(inputs)
         if len(inputs) == 3:
             mask = inputs[2]
             if mask.ndim == 2:
@@ -249,7 +313,8 @@ class MultiHeadAttention(Layer):
         attention dots, the mask's select, the softmax (and its converts when it runs in
         another dtype) and the output projection."""
         q, kv, head_dim = self._dims(inputs)
-        (y,) = outputs
+        inputs, deltas = self._split(inputs)
+        y = outputs[0]
         batch, q_len, kv_len, heads = q.shape[0], q.shape[1], kv.shape[1], self.num_heads
         per_query = batch * q_len * heads * head_dim  # elements of q after projection
         per_key = batch * kv_len * self.kv_heads * head_dim
@@ -275,6 +340,7 @@ class MultiHeadAttention(Layer):
             count = count + rotary_flops(per_query, q_len, head_dim, q.dtype)
             count = count + rotary_flops(per_key, kv_len, head_dim, q.dtype)
         count = count + 2 * per_query * y.shape[-1] + bias * size(y)
+        count = count + sum(size(delta.shape) for delta in deltas.values())  # the adds
         return count + weight_converts(self.param_specs(inputs), param_dtype, q.dtype)
 
 

@@ -3,10 +3,12 @@ equal and print by name. Any ``jax.nn.initializers`` initializer may be passed i
 
 from __future__ import annotations
 
+import math
+
 import jax
 
 __all__ = ["zeros", "ones", "lecun_normal", "lecun_normal_conv_channels_last",
-           "lecun_normal_conv_channels_first"]
+           "lecun_normal_conv_channels_first", "lora_a_uniform", "lora_a_uniform_conv"]
 
 _dense = jax.nn.initializers.lecun_normal(in_axis=-2, out_axis=-1)
 _conv_last = jax.nn.initializers.lecun_normal(in_axis=-1, out_axis=0)
@@ -39,3 +41,22 @@ def lecun_normal_conv_channels_last(key, shape, dtype):
 def lecun_normal_conv_channels_first(key, shape, dtype):
     """LeCun normal for an OI... kernel: fan_in = input channels * spatial size."""
     return _conv_first(key, shape, dtype)
+
+
+def lora_a_uniform(key, shape, dtype):
+    """PEFT's default for ``lora_A``: PyTorch's ``kaiming_uniform_(a=sqrt(5))``, that is
+    uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, fan_in the kernel's input size
+    (all axes but the last of a ``(in, rank)`` kernel)."""
+    fan_in = math.prod(shape[:-1])
+    bound = 1.0 / math.sqrt(fan_in)
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def lora_a_uniform_conv(key, shape, dtype):
+    """PEFT's default for a Conv's ``lora_A``: uniform in ``[-1/sqrt(fan_in),
+    1/sqrt(fan_in)]``, fan_in = in_channels * prod(kernel_size): all axes but the first
+    of our ``(rank, *kernel_size, in)`` (OHWI) or ``(rank, in, *kernel_size)`` (OIHW)
+    kernel."""
+    fan_in = math.prod(shape[1:])
+    bound = 1.0 / math.sqrt(fan_in)
+    return jax.random.uniform(key, shape, dtype, -bound, bound)

@@ -1,0 +1,104 @@
+"""LoRA on the scanned 12-block GPT-2 small: the train step's memory and time against
+full fine-tuning, in one run.
+
+GPT-2 small (``mg.models.gpt2()``, 124M weights, float32), compiled with
+``scan_blocks=True`` (the 12 blocks one ``lax.scan``), trained with AdamW on
+next-token cross-entropy, batch ``--batch`` of ``--seq`` tokens:
+
+  full    every weight trains (``mg.train.Trainer(model, optax.adamw(...))``)
+  lora    ``mg.lora(g, "h.*/attn/qkv", rank=8, alpha=16)`` (PEFT's default target for
+          GPT-2, ``c_attn``), ``Trainer(..., trainable="**/*.lora_*")``
+
+For each, from XLA's ``memory_analysis`` of the compiled train step: the arguments'
+bytes, the temporaries', and the peak (arguments + temporaries + outputs - aliased,
+the train state being donated); the optimizer state's bytes; the adapters' bytes. Goals:
+lora's peak at most 0.6x full's; its optimizer state only the adapters'; the base
+weights never copied (lora's peak at most its weights' bytes + 5%, activations
+included, at the default small batch); step time at most full's (interleaved rounds,
+median of the per-round ratio and a bootstrap 95% CI).
+
+Run: ``.venv/bin/python benchmarks/bench_lora.py [--batch 1] [--seq 64] [--rounds 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import jax
+import numpy as np
+import optax
+
+import mlaxgraph as mg
+from _common import bootstrap_median_ci, median
+
+
+def _bytes(tree) -> int:
+    return int(sum(np.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree)))
+
+
+def _memory(trainer, ts, ids) -> dict:
+    compiled = trainer.train_step.lower(ts, ids, ids).compile()
+    m = compiled.memory_analysis()
+    return {"argument_bytes": int(m.argument_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes),
+            "output_bytes": int(m.output_size_in_bytes), "alias_bytes": int(m.alias_size_in_bytes),
+            "peak_bytes": int(m.argument_size_in_bytes + m.temp_size_in_bytes
+                              + m.output_size_in_bytes - m.alias_size_in_bytes)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default="benchmarks/lora_results.json")
+    args = parser.parse_args()
+
+    g = mg.models.gpt2()
+    adapted_graph = mg.lora(g, "h.*/attn/qkv", rank=8, alpha=16)
+    base = mg.compile(g, scan_blocks=True)
+    adapted = mg.compile(adapted_graph, scan_blocks=True)
+    ids = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, 50257)
+    runs = {}
+    for label, model, trainable in (("full", base, None), ("lora", adapted, "**/*.lora_*")):
+        trainer = mg.train.Trainer(model, optax.adamw(1e-4), loss="softmax_cross_entropy",
+                                   trainable=trainable)
+        ts = trainer.init(jax.random.key(0))
+        row = _memory(trainer, ts, ids)
+        row["param_bytes"] = _bytes(ts.params)
+        row["opt_state_bytes"] = _bytes(ts.opt_state)
+        row["adapter_bytes"] = _bytes(mg.lora_params(ts.params))
+        runs[label] = {"trainer": trainer, "ts": ts, "row": row}
+        ts, metrics = trainer.train_step(ts, ids, ids)   # compile and warm
+        jax.block_until_ready(metrics["loss"])
+        runs[label]["ts"] = ts
+    times: dict[str, list[float]] = {label: [] for label in runs}
+    for _ in range(args.rounds):
+        for label, run in runs.items():
+            start = time.perf_counter()
+            run["ts"], metrics = run["trainer"].train_step(run["ts"], ids, ids)
+            jax.block_until_ready(metrics["loss"])
+            times[label].append(time.perf_counter() - start)
+    full, lora = runs["full"]["row"], runs["lora"]["row"]
+    ratios = [b / a for a, b in zip(times["full"], times["lora"])]
+    low, high = bootstrap_median_ci(ratios)
+    result = {
+        "machine": f"{platform.processor() or platform.machine()}, {jax.device_count()} "
+                   f"{jax.default_backend()} device(s), jax {jax.__version__}",
+        "batch": args.batch, "seq": args.seq, "rounds": args.rounds,
+        "full": {**full, "step_s": median(times["full"])},
+        "lora": {**lora, "step_s": median(times["lora"])},
+        "peak_ratio": lora["peak_bytes"] / full["peak_bytes"],
+        "lora_peak_over_weights": lora["peak_bytes"] / lora["param_bytes"],
+        "lora_temp_over_full_temp": lora["temp_bytes"] / full["temp_bytes"],
+        "step_ratio": median(ratios), "step_ratio_ci": [low, high],
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""PEFT's LoRA adapters: the adapted graph from a folder's ``adapter_config.json``
+(``lora_from_peft``), and a folder PEFT loads from an adapted graph's weights
+(``save_adapter``). The weights themselves go through ``load_state_dict(...,
+adapter=folder)`` and ``to_state_dict(..., adapter_only=True)``.
+
+A module's name is what PyTorch calls it: the layer's path with dots
+(``h.0.mlp.c_fc``), an attention projection under the name the checkpoint family gives
+it (``h.0.attn.c_attn`` for GPT-2's fused query-key-value, ``model.layers.0.self_attn.q_proj``
+for Llama's), the model class's prefix in front where the family has one
+(``transformer.`` for GPT-2) when ``target_modules`` is a regular expression.
+"""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import json
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from ..adapters.lora import lora
+from ..core.errors import ConfigError, GraphError, SerializationError
+from ..io.weights import write_atomic, write_safetensors
+from ..ir.graph import Graph
+from ..ir.scan import unfold_scans
+from ..ir.surgery import layer_paths
+from ..ops.attention import MultiHeadAttention
+from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
+from .state_dict import to_state_dict
+from .torch_layout import layout_for
+
+__all__ = ["lora_from_peft", "save_adapter", "peft_modules"]
+
+#: The ops PEFT's ``all-linear`` adapts here (and attention projections).
+_LINEAR = ("linear",)
+_ADAPTABLE = ("linear", "embedding", "conv")
+
+
+def peft_modules(graph: Graph) -> dict[str, tuple[str, str]]:
+    """Each module name of ``graph`` (as PyTorch would name it, without the model
+    class's prefix) -> (the path ``mg.lora`` takes, the op's name); attention layers
+    give one module per projection (``op`` is then ``"attention"``)."""
+    layout = layout_for(graph.name)
+    out: dict[str, tuple[str, str]] = {}
+    for path, node in layer_paths(unfold_scans(graph)):
+        module = path.replace("/", ".")
+        if isinstance(node.op, MultiHeadAttention):
+            for ours, theirs in layout.attention:
+                out[f"{module}.{theirs}"] = (f"{path}/{ours}", "attention")
+        else:
+            out[module] = (path, node.op.op_name)
+    return out
+
+
+def _outputs(graph: Graph) -> set[str]:
+    """The paths of the layers whose output is the graph's (a head)."""
+    return {value.node for value in graph.outputs}
+
+
+def lora_from_peft(graph: Graph, folder: Any) -> Graph:
+    """``graph`` with the LoRA adapters a PEFT folder's ``adapter_config.json``
+    describes: ``target_modules`` (a list of module names, matched as PEFT matches them:
+    the whole name or its last dotted parts; a regular expression matching whole names;
+    or ``"all-linear"``: every Linear and attention projection but the output head),
+    minus ``exclude_modules``; ``r``, ``lora_alpha``, ``rank_pattern``,
+    ``alpha_pattern``, ``lora_dropout``, ``use_rslora``. ``modules_to_save`` must name
+    modules of the graph (``load_state_dict(..., adapter=folder)`` reads their weights).
+    Then ``mg.models.load_state_dict(adapted, base, adapter=folder)`` gives the weights.
+
+    A field asking for what LoRA here does not do, an entry of ``target_modules`` or
+    ``modules_to_save`` that names no module, or a target that is not a Linear, Conv,
+    Embedding or attention projection is an ``mg.ConfigError`` naming it.
+    """
+    if not isinstance(graph, Graph):
+        raise GraphError(f"lora_from_peft works on a Graph, got {type(graph).__name__}")
+    config = read_adapter_config(folder)
+    layout = layout_for(graph.name)
+    modules = peft_modules(graph)
+    keys = list(modules)
+
+    def full(key: str) -> tuple[str, ...]:
+        return (layout.model_prefix + key, key) if layout.model_prefix else (key,)
+
+    if config.target_modules == "all-linear":
+        heads = _outputs(unfold_scans(graph))
+        chosen = [k for k, (path, op) in modules.items()
+                  if ((op in _LINEAR and path not in heads) or op == "attention")
+                  and not _excluded(config, full(k))]
+    else:
+        chosen = [k for k in keys if any(config.targets(name) for name in full(k))]
+        if isinstance(config.target_modules, tuple):
+            for name in config.target_modules:
+                if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
+                    raise ConfigError(f"{config.path}: target_modules names {name!r}, which is no "
+                                      f"module of graph {graph.name!r}{_near(name, keys)}")
+    if not chosen:
+        raise ConfigError(f"{config.path}: target_modules {config.target_modules!r} matches no "
+                          f"module of graph {graph.name!r}; modules such as "
+                          f"{', '.join(keys[:6])}")
+    for name in config.modules_to_save:
+        if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
+            raise ConfigError(f"{config.path}: modules_to_save names {name!r}, which is no module "
+                              f"of graph {graph.name!r}{_near(name, keys)}")
+    for key in chosen:
+        path, op = modules[key]
+        if op not in _ADAPTABLE and op != "attention":
+            raise ConfigError(f"{config.path}: target_modules selects {key!r} (layer {path!r}, "
+                              f"op {op}); LoRA adapts Linear, Conv, Embedding and attention "
+                              f"projections")
+    groups: dict[tuple[int, float], list[str]] = collections.defaultdict(list)
+    for key in chosen:
+        name = full(key)[0]
+        groups[(config.rank_of(name), config.alpha_of(name))].append(modules[key][0])
+    adapted = graph
+    for (rank, alpha), paths in groups.items():
+        adapted = lora(adapted, paths, rank=rank, alpha=alpha, dropout=config.lora_dropout,
+                       use_rslora=config.use_rslora)
+    return adapted
+
+
+def _excluded(config, names: tuple[str, ...]) -> bool:
+    exclude = config.exclude_modules
+    if exclude is None:
+        return False
+    if isinstance(exclude, str):
+        return any(re.fullmatch(exclude, n) is not None for n in names)
+    return any(n == e or n.endswith("." + e) for e in exclude for n in names)
+
+
+def _near(name: str, keys: list[str]) -> str:
+    tails = sorted({k.rsplit(".", 1)[-1] for k in keys})
+    close = difflib.get_close_matches(name, tails, n=4, cutoff=0.5)
+    return f"; near names: {', '.join(close)}" if close else ""
+
+
+def save_adapter(graph: Graph, params: Any, folder: Any, *,
+                 base_model_name_or_path: str | None = None) -> None:
+    """Writes the LoRA adapters of ``graph`` (made by ``mg.lora`` or
+    ``mg.lora_from_peft``) with their weights ``params`` (the adapted graph's, unscanned)
+    as a PEFT adapter folder: ``adapter_model.safetensors`` (PEFT's names and layouts,
+    each file written atomically) and ``adapter_config.json`` (``target_modules`` the
+    adapted modules by full name, ``r`` and ``lora_alpha`` the most common ones and
+    ``rank_pattern``/``alpha_pattern`` the others, ``lora_dropout`` if one is set).
+    ``PeftModel.from_pretrained(model, folder)`` loads it.
+    """
+    layout = layout_for(graph.name)
+    weights = to_state_dict(graph, params, adapter_only=True)
+    flat = unfold_scans(graph)
+    nodes = dict(layer_paths(flat))
+    modules = {path: key for key, (path, _) in peft_modules(graph).items()}
+    settings: dict[str, tuple[int, float]] = {}
+    dropout = 0.0
+    for path, node in nodes.items():
+        if not path.endswith(".lora_A"):
+            continue
+        target = path[: -len(".lora_A")]
+        key = modules.get(target) or modules.get(target.rpartition(".")[0] + "/" + target.rpartition(".")[2])
+        if key is None:
+            raise SerializationError(f"save_adapter: the adapter {path!r} adapts no module "
+                                     f"PEFT can name")
+        rank = int(node.op.features)  # type: ignore[attr-defined]
+        scale = nodes[target + ".lora_scale"].op.constant  # type: ignore[attr-defined]
+        settings[layout.model_prefix + key] = (rank, float(scale) * rank)
+        drop = nodes.get(target + ".lora_dropout")
+        if drop is not None:
+            dropout = float(drop.op.rate)  # type: ignore[attr-defined]
+    if not settings:
+        raise SerializationError(f"save_adapter: graph {graph.name!r} has no LoRA adapters")
+    (rank, alpha), _ = collections.Counter(settings.values()).most_common(1)[0]
+    config = {
+        "peft_type": "LORA", "base_model_name_or_path": base_model_name_or_path,
+        "r": rank, "lora_alpha": alpha, "lora_dropout": dropout,
+        "target_modules": sorted(settings), "use_rslora": False,
+        "fan_in_fan_out": layout.linear == "in_out", "bias": "none", "modules_to_save": None,
+        "rank_pattern": {re.escape(k): r for k, (r, _) in settings.items() if r != rank},
+        "alpha_pattern": {re.escape(k): a for k, (_, a) in settings.items() if a != alpha},
+        "init_lora_weights": True, "use_dora": False, "task_type": None,
+    }
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    arrays = {name: np.ascontiguousarray(value) for name, value in weights.items()}
+    write_atomic(os.path.join(folder, ADAPTER_WEIGHTS),
+                 lambda f: write_safetensors(f, arrays, {"format": "pt"}))
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    write_atomic(os.path.join(folder, ADAPTER_CONFIG), lambda f: f.write(text.encode()))
+

@@ -1,0 +1,208 @@
+"""PEFT's adapter files: ``adapter_config.json`` read and checked field by field, and
+which modules its ``target_modules`` names.
+
+Every field is read: the ones LoRA's result depends on are honoured (``r``,
+``lora_alpha``, ``lora_dropout``, ``target_modules``, ``exclude_modules``,
+``use_rslora``, ``rank_pattern``, ``alpha_pattern``, ``modules_to_save``,
+``fan_in_fan_out``), the descriptive ones are kept (``base_model_name_or_path``,
+``task_type`` ...), and a field asking for something else (DoRA, a bias that trains,
+``layers_to_transform``) is an ``mg.ConfigError`` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..core.errors import ConfigError
+
+__all__ = ["AdapterConfig", "read_adapter_config", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS"]
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+#: Fields that describe the adapter without changing what it computes.
+DESCRIPTIVE = frozenset({
+    "base_model_name_or_path", "revision", "task_type", "inference_mode", "auto_mapping",
+    "peft_version", "megatron_core", "qalora_group_size",
+})
+#: Fields that must hold their default: any other value asks for what LoRA here does
+#: not do. (The value a file may hold -> what to say.)
+DEFAULTS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "use_dora": ((False,), "DoRA (weight-decomposed LoRA)"),
+    "layers_to_transform": ((None, []), "adapting some layer indices only (name the layers "
+                            "in target_modules instead)"),
+    "layers_pattern": ((None, []), "a layers pattern (goes with layers_to_transform)"),
+    "megatron_config": ((None,), "Megatron-sharded layers"),
+    "loftq_config": ((None, {}), "LoftQ initialization"),
+    "eva_config": ((None,), "EVA initialization"),
+    "corda_config": ((None,), "CorDA initialization"),
+    "layer_replication": ((None, []), "layer replication"),
+    "runtime_config": ((None, {}, {"ephemeral_gpu_offload": False}), "runtime options"),
+    "lora_bias": ((False,), "a bias on lora_B"),
+    "trainable_token_indices": ((None,), "training some token embeddings"),
+    "target_parameters": ((None, []), "adapting parameters of non-linear modules"),
+    "use_qalora": ((False,), "QALoRA"),
+    "alora_invocation_tokens": ((None,), "activated LoRA"),
+    "arrow_config": ((None,), "Arrow routing"),
+    "ensure_weight_tying": ((False,), "tying adapters of tied weights"),
+    "bias": (("none",), "training biases (bias='all' or 'lora_only')"),
+    "init_lora_weights": ((True,), "another initialization of the adapters (the default "
+                          "true, PEFT's: A uniform, B zero)"),
+}
+HONOURED = frozenset({
+    "peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "exclude_modules",
+    "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save", "fan_in_fan_out",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterConfig:
+    """A LoRA adapter's settings, as ``adapter_config.json`` holds them."""
+
+    path: str
+    r: int
+    lora_alpha: float
+    lora_dropout: float
+    target_modules: str | tuple[str, ...]
+    exclude_modules: str | tuple[str, ...] | None
+    use_rslora: bool
+    rank_pattern: Mapping[str, int]
+    alpha_pattern: Mapping[str, float]
+    modules_to_save: tuple[str, ...]
+    fan_in_fan_out: bool
+    fields: Mapping[str, Any]
+
+    def targets(self, key: str) -> bool:
+        """Whether PEFT adapts the module ``key`` (``transformer.h.0.attn.c_attn``):
+        a string is a regular expression matching the whole key; a list names modules
+        by their last names (``c_attn``, or a dotted tail ``attn.c_attn``)."""
+        return _names(self.target_modules, key) and not (
+            self.exclude_modules is not None and _names(self.exclude_modules, key))
+
+    def rank_of(self, key: str) -> int:
+        return int(_pattern(self.rank_pattern, key, self.r))
+
+    def alpha_of(self, key: str) -> float:
+        return float(_pattern(self.alpha_pattern, key, self.lora_alpha))
+
+    def saves(self, key: str) -> bool:
+        """Whether the module ``key`` is one of ``modules_to_save`` (trained in full, its
+        weights in the adapter file)."""
+        return any(key == name or key.endswith("." + name) for name in self.modules_to_save)
+
+
+def _names(spec: str | tuple[str, ...], key: str) -> bool:
+    if isinstance(spec, str):
+        return re.fullmatch(spec, key) is not None
+    return any(key == name or key.endswith("." + name) for name in spec)
+
+
+def _pattern(patterns: Mapping[str, Any], key: str, default: Any) -> Any:
+    """PEFT's rule: the first pattern that matches the end of the key at a name
+    boundary (``(.*\\.)?<pattern>$``)."""
+    for pattern, value in patterns.items():
+        if re.match(rf"(.*\.)?({pattern})$", key):
+            return value
+    return default
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file (a PEFT adapter folder holds "
+                          f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}, line {e.lineno}, column {e.colno}: not JSON ({e.msg})") from None
+    except (UnicodeDecodeError, IsADirectoryError, PermissionError) as e:
+        raise ConfigError(f"{path}: cannot be read as JSON ({type(e).__name__})") from None
+
+
+def _field_error(path: str, name: str, value: Any, problem: str) -> ConfigError:
+    return ConfigError(f"{path}: field {name!r} = {value!r:.120}: {problem}")
+
+
+def _number(path: str, fields: Mapping, name: str, default: Any, low: float, high: float,
+            integer: bool = False) -> Any:
+    value = fields.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) \
+            or not math.isfinite(value) or not low <= value < high:
+        kind = "an int" if integer else "a number"
+        raise _field_error(path, name, value, f"must be {kind} in [{low}, {high})")
+    return value
+
+
+def _modules(path: str, name: str, value: Any, *, allow_regex: bool) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not allow_regex:
+            return (value,)
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise _field_error(path, name, value, f"not a regular expression ({e})") from None
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise _field_error(path, name, value, "must be a list of module names or a regular expression")
+
+
+def read_adapter_config(folder: str | os.PathLike) -> AdapterConfig:
+    """The LoRA settings in ``folder``'s ``adapter_config.json`` (or that file itself)."""
+    folder = os.fspath(folder)
+    path = os.path.join(folder, ADAPTER_CONFIG) if os.path.isdir(folder) else folder
+    fields = _read_json(path)
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{path}: an adapter config is a JSON object, got {type(fields).__name__}")
+    peft_type = fields.get("peft_type", "LORA")
+    if peft_type != "LORA":
+        raise _field_error(path, "peft_type", peft_type, "only LoRA adapters are read")
+    for name, value in fields.items():
+        if name in HONOURED or name in DESCRIPTIVE:
+            continue
+        if name in DEFAULTS:
+            allowed, what = DEFAULTS[name]
+            if not any(value == a and type(value) is type(a) for a in allowed):
+                raise _field_error(path, name, value, f"asks for {what}, which mlaxgraph's LoRA "
+                                   f"does not do; allowed: {', '.join(map(repr, allowed))}")
+        elif value not in (None, False, {}, [], ""):
+            raise _field_error(path, name, value, "not a field mlaxgraph knows; it would be "
+                               "ignored, so it is refused (remove it if it changes nothing)")
+    r = _number(path, fields, "r", 8, 1, float("inf"), integer=True)
+    alpha = _number(path, fields, "lora_alpha", 8, 1e-12, float("inf"))
+    dropout = _number(path, fields, "lora_dropout", 0.0, 0.0, 1.0)
+    target = fields.get("target_modules")
+    if target is None:
+        raise _field_error(path, "target_modules", None, "the adapter names no modules (PEFT "
+                           "fills it from the model type; write the module names)")
+    patterns = {}
+    for name, kind in (("rank_pattern", int), ("alpha_pattern", float)):
+        value = fields.get(name) or {}
+        if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                and v > 0 for k, v in value.items()):
+            raise _field_error(path, name, value, "must map module patterns to positive numbers")
+        if kind is int and not all(isinstance(v, int) for v in value.values()):
+            raise _field_error(path, name, value, "ranks must be ints")
+        patterns[name] = value
+    for name in ("use_rslora", "fan_in_fan_out"):
+        if not isinstance(fields.get(name, False), bool):
+            raise _field_error(path, name, fields[name], "must be true or false")
+    return AdapterConfig(
+        path=path, r=r, lora_alpha=float(alpha), lora_dropout=float(dropout),
+        target_modules=_modules(path, "target_modules", target, allow_regex=True),
+        exclude_modules=_modules(path, "exclude_modules", fields.get("exclude_modules"),
+                                 allow_regex=True),
+        use_rslora=fields.get("use_rslora", False),
+        rank_pattern=patterns["rank_pattern"], alpha_pattern=patterns["alpha_pattern"],
+        modules_to_save=_modules(path, "modules_to_save", fields.get("modules_to_save"),
+                                 allow_regex=False) or (),
+        fan_in_fan_out=fields.get("fan_in_fan_out", False), fields=fields)

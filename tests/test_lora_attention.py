@@ -1,0 +1,153 @@
+"""LoRA on MultiHeadAttention's projections: query, key, value, the fused qkv and the
+output projection adapted as nodes of their own, checked against NumPy attention with
+the low-rank update added to the kernels; grouped-query attention, merging, scanning."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+
+D, HEADS, KV_HEADS, HEAD_DIM = 16, 4, 2, 4
+
+
+def _graph(kv_heads=None):
+    x = mg.Input(("batch", 6, D), name="x")
+    attention = ops.MultiHeadAttention(HEADS, HEAD_DIM, num_kv_heads=kv_heads, causal=True,
+                                       name="attn")
+    return mg.Graph(x, ops.Linear(3, name="head")(attention(x)), name="net")
+
+
+def _numpy_attention(x, p, kv_heads):
+    """Causal attention in NumPy, float64; p holds (d, h, k) / (h, k, out) kernels."""
+    x = x.astype(np.float64)
+    q = np.einsum("bld,dhk->blhk", x, p["query"]["kernel"]) + p["query"]["bias"]
+    k = np.einsum("bld,dhk->blhk", x, p["key"]["kernel"]) + p["key"]["bias"]
+    v = np.einsum("bld,dhk->blhk", x, p["value"]["kernel"]) + p["value"]["bias"]
+    group = HEADS // kv_heads
+    k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+    scores = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(HEAD_DIM)
+    length = x.shape[1]
+    scores = np.where(np.tril(np.ones((length, length), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attended = np.einsum("bhqs,bshk->bqhk", weights, v)
+    return np.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"]) + p["out"]["bias"]
+
+
+def _random(params, key, scale=0.3):
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(key, len(leaves))
+    return jax.tree.unflatten(tree, [scale * jax.random.normal(k, w.shape) for k, w in zip(keys, leaves)])
+
+
+@pytest.mark.parametrize("targets, projections", [
+    ("attn", ("query", "value")),
+    ("attn/qkv", ("qkv",)),
+    ("attn/*", ("query", "key", "value", "out")),
+    (["attn/key", "attn/out"], ("key", "out")),
+])
+@pytest.mark.parametrize("kv_heads", [None, KV_HEADS])
+def test_adapted_attention_equals_numpy(targets, projections, kv_heads):
+    g = _graph(kv_heads)
+    g2 = mg.lora(g, targets, rank=2, alpha=6)
+    assert g2.node("attn").op.adapters == projections
+    for p in projections:
+        assert {f"attn.{p}.lora_A", f"attn.{p}.lora_B", f"attn.{p}.lora_scale"} <= {
+            n.name for n in g2.nodes}
+    params, state = mg.compile(g2).init(jax.random.key(0))
+    params = _random(params, jax.random.key(1))
+    x = np.asarray(jax.random.normal(jax.random.key(2), (2, 6, D)))
+    out, _ = mg.compile(g2).apply(params, state, x)
+
+    kv = kv_heads or HEADS
+    p = jax.tree.map(lambda w: np.asarray(w, np.float64), params["attn"])
+    for name in projections:
+        a = np.asarray(params[f"attn.{name}.lora_A"]["kernel"], np.float64)
+        b = np.asarray(params[f"attn.{name}.lora_B"]["kernel"], np.float64)
+        delta = 3.0 * a @ b   # alpha / rank
+        if name == "qkv":
+            widths = [HEADS * HEAD_DIM, kv * HEAD_DIM, kv * HEAD_DIM]
+            for part, piece in zip(("query", "key", "value"), np.split(delta, np.cumsum(widths)[:2], 1)):
+                p[part]["kernel"] = p[part]["kernel"] + piece.reshape(p[part]["kernel"].shape)
+        else:
+            p[name]["kernel"] = p[name]["kernel"] + delta.reshape(p[name]["kernel"].shape)
+    y = _numpy_attention(x, p, kv)
+    want = y @ np.asarray(params["head"]["kernel"], np.float64) + np.asarray(params["head"]["bias"])
+    np.testing.assert_allclose(np.asarray(out), want, rtol=2e-4, atol=2e-4)
+
+    merged, merged_params = mg.merge_lora(g2, params)
+    assert merged == g
+    again, _ = mg.compile(merged).apply(merged_params, state, x)
+    np.testing.assert_allclose(np.asarray(again), np.asarray(out), rtol=1e-5, atol=1e-5)
+
+
+def test_zero_b_equals_the_base_and_base_weights_keep_their_paths():
+    g = _graph(KV_HEADS)
+    base_params, state = mg.compile(g).init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(2), (2, 6, D))
+    base, _ = mg.compile(g).apply(base_params, state, x)
+    model = mg.compile(mg.lora(g, "attn/*", rank=2))
+    report = model.reuse_report(base_params, state)
+    assert not report.dropped and not report.changed
+    params, _ = model.init(jax.random.key(1), reuse=(base_params, state))
+    assert params["attn"]["query"]["kernel"] is base_params["attn"]["query"]["kernel"]
+    out, _ = model.apply(params, state, x)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(base))
+
+
+def test_gpt2_attention_adapters_scan_and_stack():
+    g = mg.models.gpt2({"n_layer": 3, "n_embd": 16, "n_head": 2, "vocab_size": 31,
+                        "n_positions": 8})
+    g2 = mg.lora(g, "h.*/attn/qkv", rank=2)
+    flat = mg.compile(g2)
+    params, state = flat.init(jax.random.key(0))
+    params = jax.tree.map(lambda w: w, params)
+    for i in range(3):
+        adapter = params[f"h.{i}"]["attn.qkv.lora_B"]
+        adapter["kernel"] = 0.2 * jax.random.normal(jax.random.key(i), adapter["kernel"].shape)
+    ids = jax.random.randint(jax.random.key(5), (2, 8), 0, 31)
+    want, _ = flat.apply(params, state, ids, inference_mode=True)
+    scanned = mg.compile(g2, scan_blocks=True)
+    assert [n.name for n in scanned.graph.nodes if n.name.startswith("h.")] == ["h.0..h.2"]
+    stacked, stacked_state = scanned.stack_weights(params, state)
+    assert jax.tree.map(jnp.shape, mg.lora_params(stacked)) == {"h.0..h.2": {
+        "attn.qkv.lora_A": {"kernel": (3, 16, 2)}, "attn.qkv.lora_B": {"kernel": (3, 2, 48)}}}
+    out, _ = scanned.apply(stacked, stacked_state, ids, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_attention_targets_are_errors():
+    g = _graph()
+    with pytest.raises(mg.ConfigError, match="choose one form"):
+        mg.lora(g, ["attn/qkv", "attn/query"], rank=2)
+    with pytest.raises(mg.GraphError, match="no layer 'attn/quer'"):
+        mg.lora(g, "attn/quer", rank=2)
+    g2 = mg.lora(g, "attn", rank=2)
+    with pytest.raises(mg.ConfigError, match="adapters already"):
+        mg.lora(g2, "attn/query", rank=2)
+    assert dict(mg.lora(g2, "attn/out", rank=2).walk())["attn"].op.adapters == ("query", "value", "out")
+    with pytest.raises(mg.ConfigError, match="adapters must be"):
+        ops.MultiHeadAttention(2, adapters=("value", "query"))
+
+
+def test_scanned_base_weights_are_reused_and_adapted_models_save(tmp_path):
+    g = mg.models.gpt2({"n_layer": 3, "n_embd": 16, "n_head": 2, "vocab_size": 31,
+                        "n_positions": 8})
+    params, state = mg.compile(g, scan_blocks=True).init(jax.random.key(0))
+    g2 = mg.lora(g, ["h.*/attn/qkv", "h.*/attn/out"], rank=2)
+    model = mg.compile(g2, scan_blocks=True)
+    p2, s2 = model.init(jax.random.key(1), reuse=(params, state))
+    # The stacked base weights are the very same arrays: nothing restacked or copied.
+    for name in ("query", "key", "value", "out"):
+        assert p2["h.0..h.2"]["attn"][name]["kernel"] is params["h.0..h.2"]["attn"][name]["kernel"]
+    p2 = jax.tree.map(lambda w: w + 0.01, p2)
+    ids = jax.random.randint(jax.random.key(5), (2, 8), 0, 31)
+    want, _ = model.apply(p2, s2, ids, inference_mode=True)
+    mg.save(tmp_path / "adapted.mlg", model.graph, p2, s2)
+    loaded, lp, ls = mg.load(tmp_path / "adapted.mlg")
+    assert loaded == g2
+    out, _ = mg.compile(loaded).apply(lp, ls, ids, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,183 @@
+"""PEFT adapter folders: fixtures written here from PEFT's documented format
+(``adapter_config.json``, ``adapter_model.safetensors`` under ``base_model.model.``),
+read into adapted graphs and checked against the base model with the adapters merged
+into its weights in NumPy, as PEFT merges them; written back; bad folders refused."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import mlaxgraph as mg
+
+GPT2 = {"n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 40, "n_positions": 8}
+LLAMA = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 40,
+         "tie_word_embeddings": False}
+
+
+def _folder(tmp_path, config, weights, name="adapter"):
+    folder = tmp_path / name
+    folder.mkdir()
+    fields = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": "x",
+              "bias": "none", "fan_in_fan_out": False, "lora_dropout": 0.0,
+              "modules_to_save": None, "use_dora": False, "init_lora_weights": True, **config}
+    (folder / "adapter_config.json").write_text(json.dumps(fields))
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()},
+              str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def _base(graph, seed=0):
+    params, state = mg.compile(graph).init(jax.random.key(seed))
+    return mg.models.to_state_dict(graph, params, state)
+
+
+def _apply(graph, params, state, ids):
+    out, _ = mg.compile(graph).apply(params, state, ids, inference_mode=True)
+    return np.asarray(out)
+
+
+@pytest.fixture(scope="module")
+def gpt2_adapter(tmp_path_factory):
+    """GPT-2 with PEFT's adapters on c_attn (the fused Conv1D) and mlp.c_fc and the
+    embedding wte, and the base state dict with them merged as PEFT merges."""
+    tmp = tmp_path_factory.mktemp("gpt2")
+    g = mg.models.gpt2(GPT2)
+    base = _base(g)
+    rng = np.random.default_rng(0)
+    d, r, alpha = 16, 4, 12
+    weights, merged = {}, dict(base)
+    for i in range(2):
+        for module, out in ((f"h.{i}.attn.c_attn", 3 * d), (f"h.{i}.mlp.c_fc", 4 * d)):
+            a, b = rng.normal(size=(r, d)) * 0.3, rng.normal(size=(out, r)) * 0.3
+            weights[f"base_model.model.transformer.{module}.lora_A.weight"] = a
+            weights[f"base_model.model.transformer.{module}.lora_B.weight"] = b
+            # Conv1D stores (in, out): PEFT's fan_in_fan_out merge adds (B @ A).T
+            merged[f"{module}.weight"] = base[f"{module}.weight"] + (alpha / r) * (b @ a).T
+    a, b = rng.normal(size=(r, 40)) * 0.3, rng.normal(size=(d, r)) * 0.3
+    weights["base_model.model.transformer.wte.lora_embedding_A"] = a
+    weights["base_model.model.transformer.wte.lora_embedding_B"] = b
+    folder = _folder(tmp, {"r": r, "lora_alpha": alpha, "fan_in_fan_out": True,
+                           "target_modules": ["c_attn", "c_fc", "wte"]}, weights)
+    return g, base, merged, weights, folder
+
+
+def test_gpt2_adapter_equals_the_merged_base(gpt2_adapter):
+    g, base, merged, _, folder = gpt2_adapter
+    adapted = mg.lora_from_peft(g, folder)
+    assert dict(adapted.walk())["h.1/attn"].op.adapters == ("qkv",)
+    params, state = mg.models.load_state_dict(adapted, base, adapter=folder)
+    ids = np.random.default_rng(1).integers(0, 40, (2, 8)).astype(np.int32)
+    out = _apply(adapted, params, state, ids)
+    # The embedding's adapter changes the input side only (wte read as a table): the
+    # tied head keeps the base table, so the reference merges the table for lookups
+    # by adding the adapter's rows to the embedded input instead.
+    m_params, m_state = mg.models.load_state_dict(g, {**merged, "wte.weight": base["wte.weight"]})
+    wte_delta = (12 / 4) * (np.asarray(gpt2_adapter[3]["base_model.model.transformer.wte.lora_embedding_B"])
+                            @ np.asarray(gpt2_adapter[3]["base_model.model.transformer.wte.lora_embedding_A"])).T
+    probe = mg.compile(g).apply(m_params, m_state, ids, inference_mode=True,
+                                intervene={"wte": lambda v: v + wte_delta[ids]})[0]
+    np.testing.assert_allclose(out, np.asarray(probe), rtol=2e-4, atol=2e-4)
+
+
+def test_saved_adapter_is_the_same_folder_back(gpt2_adapter, tmp_path):
+    g, base, _, weights, folder = gpt2_adapter
+    adapted = mg.lora_from_peft(g, folder)
+    params, state = mg.models.load_state_dict(adapted, base, adapter=folder)
+    mg.models.save_adapter(adapted, params, tmp_path / "out", base_model_name_or_path="gpt2")
+    written = load_file(str(tmp_path / "out" / "adapter_model.safetensors"))
+    assert sorted(written) == sorted(weights)
+    for name, value in weights.items():
+        np.testing.assert_allclose(written[name], value, rtol=1e-6)
+    config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["fan_in_fan_out"]) == (4, 12.0, True)
+    assert "transformer.h.0.attn.c_attn" in config["target_modules"]
+    again = mg.lora_from_peft(g, tmp_path / "out")
+    assert again == adapted
+    p2, _ = mg.models.load_state_dict(again, base, adapter=tmp_path / "out")
+    sd = mg.models.to_state_dict(again, p2, adapter_only=True)
+    assert sorted(sd) == sorted(weights)
+
+
+def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
+    g = mg.models.llama(LLAMA)
+    base = _base(g)
+    rng = np.random.default_rng(2)
+    weights, merged = {}, dict(base)
+    ranks = {"q_proj": 4, "v_proj": 2, "o_proj": 4}
+    widths = {"q_proj": (16, 16), "v_proj": (16, 8), "o_proj": (16, 16)}   # (in, out); 2 kv heads of 4
+    alpha = {"q_proj": 8.0, "v_proj": 8.0, "o_proj": 2.0}
+    for i in range(2):
+        for proj, r in ranks.items():
+            module = f"model.layers.{i}.self_attn.{proj}"
+            d_in, d_out = widths[proj]
+            a, b = rng.normal(size=(r, d_in)) * 0.3, rng.normal(size=(d_out, r)) * 0.3
+            weights[f"base_model.model.{module}.lora_A.weight"] = a
+            weights[f"base_model.model.{module}.lora_B.weight"] = b
+            merged[f"{module}.weight"] = base[f"{module}.weight"] + alpha[proj] / np.sqrt(r) * (b @ a)
+    norm = rng.normal(size=(16,))
+    weights["base_model.model.model.norm.weight"] = norm
+    merged["model.norm.weight"] = norm
+    folder = _folder(tmp_path, {
+        "r": 4, "lora_alpha": 8, "use_rslora": True, "target_modules": ["q_proj", "v_proj", "o_proj"],
+        "rank_pattern": {"v_proj": 2}, "alpha_pattern": {"o_proj": 2}, "modules_to_save": ["norm"]},
+        weights)
+    adapted = mg.lora_from_peft(g, folder)
+    assert dict(adapted.walk())["model.layers.0/self_attn"].op.adapters == ("query", "value", "out")
+    params, state = mg.models.load_state_dict(adapted, base, adapter=folder)
+    np.testing.assert_array_equal(np.asarray(params["model.norm"]["scale"]), norm.astype(np.float32))
+    ids = np.random.default_rng(3).integers(0, 40, (2, 6)).astype(np.int32)
+    want = _apply(g, *mg.models.load_state_dict(g, merged), ids)
+    np.testing.assert_allclose(_apply(adapted, params, state, ids), want, rtol=2e-4, atol=2e-4)
+    regex = _folder(tmp_path, {"r": 4, "lora_alpha": 8, "target_modules": r".*layers\.1\.self_attn\.(q|v)_proj"},
+                    {}, name="regex")
+    assert [p for p in mg.lora_from_peft(g, regex).select("**/*.lora_A")] == [
+        "model.layers.1/self_attn.query.lora_A", "model.layers.1/self_attn.value.lora_A"]
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("use_dora", True, "'use_dora' = True: asks for DoRA"),
+    ("bias", "all", "'bias' = 'all': asks for training biases"),
+    ("layers_to_transform", [0], "'layers_to_transform'"),
+    ("frobnicate", 3, "'frobnicate' = 3: not a field"),
+    ("target_modules", ["c_atn"], "names 'c_atn', which is no module.*near names: c_attn"),
+    ("target_modules", ["ln_1"], "selects 'h.0.ln_1'.*op layer_norm"),
+    ("modules_to_save", ["score"], "modules_to_save names 'score'"),
+    ("r", 0, "'r' = 0: must be an int"),
+    ("lora_dropout", 1.5, "'lora_dropout' = 1.5"),
+    ("peft_type", "IA3", "only LoRA"),
+])
+def test_fields_it_cannot_honour_are_named(tmp_path, field, value, words):
+    folder = _folder(tmp_path, {"r": 2, "lora_alpha": 4, "target_modules": ["c_attn"], field: value}, {})
+    with pytest.raises(mg.ConfigError, match=words):
+        mg.lora_from_peft(mg.models.gpt2(GPT2), folder)
+
+
+def test_bad_folders_are_errors(gpt2_adapter, tmp_path):
+    g, base, _, weights, folder = gpt2_adapter
+    adapted = mg.lora_from_peft(g, folder)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text('{"r": 4,\n "target_modules": [c_attn]}')
+    with pytest.raises(mg.ConfigError, match="adapter_config.json, line 2"):
+        mg.lora_from_peft(g, broken)
+    name = "base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight"
+    config = json.loads((folder / "adapter_config.json").read_text())
+    short = _folder(tmp_path, config, {k: v for k, v in weights.items() if k != name}, "short")
+    with pytest.raises(mg.SerializationError, match="missing 1 weight.*h.1.mlp.c_fc.lora_B"):
+        mg.models.load_state_dict(adapted, base, adapter=short)
+    extra = _folder(tmp_path, config, {**weights, "base_model.model.transformer.h.0.attn.c_proj.lora_A.weight":
+                                       np.zeros((4, 16))}, "extra")
+    with pytest.raises(mg.SerializationError, match="does not hold.*c_proj.lora_A"):
+        mg.models.load_state_dict(adapted, base, adapter=extra)
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "adapter_config.json").write_text(json.dumps(config))
+    (pickled / "adapter_model.bin").write_bytes(b"\x80\x04")
+    with pytest.raises(mg.SerializationError, match="pickles are not read"):
+        mg.models.load_state_dict(adapted, base, adapter=pickled)
+    with pytest.raises(mg.SerializationError, match="has no adapters"):
+        mg.models.load_state_dict(g, base, adapter=folder)
