@@ -186,20 +186,23 @@ class DecodeRule(Rule):
     def _attention(self, node: Node, graph: Graph, facts: _Facts) -> Node:
         op: MultiHeadAttention = node.op  # type: ignore[assignment]
         original = graph.node(node.name)
+        if op.adapters:
+            raise _refuse(original, f"an attention with adapters ({', '.join(op.adapters)}): "
+                         f"fold them into its weights first (mg.merge_lora)")
         causal_input = (len(original.inputs) == 3
                         and isinstance(graph.node(original.inputs[2].node).op, CausalMask))
         if len(original.inputs) == 3 and not causal_input:
-            raise _mixes(original, "an attention with a mask of its own: the decoder masks "
+            raise _refuse(original, "an attention with a mask of its own: the decoder masks "
                          "padding itself (pass attention_mask to prefill or generate)")
         if not (op.causal or causal_input):
             raise _mixes(original, "a non-causal attention between tokens: each token attends "
                          "to later ones (use causal=True or mask=ops.causal_mask(x))")
         if original.shares_weights or any(n.layer == node.name and n.name != node.name
                                           for n in graph.nodes):
-            raise _mixes(original, "an attention layer called more than once: its calls would "
+            raise _refuse(original, "an attention layer called more than once: its calls would "
                          "share one cache")
         if original.inputs[0] != original.inputs[1]:
-            raise _mixes(original, "a cross-attention: the decoder caches self-attention only")
+            raise _refuse(original, "a cross-attention: the decoder caches self-attention only")
         x = graph.spec(original.inputs[0])
         head_dim = op.head_dim or x.shape[-1] // op.num_heads
         cached = CachedAttention(op.num_heads, head_dim, op.out_features or x.shape[-1],
@@ -241,10 +244,14 @@ def _mentions(dim: Any, seq: Any) -> bool:
 
 
 def _mixes(node: Node, why: str) -> GraphError:
-    return GraphError(node_message(
-        node.name, node.op.op_name,
-        f"the decoder cannot cache this layer: {why}. A decoding graph needs each "
-        f"position computed from itself and earlier ones only", source=node.source))
+    return _refuse(node, f"{why}. A decoding graph needs each position computed from "
+                   f"itself and earlier ones only")
+
+
+def _refuse(node: Node, why: str) -> GraphError:
+    return GraphError(node_message(node.name, node.op.op_name,
+                                   f"the decoder cannot cache this layer: {why}",
+                                   source=node.source))
 
 
 def _axes_after_positions(axes: Sequence[int], rank: int) -> bool:
