@@ -228,7 +228,7 @@ def main():
         times = interleaved({
             "mlaxgraph": lambda: mg.generate(dec, params, state, prompt, max_new_tokens=128).block_until_ready(),
             "hand": lambda: hand_generate(params, prompt, 128).block_until_ready()},
-            max(2, rounds // 2))
+            max(2, rounds // 3))
         rows.append(ratio_row(f"generate 128, batch {batch}", times, "per call", 1))
         rows[-1].insert(4, f"{batch * 128 / median(times['mlaxgraph']):.1f} / "
                            f"{batch * 128 / median(times['hand']):.1f}")
