@@ -256,6 +256,7 @@ def test_the_cache_is_state_of_the_decoding_graph():
     table = model.cost_table(batch=3, seq=1, xla=False)
     assert table["model.layers.0/self_attn"].state == 2 * 3 * 64 * 2 * head_dim
     assert "cached_attention" in model.summary(expand_nested=True)
+    assert mg.Graph.from_json(dec.decode_graph(3).to_json()) == dec.decode_graph(3)
 
 
 def test_weights_keep_their_paths(gpt2):

@@ -312,7 +312,7 @@ def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None) ->
 
     Example:
       >>> import jax, jax.numpy as jnp, mlaxgraph as mg
-      >>> g = mg.models.gpt2({"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64})
+      >>> g = mg.models.gpt2({"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64})
       >>> model = mg.compile(g)
       >>> params, state = model.init(jax.random.key(0))
       >>> dec = mg.decoder(g, max_length=128)

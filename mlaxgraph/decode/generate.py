@@ -21,7 +21,8 @@ from .sampling import Sampler, as_sampler
 
 __all__ = ["generate", "generate_stream"]
 
-#: Decoders made for a model by ``generate`` (by max_length), kept while the model lives.
+#: Decoders made for a model by ``generate`` (by max_length), kept while the model lives
+#: (for a graph, in the graph's memo).
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -38,7 +39,7 @@ def _decoder_for(source: Any, prompt: int, new: int) -> Decoder:
     length = 256
     while length < need:
         length *= 2
-    made = _DECODERS.setdefault(source, {})
+    made = source.memo("decoders") if isinstance(source, Graph) else _DECODERS.setdefault(source, {})
     if length not in made:
         made[length] = decoder(source, max_length=length)
     return made[length]
@@ -99,7 +100,7 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
 
     Example:
       >>> import jax, jax.numpy as jnp, mlaxgraph as mg
-      >>> g = mg.models.gpt2({"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64})
+      >>> g = mg.models.gpt2({"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64})
       >>> model = mg.compile(g)
       >>> params, state = model.init(jax.random.key(0))
       >>> mg.generate(model, params, state, jnp.array([[1, 2, 3]]), max_new_tokens=5).shape
