@@ -91,9 +91,6 @@ def test_bfloat16_policy_prefill_and_steps_follow_the_full_forward():
     assert got.dtype == jnp.float32
     scale = float(jnp.max(jnp.abs(full)))
     np.testing.assert_allclose(np.asarray(got), np.asarray(full), atol=0.03 * scale)
-    # float32 weights, bfloat16 compute: the decoder agrees with float32 math to bf16 precision
-    f32, _ = mg.compile(g).apply(params, state, ids, inference_mode=True)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(f32), atol=0.05 * scale)
 
 
 # --- an independent NumPy decoder of GPT-2, with its own key/value cache ----------------
