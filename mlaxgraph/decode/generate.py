@@ -82,7 +82,8 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
       model_or_decoder: a ``CompiledModel`` or ``Graph`` of a causal language model
         (a decoder is made for it, with room for the prompt and the new tokens), or an
         ``mg.decoder``.
-      params, state: the model's weights (``model.init`` or loaded).
+      params: the model's trainable weights (``model.init`` or loaded).
+      state: its non-trainable weights.
       input_ids: int ``(batch, seq)``; rows of different lengths are left-padded and
         marked by ``attention_mask`` (1 = token, 0 = padding), positions counted from
         it as Hugging Face's ``generate`` does.
