@@ -250,6 +250,8 @@ def test_the_cache_is_state_of_the_decoding_graph():
     assert cache["key"].shape == (3, 64, LLAMA["num_key_value_heads"], head_dim)
     physical = 2 * LLAMA["num_hidden_layers"] * 3 * 64 * 2 * head_dim * 4
     assert dec.cache_bytes(3) == physical == dec.empty_cache(3).nbytes
+    half = mg.decoder(g, max_length=64, cache_dtype="bfloat16")
+    assert half.cache_bytes(3) == physical // 2 == half.empty_cache(3).nbytes
     table = model.cost_table(batch=3, seq=1, xla=False)
     assert table["model.layers.0/self_attn"].state == 2 * 3 * 64 * 2 * head_dim
     assert "cached_attention" in model.summary(expand_nested=True)
