@@ -3,6 +3,7 @@ generation against a NumPy KV-cache decoder written here, left padding, samplers
 recompiles and bad input."""
 
 import inspect
+import json
 
 import jax
 import jax.numpy as jnp
@@ -323,14 +324,15 @@ def llama_folder(tmp_path_factory):
     """A Llama checkpoint folder: config.json, model.safetensors, tokenizer.json (a word
     level tokenizer of the words w0 ... w79)."""
     from safetensors.numpy import save_file
-    from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tokenizer_models
 
     folder = tmp_path_factory.mktemp("llama")
     g = mg.models.llama(LLAMA)
     params, state = mg.compile(g).init(jax.random.key(5))
     params = jax.tree.map(lambda w: w * 3.0, params)
     save_file(mg.models.to_state_dict(g, params, state), str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(__import__("json").dumps(LLAMA))
+    (folder / "config.json").write_text(json.dumps(LLAMA))
     tokenizer = Tokenizer(tokenizer_models.WordLevel({f"w{i}": i for i in range(80)}, unk_token="w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(folder / "tokenizer.json"))
