@@ -15,7 +15,7 @@ Example:
 """
 
 from . import models, ops, train
-from .adapters import lora, lora_params, merge_lora
+from .adapters import lora, lora_params, merge_lora, quantize, quantize_weights
 from .analysis.cost import CostTable, LayerCost
 from .analysis.hlo.by_layer import HloByLayer, HloOperation
 from .analysis.policy_comparison import PolicyComparison, compare_policies
@@ -49,7 +49,7 @@ __all__ = [
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
     "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
-    "lora", "lora_params", "merge_lora", "lora_from_peft",
+    "lora", "lora_params", "merge_lora", "lora_from_peft", "quantize", "quantize_weights",
     "decoder", "Decoder", "generate", "generate_stream", "sampling",
     "__version__",
 ]

@@ -157,3 +157,37 @@ def flatten(prefix: str, tree) -> dict[str, np.ndarray]:
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         out[prefix + "/" + "/".join(str(getattr(k, "key", k)) for k in path)] = np.asarray(leaf)
     return out
+
+
+# --- the zoo's Transformers under the Megatron layout (mg.models.sharding_rules) -------
+
+#: GPT-2 and a small Llama whose heads 8-way tensor parallelism divides; the Llama's 2
+#: key/value heads are fewer than the model axis (4 or 8 devices): replicated.
+ZOO = {
+    "gpt2": dict(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=8,
+                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "llama": dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=2),
+}
+ZOO_MESHES = ("both", "tensor_parallel")
+ZOO_BATCH, ZOO_SEQ = 8, 16
+
+
+def zoo_graph(name: str):
+    import mlaxgraph as mg
+
+    return getattr(mg.models, name)(ZOO[name])
+
+
+def zoo_data(seed: int = 0) -> np.ndarray:
+    """Token ids; the targets are the next tokens (ids[:, 1:])."""
+    return np.random.default_rng(seed).integers(0, 128, size=(ZOO_BATCH, ZOO_SEQ + 1)).astype(np.int32)
+
+
+def zoo_loss_and_grads(model):
+    """The jitted next-token loss and its gradients over ``model.apply_fn``."""
+    def objective(params, state, ids):
+        logits, _ = model.apply_fn(params, state, ids[:, :-1], inference_mode=True)
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, ids[:, 1:]))
+
+    return jax.jit(jax.value_and_grad(objective))

@@ -52,6 +52,7 @@ def main(out_dir: str, names: tuple[str, ...]) -> None:
     from mlaxgraph.distributed import abstract_init
 
     report: dict = {"device_count": jax.device_count(), "mesh_axes": {}, "seconds": {}}
+    part_names = names
     clock = [time.perf_counter()]
 
     def lap(what):  # where the time goes, for whoever keeps this test fast
@@ -61,6 +62,9 @@ def main(out_dir: str, names: tuple[str, ...]) -> None:
     arrays: dict = {}
     meshes = {name: jax.make_mesh(shape, ("data", "model")) for name, shape in cases.MESHES.items()}
     report["mesh_axes"] = {name: dict(m.shape) for name, m in meshes.items()}
+    if "zoo" in names:
+        zoo(meshes, arrays, report, lap)
+        names = tuple(n for n in names if n != "zoo")
 
     # The references: each model compiled without a mesh runs on one device.
     one_device = {}
@@ -106,7 +110,7 @@ def main(out_dir: str, names: tuple[str, ...]) -> None:
         lap(f"trainer/{name}")
 
     if "mlp" not in names:
-        return write(out_dir, names, arrays, report)
+        return write(out_dir, part_names, arrays, report)
 
     # Optimizer state made inside jit follows the params once constrained to them.
     optimizer = optax.adam(1e-3)
@@ -183,6 +187,50 @@ def main(out_dir: str, names: tuple[str, ...]) -> None:
         "planned": shards_of(records["mlp", "tensor_parallel"]["init"]["params"])}
     lap("checkpoint")
     write(out_dir, names, arrays, report)
+
+
+def zoo(meshes, arrays: dict, report: dict, lap) -> None:
+    """GPT-2 and Llama under ``mg.models.sharding_rules`` on the 2x4 and 1x8 meshes: the
+    logits, the loss and its gradients against one device; the collectives of the
+    forward pass; ``describe()``. (The train step's collectives and time are measured
+    by benchmarks/bench_zoo_sharding.py.)"""
+    import jax
+    import numpy as np
+
+    import mlaxgraph as mg
+    import _sharding_cases as cases
+    from mlaxgraph.analysis.hlo.collectives import collectives
+
+    ids = cases.zoo_data()
+    for name in cases.ZOO:
+        graph = cases.zoo_graph(name)
+        for mesh_name in ("one_device",) + cases.ZOO_MESHES:
+            if mesh_name == "one_device":
+                model, rules = mg.compile(graph), None
+            else:
+                rules = mg.models.sharding_rules(graph, meshes[mesh_name])
+                model = mg.compile(graph, mesh=meshes[mesh_name], rules=rules)
+            params, state = model.init(jax.random.key(0))
+            logits, _ = model.apply(params, state, ids[:, :-1], inference_mode=True)
+            step = cases.zoo_loss_and_grads(model)
+            loss, grads = step(params, state, ids)
+            prefix = f"zoo/{name}/{mesh_name}"
+            arrays[f"{prefix}/logits"] = np.asarray(logits)
+            arrays[f"{prefix}/loss"] = np.asarray(loss)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]:
+                arrays[f"{prefix}/grads/" + "/".join(str(getattr(k, "key", k)) for k in path)] = np.asarray(leaf)
+            if rules is not None:
+                forward = collectives(model, batch=cases.ZOO_BATCH, seq=cases.ZOO_SEQ, inference_mode=True)
+                report[prefix] = {"rules": rules, "forward": [list(c) for c in forward],
+                                  "describe": model.sharding.describe(forward),
+                                  "specs": {k: spec_entries(v.sharding.spec) for k, v in
+                                            (("down", params[f"{'h.0' if name == 'gpt2' else 'model.layers.0'}"][
+                                                "mlp.c_proj" if name == "gpt2" else "mlp.down_proj"]["kernel"]),
+                                             ("attn_out", params["h.0" if name == "gpt2" else "model.layers.0"][
+                                                 "attn" if name == "gpt2" else "self_attn"]["out"]["kernel"]),
+                                             ("key", params["h.0" if name == "gpt2" else "model.layers.0"][
+                                                 "attn" if name == "gpt2" else "self_attn"]["key"]["kernel"]))}}
+            lap(prefix)
 
 
 def write(out_dir: str, names, arrays: dict, report: dict) -> None:

@@ -146,6 +146,39 @@ CASES = {
         (ops.Embedding(10, 4), [[(("batch", 7), I32)], [((3,), I32)]]),
         (ops.Embedding(10, 4, dtype=BF16), [[(("batch", 2, 3), I32)]]),
     ],
+    "quantize": [
+        (ops.Quantize("int8"), [[(("batch", 8), F32)], [(("batch", 4, 6), BF16)]]),
+        (ops.Quantize("float8_e4m3fn", axes=(1, 2)), [[(("batch", 3, 4), F32)]]),
+    ],
+    "quantized_linear": [
+        (ops.QuantizedLinear(5, scheme="int8"), [[(("batch", 8), "int8"), (("batch", 1), F32)]]),
+        (ops.QuantizedLinear(5, scheme="float8", activation="relu"),
+         [[(("batch", 3, 8), "float8_e4m3fn"), (("batch", 3, 1), BF16)]]),
+        (ops.QuantizedLinear(5, scheme="int8_weight_only"), [[(("batch", 8), F32)]]),
+        (ops.QuantizedLinear(5, scheme="int4_weight_only", group_size=4, use_bias=False),
+         [[(("batch", 8), F32)], [(("batch", 2, 8), BF16)]]),
+    ],
+    "quantized_conv": [
+        (ops.QuantizedConv(4, (3, 3), scheme="int8", padding="SAME"),
+         [[(("batch", 6, 6, 4), "int8"), (("batch", 1, 1, 1), F32)]]),
+        (ops.QuantizedConv(4, (3, 3), scheme="int4_weight_only", group_size=2, data_format="NCHW"),
+         [[(("batch", 4, 6, 6), F32)]]),
+        (ops.QuantizedConv(4, (2,), scheme="int8_weight_only"), [[(("batch", 5, 3), F32)]]),
+    ],
+    "quantized_embedding": [
+        (ops.QuantizedEmbedding(10, 4, scheme="int8"), [[(("batch", 7), I32)],
+                                                       [(("batch", 4), "int8"), (("batch", 1), F32)],
+                                                       [(("batch", 4), F32)]]),
+        (ops.QuantizedEmbedding(10, 4, scheme="int4_weight_only", group_size=2),
+         [[(("batch", 2, 3), I32)], [(("batch", 4), BF16)]]),
+    ],
+    "quantized_multi_head_attention": [
+        (ops.QuantizedMultiHeadAttention(2, scheme="int8"),
+         [[(("batch", 5, 8), F32), (("batch", 5, 8), F32)]]),
+        (ops.QuantizedMultiHeadAttention(4, 2, num_kv_heads=2, scheme="int4_weight_only",
+                                         group_size=4),
+         [[(("batch", 5, 8), F32), (("batch", 5, 8), F32)]]),
+    ],
     "multi_head_attention": [
         (ops.MultiHeadAttention(2), [[(("batch", 5, 8), F32), (("batch", 5, 8), F32)],
                                      [(("batch", 5, 8), BF16), (("batch", 5, 8), BF16)]]),
@@ -285,9 +318,11 @@ def _same_shape(a, b) -> bool:
 
 def _eval_apply(layer, specs, inference_mode):
     def structs(declared):
-        # Weights are created in the policy's param_dtype (float32); a layer with several
+        # Weights are created in the policy's param_dtype (float32) unless their spec
+        # fixes their dtype (a quantized layer's); a layer with several
         # weight groups (attention) nests them one level.
-        return {k: structs(v) if isinstance(v, dict) else jax.ShapeDtypeStruct(v.shape, jnp.float32)
+        return {k: structs(v) if isinstance(v, dict) else
+                jax.ShapeDtypeStruct(v.shape, v.dtype if v.dtype is not None else jnp.float32)
                 for k, v in declared.items()}
 
     params, state = structs(layer.param_specs(specs)), structs(layer.state_specs(specs))

@@ -56,6 +56,19 @@ LAYERS_WITH_WEIGHTS = [
      {f"{p}/{w}": axes for p in ("query", "key", "value")
       for w, axes in (("kernel", ("embed", "heads", "kv")), ("bias", ("heads", "kv")))}
      | {"out/kernel": ("heads", "kv", "embed"), "out/bias": ("embed",)}),
+    (ops.QuantizedLinear(8, scheme="int8_weight_only"), [spec("batch", 4)],
+     {"kernel": ("embed", "mlp"), "kernel_scale": ("mlp",), "bias": ("mlp",)}),
+    (ops.QuantizedConv(8, (3, 3), scheme="int4_weight_only", group_size=2),
+     [spec("batch", 9, 9, 4)], {"kernel": ("mlp", None, None, "embed"),
+                                "kernel_scale": ("mlp", None, None, None), "bias": ("mlp",)}),
+    (ops.QuantizedEmbedding(10, 4, scheme="int8"), [spec("batch", 3, dtype="int32")],
+     {"embedding": ("vocab", "embed"), "embedding_scale": ("vocab",)}),
+    (ops.QuantizedMultiHeadAttention(2, 4, scheme="int8_weight_only"),
+     [spec("batch", 5, 8), spec("batch", 5, 8)],
+     {f"{p}/{w}": axes for p in ("query", "key", "value")
+      for w, axes in (("kernel", ("embed", None)), ("kernel_scale", (None,)),
+                      ("bias", ("heads", "kv")))}
+     | {"out/kernel": (None, "embed"), "out/kernel_scale": ("embed",), "out/bias": ("embed",)}),
     (ops.LSTM(4), [spec("batch", 5, 3)], {"input_kernel": ("embed", "mlp"),
                                          "recurrent_kernel": (None, "mlp"), "bias": ("mlp",)}),
     (ops.GRU(4), [spec("batch", 5, 3)], {"input_kernel": ("embed", "mlp"),

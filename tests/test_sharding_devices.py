@@ -95,7 +95,7 @@ def _finish(process: subprocess.Popen, log: pathlib.Path, what: str) -> None:
 
 
 #: The 8-device runs, split in two processes of about equal work (one per core).
-PARTS = ("mlp,transformer", "cnn")
+PARTS = ("mlp,transformer", "cnn,zoo")
 
 
 @pytest.fixture(scope="module")
@@ -346,3 +346,45 @@ def test_two_processes_train_the_mlp_as_one(two_processes, eight):
     # The single-file CheckpointManager refuses arrays split over processes, by name.
     refused = str(two_processes["single_file_refused"])
     assert "sharded over several processes" in refused and "sharded_checkpoint" in refused, refused
+
+
+# --- the zoo under mg.models.sharding_rules (the Megatron layout) ------------------------
+
+
+@pytest.mark.parametrize("mesh", cases.ZOO_MESHES)
+@pytest.mark.parametrize("family", list(cases.ZOO))
+def test_zoo_megatron_layout_matches_one_device(eight, family, mesh):
+    """mg.models.sharding_rules(graph, mesh) on GPT-2 and a Llama with 2 key/value heads:
+    logits, the next-token loss and every gradient equal one device's."""
+    report, results = eight
+    compared = _compare(results, f"zoo/{family}/one_device", f"zoo/{family}/{mesh}")
+    assert compared >= 3 + 10
+    found = report[f"zoo/{family}/{mesh}"]
+    # Megatron: the down-projection and the attention's output projection row-parallel,
+    # the key/value projections split by head unless fewer heads than devices.
+    assert found["specs"]["down"] == ["model", None]
+    assert found["specs"]["attn_out"] == ["model", None, None]
+    if family == "llama":  # 2 key/value heads < 4 or 8 devices: replicated, as MaxText
+        assert "kv_heads" not in found["rules"] and found["specs"]["key"] == [None, None, None]
+    else:
+        assert found["specs"]["key"] == [None, "model", None]
+
+
+@pytest.mark.parametrize("mesh", cases.ZOO_MESHES)
+@pytest.mark.parametrize("family", list(cases.ZOO))
+def test_zoo_forward_pass_has_one_all_reduce_per_attention_and_per_mlp(eight, family, mesh):
+    """The optimized HLO of the forward pass: per block, exactly two collectives, both
+    all-reduces: one after the attention's row-parallel output projection, one after the
+    MLP's down-projection; describe() counts them per block."""
+    report, _ = eight
+    found = report[f"zoo/{family}/{mesh}"]
+    prefix = "h" if family == "gpt2" else "model.layers"
+    attention, down = ("attn", "mlp.c_proj") if family == "gpt2" else ("self_attn", "mlp.down_proj")
+    for block in range(cases.ZOO[family].get("n_layer", cases.ZOO[family].get("num_hidden_layers"))):
+        mine = [c for c in found["forward"] if f"{prefix}.{block}/" in c[2]]
+        assert [c[0] for c in mine] == ["all-reduce", "all-reduce"], mine
+        assert any(f"{prefix}.{block}/{attention}" in c[2] for c in mine)
+        assert any(f"{prefix}.{block}/{down}" in c[2] for c in mine)
+        assert f"  {prefix}.{block}: 2 all-reduce" in found["describe"]
+    assert len(found["forward"]) == 2 * (block + 1)  # nothing outside the blocks
+    assert f"{prefix}.0/{down}" in found["describe"] and "kernel[model,-]" in found["describe"]

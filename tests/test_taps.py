@@ -96,7 +96,7 @@ def test_gradients_flow_through_interventions(base):
         return jnp.sum(out ** 2)
 
     grad = jax.grad(loss, argnums=1)(p, 1.0)
-    eps = 1e-3
+    eps = 1e-2  # central difference: O(eps**2) error; float32 roundoff shrinks as eps grows
     numeric = (loss(p, 1.0 + eps) - loss(p, 1.0 - eps)) / (2 * eps)
     np.testing.assert_allclose(grad, numeric, rtol=2e-2)
 

@@ -170,7 +170,7 @@ def test_lm_head_files_with_prefixes_buffers_and_tied_copies():
     graph = mg.models.bert(config)
     pretraining = {f"bert.{k}": v for k, v in sd.items()}
     pretraining["cls.predictions.bias"] = np.zeros(50, np.float32)
-    with pytest.raises(mg.SerializationError, match=r"does not hold: 'cls.predictions.bias' \(strict=False"):
+    with pytest.raises(mg.SerializationError, match=r"(?s)does not hold.*strict=False.*unexpected \(1\)\n +'cls.predictions.bias'"):
         mg.models.load_state_dict(graph, pretraining)
     params, state = mg.models.load_state_dict(graph, pretraining, strict=False)
     check_round_trip(graph, params, state, sd)
@@ -181,9 +181,9 @@ def test_missing_extra_misshaped_and_integer_weights_are_named():
     sd = tf.state_dict("llama", config)
     graph = mg.models.llama(config)
     missing = {k: v for k, v in sd.items() if k != "model.layers.1.mlp.up_proj.weight"}
-    with pytest.raises(mg.SerializationError, match=r"missing 1 weight\(s\).*'model.layers.1.mlp.up_proj.weight'"):
+    with pytest.raises(mg.SerializationError, match=r"(?s)missing 1 weight\(s\).*\n  'model.layers.1.mlp.up_proj.weight'"):
         mg.models.load_state_dict(graph, missing)
-    with pytest.raises(mg.SerializationError, match="does not hold: 'model.layers.9.extra.weight'"):
+    with pytest.raises(mg.SerializationError, match=r"(?s)does not hold.*'model.layers.9.extra.weight'"):
         mg.models.load_state_dict(graph, {**sd, "model.layers.9.extra.weight": np.zeros(3, np.float32)})
     bad = dict(sd, **{"model.layers.0.self_attn.k_proj.weight": np.zeros((32, 32), np.float32)})
     with pytest.raises(mg.SerializationError,
@@ -213,7 +213,7 @@ def test_bfloat16_files_keep_their_dtype_when_asked(tmp_path):
 @pytest.mark.parametrize("build, field, message", [
     (lambda: mg.models.gpt2({"add_cross_attention": True}), "add_cross_attention", "not supported"),
     (lambda: mg.models.gpt2({"activation_function": "mish"}), "activation_function", "'mish' is not supported"),
-    (lambda: mg.models.llama({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}), "rope_scaling",
+    (lambda: mg.models.llama({"rope_scaling": {"rope_type": "yarn", "factor": 8.0}}), "rope_scaling",
      "not supported"),
     (lambda: mg.models.bert({"position_embedding_type": "relative_key"}), "position_embedding_type",
      "not supported"),

@@ -1,7 +1,9 @@
 """Adapters: layers added beside a graph's layers by one rewrite (LoRA), their weights
-picked out of params and folded back into the base weights."""
+picked out of params and folded back into the base weights; quantization, the same kind
+of rewrite, turning layers into their quantized forms."""
 
 from .lora import lora, lora_params
 from .merge import merge_lora
+from .quantize import quantize, quantize_weights
 
-__all__ = ["lora", "lora_params", "merge_lora"]
+__all__ = ["lora", "lora_params", "merge_lora", "quantize", "quantize_weights"]

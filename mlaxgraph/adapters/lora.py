@@ -39,8 +39,9 @@ __all__ = ["lora", "lora_params", "lora_targets", "lora_a_uniform", "lora_a_unif
 _PARTS = (".lora_dropout", ".lora_A", ".lora_B", ".lora_scale")
 #: The node summing the layer's output and the adapter's: ``<name>.lora``.
 _SUM = ".lora"
-#: The op names ``lora`` adapts.
+#: The op names ``lora`` adapts (quantized layers get float adapters: QLoRA).
 ADAPTED_OPS = ("linear", "embedding", "conv", "multi_head_attention")
+QUANTIZED_ADAPTED_OPS = tuple(f"quantized_{name}" for name in ADAPTED_OPS)
 #: The projections of an attention layer that naming the layer itself adapts, as PEFT's
 #: and Keras's defaults for attention (query and value).
 DEFAULT_PROJECTIONS = ("query", "value")
@@ -171,10 +172,11 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
 
 def _check_target(path: str, node: Node, source: SourceInfo | None) -> None:
     op = node.op
-    if op.op_name not in ADAPTED_OPS:
+    if op.op_name not in ADAPTED_OPS + QUANTIZED_ADAPTED_OPS:
         raise ConfigError(node_message(
             path, op.op_name,
-            f"LoRA does not adapt op {op.op_name!r} yet (it adapts {', '.join(ADAPTED_OPS)}); "
+            f"LoRA does not adapt op {op.op_name!r} yet (it adapts {', '.join(ADAPTED_OPS)}, "
+            f"quantized or not); "
             f"select those layers instead", source=source))
     if isinstance(op, (Linear, Conv)) and op.activation is not None:
         kind = type(op).__name__
@@ -224,6 +226,9 @@ class _Lora(Rule):
             return rewrite.emit(Node(new, op, inputs, (), new, self.source), infer=True).value()
 
         x = kept.inputs[0]
+        if getattr(node.op, "quantizes_inputs", False):
+            # A quantized layer's adapter reads the float input, not its Quantize node's cast.
+            x = next(n for n in reversed(rewrite.nodes) if n.name == x.node).inputs[0]
         if isinstance(node.op, Embedding):
             a = emit(".lora_A", Embedding(node.op.num_embeddings, self.rank, dtype=node.op.dtype,
                                           embedding_init=initializers.zeros,

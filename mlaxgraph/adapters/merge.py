@@ -98,6 +98,11 @@ def _merge_attention(params: dict, nodes: Mapping[str, Node], owner: str, projec
     if owner in shared:
         raise GraphError(f"merge_lora: the weights of {owner!r} are used by another call too, "
                          f"which does not have the adapter; keep the adapter unmerged")
+    scheme = getattr(nodes[owner].op, "scheme", None)
+    if scheme is not None:
+        raise GraphError(f"merge_lora: {owner!r} is quantized ({scheme}): folding the adapter "
+                         f"in needs its float weights; merge into the float model's weights, "
+                         f"then quantize")
     base = f"{owner}.{projection}"
     scale = nodes[base + ".lora_scale"].op.constant  # type: ignore[attr-defined]
     try:
@@ -166,6 +171,11 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
             continue
         if base not in nodes:
             continue
+        scheme = getattr(nodes[base].op, "scheme", None)
+        if scheme is not None:
+            raise GraphError(f"merge_lora: {base!r} is quantized ({scheme}): "
+                             f"folding the adapter in needs its float weights; merge into the "
+                             f"float model's weights, then quantize")
         if base in shared:
             raise GraphError(f"merge_lora: the weights of {base!r} are used by another call too "
                              f"(a tied output head), which does not have the adapter: folding "

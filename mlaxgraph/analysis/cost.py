@@ -42,6 +42,9 @@ class LayerCost:
       training_flops_formula: forward plus backward FLOPs, likewise.
       activation_bytes_formula: bytes of the layer's outputs, likewise.
       flops, training_flops, activation_bytes: the same at the table's dims.
+      weight_bytes: the bytes of its weights (trainable and not) as stored: at the
+        policy's ``param_dtype``, or in the dtype a weight fixes (a quantized layer's
+        int8, packed int4 or float8 values and float32 scales); 0 for a shared call.
       xla_flops: XLA's count for the layer's ``apply`` lowered alone at the table's
         dims; None when not comparable (see ``note``) or not asked for.
       note: why the rule and XLA differ, or why XLA's number is not shown.
@@ -59,6 +62,7 @@ class LayerCost:
     flops: int | None
     training_flops: int | None
     activation_bytes: int
+    weight_bytes: int = 0
     xla_flops: int | None = None
     note: str = ""
     within: str | None = None
@@ -116,6 +120,11 @@ class CostTable:
         return sum(r.params for r in self._counted)
 
     @property
+    def weight_bytes(self) -> int:
+        """The bytes of every weight as stored (``LayerCost.weight_bytes``)."""
+        return sum(r.weight_bytes for r in self._counted)
+
+    @property
     def flops_formula(self) -> Dim:
         """The forward FLOPs of the layers that have a rule, as a formula."""
         return _sum(r.flops_formula for r in self._counted if r.flops_formula is not None)
@@ -150,19 +159,21 @@ class CostTable:
     def __str__(self) -> str:
         at = ", ".join(f"{k}={v}" for k, v in self.dims.items())
         mode = "inference" if self.inference_mode else "training"
-        header = ("layer", "op", "params", "forward FLOPs", f"= at {at}", "fwd+bwd FLOPs",
-                  "activations", "XLA forward", "note")
-        rows = [(r.layer, r.op, f"{r.params:,}", _formula(r.flops_formula), _count(r.flops),
+        header = ("layer", "op", "params", "weights", "forward FLOPs", f"= at {at}",
+                  "fwd+bwd FLOPs", "activations", "XLA forward", "note")
+        rows = [(r.layer, r.op, f"{r.params:,}", _bytes(r.weight_bytes),
+                 _formula(r.flops_formula), _count(r.flops),
                  _count(r.training_flops), _bytes(r.activation_bytes), _count(r.xla_flops),
                  r.note if r.within is None else "; ".join(filter(None, ("one block", r.note))))
                 for r in self.rows]
-        total = ("total", "", f"{self.params:,}", _formula(self.flops_formula),
+        total = ("total", "", f"{self.params:,}", _bytes(self.weight_bytes),
+                 _formula(self.flops_formula),
                  _count(self.flops), _count(self.training_flops), _bytes(self.activation_bytes),
                  _count(self.xla_flops), "")
         widths = [max(len(row[i]) for row in [header, *rows, total]) for i in range(len(header))]
 
         def line(cells):
-            return "  ".join(c.rjust(w) if 2 <= i <= 7 else c.ljust(w)
+            return "  ".join(c.rjust(w) if 2 <= i <= 8 else c.ljust(w)
                              for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
         rule = "-" * len(line(header))
@@ -281,12 +292,16 @@ def _row(step, input_gradients: bool, params, state, policy, bindings, inference
     shared = not step.owns_weights and bool(step.param_specs or step.state_specs)
     trainable = 0 if shared else sum(p.size for _, p in flatten_specs(step.param_specs))
     nontrainable = 0 if shared else sum(p.size for _, p in flatten_specs(step.state_specs))
+    stored = 0 if shared else sum(p.stored_bytes(policy.param_dtype)
+                                  for specs in (step.param_specs, step.state_specs)
+                                  for _, p in flatten_specs(specs))
     forward, activations = step_formulas(step, policy.param_dtype, inference_mode)
     training = None if forward is None else forward + op.backward_flops(
         step.input_specs, step.output_specs, forward, input_gradients=input_gradients)
     row = LayerCost(step.path, op.op_name, trainable, nontrainable, forward, training,
                     activations, _evaluate_optional(forward, bindings),
-                    _evaluate_optional(training, bindings), evaluate(activations, bindings))
+                    _evaluate_optional(training, bindings), evaluate(activations, bindings),
+                    weight_bytes=stored)
     if xla:
         caveat = op.xla_cost_caveat(inference_mode)
         if caveat:

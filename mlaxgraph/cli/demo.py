@@ -46,9 +46,13 @@ def train_digits(policy=None, epochs: int = 10, batch_size: int = 32, seed: int 
     ts = trainer.init(jax.random.key(seed))
     if checkpoints is not None and checkpoints.latest_step() is not None:
         ts = checkpoints.restore(ts)
-    ts, history = trainer.fit(ts, train, epochs=epochs, batch_size=batch_size,
-                              validation=test, seed=seed, checkpoints=checkpoints,
-                              progress=progress)
+    # Resuming: up to epoch `epochs`, from the epoch the restored state reached.
+    done = int(ts.step) // (len(train[1]) // batch_size)
+    history: dict = {"epoch": []}
+    if done < epochs:
+        ts, history = trainer.fit(ts, train, epochs=epochs, batch_size=batch_size, initial_epoch=done,
+                                  validation=test, seed=seed, checkpoints=checkpoints,
+                                  progress=progress)
     accuracy = evaluate(trainer, ts, test, batch_size)["accuracy"]
     return DigitsResult(trainer, ts, history, accuracy, time.perf_counter() - start)
 

@@ -4,7 +4,6 @@ HLO written, and run once."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
@@ -23,12 +22,16 @@ __all__ = ["MODELS", "run_model"]
 #: Demo models: text models with their Hugging Face configs' defaults (GPT-2 small,
 #: BERT base, ViT-B/16) except Llama, a small one (Llama 2 7B's 27 GB of float32 weights
 #: do not suit a demo; --config gives a real one).
-MODELS = ("resnet18", "resnet34", "resnet50", "gpt2", "bert", "vit", "llama", "unet")
+MODELS = ("resnet18", "resnet34", "resnet50", "gpt2", "bert", "vit", "llama", "qwen2", "unet")
 SMALL_LLAMA = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1376,
                "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4}
-HUGGING_FACE = ("gpt2", "bert", "vit", "llama")  # built from a config
-TEXT = ("gpt2", "bert", "llama")  # with a sequence dim
+SMALL_QWEN2 = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1376,
+               "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+               "tie_word_embeddings": True}
+HUGGING_FACE = ("gpt2", "bert", "vit", "llama", "qwen2")  # built from a config
+TEXT = ("gpt2", "bert", "llama", "qwen2")  # with a sequence dim
 SEQ = 128
+IMAGE = 224  # height and width of the images of the models that take any size
 
 
 def _config(args) -> Any:
@@ -41,9 +44,8 @@ def _config(args) -> Any:
     if path is not None:
         if args.model not in HUGGING_FACE:
             raise UsageError(f"--config is for the Hugging Face models; {args.model} takes none")
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    return SMALL_LLAMA if args.model == "llama" else None
+        return path  # the builder reads it (errors name the file and line)
+    return {"llama": SMALL_LLAMA, "qwen2": SMALL_QWEN2}.get(args.model)
 
 
 def build(args):
@@ -84,7 +86,12 @@ def run_model(args) -> int:
         print(f"\nweights: random, from seed {args.seed} ({time.perf_counter() - start:.1f} s)")
     dims: dict[str, Any] = {"batch": 1}
     if args.model in TEXT:
-        dims["seq"] = SEQ
+        # At most the position table's rows (a checkpoint's n_positions may be fewer).
+        limits = [node.op.limit for _, node in graph.walk()
+                  if node.op.op_name == "arange" and getattr(node.op, "limit", None)]
+        dims["seq"] = min([SEQ, *limits])
+    names = {str(d) for spec in graph.input_specs for d in spec.shape}
+    dims.update({name: IMAGE for name in ("height", "width") if name in names})
     at = ", ".join(f"{k} {v}" for k, v in dims.items())
     written = [write_drawing(graph, os.path.join(out, args.model))]
     written.append(("explorer page", model.to_html(os.path.join(out, f"{args.model}.html"))))

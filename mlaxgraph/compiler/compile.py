@@ -217,7 +217,7 @@ class CompiledModel:
         remat = self.remat
         if remat:
             text += "\nremat: " + ", ".join(f"{path} {policy}" for path, policy in remat.items())
-        return text if self.sharding is None else text + "\n" + self.sharding.describe()
+        return text if self.sharding is None else text + "\n" + self.sharding.mesh_line()
 
     @property
     def remat(self) -> dict[str, str]:

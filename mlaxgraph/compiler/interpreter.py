@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import DTypeError, GraphError, ShapeError, node_message
+from ..core.errors import DTypeError, GraphError, MlaxGraphError, ShapeError, node_message
 from ..core.scopes import scope_name
 from ..core.specs import bind_dims, flatten_specs, is_symbolic, match_shape
 from ..ir.printer import context_lines
@@ -65,7 +65,13 @@ def _weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
                 f"weight {step.weights_path}/{path} has another shape than the layer needs",
                 got=str(tuple(shape)) if shape is not None else type(leaf).__name__,
                 expected=str(tuple(spec.shape)), source=node.source))
-        if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
+        if spec.dtype is not None:
+            if np.dtype(leaf.dtype) != spec.dtype:
+                raise DTypeError(node_message(
+                    step.path, node.op.op_name,
+                    f"weight {step.weights_path}/{path} is stored in {spec.dtype} by this layer",
+                    got=str(leaf.dtype), expected=str(spec.dtype), source=node.source))
+        elif not jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
             raise DTypeError(node_message(
                 step.path, node.op.op_name,
                 f"weight {step.weights_path}/{path} is not floating-point",
@@ -301,7 +307,11 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context,
         else:
             op = step.op
             if op.symbolic_fields and context.bindings is not None:
-                op = op.bind(step.dims).bind(context.bindings)
+                try:
+                    op = op.bind(step.dims).bind(context.bindings)
+                except MlaxGraphError as e:  # a bound dim the layer refuses (Arange's limit)
+                    raise type(e)(node_message(step.path, op.op_name, e.problem, expected=e.expected,
+                                               source=step.node.source)) from None
             outs, s2 = op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
         outs = tuple(outs)
         _check_outputs(step, outs, context.bindings)

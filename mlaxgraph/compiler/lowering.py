@@ -48,7 +48,7 @@ def make_init(program: Program, param_dtype: Any,
     return init
 
 
-def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[dict, dict]:
+def _init_program(program: Program, key: jax.Array, param_dtype: np.dtype) -> tuple[dict, dict]:
     # (tree, step weights, weight path, the name its key folds in, spec) of every weight, then
     # drawn by groups of one initializer and shape.
     leaves = []
@@ -56,7 +56,7 @@ def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[di
     for step in program.owners():
         if isinstance(step, ScanStep):
             base = step_key(key, step.weights[:-1])
-            p, s = jax.vmap(lambda one, body=step.body: _init_program(body, one, dtype))(
+            p, s = jax.vmap(lambda one, body=step.body: _init_program(body, one, param_dtype))(
                 block_keys(base, step.blocks))
             if p:
                 trees["params"] = set_in(trees["params"], step.weights, p)
@@ -81,8 +81,9 @@ def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[di
     groups: dict = {}
     for index, leaf in enumerate(leaves):
         spec = leaf[4]
-        groups.setdefault((spec.init, tuple(spec.shape)), []).append(index)
-    for (initializer, shape), members in groups.items():
+        groups.setdefault((spec.init, tuple(spec.shape), spec.stored_dtype(param_dtype)),
+                          []).append(index)
+    for (initializer, shape, dtype), members in groups.items():
         if getattr(initializer, "keyless", False):  # a constant: nothing to draw
             for index in members:
                 which, weights, path, _, _ = leaves[index]
@@ -98,7 +99,8 @@ def _init_program(program: Program, key: jax.Array, dtype: np.dtype) -> tuple[di
         else:
             # A loop over the keys, not vmap: XLA would fuse a vmapped draw into each
             # member's slice, compiling one copy of the initializer per weight.
-            values = jax.lax.map(lambda k, init=initializer, shape=shape: init(k, shape, dtype),
+            values = jax.lax.map(lambda k, init=initializer, shape=shape, dtype=dtype:
+                                 init(k, shape, dtype),
                                  member_keys)
         for i, index in enumerate(members):
             which, weights, path, _, _ = leaves[index]

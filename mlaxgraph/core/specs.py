@@ -35,6 +35,7 @@ _SHORT_DTYPES = {
     "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
     "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
     "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "bool",
+    "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2",
 }
 _LONG_DTYPES = {short: long for long, short in _SHORT_DTYPES.items()}
 
@@ -222,8 +223,9 @@ Initializer = Callable[[jax.Array, tuple, Any], jax.Array]
 class ParamSpec:
     """A weight a layer declares: its shape, initializer and logical axis names.
 
-    The dtype is not part of it: weights are created in the policy's ``param_dtype``
-    and cast to the compute dtype inside the layer.
+    Weights are created in the policy's ``param_dtype`` and cast to the compute dtype
+    inside the layer, unless ``dtype`` names the one dtype the weight is stored in
+    whatever the policy (a quantized layer's int8 kernel and float32 scales).
     """
 
     shape: tuple[int, ...]
@@ -233,6 +235,9 @@ class ParamSpec:
     #: weight: a file of an older layout lacks it and loads it as zeros, the value that
     #: computes what the layer computed before the weight was added.
     added_in: int = 1
+    #: The dtype the weight is stored in whatever the policy's ``param_dtype`` (None:
+    #: the policy's). A weight of an integer dtype is never trained.
+    dtype: np.dtype | None = None
 
     @property
     def size(self) -> int:
@@ -240,6 +245,14 @@ class ParamSpec:
         for d in self.shape:
             size *= d
         return size
+
+    def stored_dtype(self, param_dtype: Any) -> np.dtype:
+        """The dtype this weight is made and kept in under ``param_dtype``."""
+        return np.dtype(param_dtype) if self.dtype is None else np.dtype(self.dtype)
+
+    def stored_bytes(self, param_dtype: Any) -> int:
+        """The bytes of this weight as stored under ``param_dtype``."""
+        return self.size * self.stored_dtype(param_dtype).itemsize
 
 
 def flatten_specs(specs: Mapping[str, Any], prefix: str = "") -> list[tuple[str, ParamSpec]]:

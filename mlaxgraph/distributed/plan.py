@@ -14,8 +14,9 @@ communication; mlaxgraph only says where things live.
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -69,8 +70,9 @@ class ShardingPlan:
       P(None, 'model')
       >>> model.sharding.labels()["fc"]
       'kernel[-,model] bias[model] out[data,model]'
-      >>> model.sharding.describe()
-      'mesh: data=1 x model=1 (1 device); rules: batch->data, mlp->model'
+      >>> print(model.sharding.describe())
+      mesh: data=1 x model=1 (1 device); rules: batch->data, mlp->model
+        fc  kernel[-,model] bias[model]
     """
 
     def __init__(self, mesh: Mesh, rules: dict, params: dict, state: dict,
@@ -172,16 +174,69 @@ class ShardingPlan:
             result[path] = " ".join(parts)
         return result
 
-    def describe(self) -> str:
-        """One line: the mesh and the rules."""
+    def mesh_line(self) -> str:
+        """One line: the mesh and the rules (the summary's last line)."""
         devices = self.mesh.devices.size
         mesh = " x ".join(f"{n}={s}" for n, s in self.mesh.shape.items())
         rules = ", ".join(f"{k}->{'+'.join(v) if v else 'None'}" for k, v in self.rules.items())
         return (f"mesh: {mesh} ({devices} device{'s' if devices != 1 else ''}); "
                 f"rules: {rules or '(none: everything replicated)'}")
 
+    def describe(self, collectives: Sequence[Any] | None = None) -> str:
+        """The mesh and the rules, then each layer with sharded weights and their
+        PartitionSpecs (``kernel[-,model]``: see ``labels``); with ``collectives`` (the
+        list ``mlaxgraph.analysis.hlo.collectives.collectives(model, batch=...)`` gives),
+        the collectives XLA inserted, counted per block (``h.0``) with the layers they
+        came from."""
+        lines = [self.mesh_line()]
+        rows = []
+        for path, weights in self._weights.items():
+            specs = " ".join(f"{name}{spec_str(spec, rank)}" for name, (spec, rank) in weights.items()
+                             if any(e is not None for e in spec))
+            if specs:
+                rows.append((path, specs))
+        if rows:
+            width = max(len(path) for path, _ in rows) + 2
+            lines += [f"  {path:<{width}}{specs}" for path, specs in rows]
+        if collectives is not None:
+            per_block: dict[str, list[Any]] = {}
+            for c in collectives:
+                block = c.layer.split("/")[0].split(",")[0] if c.layer else "(no layer)"
+                per_block.setdefault(block, []).append(c)
+            lines.append("collectives per block:" + ("" if per_block else " none"))
+            for block, found in per_block.items():
+                kinds: dict[str, int] = {}
+                for c in found:
+                    kinds[c.kind] = kinds.get(c.kind, 0) + 1
+                layers = sorted({layer for c in found for layer in c.layer.split(",")
+                                 if layer in self._nodes or layer in self._weights})
+                lines.append(f"  {block}: " + ", ".join(f"{n} {k}" for k, n in kinds.items())
+                             + (f" ({', '.join(layers)})" if layers else ""))
+        return "\n".join(lines)
+
     def __repr__(self) -> str:
-        return f"<ShardingPlan {self.describe()}>"
+        return f"<ShardingPlan {self.mesh_line()}>"
+
+
+#: The logical axis names mlaxgraph's layers and conventions use: a rule for one of
+#: them that this graph lacks is fine (one rule set serves several models: "heads" for
+#: an MLP); any other name no weight or activation has is a typo.
+CONVENTIONAL_AXES = frozenset({"batch", "length", "seq", "embed", "mlp", "heads", "kv", "kv_heads",
+                               "vocab", "layers"})
+
+
+def _check_logical_names(rules: dict, names: set[str]) -> None:
+    """A rule for a logical axis that no weight or activation has and that is not a
+    conventional name (a typo such as ``"mpl"``) would shard nothing without a word: an
+    error naming it, with the graph's near names."""
+    unknown = [name for name in rules if name not in names and name not in CONVENTIONAL_AXES]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], sorted(names), n=3, cutoff=0.5)
+        raise ShardingError(
+            f"rules[{unknown[0]!r}]: no weight or activation of the graph has the logical axis "
+            f"{unknown[0]!r}, so the rule would shard nothing"
+            + (f"; did you mean {' or '.join(map(repr, near))}?" if near else ""),
+            expected=f"logical axes of this graph: {', '.join(map(repr, sorted(names))) or '(none)'}")
 
 
 def plan_sharding(program: Program, mesh: Any, rules: Mapping[str, Any] | None = None) -> ShardingPlan:
@@ -200,6 +255,7 @@ def plan_sharding(program: Program, mesh: Any, rules: Mapping[str, Any] | None =
                                          expected=e.expected, source=node.source)) from None
 
     weights: dict[str, dict] = {}  # owner step path -> {weight path: (PartitionSpec, rank)}
+    weight_names: set[str] = set()  # the logical axis names of the weights
     for step in program.owners():
         try:
             p_axes, s_axes = weight_axes(step.op, step.input_specs)
@@ -214,6 +270,8 @@ def plan_sharding(program: Program, mesh: Any, rules: Mapping[str, Any] | None =
                      type(e)(f"weight {name!r} cannot be sharded: {e.problem}", expected=e.expected),
                      got=f"{name} {shape_str(shape)} with logical axes {axes_str(axes)}")
         weights[step.path] = specs
+        weight_names.update(name for _, axes in {**p_axes, **s_axes}.values() for name in axes
+                            if isinstance(name, str))
 
     def sharding_of(step, path, _spec):
         return NamedSharding(mesh, weights[step.path][path][0])
@@ -241,4 +299,7 @@ def plan_sharding(program: Program, mesh: Any, rules: Mapping[str, Any] | None =
         if missing:
             raise ShardingError(f"rules[{name!r}] names mesh axis {missing[0]!r}, which the mesh "
                                 f"does not have; its axes are {', '.join(map(repr, mesh.axis_names))}")
+    _check_logical_names(rules, weight_names | {
+        name for axes in propagate(program).values() for out in axes for name in out
+        if isinstance(name, str)})
     return ShardingPlan(mesh, rules, params, state, activations, weights, ranks, nodes)

@@ -91,9 +91,36 @@ def register_function(name: str, fn: Callable | None = None):
 
 
 def function_name(fn: Callable) -> str | None:
-    """The name ``fn`` is registered under (its first one), or None."""
+    """The name ``fn`` is registered under (its first one), or None. An initializer of a
+    family of one number (``initializers.normal(0.02)``) is named by its family and
+    number: ``mlaxgraph.initializers.normal:0.02``."""
     entry = _BY_ID.get(id(fn))
-    return entry[1] if entry is not None and entry[0] is fn else None
+    if entry is not None and entry[0] is fn:
+        return entry[1]
+    family, argument = getattr(fn, "family", None), getattr(fn, "argument", None)
+    if family in initializers.PARAMETRIC and initializers.PARAMETRIC[family](argument) is fn:
+        name = f"{_FAMILY_PREFIX}{family}:{argument!r}"
+        return name if NAME_PATTERN.fullmatch(name) else None
+    return None
+
+
+_FAMILY_PREFIX = "mlaxgraph.initializers."
+
+
+def _parametric(name: str) -> Callable | None:
+    """The initializer a family name with its number names (``...normal:0.02``)."""
+    if not name.startswith(_FAMILY_PREFIX) or ":" not in name:
+        return None
+    family, _, number = name[len(_FAMILY_PREFIX):].partition(":")
+    if family not in initializers.PARAMETRIC:
+        return None
+    try:
+        value = float(number)
+    except ValueError:
+        return None
+    if not (value >= 0 and value != float("inf")) or repr(value) != number:
+        return None
+    return initializers.PARAMETRIC[family](value)
 
 
 def lookup_function(name: str) -> Callable:
@@ -103,6 +130,9 @@ def lookup_function(name: str) -> Callable:
     try:
         return _BY_NAME[name]
     except KeyError:
+        made = _parametric(name)
+        if made is not None:
+            return made
         raise SerializationError(
             f"the function {name[:200]!r} is not registered; import the module that calls "
             f"mg.register_function({name[:200]!r}, fn) before loading") from None

@@ -97,7 +97,9 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
         version of it).
       state: the state tree ``init`` returns (or a trained version of it); may be
         omitted when the graph has none.
-      param_dtype: the dtype of every weight; by default the one dtype they share.
+      param_dtype: the dtype of every weight; by default the one dtype they share
+        (a weight whose layer fixes its dtype, as a quantized layer's int8 values and
+        float32 scales, is stored in that dtype whatever it is).
 
     Raises:
       SerializationError: the graph cannot be written (an unregistered function), or
@@ -112,6 +114,9 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
     arrays = {**flatten_tree(params, "params", "params"), **flatten_tree(state, "state", "state")}
     if param_dtype is None:
         dtypes = sorted({np.dtype(a.dtype).name for a in arrays.values()})
+        if len(dtypes) > 1:  # the weights whose layer fixes their dtype (quantized) aside
+            fixed = _fixed_dtypes(graph)
+            dtypes = sorted({np.dtype(a.dtype).name for k, a in arrays.items() if k not in fixed})
         if len(dtypes) > 1:
             raise SerializationError(f"the weights have several dtypes ({', '.join(dtypes)}); "
                                      f"a saved model keeps all of them in one param dtype, as "
@@ -140,7 +145,7 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
     every array is checked against what the graph's ``init`` would create.
 
     Args:
-      path: the file ``mg.save`` wrote.
+      path: the file ``mg.save`` wrote, or a folder holding one ``*.mlg`` file.
       verify: check the checksums (the default). ``False`` skips hashing the file's
         bytes, for huge files read from storage you trust; every other check stays.
 
@@ -156,6 +161,8 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
         (layout version 1); it loads, unverified.
     """
     where = os.fspath(path)
+    if os.path.isdir(where):
+        where = path = _model_file_in(where)
     with SafetensorsReader(path, verify=verify) as reader:
         meta = reader.metadata()
         for key in _META_KEYS:
@@ -208,6 +215,26 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
     return graph, params, state
 
 
+def _model_file_in(folder: str) -> str:
+    """The one model file (``*.mlg``) of a folder; a folder of another kind of
+    checkpoint is an error saying how to read it."""
+    files = sorted(os.listdir(folder))
+    models = [f for f in files if f.endswith(".mlg")]
+    if len(models) == 1:
+        return os.path.join(folder, models[0])
+    if models:
+        raise SerializationError(f"{folder}: holds {len(models)} model files ({', '.join(models[:5])}); "
+                                 f"pass the one to load")
+    if "config.json" in files:
+        raise SerializationError(
+            f"{folder}: a Hugging Face checkpoint folder (config.json and its weights), not an "
+            f"mlaxgraph model file: build the graph with its zoo builder and read the weights, "
+            f"graph = mg.models.<model_type>({folder!r}); params, state = "
+            f"mg.models.load_state_dict(graph, {folder!r})")
+    raise SerializationError(f"{folder}: no mlaxgraph model file (*.mlg) in this folder "
+                             f"({len(files)} entries)")
+
+
 def _check_checksummed(reader: SafetensorsReader, version: int, verify: bool, where: str,
                        what: str) -> None:
     """A file of a checksummed version must carry its checksums; an older one loads
@@ -219,6 +246,13 @@ def _check_checksummed(reader: SafetensorsReader, version: int, verify: bool, wh
                                  f"records checksums, and this one has none")
     if verify:
         warn_unverified(where, what, stacklevel=4)
+
+
+def _fixed_dtypes(graph: Graph) -> set[str]:
+    """The array names of the weights whose dtype the graph fixes whatever the param
+    dtype (``ParamSpec.dtype``: a quantized layer's values and scales)."""
+    (one, _), (other, _) = (_expected(graph, dtype, "the graph") for dtype in ("float32", "float16"))
+    return {name for name, (dtype, _) in one.items() if other[name][0] == dtype}
 
 
 def _expected(graph: Graph, param_dtype: str, what: str):

@@ -44,7 +44,7 @@ def _stacked(specs: Any, length: int) -> Any:
         axes = None if specs.axes is None else (LAYERS_AXIS, *specs.axes)
         if axes is None:
             axes = (LAYERS_AXIS,) + (None,) * len(specs.shape)
-        return ParamSpec((length, *specs.shape), specs.init, axes)
+        return dataclasses.replace(specs, shape=(length, *specs.shape), axes=axes)
     return {name: _stacked(spec, length) for name, spec in specs.items()}
 
 

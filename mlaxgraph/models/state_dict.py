@@ -25,6 +25,7 @@ from ..compiler.flatten import flatten
 from ..compiler.program import Step, get_in, leaf_paths, set_in
 from ..core.errors import SerializationError
 from ..core.specs import flatten_specs
+from ..io.torch_file import TorchReader, is_torch_zip
 from ..io.weights import SafetensorsReader
 from ..ir.graph import Graph
 from .peft_config import ADAPTER_WEIGHTS, read_adapter_config
@@ -164,7 +165,7 @@ class _Source:
     """Names, shapes and arrays of a state dict, read lazily from files."""
 
     def __init__(self, source: Any):
-        self.readers: dict[str, SafetensorsReader] = {}
+        self.readers: dict[str, SafetensorsReader | TorchReader] = {}
         self.where: dict[str, str] = {}
         self.mapping: Mapping[str, Any] | None = None
         if isinstance(source, Mapping):
@@ -173,17 +174,26 @@ class _Source:
             return
         if not isinstance(source, (str, os.PathLike)):
             raise SerializationError(f"a state dict is a mapping of names to arrays, a "
-                                     f".safetensors file or a folder of them, got "
-                                     f"{type(source).__name__}")
+                                     f".safetensors or PyTorch (.pth, .bin) file or a folder of "
+                                     f"them, got {type(source).__name__}")
         path = os.fspath(source)
         self.label = path
         if os.path.isdir(path):
             self._open_folder(path)
+        elif not os.path.exists(path):
+            raise SerializationError(f"{path}: no such file or folder")
         else:
             self._open(path, path)
 
-    def _open(self, path: str, label: str) -> SafetensorsReader:
-        reader = SafetensorsReader(path, verify=True).__enter__()
+    def _open(self, path: str, label: str) -> SafetensorsReader | TorchReader:
+        # torch.save's zip archives (.pth, pytorch_model.bin); safetensors otherwise.
+        reader: SafetensorsReader | TorchReader
+        if is_torch_zip(path):
+            reader = TorchReader(path).__enter__()
+        elif path.endswith((".pth", ".pt", ".bin")):
+            reader = TorchReader(path).__enter__()  # refuses the legacy format, saying so
+        else:
+            reader = SafetensorsReader(path, verify=True).__enter__()
         self.readers[path] = reader
         for name in reader.names():
             if name in self.where:
@@ -193,16 +203,23 @@ class _Source:
         return reader
 
     def _open_folder(self, folder: str) -> None:
-        indexes = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors.index.json"))
+        files = sorted(os.listdir(folder))
+        # safetensors first (what Hugging Face writes today), then PyTorch's files.
+        for weights, index in ((".safetensors", ".safetensors.index.json"), (".bin", ".bin.index.json"),
+                               (".pth", ".pth.index.json")):
+            indexes = [f for f in files if f.endswith(index)]
+            singles = [f for f in files if f.endswith(weights)]
+            if indexes or singles:
+                break
         if len(indexes) > 1:
             raise SerializationError(f"{folder}: several shard indexes ({', '.join(indexes)}); "
                                      f"pass the one to read's folder alone")
         if not indexes:
-            files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
-            if len(files) != 1:
-                raise SerializationError(f"{folder}: no *.safetensors.index.json, and "
-                                         f"{len(files)} .safetensors files (expected one)")
-            self._open(os.path.join(folder, files[0]), folder)
+            if len(singles) != 1:
+                raise SerializationError(f"{folder}: no shard index (*.safetensors.index.json or "
+                                         f"pytorch_model.bin.index.json), and {len(singles)} weight "
+                                         f"files (.safetensors, .bin or .pth; expected one)")
+            self._open(os.path.join(folder, singles[0]), folder)
             return
         index_path = os.path.join(folder, indexes[0])
         try:
@@ -249,10 +266,21 @@ class _Source:
         return self.readers[self.where[name]].array(name)
 
 
-def _listing(names, limit: int = 6) -> str:
-    names = sorted(names)
-    shown = ", ".join(repr(n) for n in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+def _side_by_side(missing: list[str], unexpected: list[str], limit: int = 12) -> str:
+    """Two columns: the names the graph needs that the source lacks, and the names the
+    source holds that the graph does not, each sorted (a renamed weight shows as a pair
+    on nearby lines)."""
+    left = [f"missing ({len(missing)})"] + [repr(n) for n in sorted(missing)[:limit]]
+    right = [f"unexpected ({len(unexpected)})"] + [repr(n) for n in sorted(unexpected)[:limit]]
+    if len(missing) > limit:
+        left.append(f"... and {len(missing) - limit} more")
+    if len(unexpected) > limit:
+        right.append(f"... and {len(unexpected) - limit} more")
+    width = max(len(line) for line in left) + 3
+    rows = max(len(left), len(right))
+    left += [""] * (rows - len(left))
+    right += [""] * (rows - len(right))
+    return "\n".join(f"  {a:<{width}}{b}".rstrip() for a, b in zip(left, right))
 
 
 def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
@@ -348,10 +376,6 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
         if name not in found and step.op.op_name == "layer_norm" and legacy in present:
             found[name] = legacy
     missing = sorted(set(expected) - set(found))
-    if missing:
-        raise SerializationError(
-            f"{source.label}: missing {len(missing)} weight(s) of graph {graph.name!r}: "
-            f"{_listing(missing)}" + (f" (names read with the prefix {prefix!r})" if prefix else ""))
     used = set(found.values())
     tied = {prefix + copy if prefix + copy in present else copy: weight
             for copy, weight in layout.tied}
@@ -363,10 +387,13 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
         if name in tied or layout.is_buffer(bare):
             continue
         extra.append(name)
-    if extra and strict:
+    if missing or (extra and strict):
+        what = (f"missing {len(missing)} weight(s) of graph {graph.name!r}" if missing else
+                f"{len(extra)} weight(s) that graph {graph.name!r} does not hold")
         raise SerializationError(
-            f"{source.label}: {len(extra)} weight(s) that graph {graph.name!r} does not hold: "
-            f"{_listing(extra)} (strict=False ignores them)")
+            f"{source.label}: {what}" + (f" (names read with the prefix {prefix!r})" if prefix else "")
+            + (" (strict=False ignores the unexpected ones)" if extra and strict else "") + ":\n"
+            + _side_by_side([prefix + m for m in missing], extra))
     arrays: dict[str, np.ndarray] = {}
     for name, (step, _, shape) in expected.items():
         file_name = found[name]

@@ -53,6 +53,9 @@ from .matmul import MatMul, matmul
 from .normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
 from .param import Param
 from .pooling import AvgPool, GlobalAvgPool, GlobalMaxPool, MaxPool
+from .quantize import Quantize
+from .quantized import QuantizedConv, QuantizedEmbedding, QuantizedLinear
+from .quantized_attention import QuantizedMultiHeadAttention
 from .recurrent import GRU, LSTM
 from .reduce import Max, Mean, Sum, max, mean, sum
 from .resize import Resize, Upsample, resize
@@ -98,4 +101,6 @@ __all__ = [
     "broadcast_to", "Param", "RotaryEmbedding", "rotary_embedding",
     "Identity", "identity", "Pad", "pad", "Where", "where", "Squeeze", "squeeze",
     "ExpandDims", "expand_dims", "Sum", "Mean", "Max", "sum", "mean", "max",
+    "Quantize", "QuantizedLinear", "QuantizedConv", "QuantizedEmbedding",
+    "QuantizedMultiHeadAttention",
 ]

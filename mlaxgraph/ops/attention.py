@@ -19,7 +19,7 @@ from . import initializers
 from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float, field, to_param_axes
 from .elementwise import NotEqual, broadcast_shapes
 from .flops import size, weight_converts
-from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base
+from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base, to_rope_scaling
 from .tensor import ExpandDims
 
 __all__ = ["MultiHeadAttention", "CausalMask", "causal_mask", "ADAPTABLE"]
@@ -58,12 +58,18 @@ class MultiHeadAttention(Layer):
     (dividing ``num_heads``) gives grouped-query attention: query head ``h`` reads
     key/value head ``h // (num_heads // num_kv_heads)``, as Hugging Face's
     ``repeat_kv``. ``rope=True`` (base 10000) or ``rope=base`` rotates queries and keys
-    by their positions ``0 .. length - 1`` first (``ops.rotary_embedding``).
+    by their positions ``0 .. length - 1`` first (``ops.rotary_embedding``);
+    ``rope_scaling={"rope_type": "llama3" | "linear", "factor": ..., ...}`` scales its
+    frequencies as Hugging Face's ``rope_scaling`` does. ``sliding_window=w`` (with
+    ``causal``) lets query ``i`` attend to keys ``i - w < j <= i`` only (Mistral's).
 
     Params: ``query``: ``kernel (d, heads, head_dim)``, ``bias (heads, head_dim)``;
     ``key``, ``value``: ``kernel (d_kv, kv_heads, head_dim)``, ``bias (kv_heads,
     head_dim)``; ``out``: ``kernel (heads, head_dim, out)``, ``bias (out,)``.
-    Defaults: kernels LeCun normal (fan in), biases zeros; ``out_features`` = ``d``.
+    ``out_bias`` (None: as ``use_bias``) gives ``out`` a bias or none (Qwen2's
+    projections have biases, its output projection none).
+    Defaults: kernels LeCun normal (fan in), biases zeros; ``out_features`` = ``d``;
+    ``kernel_init`` sets every kernel's initializer, ``out_init`` the ``out`` kernel's.
     Logical axes (for sharding): projection kernels ``("embed", "heads", "kv")``,
     their biases ``("heads", "kv")``, ``out`` kernel ``("heads", "kv", "embed")`` and
     bias ``("embed",)``; ``param_axes={"query/kernel": ...}`` overrides one weight.
@@ -97,10 +103,23 @@ class MultiHeadAttention(Layer):
     dropout: float = 0.0
     num_kv_heads: int | None = None
     rope: float | None = field(default=None, converter=to_rope_base)
+    rope_scaling: tuple[tuple[str, object], ...] | None = field(default=None, converter=to_rope_scaling)
+    sliding_window: int | None = None
+    out_init: Initializer | None = None
+    out_bias: bool | None = None
     adapters: tuple[str, ...] = field(default=(), converter=lambda v, layer: tuple(v))
 
+    @property
+    def has_out_bias(self) -> bool:
+        """Whether ``out`` has a bias: ``out_bias``, or ``use_bias`` when it is None."""
+        return self.use_bias if self.out_bias is None else bool(self.out_bias)
+
     def validate(self):
-        for name in ("num_heads", "head_dim", "out_features", "num_kv_heads"):
+        if self.rope_scaling is not None and self.rope is None:
+            self.invalid("rope_scaling scales the rotary embedding: give rope= too")
+        if self.sliding_window is not None and not self.causal:
+            self.invalid("sliding_window limits causal attention: give causal=True too")
+        for name in ("num_heads", "head_dim", "out_features", "num_kv_heads", "sliding_window"):
             value = getattr(self, name)
             if value is None and name != "num_heads":
                 continue
@@ -228,9 +247,9 @@ class MultiHeadAttention(Layer):
 
         specs = {"query": projection(q.shape[-1], h), "key": projection(kv.shape[-1], self.kv_heads),
                  "value": projection(kv.shape[-1], self.kv_heads),
-                 "out": {"kernel": ParamSpec((h, head_dim, out), self.kernel_init or _out_kernel,
+                 "out": {"kernel": ParamSpec((h, head_dim, out), self.out_init or self.kernel_init or _out_kernel,
                                              ("heads", "kv", "embed"))}}
-        if self.use_bias:
+        if self.has_out_bias:
             specs["out"]["bias"] = ParamSpec((out,), initializers.zeros, ("embed",))
         return specs
 
@@ -239,10 +258,15 @@ class MultiHeadAttention(Layer):
         context = ((tuple(input_axes[0][:2]) + (None,)),) if "out" in self.adapters else ()
         return (tuple(input_axes[0][:2]) + out[-1:], *context)
 
+    def float_weights(self, params, dtype):
+        """The weights as ``param_specs`` lays them out, in ``dtype`` (a quantized
+        attention dequantizes its stored ones here)."""
+        return cast_params(params, dtype)
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         inputs, deltas = self._split(inputs)
         q_in, kv_in = inputs[:2]
-        p = cast_params(params, q_in.dtype)
+        p = self.float_weights(params, q_in.dtype)
 
         def project(x, w, name):
             y = jnp.einsum("bld,dhk->blhk", x, w["kernel"])
@@ -257,8 +281,8 @@ class MultiHeadAttention(Layer):
             q, k, v = q + dq.reshape(q.shape), k + dk.reshape(k.shape), v + dv.reshape(v.shape)
         head_dim = q.shape[-1]
         if self.rope is not None:
-            q = _rope(q, self.rope)
-            k = _rope(k, self.rope)
+            q = _rope(q, self.rope, self.rope_scaling)
+            k = _rope(k, self.rope, self.rope_scaling)
         q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
         # Grouped-query attention: query head n * group + g reads key/value head n.
         group = self.num_heads // self.kv_heads
@@ -285,7 +309,7 @@ class MultiHeadAttention(Layer):
             attended = jnp.einsum("bngqs,bsnk->bqngk", weights, v)
             attended = attended.reshape(attended.shape[:2] + (self.num_heads, head_dim))
         out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
-        if self.use_bias:
+        if self.has_out_bias:
             out = out + p["out"]["bias"]
         if "out" in self.adapters:
             return (out, attended.reshape(attended.shape[:2] + (-1,))), state
@@ -305,6 +329,8 @@ class MultiHeadAttention(Layer):
         if self.causal:
             q_len, kv_len = shape[-2:]
             causal = jnp.arange(q_len)[:, None] >= jnp.arange(kv_len)[None, :]
+            if self.sliding_window is not None:
+                causal = causal & (jnp.arange(q_len)[:, None] - jnp.arange(kv_len)[None, :] < self.sliding_window)
             mask = causal if mask is None else jnp.logical_and(mask, causal)
         return mask
 
@@ -339,7 +365,9 @@ class MultiHeadAttention(Layer):
         if self.rope is not None:
             count = count + rotary_flops(per_query, q_len, head_dim, q.dtype)
             count = count + rotary_flops(per_key, kv_len, head_dim, q.dtype)
-        count = count + 2 * per_query * y.shape[-1] + bias * size(y)
+        if self.sliding_window is not None:
+            count = count + 2 * q_len * kv_len  # the window's subtract and compare
+        count = count + 2 * per_query * y.shape[-1] + int(self.has_out_bias) * size(y)
         count = count + sum(size(delta.shape) for delta in deltas.values())  # the adds
         return count + weight_converts(self.param_specs(inputs), param_dtype, q.dtype)
 
@@ -358,9 +386,9 @@ def _key_padding(mask, query):
     return ExpandDims((1, 2))(attend)
 
 
-def _rope(x, base: float):
+def _rope(x, base: float, scaling=None):
     """Rotates ``(batch, length, heads, head_dim)`` by the positions ``0 .. length - 1``."""
-    cos, sin = rotary_tables(jnp.arange(x.shape[1]), x.shape[-1], base, x.dtype)
+    cos, sin = rotary_tables(jnp.arange(x.shape[1]), x.shape[-1], base, x.dtype, scaling)
     return rotate(x, cos[None, :, None], sin[None, :, None])
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..core.errors import MlaxGraphError, ShapeError
 from ..core.registry import register
-from ..core.specs import Dim, TensorSpec, as_dim, shape_str
+from ..core.specs import Dim, TensorSpec, as_dim, is_symbolic, shape_str
 from .base import Layer, expect_count, field, to_dtype
 from .elementwise import broadcast_shapes
 
@@ -35,7 +35,10 @@ def _dims(value: Any, layer: Layer) -> tuple[Dim, ...]:
 @dataclasses.dataclass(frozen=True)
 class Arange(Layer):
     """``[0, 1, ..., n - 1]`` of ``dtype`` (int32 by default); ``n`` an int or a symbolic
-    dim (position ids: ``ops.arange(tokens.shape[1])``). It takes no input.
+    dim (position ids: ``ops.arange(tokens.shape[1])``). It takes no input. ``limit``
+    (optional) is the largest ``n`` allowed, checked when ``n`` is known (at build time,
+    or when a call binds a symbolic ``n``): a position table's size, so that positions
+    past it are an error rather than a lookup past the table.
 
     Example:
       >>> import mlaxgraph as mg
@@ -47,11 +50,26 @@ class Arange(Layer):
 
     n: Dim = field(converter=_dim)
     dtype: np.dtype = field(default="int32", converter=to_dtype)
+    limit: int | None = None
 
     symbolic_fields = ("n",)
 
+    def validate(self):
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
+                                       or self.limit < 1):
+            self.invalid(f"limit must be None or a positive int, got {self.limit!r}")
+        if self.limit is not None and isinstance(self.n, int) and self.n > self.limit:
+            # A call binding a symbolic n (the sequence of the arrays traced) lands here.
+            raise ShapeError(f"{self.n} positions, but the position table has {self.limit} "
+                             f"(positions 0 .. {self.limit - 1})",
+                             expected=f"a sequence of at most {self.limit} tokens")
+
     def infer(self, inputs):
         expect_count(inputs, 0)
+        if self.limit is not None and not is_symbolic(self.n) and self.n > self.limit:
+            raise ShapeError(f"{self.n} positions, but the position table has {self.limit} "
+                             f"(positions 0 .. {self.limit - 1})",
+                             expected=f"a sequence of at most {self.limit} tokens")
         return (TensorSpec((self.n,), self.dtype),)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
@@ -61,9 +79,9 @@ class Arange(Layer):
         return 0  # an iota
 
 
-def arange(n, dtype="int32"):
-    """``Arange(n, dtype)()``: position ids ``0 .. n - 1``."""
-    return Arange(n, dtype)()
+def arange(n, dtype="int32", *, limit=None):
+    """``Arange(n, dtype, limit)()``: position ids ``0 .. n - 1``."""
+    return Arange(n, dtype, limit)()
 
 
 @register("broadcast_to")

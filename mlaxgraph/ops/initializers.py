@@ -3,12 +3,15 @@ equal and print by name. Any ``jax.nn.initializers`` initializer may be passed i
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import jax
 
 __all__ = ["zeros", "ones", "lecun_normal", "lecun_normal_conv_channels_last",
-           "lecun_normal_conv_channels_first", "lora_a_uniform", "lora_a_uniform_conv"]
+           "lecun_normal_conv_channels_first", "normal", "uniform", "PARAMETRIC",
+           "lora_a_uniform", "lora_a_uniform_conv"]
 
 _dense = jax.nn.initializers.lecun_normal(in_axis=-2, out_axis=-1)
 _conv_last = jax.nn.initializers.lecun_normal(in_axis=-1, out_axis=0)
@@ -60,3 +63,48 @@ def lora_a_uniform_conv(key, shape, dtype):
     fan_in = math.prod(shape[1:])
     bound = 1.0 / math.sqrt(fan_in)
     return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def _parametric(family: str) -> Callable[[Callable], Callable]:
+    """An initializer family of one number: ``family(x)`` is one function per value
+    (cached, so layers holding the same one compare equal), carrying ``.family`` and
+    ``.argument`` so that a file names it ``mlaxgraph.initializers.<family>:<x>``."""
+    def wrap(make: Callable) -> Callable:
+        @functools.cache
+        def cached(x: float) -> Callable:
+            init = make(x)
+            init.__name__ = init.__qualname__ = f"{family}({x!r})"
+            init.family, init.argument = family, x
+            return init
+
+        def factory(x: float) -> Callable:
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0:
+                raise ValueError(f"initializers.{family} takes a number >= 0, got {x!r}")
+            return cached(float(x))
+
+        factory.__name__ = factory.__qualname__ = family
+        factory.__doc__ = make.__doc__
+        return factory
+    return wrap
+
+
+@_parametric("normal")
+def normal(std: float) -> Callable:
+    """Normal with mean 0 and standard deviation ``std`` (not truncated), as PyTorch's
+    ``nn.init.normal_`` and Hugging Face's ``initializer_range``."""
+    def init(key, shape, dtype):
+        return std * jax.random.normal(key, shape, dtype)
+    return init
+
+
+@_parametric("uniform")
+def uniform(bound: float) -> Callable:
+    """Uniform on ``[-bound, bound)``, as PyTorch's default for ``nn.Linear`` and
+    ``nn.Conv2d`` with ``bound = 1 / sqrt(fan_in)``."""
+    def init(key, shape, dtype):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+    return init
+
+
+#: The families of one number, by the name files use.
+PARAMETRIC = {"normal": normal, "uniform": uniform}

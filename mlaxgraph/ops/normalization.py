@@ -13,17 +13,18 @@ from ..core.errors import ShapeError
 from ..core.registry import register
 from ..core.specs import is_symbolic
 from . import initializers
-from .base import Layer, ParamSpec, cast_params, expect_count, expect_float, field, to_param_axes
+from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float, field, to_param_axes
 from .flops import size, upcast_sum, weight_converts
 
 __all__ = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
 
 
-def _scale_bias(features: int, use_scale: bool = True, use_bias: bool = True) -> dict:
-    """The per-feature ``scale`` (ones) and ``bias`` (zeros) of the normalizations."""
+def _scale_bias(features: int, use_scale: bool = True, use_bias: bool = True, scale_init=None) -> dict:
+    """The per-feature ``scale`` (ones, or ``scale_init``) and ``bias`` (zeros) of the
+    normalizations."""
     specs = {}
     if use_scale:
-        specs["scale"] = ParamSpec((features,), initializers.ones, ("embed",))
+        specs["scale"] = ParamSpec((features,), scale_init or initializers.ones, ("embed",))
     if use_bias:
         specs["bias"] = ParamSpec((features,), initializers.zeros, ("embed",))
     return specs
@@ -39,6 +40,8 @@ class BatchNorm(Layer):
     variance and updates ``new = momentum * old + (1 - momentum) * batch``;
     ``unbiased_running_var=True`` updates ``var`` with the unbiased batch variance
     (times ``n / (n - 1)``), as PyTorch does. Inference uses the running statistics.
+    ``scale_init`` replaces the scale's ones (``initializers.zeros`` for a residual
+    branch that starts as the identity).
     Logical axes (for sharding): all four ``("embed",)``; ``param_axes={"scale": ...,
     "mean": ...}`` overrides them.
 
@@ -57,6 +60,7 @@ class BatchNorm(Layer):
     param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
         default=None, converter=to_param_axes)
     unbiased_running_var: bool = False
+    scale_init: Initializer | None = None
 
     precision_sensitive = True
 
@@ -86,7 +90,7 @@ class BatchNorm(Layer):
         return (inputs[0],)
 
     def param_specs(self, inputs):
-        return _scale_bias(self._features(inputs), self.use_scale, self.use_bias)
+        return _scale_bias(self._features(inputs), self.use_scale, self.use_bias, self.scale_init)
 
     def state_specs(self, inputs):
         f = self._features(inputs)

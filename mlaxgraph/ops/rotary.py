@@ -16,7 +16,12 @@ from .base import Layer, expect_float
 from .flops import size
 
 __all__ = ["RotaryEmbedding", "rotary_embedding", "rotary_tables", "rotate", "rotary_flops",
-           "to_rope_base"]
+           "to_rope_base", "to_rope_scaling", "inverse_frequencies"]
+
+#: The scalings of the frequencies (Hugging Face's ``rope_type``) and their parameters.
+ROPE_SCALINGS = {"linear": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                            "original_max_position_embeddings")}
 
 
 def to_rope_base(value, layer) -> float | None:
@@ -34,11 +39,66 @@ def to_rope_base(value, layer) -> float | None:
     return base
 
 
-def rotary_tables(positions, dim: int, base: float, dtype):
+def to_rope_scaling(value, layer) -> tuple[tuple[str, object], ...] | None:
+    """``rope_scaling=``: None, or the scaling as a mapping or pairs: ``rope_type``
+    (``"linear"`` or ``"llama3"``) and its parameters (``factor``; Llama 3's also
+    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``),
+    kept as sorted pairs."""
+    if value is None:
+        return None
+    try:
+        items = dict(value.items() if hasattr(value, "items") else value)
+    except (TypeError, ValueError):
+        layer.invalid(f"rope_scaling must be None or a mapping with rope_type and its "
+                      f"parameters, got {value!r}")
+    kind = items.get("rope_type")
+    if not isinstance(kind, str) or kind not in ROPE_SCALINGS:
+        layer.invalid(f"rope_scaling's rope_type must be one of {', '.join(map(repr, ROPE_SCALINGS))}, "
+                      f"got {kind!r}")
+    wanted = set(ROPE_SCALINGS[str(kind)]) | {"rope_type"}
+    if set(items) != wanted:
+        layer.invalid(f"rope_scaling of type {kind!r} takes exactly "
+                      f"{', '.join(sorted(wanted - {'rope_type'}))}; got {', '.join(sorted(items))}")
+    for name in wanted - {"rope_type"}:
+        number = items[name]
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
+            layer.invalid(f"rope_scaling[{name!r}] must be a positive number, got {number!r}")
+        items[name] = float(number)
+    if kind == "llama3" and not items["high_freq_factor"] > items["low_freq_factor"]:
+        layer.invalid("rope_scaling: high_freq_factor must be greater than low_freq_factor")
+    return tuple(sorted(items.items()))
+
+
+def inverse_frequencies(dim: int, base: float, scaling=None) -> np.ndarray:
+    """``base ** (-2i / dim)`` for ``i < dim / 2`` in float32 (computed in float64), with
+    the ``scaling`` of ``to_rope_scaling`` applied as Hugging Face's
+    ``modeling_rope_utils`` does: ``"linear"`` divides every frequency by ``factor``;
+    ``"llama3"`` divides those of wavelength above ``original / low_freq_factor`` by
+    ``factor``, keeps those below ``original / high_freq_factor`` and blends in between."""
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    if scaling is not None:
+        s = dict(scaling)
+        factor = s["factor"]
+        if s["rope_type"] == "linear":
+            inv_freq = inv_freq / factor
+        else:  # llama3
+            original = s["original_max_position_embeddings"]
+            low, high = s["low_freq_factor"], s["high_freq_factor"]
+            wavelength = 2 * np.pi / inv_freq
+            scaled = np.where(wavelength > original / low, inv_freq / factor, inv_freq)
+            smooth = (original / wavelength - low) / (high - low)
+            blended = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = (wavelength >= original / high) & (wavelength <= original / low)
+            inv_freq = np.where(medium, blended, scaled)
+    return inv_freq.astype(np.float32)
+
+
+def rotary_tables(positions, dim: int, base: float, dtype, scaling=None):
     """``(cos, sin)`` of shape ``positions.shape + (dim,)``: the angles
-    ``position * base ** (-2i / dim)``, computed in float32, repeated for both halves,
-    cast to ``dtype``."""
-    inv_freq = (1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))).astype(np.float32)
+    ``position * base ** (-2i / dim)`` (scaled by ``scaling``, see
+    ``inverse_frequencies``), computed in float32, repeated for both halves, cast to
+    ``dtype``."""
+    inv_freq = inverse_frequencies(dim, base, scaling)
     freqs = positions.astype(jnp.float32)[..., None] * inv_freq
     angles = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)

@@ -6,7 +6,23 @@ import numpy as np
 
 from ..core.specs import dtype_str, flatten_specs, shape_str
 
-__all__ = ["summarize", "count_params"]
+__all__ = ["summarize", "count_params", "weight_bytes"]
+
+
+def weight_bytes(graph, param_dtype="float32") -> tuple[int, int]:
+    """(trainable, non-trainable) bytes of the weights as stored under ``param_dtype``
+    (a weight whose spec fixes its dtype, as a quantized layer's, in that dtype), each
+    layer counted once, nested blocks' included."""
+    seen: set[str] = set()
+    trainable = state = 0
+    for node in graph.nodes:
+        if node.layer in seen:
+            continue
+        seen.add(node.layer)
+        specs = graph.input_specs_of(node)
+        trainable += sum(p.stored_bytes(param_dtype) for _, p in flatten_specs(node.op.param_specs(specs)))
+        state += sum(p.stored_bytes(param_dtype) for _, p in flatten_specs(node.op.state_specs(specs)))
+    return trainable, state
 
 
 def count_params(graph) -> dict[str, tuple[int, int]]:
@@ -41,8 +57,7 @@ def _rows(graph, expand_nested: bool, indent: str = "", sharding=None, prefix: s
                              f"{prefix}{node.name}/")
 
 
-def _size(count: int, dtype: np.dtype) -> str:
-    size: float = count * dtype.itemsize
+def _size(size: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
@@ -53,7 +68,8 @@ def _size(count: int, dtype: np.dtype) -> str:
 def summarize(graph, expand_nested: bool = False, param_dtype="float32",
               sharding=None) -> str:
     """The summary table; nested blocks' layers listed under them with ``expand_nested``;
-    sizes of weights at ``param_dtype``; with ``sharding`` (path -> text, from a
+    sizes of weights as stored (at ``param_dtype``, or the dtype a weight fixes: a
+    quantized layer's int8 values); with ``sharding`` (path -> text, from a
     compiled model's sharding plan) a last column showing each layer's sharding."""
     header: tuple[str, ...] = ("layer", "op", "output shape", "dtype", "params", "connected to")
     if sharding is not None:
@@ -67,11 +83,11 @@ def summarize(graph, expand_nested: bool = False, param_dtype="float32",
     rule = "-" * len(fmt(tuple("-" * w for w in widths)))
     counts = count_params(graph).values()
     trainable, state = sum(c[0] for c in counts), sum(c[1] for c in counts)
-    param_dtype = np.dtype(param_dtype)
+    trainable_bytes, state_bytes = weight_bytes(graph, np.dtype(param_dtype))
     return "\n".join([
         f'graph "{graph.name}"', rule, fmt(header), rule, *(fmt(r) for r in rows), rule,
-        f"trainable params: {trainable:,} ({_size(trainable, param_dtype)})",
-        f"non-trainable params: {state:,} ({_size(state, param_dtype)})",
+        f"trainable params: {trainable:,} ({_size(trainable_bytes)})",
+        f"non-trainable params: {state:,} ({_size(state_bytes)})",
         f"inputs: {', '.join(f'{n} {graph.node(n).outputs[0]}' for n in graph.inputs)}",
         f"outputs: {', '.join(str(graph.spec(v)) for v in graph.outputs)}",
     ])

@@ -9,6 +9,7 @@ and evaluation pads its last batch and gives the padding rows weight 0.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import jax
@@ -87,18 +88,30 @@ def evaluate(trainer, ts: TrainState, data: tuple, batch_size: int) -> dict[str,
 
 
 def fit(trainer, ts: TrainState, train: tuple, *, epochs: int, batch_size: int,
+        initial_epoch: int | None = None,
         validation: tuple | None = None, shuffle: bool = True, seed: int = 0,
         steps_per_dispatch: int = 1, checkpoints=None, patience: int | None = None,
         progress: bool = True) -> tuple[TrainState, dict[str, list[float]]]:
-    """Trains ``ts`` for ``epochs`` passes over ``train = (inputs, targets)``.
+    """Trains ``ts`` over ``train = (inputs, targets)``: ``epochs`` more epochs, or, with
+    ``initial_epoch``, from that epoch up to epoch ``epochs`` (Keras's meaning of both).
+
+    Epochs are counted by the state: a state that has made ``s`` steps has done
+    ``ceil(s / steps_per_epoch)`` epochs (``steps_per_epoch = len(targets) //
+    batch_size``), so ``fit(ts, data, epochs=3)`` after 21 steps of 7 per epoch runs
+    epochs 4, 5 and 6, and a second call 3 more.
 
     Args:
       trainer: the ``mg.train.Trainer``.
       ts: the TrainState to start from (fresh, or restored from a checkpoint: the loop
         continues from ``ts.step``, at the same batch it would have reached).
       train: numpy inputs (an array, or a tuple for several graph inputs) and targets.
-      epochs: the epoch to stop after (counting those already done by ``ts``).
+      epochs: the number of epochs to run now; with ``initial_epoch``, the epoch to
+        stop after (Keras's "final epoch").
       batch_size: examples per step; the last partial batch of an epoch is dropped.
+      initial_epoch: resume: run epochs ``initial_epoch + 1 .. epochs``; when ``ts``
+        stopped inside epoch ``initial_epoch + 1`` (a checkpoint restored:
+        ``initial_epoch = int(ts.step) // steps_per_epoch``), it continues at the batch
+        it had reached. Nothing to do (``initial_epoch >= epochs``) is a warning.
       validation: ``(inputs, targets)`` evaluated after each epoch, in inference mode.
       shuffle: visit the examples of each epoch in a new order: epoch ``e`` in the
         order of ``np.random.default_rng([seed, e]).permutation``.
@@ -124,11 +137,27 @@ def fit(trainer, ts: TrainState, train: tuple, *, epochs: int, batch_size: int,
     history: dict[str, list[float]] = {"epoch": []}
     best, stale = math.inf, 0
     step = int(ts.step)
-    for epoch in range(step // per_epoch, epochs):
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+    if initial_epoch is None:
+        start = -(-step // per_epoch)  # the epochs ts has done, a partial one counted
+        step, stop = max(step, start * per_epoch), start + epochs
+    else:
+        if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or initial_epoch < 0:
+            raise ValueError(f"initial_epoch must be an int >= 0, got {initial_epoch!r}")
+        start, stop = initial_epoch, epochs
+        if not initial_epoch * per_epoch <= step < (initial_epoch + 1) * per_epoch:
+            step = initial_epoch * per_epoch  # the state is not inside that epoch: start it
+        if initial_epoch >= epochs:
+            warnings.warn(f"fit(epochs={epochs}, initial_epoch={initial_epoch}) has nothing to do: "
+                          f"epochs is the epoch to stop after when initial_epoch is given (Keras's "
+                          f"meaning); without initial_epoch, epochs counts the epochs to run now",
+                          UserWarning, stacklevel=3)
+    for epoch in range(start, stop):
         order = (np.random.default_rng([seed, epoch]).permutation(n) if shuffle
                  else np.arange(n))[: per_epoch * batch_size].reshape(per_epoch, batch_size)
         first = step - epoch * per_epoch
-        bar = tqdm(total=per_epoch, initial=first, desc=f"epoch {epoch + 1}/{epochs}",
+        bar = tqdm(total=per_epoch, initial=first, desc=f"epoch {epoch + 1}/{stop}",
                    unit="step", disable=not progress, leave=True, dynamic_ncols=True)
         collected = []
         every = max(1, per_epoch // 10)

@@ -183,8 +183,12 @@ class Trainer:
                          f"got {loss_scale!r}")
 
     def _trainable_paths(self, trainable: Any) -> frozenset[str] | None:
-        """The paths of the weights that train (None: all)."""
+        """The paths of the weights that train (None: all). Quantized weights (int8,
+        packed int4 or float8 values) cannot: naming one, or training all of a model
+        holding them, is an error."""
         if trainable is None:
+            shapes, _ = jax.eval_shape(self.model.init_fn, jax.random.key(0))
+            self._check_trainable(shapes, None)
             return None
         if isinstance(trainable, str):
             test = _glob_test(trainable)
@@ -203,7 +207,16 @@ class Trainer:
             raise GraphError(f"Trainer(trainable=...): {what} matches no weight of model "
                              f"{self.model.graph.name!r}, so nothing would train; weight paths "
                              f"such as {', '.join(near)}")
+        self._check_trainable(shapes, chosen)
         return chosen
+
+    def _check_trainable(self, shapes: Any, chosen: frozenset[str] | None) -> None:
+        for path, leaf in leaf_paths(shapes).items():
+            if (chosen is None or path in chosen) and leaf.dtype.itemsize == 1:
+                raise GraphError(
+                    f"Trainer: weight {path} is stored in {leaf.dtype} (a quantized layer's) "
+                    f"and cannot train; freeze it: Trainer(trainable=...) naming the weights "
+                    f"that train (\"**/*.lora_*\" for adapters added by mg.lora)")
 
     def _train_part(self, params: Any) -> Any:
         """The weights that train (all of ``params`` without ``trainable``)."""

@@ -24,7 +24,8 @@ class _InsertCasts(Rule):
 
     def _cast(self, value: Value, dtype, source, rewrite: Rewrite) -> Value:
         spec = rewrite.spec(value)
-        if not spec.is_float or spec.dtype == dtype:
+        # float8 values are quantized ones (a Quantize node's): their dtype is the point.
+        if not spec.is_float or spec.dtype == dtype or spec.dtype.itemsize == 1:
             return value
         casts = rewrite.data
         key = (value, str(dtype))
@@ -77,7 +78,8 @@ def insert_casts(graph: Graph, policy: Policy) -> Graph:
     Requires: a verified graph whose specs are inferred. Ensures: float graph inputs
     are cast to ``policy.compute_dtype``; every layer's float inputs have the dtype
     the policy gives it (float32 for precision-sensitive layers, the override for a
-    named layer), so it computes in that dtype; float outputs have
+    named layer), so it computes in that dtype (float8 values, which a ``Quantize``
+    node makes for the layer reading them, stay as they are); float outputs have
     ``policy.output_dtype`` (not for a nested block, whose outputs stay as computed).
     A value is cast at most once per dtype. User-written Cast nodes are kept as they
     are; the casts inserted here are marked ``inserted=True``.

@@ -128,11 +128,16 @@ class _Builder:
         weights = []
         for kind, specs in (("param", op.param_specs(inputs)), ("state", op.state_specs(inputs))):
             for name, spec in flatten_specs(specs):
-                weights.append([name, shape_str(spec.shape), dtype_str(self.param_dtype), kind,
+                weights.append([name, shape_str(spec.shape),
+                                dtype_str(spec.stored_dtype(self.param_dtype)), kind,
                                 None if spec.axes is None else
                                 ",".join(a if a is not None else "-" for a in spec.axes)])
         if weights:
             item["weights"] = weights
+        stored = [spec.dtype for _, spec in flatten_specs(op.param_specs(inputs))
+                  if spec.dtype is not None and spec.dtype.itemsize == 1]
+        if stored:  # a quantized layer: coloured by the dtype its weights are stored in
+            item["cat"] = dtype_category(stored[0])
         item["flops_f"], item["act_f"] = self.formulas(path)
         return item
 

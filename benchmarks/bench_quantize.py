@@ -1,0 +1,81 @@
+"""Quantization of GPT-2 small (``mg.models.gpt2()``, random weights, seed 0): weight
+bytes as stored, logits' error against float32, next-token agreement, per-call time,
+and what XLA CPU makes of the int8 dot.
+
+For each scheme (``int8``, ``int8_weight_only``, ``int4_weight_only`` with groups of 128
+and of 32, ``float8``; default targets: every Linear, Embedding and attention):
+
+  bytes      the cost table's ``weight_bytes`` (every weight as stored) over float32's
+  rel err    ``||logits_q - logits_f32|| / ||logits_f32||`` over ``PROMPTS`` random
+             prompts of ``LENGTH`` tokens (ids uniform in the vocabulary)
+  agree      the share of positions whose argmax (next token) equals float32's
+  per call   median wall time of ``model.apply(params, state, ids, inference_mode=True)``
+             (jitted, batch 1, ``LENGTH`` tokens) over ``REPEATS`` calls, interleaved
+             with float32's calls, as a ratio to float32's median in the same run
+
+and, from the optimized HLO of the int8, int8_weight_only and float8 models
+(``hlo_by_layer``), the operations of ``h.0/mlp.c_fc``: whether the dot is ``s8 x s8
+-> s32`` as XLA runs it, or its operands are converted first.
+
+Run: ``nice python benchmarks/bench_quantize.py``
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+import mlaxgraph as mg
+
+PROMPTS, LENGTH, REPEATS = 4, 32, 15
+SCHEMES = [("int8", {}), ("int8_weight_only", {}), ("int4_weight_only", {}),
+           ("int4_weight_only", {"group_size": 32}), ("float8", {})]
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    g = mg.models.gpt2()
+    model = mg.compile(g)
+    params, state = model.init(jax.random.key(0))
+    prompts = jax.random.randint(jax.random.key(1), (PROMPTS, LENGTH), 0, 50257)
+    one = prompts[:1]
+    base = model.cost_table(batch=1, seq=LENGTH, xla=False).weight_bytes
+    ref = model.apply(params, state, prompts, inference_mode=True)[0]
+    print(f"float32: {base / 2**20:,.1f} MiB of weights")
+    print(f"{'scheme':28s} {'bytes':>8s} {'rel err':>9s} {'agree':>7s} {'per call':>9s}")
+    for scheme, kw in SCHEMES:
+        qg = mg.quantize(g, scheme, **kw)
+        qmodel = mg.compile(qg)
+        qp, qs = mg.quantize_weights(qg, params, state)
+        stored = qmodel.cost_table(batch=1, seq=LENGTH, xla=False).weight_bytes
+        logits = qmodel.apply(qp, qs, prompts, inference_mode=True)[0]
+        err = float(jnp.linalg.norm(logits - ref) / jnp.linalg.norm(ref))
+        agree = float(jnp.mean(logits.argmax(-1) == ref.argmax(-1)))
+        times_q, times_f = [], []
+        for fn in (lambda: qmodel.apply(qp, qs, one, inference_mode=True)[0],
+                   lambda: model.apply(params, state, one, inference_mode=True)[0]):
+            jax.block_until_ready(fn())  # compile
+        for _ in range(REPEATS):
+            times_q.append(_timed(lambda: qmodel.apply(qp, qs, one, inference_mode=True)[0]))
+            times_f.append(_timed(lambda: model.apply(params, state, one, inference_mode=True)[0]))
+        q_med, f_med = statistics.median(times_q), statistics.median(times_f)
+        name = scheme + (f" (group {kw['group_size']})" if kw else "")
+        print(f"{name:28s} {stored / base:8.3f} {err:9.4f} {agree:7.3f} "
+              f"{q_med / f_med:9.2f}  ({q_med * 1e3:.1f} ms vs {f_med * 1e3:.1f} ms)")
+        if scheme in ("int8", "int8_weight_only", "float8"):
+            hlo = qmodel.hlo_by_layer(one, inference_mode=True)
+            print(f"  optimized HLO of h.0/mlp.c_fc ({scheme}):")
+            for op in hlo["h.0/mlp.c_fc"]:
+                print("   ", str(op)[:150])
+
+
+if __name__ == "__main__":
+    main()

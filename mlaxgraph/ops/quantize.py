@@ -1,0 +1,196 @@
+"""Quantization: the arithmetic of the schemes, and ``Quantize``, the node that casts
+activations to int8 or float8 with their scales.
+
+A scheme stores a layer's weights as integers or float8 with float32 scales, symmetric
+(zero maps to zero) and scaled by the absolute maximum (``absmax``):
+
+- ``int8``: weights int8 in ``[-127, 127]``, one scale per output channel; the layer's
+  input is cast to int8 by a ``Quantize`` node (one scale per token), and the product
+  is an int8 x int8 -> int32 ``dot_general`` (or convolution), scaled back to float.
+- ``int8_weight_only``: the same weights; the input stays float, the weights are cast
+  to it inside the layer.
+- ``int4_weight_only``: weights in ``[-8, 7]`` (scaled by ``absmax / 7``), one scale
+  per group of ``group_size`` consecutive inputs and output channel, two values a
+  byte (uint8: the even input in the low nibble, the odd one in the high nibble).
+- ``float8``: weights and activations float8 e4m3 (``float8_e4m3fn``, largest value
+  448) with a scale per output channel and per token, multiplied in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core.errors import DTypeError, ShapeError
+from ..core.registry import register
+from .base import Layer, expect_count, expect_float, field, to_dtype
+from .flops import size
+
+__all__ = ["Quantize", "SCHEMES", "INT8_MAX", "INT4_MIN", "INT4_MAX", "FLOAT8_MAX",
+           "FLOAT8", "absmax_scale", "quantize_to", "pack_int4", "unpack_int4",
+           "group_scales", "quantize_weight"]
+
+#: The schemes ``mg.quantize`` knows.
+SCHEMES = ("int8", "int8_weight_only", "int4_weight_only", "float8")
+INT8_MAX = 127
+INT4_MIN, INT4_MAX = -8, 7
+FLOAT8 = np.dtype(jnp.float8_e4m3fn)
+FLOAT8_MAX = float(jnp.finfo(jnp.float8_e4m3fn).max)  # 448
+
+
+def _bound(dtype: np.dtype) -> float:
+    return FLOAT8_MAX if dtype == FLOAT8 else float(INT8_MAX)
+
+
+def absmax_scale(x: jax.Array, axes: tuple[int, ...], bound: float) -> jax.Array:
+    """``max |x| * (1 / bound)`` over ``axes`` (kept as size-1 dims), in float32 (times
+    the reciprocal, as XLA rewrites a division by a constant, so the scale is the same
+    eagerly and jitted); 1 where the values are all zero (they quantize to zero
+    whatever the scale)."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axes, keepdims=True)
+    return jnp.where(amax > 0, amax * jnp.float32(1.0 / bound), jnp.float32(1))
+
+
+def quantize_to(x: jax.Array, scale: jax.Array, dtype: Any, low: float | None = None,
+                high: float | None = None) -> jax.Array:
+    """``x / scale`` rounded to ``dtype``: to the nearest integer (ties to even) and
+    clipped to ``[low, high]`` (int8's ``[-127, 127]`` by default) for an integer dtype;
+    clipped to +-448 and rounded by the cast for float8."""
+    dtype = np.dtype(dtype)
+    y = x.astype(jnp.float32) / scale
+    if dtype == FLOAT8:
+        return jnp.clip(y, -FLOAT8_MAX, FLOAT8_MAX).astype(dtype)
+    low = -INT8_MAX if low is None else low
+    high = INT8_MAX if high is None else high
+    return jnp.clip(jnp.round(y), low, high).astype(dtype)
+
+
+def pack_int4(q: jax.Array, axis: int) -> jax.Array:
+    """int4 values (held in int8, in ``[-8, 7]``) two a byte along ``axis`` (of even
+    size): value ``2i`` in the low nibble of byte ``i``, value ``2i + 1`` in the high."""
+    axis = axis % q.ndim
+    q = jnp.moveaxis(q, axis, -1)
+    low = q[..., 0::2].astype(jnp.uint8) & jnp.uint8(0x0F)
+    high = (q[..., 1::2].astype(jnp.uint8) & jnp.uint8(0x0F)) << jnp.uint8(4)
+    return jnp.moveaxis(low | high, -1, axis)
+
+
+def unpack_int4(packed: jax.Array, axis: int) -> jax.Array:
+    """The int4 values (as int8) of bytes ``pack_int4`` made, ``axis`` twice as long."""
+    axis = axis % packed.ndim
+    p = jnp.moveaxis(packed, axis, -1)
+    # Shifting the nibble to the top of a signed byte and back extends its sign.
+    low = jax.lax.shift_right_arithmetic((p << jnp.uint8(4)).astype(jnp.int8), jnp.int8(4))
+    high = jax.lax.shift_right_arithmetic(p.astype(jnp.int8), jnp.int8(4))
+    both = jnp.stack([low, high], axis=-1).reshape(p.shape[:-1] + (2 * p.shape[-1],))
+    return jnp.moveaxis(both, -1, axis)
+
+
+def group_scales(w: jax.Array, axis: int, group: int) -> tuple[jax.Array, jax.Array]:
+    """``(q, scale)`` of int4 quantization by groups of ``group`` along ``axis``: ``q``
+    int8 in ``[-8, 7]`` of ``w``'s shape, ``scale`` float32 with ``axis`` divided by
+    ``group``."""
+    axis = axis % w.ndim
+    n = w.shape[axis]
+    grouped = w.reshape(w.shape[:axis] + (n // group, group) + w.shape[axis + 1:])
+    scale = absmax_scale(grouped, (axis + 1,), float(INT4_MAX))
+    q = quantize_to(grouped, scale, jnp.int8, INT4_MIN, INT4_MAX)
+    return q.reshape(w.shape), jnp.squeeze(scale, axis + 1)
+
+
+def dequantize_groups(q: jax.Array, scale: jax.Array, axis: int, dtype: Any) -> jax.Array:
+    """int4 values (int8, ``axis`` full length) times their groups' scales, in ``dtype``."""
+    axis = axis % q.ndim
+    groups = scale.shape[axis]
+    grouped = q.reshape(q.shape[:axis] + (groups, q.shape[axis] // groups) + q.shape[axis + 1:])
+    w = grouped.astype(dtype) * jnp.expand_dims(scale, axis + 1).astype(dtype)
+    return w.reshape(q.shape)
+
+
+def quantize_weight(w: jax.Array, scheme: str, *, reduce: tuple[int, ...], axis: int,
+                    group: int | None) -> tuple[jax.Array, jax.Array]:
+    """A float weight as ``scheme`` stores it: ``(values, scale)``. ``reduce``: the axes
+    one scale covers for int8 and float8 (all but the output channel's; the scale keeps
+    only the others); ``axis``: the input axis int4 groups and packs along."""
+    if scheme == "int4_weight_only":
+        q, scale = group_scales(w, axis, group or 2)
+        return pack_int4(q, axis), scale
+    dtype = FLOAT8 if scheme == "float8" else np.dtype(jnp.int8)
+    scale = absmax_scale(w, reduce, _bound(dtype))
+    return quantize_to(w, scale, dtype), jnp.squeeze(scale, reduce)
+
+
+def _to_quantized_dtype(value: Any, layer: Layer) -> np.dtype:
+    dtype = to_dtype(value, layer)
+    if dtype not in (np.dtype(jnp.int8), FLOAT8):
+        layer.invalid(f"dtype must be int8 or float8_e4m3fn, got {dtype}", DTypeError)
+    return dtype
+
+
+def _to_axes(value: Any, layer: Layer) -> tuple[int, ...]:
+    try:
+        axes = tuple(int(a) for a in value)
+    except (TypeError, ValueError):
+        layer.invalid(f"axes must be a tuple of ints, got {value!r}")
+    if not axes or len(set(axes)) != len(axes):
+        layer.invalid(f"axes must name distinct axes, got {value!r}")
+    return axes
+
+
+@register("quantize")
+@dataclasses.dataclass(frozen=True)
+class Quantize(Layer):
+    """Casts a float tensor to ``dtype`` (int8 or float8_e4m3fn) with a scale: outputs
+    ``(q, scale)``, ``q = round(x / scale)`` (clipped to ``[-127, 127]``; float8: to
+    +-448, rounded by the cast) and ``scale = max |x| * (1 / 127)`` (448 for float8) over
+    ``axes`` (kept as size-1 dims, in ``x``'s dtype), computed at each call. ``axes=(-1,)``
+    gives one scale per token; a layer reading ``q`` multiplies its result by
+    ``scale``. ``x = q * scale`` up to rounding.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> ops.Quantize("int8")(mg.Input(("batch", 8)))
+      (SymbolicTensor(i8[batch,8], from 'quantize'), SymbolicTensor(f32[batch,1], from 'quantize'#1))
+    """
+
+    dtype: np.dtype = field(default="int8", converter=_to_quantized_dtype)
+    axes: tuple[int, ...] = field(default=(-1,), converter=_to_axes)
+
+    def _axes(self, rank: int) -> tuple[int, ...]:
+        axes = tuple(a % rank for a in self.axes if -rank <= a < rank)
+        if len(axes) != len(self.axes) or len(set(axes)) != len(axes):
+            raise ShapeError(f"axes {self.axes} do not name distinct axes of a rank-{rank} input",
+                             expected=f"a tensor of rank > {max(abs(a) for a in self.axes) - 1}")
+        return axes
+
+    def infer(self, inputs):
+        expect_count(inputs, 1)
+        (x,) = inputs
+        expect_float(x)
+        axes = self._axes(x.rank)
+        scale = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        return (x.with_dtype(self.dtype), x.with_shape(scale))
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        (x,) = inputs
+        scale = absmax_scale(x, self._axes(x.ndim), _bound(self.dtype))
+        return (quantize_to(x, scale, self.dtype), scale.astype(x.dtype)), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """Per element: the absolute value and the max reducing it, the divide, the
+        two-sided clip and the convert, and the round for int8; per scale, the multiply
+        and the select of the all-zero guard (its compare folds into the reduction), as
+        XLA counts them; the clip's two bounds for int8."""
+        (x,), (_, scale) = inputs, outputs
+        if self.dtype == FLOAT8:
+            count = 6 * size(x) + 2 * size(scale)
+        else:
+            count = 7 * size(x) + 2 * size(scale) + 2
+        if x.dtype != np.float32:  # x converted to float32, the scale back
+            count = count + size(x) + size(scale)
+        return count

@@ -1,0 +1,411 @@
+"""Quantized layers: Linear, Conv and Embedding whose weights are stored as a scheme
+says (``mlaxgraph/ops/quantize.py``): int8, packed int4 or float8 values with float32
+scales. Each is its float layer's class with two more fields, ``scheme`` and
+``group_size``, so it keeps every hyperparameter (and is adapted by LoRA as its float
+layer is); ``mg.quantize`` makes them, ``mg.quantize_weights`` fills their weights.
+
+Weights: ``kernel`` (``embedding``) holds the values, ``kernel_scale``
+(``embedding_scale``) the scales: one per output channel (per row of an embedding
+table), or for int4 one per group of ``group_size`` inputs (features of a table row)
+and output channel. Biases stay float, in the policy's ``param_dtype``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..core.errors import DTypeError, ShapeError
+from ..core.registry import register
+from ..core.specs import ParamSpec, is_symbolic
+from . import initializers
+from .activation import activation_flops, apply_activation
+from .conv import Conv
+from .embedding import Embedding
+from .flops import size
+from .linear import Linear
+from .quantize import FLOAT8, SCHEMES, dequantize_groups, unpack_int4
+
+__all__ = ["QuantizedLinear", "QuantizedConv", "QuantizedEmbedding"]
+
+_INT8 = np.dtype(jnp.int8)
+_F32 = np.dtype(jnp.float32)
+
+
+class _Scheme:
+    """What the three quantized layers share: the scheme's checks and dtypes."""
+
+    scheme: str
+    group_size: int | None
+
+    def _check_scheme(self) -> None:
+        layer: Any = self
+        if self.scheme not in SCHEMES:
+            layer.invalid(f"scheme must be one of {', '.join(map(repr, SCHEMES))}, got "
+                          f"{self.scheme!r}")
+        if self.scheme == "int4_weight_only":
+            g = self.group_size
+            if not isinstance(g, int) or isinstance(g, bool) or g < 2 or g % 2:
+                layer.invalid(f"int4_weight_only needs an even group_size >= 2 (32 or 128), "
+                              f"got {g!r}")
+        elif self.group_size is not None:
+            layer.invalid(f"group_size is for int4_weight_only, not {self.scheme!r}")
+
+    @property
+    def quantizes_inputs(self) -> bool:
+        """Whether the layer reads its input quantized (``(q, scale)`` from a
+        ``Quantize`` node): the int8 and float8 schemes."""
+        return self.scheme in ("int8", "float8")
+
+    @property
+    def input_dtype(self) -> np.dtype:
+        """The dtype of ``q`` a layer quantizing its input reads."""
+        return FLOAT8 if self.scheme == "float8" else _INT8
+
+    @property
+    def value_dtype(self) -> np.dtype:
+        """The dtype the weight's values are stored in."""
+        return {"float8": FLOAT8, "int4_weight_only": np.dtype(jnp.uint8)}.get(self.scheme, _INT8)
+
+    def _quantized_inputs(self, inputs) -> tuple[Any, Any]:
+        if len(inputs) != 2:
+            raise ShapeError(f"scheme {self.scheme!r} reads (q, scale) from a Quantize node, "
+                             f"got {len(inputs)} input(s)", expected="2 tensors")
+        q, s = inputs
+        if q.dtype != self.input_dtype or not s.is_float:
+            raise DTypeError(f"scheme {self.scheme!r} reads {self.input_dtype} values and a "
+                             f"float scale, got {q.dtype} and {s.dtype}",
+                             expected=f"{self.input_dtype}, float32")
+        return q, s
+
+    def _groups(self, n: int) -> int:
+        g = self.group_size or 1
+        if is_symbolic(n) or n % g:
+            raise ShapeError(f"int4_weight_only groups the {n} inputs by {g}, which does not "
+                             f"divide them", expected=f"an input size divisible by {g}")
+        return n // g
+
+    def _dequantize_flops(self, weights: int, outputs: int) -> int:
+        """The converts and multiplies turning stored weights (or a quantized product)
+        into floats."""
+        if self.scheme == "int4_weight_only":
+            # unpacking a byte: shift, convert, shift (low nibble), convert, shift (high);
+            # per value the convert to float and the multiply by the group's scale
+            return 5 * (weights // 2) + 2 * weights
+        if self.scheme == "int8_weight_only":
+            return weights + outputs  # the kernel's convert, the scale's multiply per output
+        if self.scheme == "float8":
+            return 2 * outputs  # two multiplies (the product is float32 already)
+        return 3 * outputs  # the accumulator's convert, two multiplies
+
+
+@register("quantized_linear")
+@dataclasses.dataclass(frozen=True)
+class QuantizedLinear(_Scheme, Linear):
+    """A ``Linear`` whose ``kernel`` is stored as ``scheme`` says, with its
+    ``kernel_scale``. Params: ``kernel`` ``(in, features)`` int8 or float8 (int4:
+    ``(in / 2, features)`` uint8, two values a byte along the input), ``kernel_scale``
+    ``(features,)`` float32 (int4: ``(in / group_size, features)``), ``bias`` as
+    ``Linear``'s. Logical axes (for sharding): as ``Linear``'s; ``kernel_scale`` the
+    kernel's last (int4: ``(None, <last>)``). With ``int8`` / ``float8`` it reads
+    ``(q, scale)`` from a ``Quantize`` node and multiplies int8 x int8 -> int32
+    (float8 x float8 -> float32), then scales back: ``acc * scale * kernel_scale +
+    bias``; weight-only schemes read the float input: ``x @ dequantized + bias``.
+    The output has the scale's (the float input's) dtype.
+    """
+
+    scheme: str = "int8"
+    group_size: int | None = None
+
+    def validate(self):
+        super().validate()
+        self._check_scheme()
+
+    def _in_features(self, inputs):
+        if not self.quantizes_inputs:
+            n = super()._in_features(inputs)
+        else:
+            q, _ = self._quantized_inputs(inputs)
+            if q.rank < 1 or is_symbolic(q.shape[-1]):
+                raise ShapeError("the last (contracted) dim must be a known int",
+                                 expected=f"{q.dtype}[..., in]")
+            n = q.shape[-1]
+        if self.scheme == "int4_weight_only":
+            self._groups(n)
+        return n
+
+    def infer(self, inputs):
+        self._in_features(inputs)
+        x = inputs[0]
+        dtype = inputs[1].dtype if self.quantizes_inputs else x.dtype
+        return (x.with_shape(x.shape[:-1] + (self.features,)).with_dtype(dtype),)
+
+    def param_specs(self, inputs):
+        n_in = self._in_features(inputs)
+        axes = self.kernel_axes or ("embed", "mlp")
+        if self.scheme == "int4_weight_only":
+            kernel = (n_in // 2, self.features)
+            scale, scale_axes = (self._groups(n_in), self.features), (None, axes[-1])
+        else:
+            kernel, scale, scale_axes = (n_in, self.features), (self.features,), axes[-1:]
+        specs = {"kernel": ParamSpec(kernel, initializers.zeros, axes, dtype=self.value_dtype),
+                 "kernel_scale": ParamSpec(scale, initializers.ones, scale_axes, dtype=_F32)}
+        if self.use_bias:
+            specs["bias"] = ParamSpec((self.features,), self.bias_init or initializers.zeros,
+                                      axes[-1:])
+        return specs
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        kernel, scale = params["kernel"], params["kernel_scale"]
+        dims = (((inputs[0].ndim - 1,), (0,)), ((), ()))
+        if self.quantizes_inputs:
+            q, s = inputs
+            acc_dtype = jnp.int32 if self.scheme == "int8" else jnp.float32
+            acc = lax.dot_general(q, kernel, dims, preferred_element_type=acc_dtype)
+            y = acc.astype(jnp.float32) * s.astype(jnp.float32) * scale
+            out_dtype = s.dtype
+        else:
+            (x,) = inputs
+            if self.scheme == "int4_weight_only":
+                w = dequantize_groups(unpack_int4(kernel, 0), scale, 0, x.dtype)
+                y = lax.dot_general(x, w, dims, precision=self.precision)
+            else:
+                y = lax.dot_general(x, kernel.astype(x.dtype), dims, precision=self.precision)
+                y = y * scale.astype(x.dtype)
+            out_dtype = x.dtype
+        if self.use_bias:
+            y = y + params["bias"].astype(y.dtype)
+        return (apply_activation(self.activation, y.astype(out_dtype)),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """The dot (``2 * in * out`` per row), the dequantization (``_dequantize_flops``),
+        the bias add, the activation."""
+        (y,) = outputs
+        n_in = self._in_features(inputs)
+        count = 2 * size(y) * n_in + self._dequantize_flops(n_in * self.features, size(y))
+        if self.use_bias:
+            count = count + size(y) + (self.features if np.dtype(param_dtype) != y.dtype else 0)
+        return count + activation_flops(self.activation, y)
+
+
+@register("quantized_conv")
+@dataclasses.dataclass(frozen=True)
+class QuantizedConv(_Scheme, Conv):
+    """A ``Conv`` whose ``kernel`` is stored as ``scheme`` says, with its
+    ``kernel_scale``: one per output channel ``(features,)`` (int4: the kernel's shape
+    with its input-channel axis divided by ``group_size``; the kernel packed two values
+    a byte along that axis). Logical axes (for sharding): as ``Conv``'s;
+    ``kernel_scale`` the kernel's first (int4: the kernel's, the input axis None).
+    With ``int8`` it reads ``(q, scale)`` from a ``Quantize`` node with one scale per
+    example, convolves int8 x int8 -> int32 and scales back; ``float8`` is for Linear
+    layers only. The kernel size must be given per spatial dim.
+    """
+
+    scheme: str = "int8"
+    group_size: int | None = None
+
+    def validate(self):
+        super().validate()
+        self._check_scheme()
+        if isinstance(self.kernel_size, int):
+            self.invalid("a quantized Conv needs its kernel size per spatial dim")
+        if self.scheme == "float8":
+            self.invalid("float8 quantizes Linear layers (as Keras's float8), not Conv")
+
+    def _in_axis(self) -> int:
+        return -1 if self.channels_last else 1
+
+    def _checked(self, inputs):
+        """``(x, channels)`` as ``Conv._check`` gives them, ``x`` the values read."""
+        if not self.quantizes_inputs:
+            x, channels = Conv._check(self, inputs)
+        else:
+            q, _ = self._quantized_inputs(inputs)
+            x, channels = Conv._check(self, [q.with_dtype(_F32)])
+            x = q
+        if self.scheme == "int4_weight_only":
+            self._groups(channels // self.groups)
+        return x, channels
+
+    def infer(self, inputs):
+        x, _ = self._checked(inputs)
+        (y,) = super().infer([x.with_dtype(_F32)])
+        return (y.with_dtype(inputs[1].dtype if self.quantizes_inputs else x.dtype),)
+
+    def param_specs(self, inputs):
+        x, _ = self._checked(inputs)
+        specs = dict(super().param_specs([x.with_dtype(_F32)]))
+        kernel = specs["kernel"]
+        shape, axes = tuple(kernel.shape), kernel.axes or ()
+        if self.scheme == "int4_weight_only":
+            axis = self._in_axis() % len(shape)
+            packed = shape[:axis] + (shape[axis] // 2,) + shape[axis + 1:]
+            scale = shape[:axis] + (self._groups(shape[axis]),) + shape[axis + 1:]
+            scale_axes = tuple(None if i == axis else a for i, a in enumerate(axes)) or None
+            specs["kernel"] = ParamSpec(packed, initializers.zeros, axes, dtype=self.value_dtype)
+            specs["kernel_scale"] = ParamSpec(scale, initializers.ones, scale_axes, dtype=_F32)
+        else:
+            specs["kernel"] = ParamSpec(shape, initializers.zeros, axes, dtype=self.value_dtype)
+            specs["kernel_scale"] = ParamSpec((self.features,), initializers.ones, axes[:1],
+                                              dtype=_F32)
+        return specs
+
+    def _channels(self, v, n: int):
+        """A per-channel vector shaped to broadcast against the output."""
+        return v if self.channels_last else v.reshape((-1,) + (1,) * n)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        n = len(self.kernel_size)
+        if self.channels_last:
+            dims = (self.data_format, "O" + self.data_format[1:-1] + "I", self.data_format)
+        else:
+            dims = (self.data_format, "OI" + self.data_format[2:], self.data_format)
+        kernel, scale = params["kernel"], params["kernel_scale"]
+
+        def conv(x, w, **kwargs):
+            return lax.conv_general_dilated(
+                x, w, window_strides=self.strides, padding=self.padding,
+                rhs_dilation=self.dilation, dimension_numbers=dims,
+                feature_group_count=self.groups, **kwargs)
+
+        if self.quantizes_inputs:
+            q, s = inputs
+            acc = conv(q, kernel, preferred_element_type=jnp.int32)
+            y = acc.astype(jnp.float32) * s.astype(jnp.float32) * self._channels(scale, n)
+            out_dtype = s.dtype
+        else:
+            (x,) = inputs
+            out_dtype = x.dtype
+            if self.scheme == "int4_weight_only":
+                axis = self._in_axis()
+                w = dequantize_groups(unpack_int4(kernel, axis), scale, axis, x.dtype)
+                y = conv(x, w, precision=self.precision)
+            else:
+                y = conv(x, kernel.astype(x.dtype), precision=self.precision)
+                y = y * self._channels(scale.astype(x.dtype), n)
+        if self.use_bias:
+            y = y + self._channels(params["bias"].astype(y.dtype), n)
+        return (apply_activation(self.activation, y.astype(out_dtype)),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """The convolution's count as ``Conv``'s (its taps), the dequantization, the
+        bias add, the activation."""
+        x, _ = self._checked(inputs)
+        plain = Conv(self.features, self.kernel_size, strides=self.strides,
+                     padding=self.padding, dilation=self.dilation, groups=self.groups,
+                     use_bias=self.use_bias, data_format=self.data_format,
+                     activation=self.activation)
+        count = plain.flops([x.with_dtype(_F32)], outputs, param_dtype=_F32,
+                            inference_mode=inference_mode)
+        kernel = self.features * (x.shape[self._channel_axis()] // self.groups)
+        for k in self.kernel_size:
+            kernel *= k
+        count = count + self._dequantize_flops(kernel, size(outputs[0]))
+        if self.use_bias and np.dtype(param_dtype) != outputs[0].dtype:
+            count = count + self.features
+        return count
+
+
+@register("quantized_embedding")
+@dataclasses.dataclass(frozen=True)
+class QuantizedEmbedding(_Scheme, Embedding):
+    """An ``Embedding`` whose table is stored as ``scheme`` says: ``embedding``
+    ``(num_embeddings, features)`` int8 (int4: ``(num_embeddings, features / 2)``
+    uint8) and ``embedding_scale`` ``(num_embeddings,)`` float32, one per row (int4:
+    ``(num_embeddings, features / group_size)``). Logical axes (for sharding): as
+    ``Embedding``'s; ``embedding_scale`` ``("vocab",)`` (int4: ``("vocab", None)``).
+    A lookup returns the rows dequantized to ``dtype`` (an id out of range: NaN).
+    ``attend`` (the tied head) with ``int8`` reads ``(q, scale)`` from a ``Quantize``
+    node and multiplies int8 x int8 -> int32, the row scales being the output
+    channels' scales; weight-only schemes multiply by the dequantized table. float8
+    does not apply to embeddings.
+    """
+
+    scheme: str = "int8"
+    group_size: int | None = None
+
+    def validate(self):
+        super().validate()
+        self._check_scheme()
+        if self.scheme == "float8":
+            self.invalid("float8 quantizes Linear layers (as Keras's float8), not Embedding")
+        if self.scheme == "int4_weight_only":
+            self._groups(self.features)
+
+    def _attends(self, inputs) -> bool:
+        return len(inputs) == 2 or super()._attends(inputs)
+
+    def infer(self, inputs):
+        if len(inputs) == 2:
+            q, s = self._quantized_inputs(inputs)
+            if q.shape[-1:] != (self.features,):
+                raise ShapeError(f"attend() takes (..., {self.features}) features",
+                                 expected=f"{q.dtype}[...,{self.features}]")
+            return (s.with_shape(q.shape[:-1] + (self.num_embeddings,)),)
+        return super().infer(inputs)
+
+    def param_specs(self, inputs):
+        v, d = self.num_embeddings, self.features
+        if self.scheme == "int4_weight_only":
+            table, scale, scale_axes = (v, d // 2), (v, self._groups(d)), ("vocab", None)
+        else:
+            table, scale, scale_axes = (v, d), (v,), ("vocab",)
+        return {"embedding": ParamSpec(table, initializers.zeros, ("vocab", "embed"),
+                                       dtype=self.value_dtype),
+                "embedding_scale": ParamSpec(scale, initializers.ones, scale_axes, dtype=_F32)}
+
+    def _table(self, params, dtype):
+        table, scale = params["embedding"], params["embedding_scale"]
+        if self.scheme == "int4_weight_only":
+            return dequantize_groups(unpack_int4(table, 1), scale, 1, dtype)
+        return table.astype(dtype) * scale.astype(dtype)[:, None]
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        if len(inputs) == 2:
+            q, s = inputs
+            acc = jnp.einsum("...d,vd->...v", q, params["embedding"],
+                             preferred_element_type=jnp.int32)
+            y = acc.astype(jnp.float32) * s.astype(jnp.float32) * params["embedding_scale"]
+            return (y.astype(s.dtype),), state
+        (ids,) = inputs
+        if self._attends(inputs):
+            return (jnp.einsum("...d,vd->...v", ids, self._table(params, ids.dtype)),), state
+        ids = jnp.where(ids < 0, self.num_embeddings, ids)
+        if self.scheme == "int4_weight_only":
+            table = params["embedding"]
+            rows = jnp.take(table, ids, axis=0, mode="fill", fill_value=0)
+            scale = jnp.take(params["embedding_scale"], ids, axis=0, mode="fill",
+                             fill_value=np.nan)
+            out = dequantize_groups(unpack_int4(rows, -1), scale, -1, self.dtype)
+            return (out,), state
+        rows = jnp.take(params["embedding"], ids, axis=0, mode="fill", fill_value=0)
+        scale = jnp.take(params["embedding_scale"], ids, axis=0, mode="fill", fill_value=np.nan)
+        return (rows.astype(self.dtype) * scale.astype(self.dtype)[..., None],), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """A lookup: as ``Embedding``'s for the rows and their scales, and the
+        dequantization of each looked-up value; ``attend``: the product, the table's
+        dequantization (weight-only) or the accumulator's scaling (int8)."""
+        (y,) = outputs
+        table = self.num_embeddings * self.features
+        if self._attends(inputs):
+            count = 2 * size(y) * self.features
+            if len(inputs) == 2:
+                return count + 3 * size(y)
+            if self.scheme == "int8_weight_only":
+                return count + 2 * table  # the table's convert and multiply
+            return count + self._dequantize_flops(table, 0)
+        ids = size(inputs[0])
+        if self.scheme == "int4_weight_only":
+            # per id the redirect and bounds checks of two takes; the fill's select per
+            # byte and per scale; unpacking and dequantizing the rows
+            return 14 * ids + size(y) // 2 + size(y) // (self.group_size or 1) \
+                + self._dequantize_flops(size(y), 0)
+        # per id the redirect and bounds checks of the rows' and the scales' takes; per
+        # value the fill's select, the convert and the multiply by the row's scale
+        return 15 * ids + 3 * size(y)
+

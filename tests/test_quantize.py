@@ -1,0 +1,392 @@
+"""Quantization as a graph rewrite: each scheme's weights and outputs against NumPy
+references written here; the graph's visible casts, bytes as stored, the int8 dot in
+the optimized HLO; QLoRA; files; bad input."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+from mlaxgraph.compiler.program import leaf_paths
+from mlaxgraph.ir.surgery import layer_paths
+
+F8 = jnp.float8_e4m3fn  # ml_dtypes' type, which NumPy arrays take
+
+
+# --- NumPy references of the schemes ---------------------------------------------------
+
+
+def np_absmax(w, axes, bound):
+    amax = np.max(np.abs(w.astype(np.float32)), axis=axes, keepdims=True)
+    return np.where(amax > 0, amax * np.float32(1.0 / bound), np.float32(1)).astype(np.float32)
+
+
+def np_int8(w, axes):
+    """(int8 values, scale keepdims) of absmax int8 over ``axes``."""
+    s = np_absmax(w, axes, 127)
+    return np.clip(np.round(w.astype(np.float32) / s), -127, 127).astype(np.int8), s
+
+
+def np_float8(w, axes):
+    s = np_absmax(w, axes, 448)
+    return np.clip(w.astype(np.float32) / s, -448, 448).astype(F8), s
+
+
+def np_int4(w, group):
+    """int4 by groups of ``group`` along axis 0 of a (in, out) matrix: (packed uint8
+    (in/2, out), scale (in/group, out), the int values (in, out))."""
+    n, m = w.shape
+    g = w.reshape(n // group, group, m).astype(np.float32)
+    s = np_absmax(g, (1,), 7)
+    q = np.clip(np.round(g / s), -8, 7).astype(np.int8).reshape(n, m)
+    nibbles = q.astype(np.uint8) & 0x0F
+    packed = (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8)
+    return packed, s[:, 0, :], q
+
+
+def _linear(features=24, n_in=64, **kw):
+    x = mg.Input(("batch", n_in), name="x")
+    return mg.Graph(x, ops.Linear(features, name="fc", **kw)(x), name="one")
+
+
+@pytest.fixture(scope="module")
+def linear():
+    g = _linear()
+    params, state = mg.compile(g).init(jax.random.key(0))
+    params = {"fc": {"kernel": params["fc"]["kernel"],
+                     "bias": jax.random.normal(jax.random.key(3), (24,))}}
+    x = np.asarray(jax.random.normal(jax.random.key(1), (5, 64)))
+    return g, params, state, x
+
+
+def test_int8_weights_and_outputs_equal_numpy(linear):
+    g, params, state, x = linear
+    qg = mg.quantize(g, "int8")
+    assert [(n.name, n.op.op_name) for n in qg.nodes] == [
+        ("x", "input"), ("fc.quantize", "quantize"), ("fc", "quantized_linear")]
+    assert [str(s) for s in qg.node("fc.quantize").outputs] == ["i8[batch,64]", "f32[batch,1]"]
+    qp, _ = mg.quantize_weights(qg, params, state)
+    w = np.asarray(params["fc"]["kernel"])
+    q, s = np_int8(w, (0,))
+    np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel"]), q)
+    np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel_scale"]), s[0])
+    out, _ = mg.compile(qg).apply(qp, state, x)
+    xq, xs = np_int8(x, (1,))
+    acc = xq.astype(np.int32) @ q.astype(np.int32)
+    ref = acc.astype(np.float32) * xs * s[0] + np.asarray(params["fc"]["bias"])
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_int8_weight_only_equals_numpy(linear):
+    g, params, state, x = linear
+    qg = mg.quantize(g, "int8_weight_only")
+    assert [n.op.op_name for n in qg.nodes] == ["input", "quantized_linear"]
+    qp, _ = mg.quantize_weights(qg, params, state)
+    q, s = np_int8(np.asarray(params["fc"]["kernel"]), (0,))
+    np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel"]), q)
+    out, _ = mg.compile(qg).apply(qp, state, x)
+    ref = (x @ q.astype(np.float32)) * s[0] + np.asarray(params["fc"]["bias"])
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", [32, 16])
+def test_int4_packs_two_values_a_byte_and_equals_numpy(linear, group):
+    g, params, state, x = linear
+    qg = mg.quantize(g, "int4_weight_only", group_size=group)
+    qp, _ = mg.quantize_weights(qg, params, state)
+    packed, s, q = np_int4(np.asarray(params["fc"]["kernel"]), group)
+    assert qp["fc"]["kernel"].dtype == jnp.uint8 and qp["fc"]["kernel"].shape == (32, 24)
+    np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel"]), packed)
+    np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel_scale"]), s)
+    out, _ = mg.compile(qg).apply(qp, state, x)
+    w = (q.reshape(-1, group, 24).astype(np.float32) * s[:, None, :]).reshape(64, 24)
+    np.testing.assert_allclose(np.asarray(out), x @ w + np.asarray(params["fc"]["bias"]),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_float8_equals_numpy(linear):
+    g, params, state, x = linear
+    qg = mg.quantize(g, "float8")
+    assert str(qg.node("fc.quantize").outputs[0]) == "f8e4m3[batch,64]"
+    qp, _ = mg.quantize_weights(qg, params, state)
+    q, s = np_float8(np.asarray(params["fc"]["kernel"]), (0,))
+    assert qp["fc"]["kernel"].dtype == jnp.float8_e4m3fn
+    np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel"]).astype(np.float32),
+                                  q.astype(np.float32))
+    out, _ = mg.compile(qg).apply(qp, state, x)
+    xq, xs = np_float8(x, (1,))
+    acc = xq.astype(np.float32) @ q.astype(np.float32)
+    ref = acc * xs * s[0] + np.asarray(params["fc"]["bias"])
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_conv_equals_numpy():
+    x_in = mg.Input(("batch", 6, 6, 8), name="x")
+    g = mg.Graph(x_in, ops.Conv(4, (3, 3), padding="VALID", name="conv")(x_in))
+    params, state = mg.compile(g).init(jax.random.key(0))
+    qg = mg.quantize(g, "int8")
+    assert qg.node("conv.quantize").op.axes == (1, 2, 3)  # one scale per example
+    qp, _ = mg.quantize_weights(qg, params, state)
+    w = np.asarray(params["conv"]["kernel"])                 # OHWI (4, 3, 3, 8)
+    q, s = np_int8(w, (1, 2, 3))
+    np.testing.assert_array_equal(np.asarray(qp["conv"]["kernel"]), q)
+    x = np.asarray(jax.random.normal(jax.random.key(1), (2, 6, 6, 8)))
+    out, _ = mg.compile(qg).apply(qp, state, x)
+    xq, xs = np_int8(x, (1, 2, 3))
+    windows = np.lib.stride_tricks.sliding_window_view(xq.astype(np.int32), (3, 3), axis=(1, 2))
+    acc = np.einsum("bhwcij,oijc->bhwo", windows, q.astype(np.int32))
+    ref = acc.astype(np.float32) * xs * s.reshape(-1) + np.asarray(params["conv"]["bias"])
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, atol=1e-6)
+
+
+def _tied():
+    ids = mg.Input(("batch", 5), "int32", name="ids")
+    emb = ops.Embedding(40, 32, name="emb")
+    h = emb(ids)
+    return mg.Graph(ids, emb.attend(ops.Linear(32, name="mix")(h)), name="tied")
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4_weight_only"])
+def test_embedding_lookup_and_tied_head_equal_numpy(scheme):
+    g = _tied()
+    params, state = mg.compile(g).init(jax.random.key(0))
+    kw = {"group_size": 16} if scheme.startswith("int4") else {}
+    qg = mg.quantize(g, scheme, **kw)
+    ops_by_name = {n.name: n.op.op_name for n in qg.nodes}
+    assert ops_by_name["emb"] == ops_by_name[qg.nodes[-1].name] == "quantized_embedding"
+    qp, _ = mg.quantize_weights(qg, params, state)
+    table = np.asarray(params["emb"]["embedding"])
+    if scheme == "int8":
+        q, s = np_int8(table, (1,))
+        np.testing.assert_array_equal(np.asarray(qp["emb"]["embedding"]), q)
+        dequantized = q.astype(np.float32) * s
+    else:
+        packed, s, q = np_int4(table.T, 16)   # groups along the features of each row
+        np.testing.assert_array_equal(np.asarray(qp["emb"]["embedding"]), packed.T)
+        dequantized = (q.reshape(2, 16, 40).astype(np.float32) * s[:, None, :]).reshape(32, 40).T
+    ids = np.asarray(jax.random.randint(jax.random.key(1), (3, 5), 0, 40))
+    out, _ = mg.compile(qg).apply(qp, state, ids)
+    k, b = (np.asarray(params["mix"][n]) for n in ("kernel", "bias"))
+    rows = dequantized[ids]
+    if scheme == "int8":  # mix and the head read int8 inputs: int32 products
+        kq, ks = np_int8(k, (0,))
+        hq, hs = np_int8(rows, (2,))
+        h = (hq.astype(np.int32) @ kq.astype(np.int32)).astype(np.float32) * hs * ks[0] + b
+        hq, hs = np_int8(h, (2,))
+        ref = (hq.astype(np.int32) @ q.T.astype(np.int32)).astype(np.float32) * hs * s[:, 0]
+    else:
+        kq = np_int4(k, 16)
+        kw_ = (kq[2].reshape(2, 16, 32).astype(np.float32) * kq[1][:, None, :]).reshape(32, 32)
+        ref = (rows @ kw_ + b) @ dequantized.T
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    g = mg.models.gpt2({"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64,
+                        "n_positions": 16})
+    params, state = mg.compile(g).init(jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(2), (2, 8), 0, 64)
+    return g, params, state, ids
+
+
+def test_attention_projections_equal_the_float_attention_with_numpy_dequantized_weights(gpt2):
+    g, params, state, ids = gpt2
+    qg = mg.quantize(g, "int8_weight_only", targets="h.0/attn")
+    assert qg.node("h.0").op.subgraph().node("attn").op.op_name == "quantized_multi_head_attention"
+    qp, _ = mg.quantize_weights(qg, params, state)
+    attn = params["h.0"]["attn"]
+    deq = {}
+    for name in ("query", "key", "value", "out"):
+        w = np.asarray(attn[name]["kernel"])
+        matrix = w.reshape(w.shape[0], -1) if name != "out" else w.reshape(-1, w.shape[-1])
+        q, s = np_int8(matrix, (0,))
+        np.testing.assert_array_equal(np.asarray(qp["h.0"]["attn"][name]["kernel"]), q)
+        deq[name] = {**attn[name], "kernel": (q.astype(np.float32) * s).reshape(w.shape)}
+    reference = jax.tree.map(lambda v: v, params)
+    reference["h.0"] = {**params["h.0"], "attn": deq}
+    want, _ = mg.compile(g).apply(reference, state, ids, inference_mode=True)
+    got, _ = mg.compile(qg).apply(qp, state, ids, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_gpt2_default_targets_bytes_as_stored_and_int8_dot_in_hlo(gpt2):
+    g, params, state, ids = gpt2
+    qg = mg.quantize(g, "int8")
+    ops_used = {path: node.op.op_name for path, node in layer_paths(qg)}
+    assert ops_used["h.0/attn"] == "quantized_multi_head_attention"
+    assert ops_used["wte"] == ops_used["wpe"] == "quantized_embedding"
+    assert ops_used["h.1/mlp.c_fc.quantize"] == "quantize"
+    model = mg.compile(qg)
+    qp, qs = mg.quantize_weights(qg, params, state)
+    stored = sum(np.asarray(a).nbytes for a in jax.tree.leaves(qp))
+    table = model.cost_table(batch=2, seq=8, xla=False)
+    assert table.weight_bytes == stored
+    assert f"({stored / 1024:,.1f} KiB)" in model.summary()
+    float_bytes = sum(np.asarray(a).nbytes for a in jax.tree.leaves(params))
+    assert mg.compile(g).cost_table(batch=2, seq=8, xla=False).weight_bytes == float_bytes
+    hlo = model.hlo_by_layer(ids, inference_mode=True)
+    dots = [str(o) for o in hlo["h.0/mlp.c_fc"]]
+    assert any("s32[" in line and "dot" in line for line in dots), dots
+    logits, _ = model.apply(qp, qs, ids, inference_mode=True)
+    ref, _ = mg.compile(g).apply(params, state, ids, inference_mode=True)
+    assert float(jnp.linalg.norm(logits - ref) / jnp.linalg.norm(ref)) < 0.05
+
+
+def test_qlora_trains_only_the_adapters(gpt2, tmp_path):
+    g, params, state, ids = gpt2
+    qg = mg.quantize(g, "int8")
+    qp, qs = mg.quantize_weights(qg, params, state)
+    ag = mg.lora(qg, ["h.0/mlp.c_fc", "h.1/attn"], rank=2)
+    c_fc = ag.node("h.0").op.subgraph()
+    assert c_fc.node("mlp.c_fc.lora_A").inputs == c_fc.node("mlp.c_fc.quantize").inputs
+    model = mg.compile(ag)
+    with pytest.raises(mg.GraphError, match="stored in int8.*cannot train"):
+        mg.train.Trainer(model, optax.adam(1e-2))
+    ap, as_ = model.init(jax.random.key(1), reuse=(qp, qs))
+    base, _ = mg.compile(qg).apply(qp, qs, ids, inference_mode=True)
+    np.testing.assert_array_equal(np.asarray(model.apply(ap, as_, ids, inference_mode=True)[0]),
+                                  np.asarray(base))  # B = 0
+    trainer = mg.train.Trainer(model, optax.adam(1e-2), trainable="**/*.lora_*")
+    # B = 0 would leave A's gradient zero in the first step.
+    ap = jax.tree_util.tree_map_with_path(
+        lambda p, w: w + 0.1 if ".lora_B" in jax.tree_util.keystr(p) else w, ap)
+    ts = trainer.init(jax.random.key(0))
+    ts = ts.replace(params=ap)
+    before = jax.tree.map(np.asarray, ap)
+    ts, metrics = trainer.train_step(ts, ids, ids)
+    assert np.isfinite(float(metrics["loss"]))
+    # Adam's moments (the weights differentiated) are the adapters' alone.
+    assert set(leaf_paths(ts.opt_state[0].mu)) == set(leaf_paths(mg.lora_params(ap)))
+    np.testing.assert_array_equal(np.asarray(ts.params["h.0"]["mlp.c_fc"]["kernel"]),
+                                  before["h.0"]["mlp.c_fc"]["kernel"])
+    assert not np.array_equal(np.asarray(ts.params["h.0"]["mlp.c_fc.lora_A"]["kernel"]),
+                              before["h.0"]["mlp.c_fc.lora_A"]["kernel"])
+    path = os.path.join(tmp_path, "qlora.mlg")   # an adapted quantized model's file
+    mg.save(path, ag, ts.params, ts.state)
+    loaded_graph, loaded, _ = mg.load(path)
+    assert loaded_graph == ag
+    for a, b in zip(jax.tree.leaves(ts.params), jax.tree.leaves(loaded)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(mg.GraphError, match="'h.0/mlp.c_fc' is quantized"):
+        mg.merge_lora(ag, ap)
+    with pytest.raises(mg.GraphError, match="'h.1/attn' is quantized"):
+        mg.merge_lora(mg.lora(qg, "h.1/attn", rank=2), ap)
+
+
+@pytest.mark.parametrize("scheme", ["int4_weight_only", "float8"])
+def test_save_load_and_export_round_trip(gpt2, tmp_path, scheme):
+    g, params, state, ids = gpt2
+    qg = mg.quantize(g, scheme, **({"group_size": 32} if scheme.startswith("int4") else {}))
+    qp, qs = mg.quantize_weights(qg, params, state)
+    path = os.path.join(tmp_path, "q.mlg")
+    mg.save(path, qg, qp, qs)
+    g2, p2, s2 = mg.load(path)
+    assert g2 == qg
+    for a, b in zip(jax.tree.leaves(qp), jax.tree.leaves(p2)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+    want, _ = mg.compile(qg).apply(qp, qs, ids, inference_mode=True)
+    np.testing.assert_array_equal(np.asarray(mg.compile(g2).apply(p2, s2, ids, inference_mode=True)[0]),
+                                  np.asarray(want))
+    if scheme == "float8":
+        return  # one export is enough: the artifact holds the program, not the scheme
+    folder = os.path.join(tmp_path, "exported")
+    mg.compile(qg).save_hlo(folder, ids, params=qp, state=qs)
+    np.testing.assert_array_equal(np.asarray(mg.load_exported(folder)(ids)[0]), np.asarray(want))
+
+
+def test_int8_file_round_trip_and_a_damaged_file_is_refused(linear, tmp_path):
+    g, params, state, _ = linear
+    q8 = mg.quantize(g, "int8")
+    p8, s8 = mg.quantize_weights(q8, params, state)
+    mg.save(os.path.join(tmp_path, "q8.mlg"), q8, p8, s8)
+    g8, loaded, _ = mg.load(os.path.join(tmp_path, "q8.mlg"))
+    assert g8 == q8 and loaded["fc"]["kernel"].dtype == jnp.int8
+    np.testing.assert_array_equal(np.asarray(loaded["fc"]["kernel"]), np.asarray(p8["fc"]["kernel"]))
+    qg = mg.quantize(g, "int4_weight_only", group_size=32)
+    qp, qs = mg.quantize_weights(qg, params, state)
+    path = os.path.join(tmp_path, "q.mlg")
+    mg.save(path, qg, qp, qs)
+    data = bytearray(open(path, "rb").read())
+    data[-5] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(mg.SerializationError, match="checksum"):
+        mg.load(path)
+
+
+def test_float8_under_a_bfloat16_policy_keeps_its_float8_input(linear):
+    g, params, state, x = linear
+    qg = mg.quantize(g, "float8")
+    model = mg.compile(qg, mg.Policy(compute_dtype="bfloat16"))
+    qp, qs = mg.quantize_weights(qg, params, state)
+    out, _ = model.apply(qp, qs, x)
+    assert out.dtype == jnp.bfloat16
+    assert model.graph.node("fc").inputs[0].node == "fc.quantize"
+
+
+# --- bad input ----------------------------------------------------------------------
+
+
+def test_bad_input_is_named():
+    g = _linear()
+    with pytest.raises(mg.ConfigError, match="scheme must be one of"):
+        mg.quantize(g, "int3")
+    with pytest.raises(mg.ConfigError, match="group_size is for 'int4_weight_only'"):
+        mg.quantize(g, "int8", group_size=32)
+    with pytest.raises(mg.ConfigError, match="layer 'fc'.*groups its 64 inputs by 128|"
+                                             "layer 'fc'.*does not divide"):
+        mg.quantize(g, "int4_weight_only")
+    with pytest.raises(mg.GraphError, match="matches no layer"):
+        mg.quantize(g, "int8", targets="nothing*")
+    x = mg.Input(("batch", 6, 6, 3), name="x")
+    conv = mg.Graph(x, ops.LayerNorm(name="norm")(ops.Conv(4, (3, 3), name="conv")(x)))
+    with pytest.raises(mg.ConfigError, match="layer 'conv' \\(op conv\\).*'float8' does not quantize"):
+        mg.quantize(conv, "float8", targets="conv")
+    with pytest.raises(mg.ConfigError, match="layer 'norm' \\(op layer_norm\\)"):
+        mg.quantize(conv, "int8", targets="norm")
+    with pytest.raises(mg.ConfigError, match="no layer 'float8' quantizes"):
+        mg.quantize(mg.Graph(x, ops.relu(x)), "float8")
+    q = mg.quantize(g, "int8")
+    with pytest.raises(mg.ConfigError, match="quantized already"):
+        mg.quantize(q, "int8", targets="fc")
+    params, state = mg.compile(_linear(features=12)).init(jax.random.key(0))
+    with pytest.raises(mg.GraphError, match=r"layer 'fc/bias'.*float32\[12\].*float32\[24\]"):
+        mg.quantize_weights(q, params, state)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int8_weight_only", "int4_weight_only", "float8"])
+def test_flop_rules_match_xla_count(scheme):
+    x = mg.Input(("batch", 6, 6, 8), name="x")
+    ids = mg.Input(("batch", 5), "int32", name="ids")
+    emb = ops.Embedding(40, 8, name="emb")
+    conv = ops.Conv(4, (3, 3), padding="SAME", name="conv")(x)
+    out = ops.Linear(8, name="fc")(ops.Flatten()(conv)) + ops.Flatten()(emb.attend(emb(ids)))[:, :8]
+    g = mg.Graph([x, ids], out)
+    targets = ["fc"] if scheme == "float8" else None
+    qg = mg.quantize(g, scheme, targets=targets, **({"group_size": 4} if "int4" in scheme else {}))
+    table = mg.compile(qg).cost_table(batch=3, inference_mode=True)
+    quantized = [row for row in table if row.op.startswith("quantize")]
+    assert len(quantized) >= (2 if scheme == "float8" else 4)
+    for row in quantized:
+        assert row.flops == row.xla_flops, row
+
+
+@pytest.mark.parametrize("scheme, category, stored", [
+    ("int8", "int", "i8"), ("float8", "float8", "f8e4m3"), ("int4_weight_only", "int", "u8")])
+def test_explorer_colours_the_casts_and_layers_by_stored_dtype(scheme, category, stored):
+    from mlaxgraph.render.html.payload import scope_of
+
+    qg = mg.quantize(_linear(), scheme, **({"group_size": 32} if "int4" in scheme else {}))
+    root, _ = scope_of(qg)
+    nodes = {node["name"]: node for node in root["n"]}
+    assert nodes["x"]["cat"] == "float32" and nodes["fc"]["cat"] == category
+    assert nodes["fc"]["weights"][0][:3] == ["kernel", "[64,24]" if "int4" not in scheme else "[32,24]",
+                                              stored]
+    if scheme != "int4_weight_only":
+        assert nodes["fc.quantize"]["cat"] == category
