@@ -50,6 +50,13 @@ CASES = {
     "gpt2": (lambda: mg.models.gpt2(GPT2), 96),
     "llama_gqa_rope": (lambda: mg.models.llama(LLAMA), 80),
     "user_composed": (_user_model, 50),
+    # Llama 3's scaled rotary frequencies and Mistral's sliding window (4 of the 9 tokens)
+    "llama3_scaling_window": (lambda: mg.models.llama(dict(
+        LLAMA, sliding_window=4, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8})), 80),
+    # Qwen2: biases on the query, key and value projections, none on the output's
+    "qwen2": (lambda: mg.models.qwen2(dict(LLAMA, tie_word_embeddings=True)), 80),
 }
 
 
@@ -65,7 +72,8 @@ def gpt2():
 
 
 @pytest.mark.parametrize("name, scan", [("gpt2", False), ("llama_gqa_rope", False),
-                                        ("llama_gqa_rope", True), ("user_composed", False)])
+                                        ("llama_gqa_rope", True), ("user_composed", False),
+                                        ("llama3_scaling_window", False), ("qwen2", True)])
 def test_prefill_and_steps_equal_the_full_forward_at_every_position(name, scan):
     make, vocab = CASES[name]
     g = make()

@@ -20,7 +20,7 @@ from .commands import UsageError
 __all__ = ["add_generate", "run_generate", "GENERATE_MODELS"]
 
 #: The zoo's causal language models.
-GENERATE_MODELS = ("gpt2", "llama")
+GENERATE_MODELS = ("gpt2", "llama", "qwen2")
 #: Without --config or a config.json: GPT-2 small, a small Llama (random weights).
 SMALL_LLAMA = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1376,
                "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4}
@@ -30,7 +30,7 @@ def add_generate(commands) -> None:
     """Adds ``generate`` to an ``add_subparsers`` object."""
     p = commands.add_parser(
         "generate", help="generate text with a causal language model of the zoo",
-        description="Builds the model (gpt2 or llama) from its Hugging Face config, loads "
+        description="Builds the model (gpt2, llama or qwen2) from its Hugging Face config, loads "
                     "its weights (random without --weights), and generates new tokens after "
                     "the prompt with the decoder derived from its graph. --prompt needs the "
                     "folder's tokenizer.json and the `tokenizers` package (pip install "
@@ -64,7 +64,7 @@ def _config(args) -> Any:
     if path is None and folder is not None and os.path.exists(os.path.join(folder, "config.json")):
         path = os.path.join(folder, "config.json")
     if path is None:
-        return SMALL_LLAMA if args.model == "llama" else None
+        return SMALL_LLAMA if args.model in ("llama", "qwen2") else None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
 

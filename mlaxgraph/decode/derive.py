@@ -186,6 +186,9 @@ class DecodeRule(Rule):
     def _attention(self, node: Node, graph: Graph, facts: _Facts) -> Node:
         op: MultiHeadAttention = node.op  # type: ignore[assignment]
         original = graph.node(node.name)
+        if type(op) is not MultiHeadAttention:
+            raise _refuse(original, f"a {type(op).__name__} (its weights are not "
+                          f"MultiHeadAttention's float ones); decode the model before quantizing it")
         if op.adapters:
             raise _refuse(original, f"an attention with adapters ({', '.join(op.adapters)}): "
                          f"fold them into its weights first (mg.merge_lora)")
@@ -208,7 +211,8 @@ class DecodeRule(Rule):
         cached = CachedAttention(op.num_heads, head_dim, op.out_features or x.shape[-1],
                                  max_length=self.max_length, batch=self.batch,
                                  num_kv_heads=op.num_kv_heads, use_bias=op.use_bias, rope=op.rope,
-                                 param_axes=op.param_axes, name=op.name)
+                                 rope_scaling=op.rope_scaling, sliding_window=op.sliding_window,
+                                 out_bias=op.out_bias, param_axes=op.param_axes, name=op.name)
         return node.replace(op=cached, inputs=node.inputs[:1] + facts.extra)
 
 

@@ -20,7 +20,7 @@ from . import initializers
 from .attention import MultiHeadAttention
 from .base import Layer, cast_params, expect_float, field, to_param_axes
 from .flops import size, weight_converts
-from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base
+from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base, to_rope_scaling
 
 __all__ = ["CachedAttention", "CACHE_AXES"]
 
@@ -46,14 +46,15 @@ class CachedAttention(Layer):
     ``seq`` tokens are written at slots ``index .. index + seq - 1``) and
     ``cache_mask (batch, max_length)`` (bool: the slots holding a token, padding
     excluded). The token at slot ``i`` attends to the slots ``j <= i`` that the mask
-    keeps: the causal mask by position. Output ``(batch, seq, out_features)``.
+    keeps: the causal mask by position (with ``sliding_window=w``, the slots ``i - w <
+    j <= i``). Output ``(batch, seq, out_features)``.
 
     State: ``key`` and ``value``, each ``(batch, max_length, kv_heads, head_dim)``,
     logical axes ``("batch", "cache_length", "heads", "kv")``; the new keys and values
     are written with ``lax.dynamic_update_slice`` in the state's dtype (the cache's),
     read back in the input's. Params as ``MultiHeadAttention`` (the same layout and
-    paths), whose projections, grouped-query heads, rotary base and scaling it
-    computes.
+    paths), whose projections, grouped-query heads, rotary base and ``rope_scaling``,
+    output bias (``out_bias``) and scaling it computes.
 
     Example:
       >>> import mlaxgraph as mg
@@ -74,6 +75,11 @@ class CachedAttention(Layer):
                                      converter=lambda v, layer: None if v is None else _positive(v, layer))
     use_bias: bool = dataclasses.field(default=True, kw_only=True)
     rope: float | None = field(default=None, kw_only=True, converter=to_rope_base)
+    rope_scaling: tuple[tuple[str, object], ...] | None = field(default=None, kw_only=True,
+                                                              converter=to_rope_scaling)
+    sliding_window: int | None = field(default=None, kw_only=True,
+                                       converter=lambda v, layer: None if v is None else _positive(v, layer))
+    out_bias: bool | None = dataclasses.field(default=None, kw_only=True)
     param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
         default=None, kw_only=True, converter=to_param_axes)
 
@@ -91,7 +97,9 @@ class CachedAttention(Layer):
         """The ``MultiHeadAttention`` whose weights this layer uses."""
         return MultiHeadAttention(self.num_heads, self.head_dim, self.out_features,
                                   use_bias=self.use_bias, param_axes=self.param_axes, causal=True,
-                                  num_kv_heads=self.num_kv_heads, rope=self.rope)
+                                  num_kv_heads=self.num_kv_heads, rope=self.rope,
+                                  rope_scaling=self.rope_scaling, sliding_window=self.sliding_window,
+                                  out_bias=self.out_bias)
 
     def infer(self, inputs):
         if len(inputs) != 4:
@@ -138,7 +146,7 @@ class CachedAttention(Layer):
 
         q, k, v = project(p["query"]), project(p["key"]), project(p["value"])
         if self.rope is not None:
-            cos, sin = rotary_tables(positions, self.head_dim, self.rope, x.dtype)
+            cos, sin = rotary_tables(positions, self.head_dim, self.rope, x.dtype, self.rope_scaling)
             q = rotate(q, cos[:, :, None], sin[:, :, None])
             k = rotate(k, cos[:, :, None], sin[:, :, None])
         at = (0, index, 0, 0)
@@ -152,7 +160,10 @@ class CachedAttention(Layer):
         scores = jnp.einsum("bqngk,bsnk->bngqs", grouped, keys.astype(x.dtype))
         scores = scores.reshape((batch, self.num_heads, seq, self.max_length)).astype(softmax_dtype)
         slots = jnp.arange(self.max_length, dtype=jnp.int32)
-        causal = slots[None, :] <= index + jnp.arange(seq, dtype=jnp.int32)[:, None]
+        at = index + jnp.arange(seq, dtype=jnp.int32)[:, None]  # each token's slot
+        causal = slots[None, :] <= at
+        if self.sliding_window is not None:  # slots are positions apart (padding is on the left)
+            causal = causal & (at - slots[None, :] < self.sliding_window)
         mask = jnp.logical_and(cache_mask[:, None, None, :], causal[None, None])
         scores = jnp.where(mask, scores, jnp.finfo(softmax_dtype).min)
         weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
@@ -160,7 +171,7 @@ class CachedAttention(Layer):
         attended = jnp.einsum("bngqs,bsnk->bqngk", weights, values.astype(x.dtype))
         attended = attended.reshape((batch, seq, self.num_heads, self.head_dim))
         out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
-        if self.use_bias:
+        if self.attention().has_out_bias:
             out = out + p["out"]["bias"]
         return (out,), {"key": keys, "value": values}
 
@@ -192,6 +203,8 @@ class CachedAttention(Layer):
         if self.rope is not None:
             count = count + rotary_flops(per_query, batch * seq, self.head_dim, x.dtype)
             count = count + 3 * per_key + per_key // 2
-        count = count + 2 * per_query * y.shape[-1] + bias * size(y)
+        if self.sliding_window is not None:
+            count = count + 2 * seq * length  # the window's subtract and compare
+        count = count + 2 * per_query * y.shape[-1] + int(self.attention().has_out_bias) * size(y)
         return count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
 
