@@ -35,6 +35,7 @@ from .core.errors import (
 )
 from .core.specs import TensorSpec
 from .core.version import __version__
+from .decode import Decoder, decoder, generate, generate_stream, sampling
 from .io.exported import ExportedModel, load_exported
 from .io.functions import register_function
 from .io.model_file import load, save
@@ -52,5 +53,6 @@ __all__ = [
     "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
     "lora", "lora_params", "merge_lora", "lora_from_peft", "quantize", "quantize_weights",
     "from_onnx", "aten", "from_torch",
+    "decoder", "Decoder", "generate", "generate_stream", "sampling",
     "__version__",
 ]

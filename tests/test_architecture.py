@@ -20,7 +20,7 @@ LAYERS = [
     ("ir",),
     ("ops",),
     ("compiler",),
-    ("adapters",),
+    ("adapters", "decode"),
     ("distributed",),
     ("io",),
     ("onnx", "aten"),

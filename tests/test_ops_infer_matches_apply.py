@@ -263,6 +263,16 @@ CASES = {
                                  [(("batch", 6, 2, 4), F32), (("batch", 6), I32)]]),
     ],
     "aten.buffer": [(mg.aten.Buffer((2, 3), "float32"), [[]]), (mg.aten.Buffer((5,), "int32"), [[]])],
+    # The cache is concrete (batch rows of max_length slots), and so are the tokens
+    # written into it by lax.dynamic_update_slice: a prefill's or a step's.
+    "cached_attention": [
+        (ops.CachedAttention(2, 4, 8, max_length=16, batch=2),
+         [[((2, 5, 8), F32), ((2, 5), I32), ((), I32), ((2, 16), BOOL)],
+          [((2, 1, 8), BF16), ((2, 1), I32), ((), I32), ((2, 16), BOOL)]]),
+        (ops.CachedAttention(4, 4, 6, max_length=8, batch=3, num_kv_heads=2, rope=True,
+                             use_bias=False),
+         [[((3, 5, 8), F32), ((3, 5), I32), ((), I32), ((3, 8), BOOL)]]),
+    ],
     "function": [
         (ops.F(jnp.tanh), [[(("batch", 4), F32)], [((2, 3), BF16)]]),
         (ops.F(_two), [[(("batch", 4), F32), ((4, 3), F32)]]),

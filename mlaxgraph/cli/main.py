@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from ..core.errors import MlaxGraphError
 from .commands import EXAMPLES, UsageError, add_commands
 from .demo import run as run_demo
+from .generate import add_generate
 from .zoo_demo import MODELS, run_model
 
 __all__ = ["main"]
@@ -24,6 +25,8 @@ EPILOG = """examples:
   mlaxgraph demo --model gpt2    GPT-2 small from the model zoo (random weights):
                                  summary, SVG, explorer page, cost table, a block's HLO
   mlaxgraph demo --model gpt2 --weights gpt2/model.safetensors
+  mlaxgraph generate --model gpt2 --weights gpt2/ --prompt "Hello"   text, with the
+                                 folder's tokenizer.json (or --prompt-ids 15496,11)
 """ + EXAMPLES + """
 MODEL is a .mlg file (mg.save), a .json graph (Graph.to_json), an .onnx model or
 module:function returning an mg.Graph. Exit status: 0 done, 1 an error in the model, 2 a wrong
@@ -78,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
                       "builder's defaults; a small Llama)")
     demo.set_defaults(run=_demo)
     add_commands(commands)
+    add_generate(commands)
     return parser
 
 

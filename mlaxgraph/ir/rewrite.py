@@ -66,6 +66,11 @@ class Rule:
         """The graph's outputs, renamed; a rule may change them (cast them, say)."""
         return outputs
 
+    def inputs(self, names: tuple[str, ...], rewrite: Rewrite) -> tuple[str, ...]:
+        """The names of the graph's input nodes, in order; a rule that emits input
+        nodes adds them here (the decoder's positions)."""
+        return names
+
 
 class Rewrite:
     """The state of one graph's rewrite, handed to the rule at each node.
@@ -229,7 +234,9 @@ def _rewrite(graph: Graph, rule: Rule, memo: dict | None) -> Graph:
         else:
             state._alias(node, tuple(result))
     outputs = rule.results(tuple(state.renamed.get(v, v) for v in graph.outputs), state)
-    if not state.changed and outputs == graph.outputs and len(state.nodes) == len(graph.nodes):
+    names = tuple(rule.inputs(graph.inputs, state))
+    if (not state.changed and outputs == graph.outputs and names == graph.inputs
+            and len(state.nodes) == len(graph.nodes)):
         return graph
-    return graph.with_parts(nodes=tuple(state.nodes), outputs=outputs)
+    return graph.with_parts(nodes=tuple(state.nodes), inputs=names, outputs=outputs)
 

@@ -20,6 +20,7 @@ from .activation import (
 )
 from .attention import CausalMask, MultiHeadAttention, causal_mask
 from .base import Layer, ParamSpec
+from .cached_attention import CachedAttention
 from .cast import Cast, cast
 from .constraint import Constrain, constrain
 from .conv import Conv
@@ -90,7 +91,7 @@ __all__ = [
     "MaxPool", "AvgPool", "GlobalMaxPool", "GlobalAvgPool",
     "Flatten", "Reshape", "Concat", "Transpose", "Split",
     "flatten", "reshape", "concat", "transpose", "split",
-    "Embedding", "MultiHeadAttention", "CausalMask", "causal_mask", "LSTM", "GRU",
+    "Embedding", "MultiHeadAttention", "CachedAttention", "CausalMask", "causal_mask", "LSTM", "GRU",
     "Relu", "Gelu", "Silu", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
     "relu", "gelu", "silu", "tanh", "sigmoid", "softmax", "log_softmax",
     "Add", "Sub", "Mul", "add", "sub", "mul", "Cast", "cast", "F", "Constrain", "constrain",

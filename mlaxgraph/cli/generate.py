@@ -1,0 +1,135 @@
+"""``mlaxgraph generate``: text from a causal language model of the zoo, through the
+decoder the compiler derives from its graph (``mg.generate``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from .. import models
+from ..compiler.compile import compile
+from ..decode import generate, sampling
+from .commands import UsageError
+
+__all__ = ["add_generate", "run_generate", "GENERATE_MODELS"]
+
+#: The zoo's causal language models.
+GENERATE_MODELS = ("gpt2", "llama", "qwen2")
+#: Without --config or a config.json: GPT-2 small, a small Llama (random weights).
+SMALL_LLAMA = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1376,
+               "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4}
+
+
+def add_generate(commands) -> None:
+    """Adds ``generate`` to an ``add_subparsers`` object."""
+    p = commands.add_parser(
+        "generate", help="generate text with a causal language model of the zoo",
+        description="Builds the model (gpt2, llama or qwen2) from its Hugging Face config, loads "
+                    "its weights (random without --weights), and generates new tokens after "
+                    "the prompt with the decoder derived from its graph. --prompt needs the "
+                    "folder's tokenizer.json and the `tokenizers` package (pip install "
+                    "'mlaxgraph[text]'); --prompt-ids takes token ids.")
+    p.add_argument("--model", required=True, choices=GENERATE_MODELS, help="the zoo's builder")
+    p.add_argument("--weights", metavar="DIR", help="a checkpoint folder (or .safetensors file) "
+                   "in the original names; its config.json and tokenizer.json are read")
+    p.add_argument("--config", metavar="PATH", help="the config.json (default: the one beside "
+                   "--weights, else the builder's defaults; a small Llama)")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the prompt text (tokenized by tokenizer.json)")
+    prompt.add_argument("--prompt-ids", metavar="IDS", help="the prompt as token ids: 1,2,3")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens (default 32)")
+    p.add_argument("--temperature", type=float, help="draw at this temperature (default: greedy)")
+    p.add_argument("--top-k", type=int, help="draw among the k most likely tokens")
+    p.add_argument("--top-p", type=float, help="draw among the tokens of this probability mass")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the draws")
+    p.add_argument("--eos-token-id", type=int, help="stop after it (default: the config's)")
+    p.set_defaults(run=run_generate)
+
+
+def _folder(args) -> str | None:
+    if not args.weights:
+        return None
+    return args.weights if os.path.isdir(args.weights) else os.path.dirname(args.weights)
+
+
+def _config(args) -> Any:
+    path = args.config
+    folder = _folder(args)
+    if path is None and folder is not None and os.path.exists(os.path.join(folder, "config.json")):
+        path = os.path.join(folder, "config.json")
+    if path is None:
+        return SMALL_LLAMA if args.model in ("llama", "qwen2") else None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _tokenizer(args):
+    folder = _folder(args)
+    path = os.path.join(folder, "tokenizer.json") if folder else None
+    if path is None or not os.path.exists(path):
+        raise UsageError("--prompt needs a tokenizer.json beside --weights; give --prompt-ids "
+                         "instead")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UsageError("--prompt needs the `tokenizers` package: pip install 'mlaxgraph[text]' "
+                         "(or give --prompt-ids)") from None
+    return Tokenizer.from_file(path)
+
+
+def _sampler(args):
+    parts: list = []
+    if args.temperature is not None:
+        parts.append(sampling.Temperature(args.temperature))
+    if args.top_k is not None:
+        parts.append(sampling.TopK(args.top_k))
+    if args.top_p is not None:
+        parts.append(sampling.TopP(args.top_p))
+    return parts or "greedy"
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    config = _config(args)
+    graph = getattr(models, args.model)(config)
+    tokenizer = None
+    if args.prompt is not None:
+        tokenizer = _tokenizer(args)
+        ids = tokenizer.encode(args.prompt).ids
+    else:
+        try:
+            ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+        except ValueError:
+            raise UsageError(f"--prompt-ids takes comma-separated ints, got {args.prompt_ids!r}") from None
+    if not ids:
+        raise UsageError("the prompt is empty")
+    start = time.perf_counter()
+    if args.weights:
+        params, state = models.load_state_dict(graph, args.weights)
+    else:
+        params, state = compile(graph).init(jax.random.key(args.seed))
+    loaded = time.perf_counter() - start
+    eos = args.eos_token_id
+    if eos is None and isinstance(config, dict) and isinstance(config.get("eos_token_id"), int):
+        eos = config["eos_token_id"]
+    sampler = _sampler(args)
+    start = time.perf_counter()
+    out = generate(compile(graph), params, state, np.array([ids], np.int32),
+                   max_new_tokens=args.max_new_tokens, sampler=sampler,
+                   key=None if sampler == "greedy" else jax.random.key(args.seed), eos_token_id=eos)
+    new = [int(t) for t in np.asarray(out)[0, len(ids):]]
+    if eos is not None and eos in new:
+        new = new[:new.index(eos) + 1]
+    took = time.perf_counter() - start
+    print(f"ids: {','.join(str(t) for t in ids + new)}")
+    if tokenizer is not None:
+        print(f"text: {tokenizer.decode(ids + new)}")
+    weights = args.weights or f"random (seed {args.seed})"
+    print(f"{len(new)} new tokens in {took:.1f} s with compiling; weights: {weights} "
+          f"({loaded:.1f} s)")
+    return 0

@@ -1,0 +1,331 @@
+"""``mg.decoder``: prefill and step of a causal language model over a key/value cache
+the compiler derives from its graph (``mlaxgraph.decode.derive``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..compiler.compile import CompiledModel, compile
+from ..compiler.policy import Policy
+from ..compiler.program import Program, ScanStep, get_in, set_in
+from ..core.errors import GraphError, ShapeError
+from ..ir.graph import Graph
+from ..ops.cached_attention import CachedAttention
+from ..ops.embedding import Embedding
+from .derive import decode_graph
+
+__all__ = ["Decoder", "Cache", "decoder", "bucket_length"]
+
+#: The smallest prompt bucket: prompts are left-padded to 64, 128, 256, ... tokens, so
+#: prompts of other lengths in one bucket reuse one compiled prefill.
+MIN_BUCKET = 64
+
+
+def bucket_length(length: int, limit: int) -> int:
+    """The padded length of a prompt of ``length`` tokens: the smallest power of two
+    times ``MIN_BUCKET`` holding it, at most ``limit`` (and at least ``length``)."""
+    bucket = MIN_BUCKET
+    while bucket < length:
+        bucket *= 2
+    return max(length, min(bucket, limit))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    """The decoding state of a batch: the key/value caches (nested by layer path, as
+    ``state``: ``cache.layers["h.0"]["attn"]["key"]``), the next cache slot, each
+    row's next position and which slots hold a token (padding excluded).
+
+    Attributes:
+      layers: ``{"key", "value"}`` of each cached attention, ``(batch, max_length,
+        kv_heads, head_dim)`` (with a leading blocks axis in a scanned run).
+      index: int32 scalar: the slot the next token is written to.
+      positions: int32 ``(batch,)``: each row's next position.
+      mask: bool ``(batch, max_length)``: the slots holding a token.
+      filled: the slots used, known on the host (not traced): ``step`` refuses to go
+        past ``max_length``.
+    """
+
+    layers: dict
+    index: jax.Array
+    positions: jax.Array
+    mask: jax.Array
+    filled: int = dataclasses.field(default=0, metadata={"static": True})
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the key/value caches."""
+        return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(self.layers))
+
+
+def _cache_steps(program: Program, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any, int | None]]:
+    """``(weights path, the step, blocks)`` of every cached attention of the program;
+    ``blocks`` the length of the scanned run holding it, or None."""
+    found: list[tuple[tuple[str, ...], Any, int | None]] = []
+    for step in program.owners():
+        if isinstance(step, ScanStep):
+            for path, inner, _ in _cache_steps(step.block):
+                found.append((step.weights + path, inner, len(step.blocks)))
+        elif isinstance(step.op, CachedAttention):
+            found.append((prefix + step.weights, step, None))
+    return found
+
+
+class Decoder:
+    """Prefill and step of a causal language model with a key/value cache, compiled
+    for one ``max_length`` (made by ``mg.decoder``).
+
+    Attributes:
+      source: the model's graph.
+      max_length: the cache's slots: the prompt (padded to its bucket) plus the new
+        tokens must fit.
+      cache_dtype: the cache's dtype, or None for each attention's compute dtype.
+      compile_count: how many times a prefill, step or generate loop was traced (and
+        compiled): calls of new shapes add one; calls in one bucket add none.
+    """
+
+    def __init__(self, source: Graph, *, max_length: int, cache_dtype: Any = None,
+                 policy: Policy | None = None, scan_blocks: bool = False):
+        if not isinstance(max_length, (int, np.integer)) or isinstance(max_length, bool) or max_length < 1:
+            raise GraphError(f"max_length must be a positive int, got {max_length!r}")
+        self.source = source
+        self.max_length = int(max_length)
+        self.cache_dtype = None if cache_dtype is None else jnp.dtype(cache_dtype)
+        self.policy = policy
+        self.scan_blocks = scan_blocks
+        self.compile_count = 0
+        self._models: dict[int, CompiledModel] = {}
+        self._jitted: dict[Any, Any] = {}
+        decode_graph(source, max_length=self.max_length, batch=1)  # refuse a bad graph now
+        self.vocab_size = _vocab_size(source)
+
+    # --- the derived graph and model ------------------------------------------------
+
+    def decode_graph(self, batch: int = 1) -> Graph:
+        """The decoding graph for ``batch`` rows (``mlaxgraph.decode.derive``)."""
+        return decode_graph(self.source, max_length=self.max_length, batch=batch)
+
+    def model(self, batch: int = 1) -> CompiledModel:
+        """The compiled decoding graph for ``batch`` rows: its summary, cost table and
+        explorer show the caches as state."""
+        model = self._models.get(batch)
+        if model is None:
+            model = self._models[batch] = compile(self.decode_graph(batch), self.policy,
+                                                  scan_blocks=self.scan_blocks)
+        return model
+
+    def cache_bytes(self, batch: int = 1) -> int:
+        """The bytes of the key/value caches for ``batch`` rows."""
+        total = 0
+        for _, step, blocks in _cache_steps(self.model(batch).program):
+            shape = step.state_specs["key"].shape
+            total += 2 * (blocks or 1) * int(np.prod(shape)) * self._dtype(step).itemsize
+        return total
+
+    def _dtype(self, step) -> np.dtype:
+        return np.dtype(self.cache_dtype or step.input_specs[0].dtype)
+
+    def empty_cache(self, batch: int) -> Cache:
+        """A cache of zeros for ``batch`` rows (no slot filled)."""
+        layers: dict = {}
+        for path, step, blocks in _cache_steps(self.model(batch).program):
+            shape = ((blocks,) if blocks else ()) + tuple(step.state_specs["key"].shape)
+            dtype = self._dtype(step)
+            layers = set_in(layers, path, {"key": jnp.zeros(shape, dtype),
+                                           "value": jnp.zeros(shape, dtype)})
+        return Cache(layers, jnp.zeros((), jnp.int32), jnp.zeros((batch,), jnp.int32),
+                     jnp.zeros((batch, self.max_length), bool), 0)
+
+    # --- the pure functions (for a wider jitted region) ------------------------------
+
+    def prefill_fn(self, batch: int):
+        """The pure ``prefill(params, state, cache, input_ids, attention_mask) -> (logits,
+        cache)`` for an empty cache: the prompt written at slots ``0 .. seq - 1``."""
+        model = self.model(batch)
+        paths = [path for path, _, _ in _cache_steps(model.program)]
+
+        def prefill(params, state, cache, input_ids, attention_mask):
+            mask = attention_mask.astype(bool)
+            positions = jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1
+            positions = jnp.where(mask, positions, 1).astype(jnp.int32)
+            seq = input_ids.shape[1]
+            cache_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, 0))
+            logits, layers = _run(model, paths, params, state, cache.layers, input_ids, positions,
+                                  jnp.zeros((), jnp.int32), cache_mask)
+            new = Cache(layers, jnp.asarray(seq, jnp.int32),
+                        jnp.sum(mask, axis=1, dtype=jnp.int32), cache_mask, cache.filled)
+            return logits, new
+
+        return prefill
+
+    def step_fn(self, batch: int):
+        """The pure ``step(params, state, cache, token_ids (batch, seq)) -> (logits,
+        cache)``: the tokens written at the cache's next slots."""
+        model = self.model(batch)
+        paths = [path for path, _, _ in _cache_steps(model.program)]
+
+        def step(params, state, cache, token_ids):
+            seq = token_ids.shape[1]
+            new_slots = jnp.ones((token_ids.shape[0], seq), bool)
+            cache_mask = jax.lax.dynamic_update_slice(cache.mask, new_slots, (0, cache.index))
+            positions = cache.positions[:, None] + jnp.arange(seq, dtype=jnp.int32)[None]
+            logits, layers = _run(model, paths, params, state, cache.layers, token_ids, positions,
+                                  cache.index, cache_mask)
+            return logits, Cache(layers, cache.index + seq, cache.positions + seq, cache_mask,
+                                 cache.filled)
+
+        return step
+
+    def _jit(self, kind: str, batch: int):
+        key = (kind, batch)
+        fn = self._jitted.get(key)
+        if fn is None:
+            pure = self.prefill_fn(batch) if kind == "prefill" else self.step_fn(batch)
+
+            def counted(*args):
+                self.compile_count += 1  # runs when traced only
+                return pure(*args)
+
+            fn = self._jitted[key] = jax.jit(counted, donate_argnums=(2,))
+        return fn
+
+    # --- the calls ------------------------------------------------------------------
+
+    def prefill(self, params: Any, state: Any, input_ids: Any, attention_mask: Any = None,
+                *, room: int | None = None):
+        """Runs the prompt: ``(logits (batch, seq, vocab), cache)``.
+
+        The prompt is left-padded to its bucket (``bucket_length``) so that prompts of
+        other lengths reuse the compiled prefill; ``attention_mask`` (1 = token, 0 =
+        padding, as Hugging Face's) marks left padding of its own. Positions count
+        the tokens of each row, as Hugging Face's ``generate`` does. ``room``: the
+        slots to keep free for ``step`` after the prompt (the bucket shrinks to leave
+        them, never below the prompt's length); by default half the cache.
+        """
+        ids, mask = self._prompt(input_ids, attention_mask)
+        seq = ids.shape[1]
+        room = self.max_length // 2 if room is None else room
+        padded = bucket_length(seq, self.max_length - room)
+        ids_p, mask_p = _left_pad(ids, mask, padded)
+        batch = ids.shape[0]
+        logits, cache = self._jit("prefill", batch)(params, state, self.empty_cache(batch), ids_p, mask_p)
+        return logits[:, padded - seq:], dataclasses.replace(cache, filled=padded)
+
+    def step(self, params: Any, state: Any, cache: Cache, token_ids: Any):
+        """Runs new tokens (``(batch,)`` or ``(batch, n)``) after those in ``cache``:
+        ``(logits (batch, n, vocab), cache)``. The cache given is consumed (its
+        buffers are reused)."""
+        if not isinstance(cache, Cache):
+            raise GraphError(f"step takes the cache that prefill or step returned, got "
+                             f"{type(cache).__name__}")
+        ids = jnp.asarray(token_ids, jnp.int32)
+        if ids.ndim == 1:
+            ids = ids[:, None]
+        if ids.ndim != 2 or ids.shape[0] != cache.mask.shape[0]:
+            raise ShapeError(f"token_ids must be (batch,) or (batch, n) with the cache's batch "
+                             f"{cache.mask.shape[0]}, got {tuple(jnp.shape(token_ids))}")
+        if cache.filled + ids.shape[1] > self.max_length:
+            raise ShapeError(f"the cache is full: {cache.filled} of max_length={self.max_length} "
+                             f"slots used, {ids.shape[1]} more asked; make the decoder with a "
+                             f"larger max_length")
+        traced = dataclasses.replace(cache, filled=0)  # static: the host's count stays out of jit
+        logits, new = self._jit("step", ids.shape[0])(params, state, traced, ids)
+        return logits, dataclasses.replace(new, filled=cache.filled + ids.shape[1])
+
+    def _prompt(self, input_ids: Any, attention_mask: Any) -> tuple[jax.Array, jax.Array]:
+        ids = jnp.asarray(input_ids)
+        if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise ShapeError(f"input_ids must be integer token ids (batch, seq), got "
+                             f"{ids.dtype}{tuple(ids.shape)}")
+        if ids.shape[1] < 1:
+            raise ShapeError("the prompt is empty: give at least one token per row")
+        if ids.shape[1] > self.max_length:
+            raise ShapeError(f"the prompt has {ids.shape[1]} tokens, more than the decoder's "
+                             f"max_length={self.max_length}")
+        if self.vocab_size is not None and not bool(jnp.all((ids >= 0) & (ids < self.vocab_size))):
+            bad = np.asarray(ids)[(np.asarray(ids) < 0) | (np.asarray(ids) >= self.vocab_size)]
+            raise ShapeError(f"token id {int(bad[0])} is out of the vocabulary: ids must be in "
+                             f"[0, {self.vocab_size})")
+        if attention_mask is None:
+            mask = jnp.ones(ids.shape, bool)
+        else:
+            mask = jnp.asarray(attention_mask)
+            if mask.shape != ids.shape:
+                raise ShapeError(f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, "
+                                 f"got {tuple(mask.shape)}")
+            mask = mask.astype(bool)
+        return ids.astype(jnp.int32), mask
+
+
+def _left_pad(ids: jax.Array, mask: jax.Array, length: int) -> tuple[jax.Array, jax.Array]:
+    pad = length - ids.shape[1]
+    if pad == 0:
+        return ids, mask
+    return (jnp.pad(ids, ((0, 0), (pad, 0))), jnp.pad(mask, ((0, 0), (pad, 0))))
+
+
+def _run(model: CompiledModel, paths, params, state, layers, ids, positions, index, cache_mask):
+    """The decoding model's apply with the caches put into ``state``: ``(logits, the
+    caches' new values)``."""
+    full = state if isinstance(state, Mapping) else {}
+    for path in paths:
+        full = set_in(full, path, get_in(layers, path))
+    logits, new_state = model.apply_fn(params, full, ids, positions, index, cache_mask,
+                                       inference_mode=True)
+    out: dict = {}
+    for path in paths:
+        entry = get_in(new_state, path)
+        out = set_in(out, path, {"key": entry["key"], "value": entry["value"]})
+    return logits, out
+
+
+def _vocab_size(graph: Graph) -> int | None:
+    """The vocabulary of the embedding reading the token ids, if one does."""
+    ids = graph.inputs[0] if graph.inputs else None
+    for node in graph.nodes:
+        if isinstance(node.op, Embedding) and any(v.node == ids for v in node.inputs):
+            return node.op.num_embeddings
+    return None
+
+
+def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None) -> Decoder:
+    """The decoder of a causal language model: ``prefill`` and ``step`` over a
+    key/value cache of ``max_length`` slots, derived from its graph.
+
+    Args:
+      model_or_graph: the model's ``Graph`` (token ids in, logits out, causal
+        attention), or a ``CompiledModel`` of it (its policy and ``scan_blocks`` are
+        kept, so its params fit).
+      max_length: the cache's slots (prompt, padded to its bucket, plus new tokens).
+      cache_dtype: the cache's dtype; None: each attention's compute dtype.
+
+    Raises:
+      GraphError: for a graph the rewrite cannot handle (a non-causal attention, a
+        layer mixing positions), naming the layer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, mlaxgraph as mg
+      >>> g = mg.models.gpt2({"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64})
+      >>> model = mg.compile(g)
+      >>> params, state = model.init(jax.random.key(0))
+      >>> dec = mg.decoder(g, max_length=128)
+      >>> logits, cache = dec.prefill(params, state, jnp.array([[1, 2, 3]]))
+      >>> logits, cache = dec.step(params, state, cache, jnp.argmax(logits[:, -1], -1))
+      >>> logits.shape, cache.filled
+      ((1, 1, 64), 65)
+    """
+    if isinstance(model_or_graph, CompiledModel):
+        scan = any(n.op.op_name == "scan" for n in model_or_graph.graph.nodes)
+        return Decoder(model_or_graph.source_graph, max_length=max_length, cache_dtype=cache_dtype,
+                       policy=model_or_graph.policy, scan_blocks=scan)
+    if not isinstance(model_or_graph, Graph):
+        raise GraphError(f"mg.decoder takes a Graph or a CompiledModel, got "
+                         f"{type(model_or_graph).__name__}")
+    return Decoder(model_or_graph, max_length=max_length, cache_dtype=cache_dtype)

@@ -1,0 +1,194 @@
+"""``mg.generate`` and ``mg.generate_stream``: new tokens from a causal language model,
+through its decoder (``mg.decoder``). The whole loop of one ``generate`` call is one
+jitted function (``lax.while_loop`` over the decoder's step), compiled once per batch
+size, prompt bucket and sampler."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..compiler.compile import CompiledModel
+from ..core.errors import ConfigError, GraphError, ShapeError
+from ..ir.graph import Graph
+from .decoder import Decoder, _left_pad, bucket_length, decoder
+from .sampling import Sampler, as_sampler
+
+__all__ = ["generate", "generate_stream"]
+
+#: Decoders made for a model by ``generate`` (by max_length), kept while the model lives
+#: (for a graph, in the graph's memo).
+_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _decoder_for(source: Any, prompt: int, new: int) -> Decoder:
+    """The decoder itself, or one made for the model with room for the prompt's bucket
+    and the new tokens (a power of two of at least 256 slots, so that nearby lengths
+    share it)."""
+    if isinstance(source, Decoder):
+        return source
+    if not isinstance(source, (CompiledModel, Graph)):
+        raise GraphError(f"generate takes a CompiledModel, a Graph or an mg.decoder, got "
+                         f"{type(source).__name__}")
+    need = bucket_length(prompt, 1 << 62) + new
+    length = 256
+    while length < need:
+        length *= 2
+    made = source.memo("decoders") if isinstance(source, Graph) else _DECODERS.setdefault(source, {})
+    if length not in made:
+        made[length] = decoder(source, max_length=length)
+    return made[length]
+
+
+def _check_new(max_new_tokens: Any) -> int:
+    if (not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool)
+            or max_new_tokens < 0):
+        raise ConfigError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    return int(max_new_tokens)
+
+
+def _prepare(source, input_ids, attention_mask, max_new_tokens, sampler, key, eos_token_id,
+             pad_token_id):
+    new = _check_new(max_new_tokens)
+    prompt = int(np.shape(input_ids)[1]) if np.ndim(input_ids) == 2 else 0
+    dec = _decoder_for(source, prompt, new)
+    ids, mask = dec._prompt(input_ids, attention_mask)
+    seq = ids.shape[1]
+    if seq + new > dec.max_length:
+        raise ShapeError(f"max_new_tokens={new} after a prompt of {seq} tokens goes past the "
+                         f"decoder's max_length={dec.max_length}")
+    padded = bucket_length(seq, dec.max_length - new)
+    sample = as_sampler(sampler)
+    if sample.draws and key is None:
+        raise ConfigError(f"the sampler {sample!r} draws at random: pass key=jax.random.key(...)")
+    eos = -1 if eos_token_id is None else int(eos_token_id)
+    pad = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
+    return dec, ids, mask, new, padded, sample, eos, int(pad)
+
+
+def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
+             max_new_tokens: int, attention_mask: Any = None, sampler: Any = "greedy",
+             key: jax.Array | None = None, eos_token_id: int | None = None,
+             pad_token_id: int | None = None) -> jax.Array:
+    """The prompt followed by up to ``max_new_tokens`` new tokens per row:
+    ``int32 (batch, prompt + max_new_tokens)``.
+
+    Args:
+      model_or_decoder: a ``CompiledModel`` or ``Graph`` of a causal language model
+        (a decoder is made for it, with room for the prompt and the new tokens), or an
+        ``mg.decoder``.
+      params: the model's trainable weights (``model.init`` or loaded).
+      state: its non-trainable weights.
+      input_ids: int ``(batch, seq)``; rows of different lengths are left-padded and
+        marked by ``attention_mask`` (1 = token, 0 = padding), positions counted from
+        it as Hugging Face's ``generate`` does.
+      max_new_tokens: the new tokens per row.
+      sampler: ``"greedy"``, an ``mg.sampling`` sampler or a list of them.
+      key: the random key of a drawing sampler (step ``i`` uses ``fold_in(key, i)``).
+      eos_token_id: a row stops after it; later tokens of that row are
+        ``pad_token_id``; the loop ends when every row has stopped.
+      pad_token_id: fills stopped rows; by default ``eos_token_id``, else 0.
+
+    Raises:
+      ShapeError: a prompt longer than the decoder's ``max_length``, ``max_new_tokens``
+        past it, or token ids out of the vocabulary.
+      ConfigError: a bad sampler, or a drawing one without ``key``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, mlaxgraph as mg
+      >>> g = mg.models.gpt2({"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64})
+      >>> model = mg.compile(g)
+      >>> params, state = model.init(jax.random.key(0))
+      >>> mg.generate(model, params, state, jnp.array([[1, 2, 3]]), max_new_tokens=5).shape
+      (1, 8)
+    """
+    dec, ids, mask, new, padded, sample, eos, pad = _prepare(
+        model_or_decoder, input_ids, attention_mask, max_new_tokens, sampler, key, eos_token_id,
+        pad_token_id)
+    if new == 0:
+        return ids
+    ids_p, mask_p = _left_pad(ids, mask, padded)
+    run = _loop(dec, ids.shape[0], padded, sample)
+    tokens = run(params, state, ids_p, mask_p,
+                 jnp.asarray(new, jnp.int32), jax.random.key(0) if key is None else key,
+                 jnp.asarray(eos, jnp.int32), jnp.asarray(pad, jnp.int32))
+    return jnp.concatenate([ids, tokens[:, :new]], axis=1)
+
+
+def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
+    """The jitted generation loop for one batch size, prompt bucket and sampler."""
+    memo_key = ("generate", batch, padded, sample)
+    fn = dec._jitted.get(memo_key)
+    if fn is not None:
+        return fn
+    prefill, step = dec.prefill_fn(batch), dec.step_fn(batch)
+    room = dec.max_length - padded
+
+    def loop(params, state, ids, mask, new, key, eos, pad):
+        dec.compile_count += 1  # runs when traced only
+        logits, cache = prefill(params, state, dec.empty_cache(batch), ids, mask)
+        token = sample(logits[:, -1], jax.random.fold_in(key, 0))
+        done = token == eos
+        tokens = jnp.full((batch, room), pad, jnp.int32).at[:, 0].set(token)
+
+        def cond(carry):
+            i, _, _, done, _ = carry
+            return (i < new) & ~jnp.all(done)
+
+        def body(carry):
+            i, token, cache, done, tokens = carry
+            logits, cache = step(params, state, cache, token[:, None])
+            token = sample(logits[:, -1], jax.random.fold_in(key, i))
+            token = jnp.where(done, pad, token)
+            tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
+            return i + 1, token, cache, done | (token == eos), tokens
+
+        carry = (jnp.asarray(1, jnp.int32), token, cache, done, tokens)
+        return jax.lax.while_loop(cond, body, carry)[-1]
+
+    fn = dec._jitted[memo_key] = jax.jit(loop)
+    return fn
+
+
+def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
+                    max_new_tokens: int, attention_mask: Any = None, sampler: Any = "greedy",
+                    key: jax.Array | None = None, eos_token_id: int | None = None,
+                    pad_token_id: int | None = None) -> Iterator[jax.Array]:
+    """``generate`` one token at a time: yields each step's new tokens, int32
+    ``(batch,)`` (``pad_token_id`` for rows that have stopped), until every row has
+    stopped or ``max_new_tokens`` were made. The same tokens as ``generate`` with the
+    same arguments.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, mlaxgraph as mg
+      >>> g = mg.models.gpt2({"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64})
+      >>> params, state = mg.compile(g).init(jax.random.key(0))
+      >>> [t.shape for t in mg.generate_stream(g, params, state, jnp.array([[5, 6]]),
+      ...                                      max_new_tokens=3)]
+      [(1,), (1,), (1,)]
+    """
+    dec, ids, mask, new, padded, sample, eos, pad = _prepare(
+        model_or_decoder, input_ids, attention_mask, max_new_tokens, sampler, key, eos_token_id,
+        pad_token_id)
+    if new == 0:
+        return
+    key = jax.random.key(0) if key is None else key
+    pick = dec._jitted.get(("sample", sample))
+    if pick is None:
+        pick = dec._jitted[("sample", sample)] = jax.jit(
+            lambda logits, key, i, done, pad: jnp.where(
+                done, pad, sample(logits[:, -1], jax.random.fold_in(key, i))))
+    logits, cache = dec.prefill(params, state, ids, mask, room=new)
+    done = jnp.zeros((ids.shape[0],), bool)
+    for i in range(new):
+        token = pick(logits, key, jnp.asarray(i, jnp.int32), done, jnp.asarray(pad, jnp.int32))
+        done = done | (token == eos)
+        yield token
+        if i + 1 == new or bool(jnp.all(done)):
+            return
+        logits, cache = dec.step(params, state, cache, token)

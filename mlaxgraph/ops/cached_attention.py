@@ -1,0 +1,210 @@
+"""CachedAttention: causal self-attention over a preallocated key/value cache, the op
+the decoder rewrite (``mg.decoder``) puts in place of each causal
+``MultiHeadAttention``. Its weights are ``MultiHeadAttention``'s, at the same paths;
+the cache is its state."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..core.errors import DTypeError, ShapeError
+from ..core.registry import register
+from ..core.specs import ParamSpec, is_symbolic, shape_str
+from . import initializers
+from .attention import MultiHeadAttention
+from .base import Layer, cast_params, expect_float, field, to_param_axes
+from .flops import size, weight_converts
+from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base, to_rope_scaling
+
+__all__ = ["CachedAttention", "CACHE_AXES"]
+
+#: The logical axes of a cache (``key`` and ``value``: batch, slot, kv head, feature);
+#: ``heads`` and ``kv`` are those of the key and value kernels, so a rule sharding the
+#: heads shards the cache with them.
+CACHE_AXES = ("batch", "cache_length", "heads", "kv")
+
+
+def _positive(value, layer) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        layer.invalid(f"must be a positive int, got {value!r}")
+    return int(value)
+
+
+@register("cached_attention")
+@dataclasses.dataclass(frozen=True)
+class CachedAttention(Layer):
+    """Causal multi-head self-attention of new tokens over a key/value cache.
+
+    Inputs: ``x (batch, seq, d)``, the tokens' ``positions (batch, seq)`` (int32, for
+    the rotary embedding), the cache slot of the first token ``index ()`` (int32: the
+    ``seq`` tokens are written at slots ``index .. index + seq - 1``) and
+    ``cache_mask (batch, max_length)`` (bool: the slots holding a token, padding
+    excluded). The token at slot ``i`` attends to the slots ``j <= i`` that the mask
+    keeps: the causal mask by position (with ``sliding_window=w``, the slots ``i - w <
+    j <= i``). Output ``(batch, seq, out_features)``.
+
+    State: ``key`` and ``value``, each ``(batch, max_length, kv_heads, head_dim)``,
+    logical axes ``("batch", "cache_length", "heads", "kv")``; the new keys and values
+    are written with ``lax.dynamic_update_slice`` in the state's dtype (the cache's),
+    read back in the input's. Params as ``MultiHeadAttention`` (the same layout and
+    paths), whose projections, grouped-query heads, rotary base and ``rope_scaling``,
+    output bias (``out_bias``) and scaling it computes.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> x = mg.Input((2, "seq", 64))
+      >>> pos = mg.Input((2, "seq"), "int32")
+      >>> index, mask = mg.Input((), "int32"), mg.Input((2, 128), "bool")
+      >>> ops.CachedAttention(4, 16, 64, max_length=128, batch=2)(x, pos, index, mask)
+      SymbolicTensor(f32[2,seq,64], from 'cached_attention')
+    """
+
+    num_heads: int = field(converter=_positive)
+    head_dim: int = field(converter=_positive)
+    out_features: int = field(converter=_positive)
+    max_length: int = field(kw_only=True, converter=_positive)
+    batch: int = field(kw_only=True, converter=_positive)
+    num_kv_heads: int | None = field(default=None, kw_only=True,
+                                     converter=lambda v, layer: None if v is None else _positive(v, layer))
+    use_bias: bool = dataclasses.field(default=True, kw_only=True)
+    rope: float | None = field(default=None, kw_only=True, converter=to_rope_base)
+    rope_scaling: tuple[tuple[str, object], ...] | None = field(default=None, kw_only=True,
+                                                              converter=to_rope_scaling)
+    sliding_window: int | None = field(default=None, kw_only=True,
+                                       converter=lambda v, layer: None if v is None else _positive(v, layer))
+    out_bias: bool | None = dataclasses.field(default=None, kw_only=True)
+    param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
+        default=None, kw_only=True, converter=to_param_axes)
+
+    def validate(self):
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            self.invalid(f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}")
+        if self.rope is not None and self.head_dim % 2:
+            self.invalid(f"rope rotates pairs of features: head_dim {self.head_dim} is odd")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    def attention(self) -> MultiHeadAttention:
+        """The ``MultiHeadAttention`` whose weights this layer uses."""
+        return MultiHeadAttention(self.num_heads, self.head_dim, self.out_features,
+                                  use_bias=self.use_bias, param_axes=self.param_axes, causal=True,
+                                  num_kv_heads=self.num_kv_heads, rope=self.rope,
+                                  rope_scaling=self.rope_scaling, sliding_window=self.sliding_window,
+                                  out_bias=self.out_bias)
+
+    def infer(self, inputs):
+        if len(inputs) != 4:
+            raise ShapeError(f"takes x, positions, index and cache_mask, got {len(inputs)} inputs",
+                             expected="4 tensors")
+        x, positions, index, mask = inputs
+        expect_float(x)
+        if x.rank != 3 or is_symbolic(x.shape[-1]):
+            raise ShapeError("x is (batch, seq, features) with known features",
+                             expected=f"{x.dtype}[batch,seq,features]")
+        if not is_symbolic(x.shape[0]) and x.shape[0] != self.batch:
+            raise ShapeError(f"the cache holds a batch of {self.batch}, x has {x.shape[0]}",
+                             expected=f"{x.dtype}[{self.batch},seq,{x.shape[-1]}]")
+        want = f"int32{shape_str(x.shape[:2])}"
+        if positions.dtype != np.dtype("int32") or index.dtype != np.dtype("int32"):
+            raise DTypeError("positions and index are int32", expected=f"{want}, int32[]")
+        if positions.shape != x.shape[:2] or index.shape != ():
+            raise ShapeError("positions are (batch, seq) and index a scalar", expected=f"{want}, int32[]")
+        if mask.dtype != np.dtype(bool) or mask.rank != 2 or mask.shape[1] != self.max_length:
+            raise ShapeError("cache_mask is (batch, max_length) bool",
+                             expected=f"bool[{x.shape[0]},{self.max_length}]")
+        return (x.with_shape(x.shape[:2] + (self.out_features,)),)
+
+    def param_specs(self, inputs):
+        x = inputs[0]
+        return self.attention().param_specs([x, x])
+
+    def state_specs(self, inputs):
+        shape = (self.batch, self.max_length, self.kv_heads, self.head_dim)
+        spec = ParamSpec(shape, initializers.zeros, CACHE_AXES)
+        return {"key": spec, "value": spec}
+
+    def output_axes(self, input_axes, inputs, outputs):
+        x = inputs[0]
+        return self.attention().output_axes(input_axes[:1] * 2, [x, x], outputs)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        x, positions, index, cache_mask = inputs
+        p = cast_params(params, x.dtype)
+
+        def project(w):
+            y = jnp.einsum("bld,dhk->blhk", x, w["kernel"])
+            return y + w["bias"] if self.use_bias else y
+
+        q, k, v = project(p["query"]), project(p["key"]), project(p["value"])
+        if self.rope is not None:
+            cos, sin = rotary_tables(positions, self.head_dim, self.rope, x.dtype, self.rope_scaling)
+            q = rotate(q, cos[:, :, None], sin[:, :, None])
+            k = rotate(k, cos[:, :, None], sin[:, :, None])
+        at = (0, index, 0, 0)
+        keys = lax.dynamic_update_slice(state["key"], k.astype(state["key"].dtype), at)
+        values = lax.dynamic_update_slice(state["value"], v.astype(state["value"].dtype), at)
+        q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), q.dtype)
+        group = self.num_heads // self.kv_heads
+        softmax_dtype = q.dtype if jnp.finfo(q.dtype).bits > 32 else jnp.float32
+        batch, seq = q.shape[:2]
+        grouped = q.reshape((batch, seq, self.kv_heads, group, self.head_dim))
+        scores = jnp.einsum("bqngk,bsnk->bngqs", grouped, keys.astype(x.dtype))
+        scores = scores.reshape((batch, self.num_heads, seq, self.max_length)).astype(softmax_dtype)
+        slots = jnp.arange(self.max_length, dtype=jnp.int32)
+        at = index + jnp.arange(seq, dtype=jnp.int32)[:, None]  # each token's slot
+        causal = slots[None, :] <= at
+        if self.sliding_window is not None:  # slots are positions apart (padding is on the left)
+            causal = causal & (at - slots[None, :] < self.sliding_window)
+        mask = jnp.logical_and(cache_mask[:, None, None, :], causal[None, None])
+        scores = jnp.where(mask, scores, jnp.finfo(softmax_dtype).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        weights = weights.reshape((batch, self.kv_heads, group, seq, self.max_length))
+        attended = jnp.einsum("bngqs,bsnk->bqngk", weights, values.astype(x.dtype))
+        attended = attended.reshape((batch, seq, self.num_heads, self.head_dim))
+        out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
+        if self.attention().has_out_bias:
+            out = out + p["out"]["bias"]
+        return (out,), {"key": keys, "value": values}
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        """The projections, the rotary embedding (one table for q and k), the scaling of
+        q, the two attention dots over the whole cache, the mask by slot (a compare per
+        token and slot, an and per row, token and slot, the select), the softmax (and
+        its converts in another dtype), the output projection, and the clamps of the
+        cache index by the two ``dynamic_update_slice``. The cache is taken in
+        ``param_dtype`` (as ``init`` makes the state): in another dtype than the
+        input's, the new keys and values and the cache read back are converted. XLA
+        folds the add of the index to the token offsets when ``seq`` is 1; the rule
+        leaves it out (exact for a step, ``seq`` fewer than XLA's count for a prefill)."""
+        x = inputs[0]
+        (y,) = outputs
+        batch, seq, d = x.shape
+        length, heads = self.max_length, self.num_heads
+        per_query = batch * seq * heads * self.head_dim
+        per_key = batch * seq * self.kv_heads * self.head_dim
+        scores = batch * heads * seq * length
+        bias = 1 if self.use_bias else 0
+        count = (2 * d + bias) * per_query + 2 * (2 * d + bias) * per_key + per_query
+        count = count + 2 * 2 * scores * self.head_dim + 4 * scores - batch * heads * seq
+        if np.dtype(x.dtype).itemsize < 4:
+            count = count + 2 * scores
+        count = count + scores + seq * length + batch * seq * length + 6  # mask, clamps
+        if np.dtype(param_dtype) != x.dtype:  # the cache converted both ways
+            count = count + 2 * per_key + 2 * batch * length * self.kv_heads * self.head_dim
+        if self.rope is not None:
+            count = count + rotary_flops(per_query, batch * seq, self.head_dim, x.dtype)
+            count = count + 3 * per_key + per_key // 2
+        if self.sliding_window is not None:
+            count = count + 2 * seq * length  # the window's subtract and compare
+        count = count + 2 * per_query * y.shape[-1] + int(self.attention().has_out_bias) * size(y)
+        return count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
+

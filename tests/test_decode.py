@@ -1,0 +1,399 @@
+"""Decoding derived from the graph: prefill + step against the full forward, greedy
+generation against a NumPy KV-cache decoder written here, left padding, samplers,
+recompiles and bad input."""
+
+import inspect
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+
+GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 96, "n_positions": 256}
+LLAMA = {"vocab_size": 80, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 500.0}
+
+
+def _line(offset=0):
+    return inspect.currentframe().f_back.f_lineno + offset
+
+
+def _user_model():
+    """A causal language model composed from ops (not the zoo): learned positions,
+    attention masked by ops.causal_mask, a rotary one with causal=True, a SwiGLU."""
+    ids = mg.Input(("batch", "seq"), "int32", name="tokens")
+    h = ops.Embedding(50, 16, name="tok")(ids) + ops.Embedding(64, 16, name="pos")(ops.arange(ids.shape[1]))
+    a = ops.MultiHeadAttention(2, 8, name="attn")(h, mask=ops.causal_mask(h))
+    h = ops.RMSNorm(name="norm")(h + a)
+    r = ops.MultiHeadAttention(4, 4, num_kv_heads=1, rope=True, causal=True, use_bias=False,
+                               name="rope_attn")(h)
+    h = ops.LayerNorm(name="ln")(h + r)
+    m = ops.Linear(32, name="up")(h)
+    m = ops.Linear(16, name="down")(ops.silu(m) * ops.Linear(32, name="gate")(h))
+    return mg.Graph(ids, ops.Linear(50, name="head")(h + m), name="user_lm")
+
+
+def _prefill_and_steps(dec, params, state, ids, split):
+    logits, cache = dec.prefill(params, state, ids[:, :split])
+    outs = [logits]
+    for i in range(split, ids.shape[1]):
+        logits, cache = dec.step(params, state, cache, ids[:, i])
+        outs.append(logits)
+    return jnp.concatenate(outs, axis=1)
+
+
+CASES = {
+    "gpt2": (lambda: mg.models.gpt2(GPT2), 96),
+    "llama_gqa_rope": (lambda: mg.models.llama(LLAMA), 80),
+    "user_composed": (_user_model, 50),
+    # Llama 3's scaled rotary frequencies and Mistral's sliding window (4 of the 9 tokens)
+    "llama3_scaling_window": (lambda: mg.models.llama(dict(
+        LLAMA, sliding_window=4, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8})), 80),
+    # Qwen2: biases on the query, key and value projections, none on the output's
+    "qwen2": (lambda: mg.models.qwen2(dict(LLAMA, tie_word_embeddings=True)), 80),
+}
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    """GPT-2 with weights a little larger than init's, so that greedy choices are not
+    near-ties; one compiled model shared by the generation tests (and its decoders)."""
+    model = mg.compile(mg.models.gpt2(GPT2))
+    params, state = model.init(jax.random.key(3))
+    params = jax.tree.map(lambda w: w * 3.0, params)
+    ids = np.asarray(jax.random.randint(jax.random.key(4), (2, 6), 0, 96))
+    return model, params, state, ids
+
+
+@pytest.mark.parametrize("name, scan", [("gpt2", False), ("llama_gqa_rope", False),
+                                        ("llama_gqa_rope", True), ("user_composed", False),
+                                        ("llama3_scaling_window", False), ("qwen2", True)])
+def test_prefill_and_steps_equal_the_full_forward_at_every_position(name, scan):
+    make, vocab = CASES[name]
+    g = make()
+    model = mg.compile(g, scan_blocks=scan)
+    params, state = model.init(jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(1), (2, 9), 0, vocab)
+    full, _ = model.apply(params, state, ids, inference_mode=True)
+    dec = mg.decoder(model, max_length=80)
+    got = _prefill_and_steps(dec, params, state, ids, 5)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(full), rtol=1e-4, atol=1e-4)
+    if scan and name != "user_composed":
+        assert any(n.op.op_name == "scan" for n in dec.model(2).graph.nodes)
+
+
+def test_bfloat16_policy_prefill_and_steps_follow_the_full_forward():
+    g = mg.models.llama(LLAMA)
+    model = mg.compile(g, policy=mg.Policy(compute_dtype="bfloat16", output_dtype="float32"))
+    params, state = model.init(jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(1), (2, 9), 0, 80)
+    full, _ = model.apply(params, state, ids, inference_mode=True)
+    dec = mg.decoder(model, max_length=80)
+    assert jax.tree.leaves(dec.empty_cache(2).layers)[0].dtype == jnp.bfloat16
+    got = _prefill_and_steps(dec, params, state, ids, 4)
+    assert got.dtype == jnp.float32
+    scale = float(jnp.max(jnp.abs(full)))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(full), atol=0.03 * scale)
+
+
+# --- an independent NumPy decoder of GPT-2, with its own key/value cache ----------------
+
+
+def _layer_norm(x, p, eps=1e-5):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+class NumpyGPT2:
+    """GPT-2 one token at a time in float64, caching each layer's keys and values in
+    Python lists: the textbook decoder."""
+
+    def __init__(self, params, n_layer):
+        self.p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+        self.n_layer = n_layer
+
+    def logits(self, token, position, cache):
+        p = self.p
+        x = p["wte"]["embedding"][token] + p["wpe"]["embedding"][position]
+        for i in range(self.n_layer):
+            b = p[f"h.{i}"]
+            a = b["attn"]
+            h = _layer_norm(x, b["ln_1"])
+            q = np.einsum("d,dhk->hk", h, a["query"]["kernel"]) + a["query"]["bias"]
+            k = np.einsum("d,dhk->hk", h, a["key"]["kernel"]) + a["key"]["bias"]
+            v = np.einsum("d,dhk->hk", h, a["value"]["kernel"]) + a["value"]["bias"]
+            cache[i][0].append(k)
+            cache[i][1].append(v)
+            keys, values = np.stack(cache[i][0]), np.stack(cache[i][1])  # (t, h, k)
+            scores = np.einsum("hk,thk->ht", q, keys) / np.sqrt(q.shape[-1])
+            w = np.exp(scores - scores.max(-1, keepdims=True))
+            w /= w.sum(-1, keepdims=True)
+            att = np.einsum("ht,thk->hk", w, values)
+            x = x + np.einsum("hk,hko->o", att, a["out"]["kernel"]) + a["out"]["bias"]
+            h = _layer_norm(x, b["ln_2"])
+            m = _gelu_tanh(h @ b["mlp.c_fc"]["kernel"] + b["mlp.c_fc"]["bias"])
+            x = x + m @ b["mlp.c_proj"]["kernel"] + b["mlp.c_proj"]["bias"]
+        return _layer_norm(x, p["ln_f"]) @ p["wte"]["embedding"].T
+
+    def generate(self, prompt, new):
+        cache = [([], []) for _ in range(self.n_layer)]
+        tokens, margins = list(prompt), []
+        for position, token in enumerate(prompt[:-1]):
+            self.logits(token, position, cache)
+        for _ in range(new):
+            logits = self.logits(tokens[-1], len(tokens) - 1, cache)
+            top = np.sort(logits)[-2:]
+            margins.append(top[1] - top[0])
+            tokens.append(int(np.argmax(logits)))
+        return tokens, min(margins)
+
+
+def test_greedy_generation_is_token_exact_against_a_numpy_decoder(gpt2):
+    model, params, state, prompts = gpt2
+    out = np.asarray(mg.generate(model, params, state, prompts, max_new_tokens=12))
+    reference = NumpyGPT2(params, GPT2["n_layer"])
+    for row in range(2):
+        tokens, margin = reference.generate(list(prompts[row]), 12)
+        assert margin > 1e-3, "ill-posed: a near-tie between the two top logits"
+        assert out[row].tolist() == tokens
+
+
+def test_left_padded_rows_equal_each_row_generated_alone():
+    g = mg.models.llama(LLAMA)
+    model = mg.compile(g)
+    params, state = model.init(jax.random.key(0))
+    params = jax.tree.map(lambda w: w * 3.0, params)
+    a = [5, 17, 3, 60, 22, 9, 41]
+    b = [8, 30, 2]
+    ids = np.array([a, [0] * 4 + b], np.int32)
+    mask = np.array([[1] * 7, [0] * 4 + [1] * 3], np.int32)
+    both = np.asarray(mg.generate(model, params, state, ids, attention_mask=mask, max_new_tokens=8))
+    alone_a = np.asarray(mg.generate(model, params, state, np.array([a]), max_new_tokens=8))
+    alone_b = np.asarray(mg.generate(model, params, state, np.array([b]), max_new_tokens=8))
+    assert both[0].tolist() == alone_a[0].tolist()
+    assert both[1, 4:].tolist() == alone_b[0].tolist()
+    assert both[1, :4].tolist() == [0] * 4  # the padding is given back as it came
+
+
+def test_eos_stops_each_row_and_pads_after_it(gpt2):
+    model, params, state, ids = gpt2
+    free = np.asarray(mg.generate(model, params, state, ids, max_new_tokens=10))
+    eos = int(free[0, 8])  # row 0's third new token
+    out = np.asarray(mg.generate(model, params, state, ids, max_new_tokens=10, eos_token_id=eos,
+                                 pad_token_id=95))
+    for row in range(2):
+        new = free[row, 6:].tolist()
+        stop = new.index(eos) + 1 if eos in new else len(new)
+        assert out[row, 6:6 + stop].tolist() == new[:stop]
+        assert out[row, 6 + stop:].tolist() == [95] * (10 - stop)
+    streamed = np.stack(list(mg.generate_stream(model, params, state, ids, max_new_tokens=10,
+                                                eos_token_id=eos, pad_token_id=95)), 1)
+    assert streamed.tolist() == out[:, 6:6 + streamed.shape[1]].tolist()
+
+
+def test_sampling_is_reproducible_and_top_k_1_is_greedy(gpt2):
+    model, params, state, ids = gpt2
+    sampler = mg.sampling.Temperature(8.0) + mg.sampling.TopK(20) + mg.sampling.TopP(0.95)
+    one = mg.generate(model, params, state, ids, max_new_tokens=10, sampler=sampler, key=jax.random.key(7))
+    two = mg.generate(model, params, state, ids, max_new_tokens=10, sampler=sampler, key=jax.random.key(7))
+    other = mg.generate(model, params, state, ids, max_new_tokens=10, sampler=sampler, key=jax.random.key(8))
+    assert np.array_equal(one, two) and not np.array_equal(one, other)
+    streamed = np.stack(list(mg.generate_stream(model, params, state, ids, max_new_tokens=10,
+                                                sampler=sampler, key=jax.random.key(7))), 1)
+    assert np.array_equal(streamed, np.asarray(one)[:, 6:])
+    greedy = mg.generate(model, params, state, ids, max_new_tokens=10)
+    top1 = mg.generate(model, params, state, ids, max_new_tokens=10, sampler=mg.sampling.TopK(1),
+                       key=jax.random.key(7))
+    assert np.array_equal(greedy, top1)
+
+
+def test_samplers_against_numpy():
+    logits = jnp.array([[2.0, 1.0, 0.5, -1.0, 3.0]])
+    low = float(jnp.finfo(jnp.float32).min)
+    np.testing.assert_array_equal(mg.sampling.TopK(2).process(logits),
+                                  [[2.0, low, low, low, 3.0]])
+    probs = np.exp(logits[0]) / np.exp(logits[0]).sum()  # sorted: 3.0, 2.0, 1.0, ...
+    order = np.argsort(-probs)
+    keep = np.cumsum(probs[order]) - probs[order] < 0.8
+    want = np.full(5, low)
+    want[order[keep]] = np.asarray(logits[0])[order[keep]]
+    np.testing.assert_array_equal(mg.sampling.TopP(0.8).process(logits)[0], want)
+    np.testing.assert_allclose(mg.sampling.Temperature(2.0).process(logits), logits / 2.0)
+    draws = jax.vmap(lambda k: mg.sampling.TopK(2)(logits, k))(jax.random.split(jax.random.key(0), 2000))
+    share = float(jnp.mean(draws == 4))
+    assert set(np.unique(draws).tolist()) == {0, 4}
+    assert abs(share - 1 / (1 + np.exp(-1.0))) < 0.04  # p(3.0) among {2.0, 3.0}
+
+
+def test_prompts_of_one_bucket_do_not_recompile(gpt2):
+    model, params, state, _ = gpt2
+    dec = mg.decoder(model, max_length=128)
+    mg.generate(dec, params, state, np.ones((2, 5), np.int32), max_new_tokens=16)
+    before = dec.compile_count
+    assert before == 1
+    for length in range(6, 61, 6):
+        mg.generate(dec, params, state, np.ones((2, length), np.int32), max_new_tokens=16 + length % 3)
+    assert dec.compile_count == before
+
+
+def test_the_cache_is_state_of_the_decoding_graph():
+    g = mg.models.llama(LLAMA)
+    dec = mg.decoder(g, max_length=64)
+    model = dec.model(batch=3)
+    attn = model.graph.node("model.layers.0").op.graph.node("self_attn")
+    assert attn.op.op_name == "cached_attention"
+    _, state = jax.eval_shape(model.init_fn, jax.random.key(0))
+    cache = state["model.layers.0"]["self_attn"]
+    head_dim = LLAMA["hidden_size"] // LLAMA["num_attention_heads"]
+    assert cache["key"].shape == (3, 64, LLAMA["num_key_value_heads"], head_dim)
+    physical = 2 * LLAMA["num_hidden_layers"] * 3 * 64 * 2 * head_dim * 4
+    assert dec.cache_bytes(3) == physical == dec.empty_cache(3).nbytes
+    half = mg.decoder(g, max_length=64, cache_dtype="bfloat16")
+    assert half.cache_bytes(3) == physical // 2 == half.empty_cache(3).nbytes
+    table = model.cost_table(batch=3, seq=1, xla=False)
+    assert table["model.layers.0/self_attn"].state == 2 * 3 * 64 * 2 * head_dim
+    assert "cached_attention" in model.summary(expand_nested=True)
+    assert mg.Graph.from_json(dec.decode_graph(3).to_json()) == dec.decode_graph(3)
+
+
+def test_weights_keep_their_paths(gpt2):
+    model, params, _, _ = gpt2
+    dec = mg.decoder(model, max_length=64)
+    decoded, _ = jax.eval_shape(dec.model(1).init_fn, jax.random.key(0))
+    assert jax.tree.structure(decoded) == jax.tree.structure(params)
+    assert jax.tree.map(jnp.shape, decoded) == jax.tree.map(jnp.shape, params)
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+
+def test_a_non_causal_attention_is_refused_by_name():
+    ids = mg.Input(("batch", "seq"), "int32")
+    h = ops.Embedding(10, 8)(ids)
+    line = _line(1)
+    h = ops.MultiHeadAttention(2, name="bidirectional")(h)
+    g = mg.Graph(ids, ops.Linear(10)(h))
+    with pytest.raises(mg.GraphError, match="non-causal") as e:
+        mg.decoder(g, max_length=16)
+    assert "'bidirectional'" in str(e.value) and f"test_decode.py:{line}" in str(e.value)
+
+
+def test_a_layer_mixing_positions_is_refused_by_name():
+    ids = mg.Input(("batch", "seq"), "int32")
+    h = ops.Embedding(10, 8)(ids)
+    h = ops.MultiHeadAttention(2, causal=True)(h)
+    line = _line(1)
+    h = ops.Conv(8, (3,), padding="SAME", name="conv_over_time")(h)
+    g = mg.Graph(ids, ops.Linear(10)(h))
+    with pytest.raises(mg.GraphError, match="depends on other positions") as e:
+        mg.decoder(g, max_length=16)
+    assert "'conv_over_time'" in str(e.value) and f"test_decode.py:{line}" in str(e.value)
+    pooled = mg.Graph(ids, ops.Linear(10)(ops.mean(ops.Embedding(10, 8)(ids), axis=1)))
+    with pytest.raises(mg.GraphError, match="'mean'"):
+        mg.decoder(pooled, max_length=16)
+
+
+def test_bad_prompts_and_lengths_are_clear_errors(gpt2):
+    model, params, state, _ = gpt2
+    dec = mg.decoder(model, max_length=32)
+    with pytest.raises(mg.ShapeError, match="more than the decoder's max_length=32"):
+        dec.prefill(params, state, np.ones((1, 40), np.int32))
+    with pytest.raises(mg.ShapeError, match="goes past the decoder's max_length=32"):
+        mg.generate(dec, params, state, np.ones((1, 20), np.int32), max_new_tokens=13)
+    with pytest.raises(mg.ShapeError, match="token id 96 is out of the vocabulary"):
+        mg.generate(dec, params, state, np.array([[1, 96]]), max_new_tokens=2)
+    with pytest.raises(mg.ShapeError, match="token id -1 is out of the vocabulary"):
+        dec.prefill(params, state, np.array([[-1, 3]]))
+    with pytest.raises(mg.ConfigError, match="pass key="):
+        mg.generate(dec, params, state, np.array([[1, 2]]), max_new_tokens=2,
+                    sampler=mg.sampling.TopP(0.5))
+    logits, cache = dec.prefill(params, state, np.ones((1, 31), np.int32))
+    logits, cache = dec.step(params, state, cache, np.array([1]))
+    with pytest.raises(mg.ShapeError, match="the cache is full"):
+        dec.step(params, state, cache, np.array([1]))
+
+
+# --- the command line ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A Llama checkpoint folder: config.json, model.safetensors, tokenizer.json (a word
+    level tokenizer of the words w0 ... w79)."""
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tokenizer_models
+
+    folder = tmp_path_factory.mktemp("llama")
+    g = mg.models.llama(LLAMA)
+    params, state = mg.compile(g).init(jax.random.key(5))
+    params = jax.tree.map(lambda w: w * 3.0, params)
+    save_file(mg.models.to_state_dict(g, params, state), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(LLAMA))
+    tokenizer = Tokenizer(tokenizer_models.WordLevel({f"w{i}": i for i in range(80)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder, g, params, state
+
+
+def test_cli_generate_from_ids_and_from_text(llama_folder, capsys):
+    from mlaxgraph.cli.main import main
+
+    folder, g, params, state = llama_folder
+    want = np.asarray(mg.generate(mg.compile(g), params, state, np.array([[4, 9, 2]]), max_new_tokens=6))
+    assert main(["generate", "--model", "llama", "--weights", str(folder), "--prompt-ids", "4,9,2",
+                 "--max-new-tokens", "6"]) == 0
+    printed = capsys.readouterr().out
+    assert f"ids: {','.join(str(t) for t in want[0])}" in printed
+    assert main(["generate", "--model", "llama", "--weights", str(folder), "--prompt", "w4 w9 w2",
+                 "--max-new-tokens", "6"]) == 0
+    printed = capsys.readouterr().out
+    assert f"ids: {','.join(str(t) for t in want[0])}" in printed
+    assert "text: " + " ".join(f"w{t}" for t in want[0]) in printed
+
+
+def test_cli_generate_bad_input(llama_folder, capsys):
+    from mlaxgraph.cli.main import main
+
+    folder = llama_folder[0]
+    assert main(["generate", "--model", "llama", "--weights", str(folder), "--prompt-ids", "4,80"]) == 1
+    assert "token id 80 is out of the vocabulary" in capsys.readouterr().err
+    assert main(["generate", "--model", "llama", "--prompt", "w1 w2"]) == 2
+    assert "tokenizer.json" in capsys.readouterr().err
+    assert main(["generate", "--model", "llama", "--prompt-ids", "1,x"]) == 2
+    assert "comma-separated ints" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("policy", [None, mg.Policy(compute_dtype="bfloat16")], ids=["f32", "bf16"])
+def test_cached_attention_flops_rule_matches_xla(policy):
+    dec = mg.decoder(mg.compile(mg.models.llama(LLAMA), policy=policy), max_length=16)
+    for seq in (1, 5):
+        table = dec.model(3).cost_table(batch=3, seq=seq, inference_mode=True)
+        for row in table:
+            if row.op == "cached_attention":
+                # exact for a step; a prefill: XLA also counts the add of the cache index
+                # to each token's offset (seq of them), which it folds away for one token
+                assert row.xla_flops - row.flops == (0 if seq == 1 else seq), row
+
+
+def test_lora_adapted_attention_asks_for_merging_and_merged_decodes(gpt2):
+    model, params, state, ids = gpt2
+    adapted = mg.lora(model.source_graph, "h.*/attn", rank=2)
+    with pytest.raises(mg.GraphError, match=r"adapters \(query, value\): fold them .*mg.merge_lora"):
+        mg.decoder(adapted, max_length=32)
+    adapted_params, _ = mg.compile(adapted).init(jax.random.key(1), reuse=(params, state))
+    merged, merged_params = mg.merge_lora(adapted, adapted_params)
+    want, _ = mg.compile(adapted).apply(adapted_params, state, ids, inference_mode=True)
+    got = _prefill_and_steps(mg.decoder(merged, max_length=80), merged_params, state, ids, 3)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
