@@ -49,7 +49,8 @@ def sharding_rules(model: Graph | str, mesh: Mesh | None = None, *, data: str = 
     Args:
       model: a graph a zoo builder made, or its family's name (``"llama"``).
       mesh: the mesh the rules are for; None keeps every rule.
-      data, model_axis: the names of the mesh's data and model axes.
+      data: the name of the mesh's data axis.
+      model_axis: the name of the mesh's model axis.
 
     Example:
       >>> import mlaxgraph as mg

@@ -12,7 +12,6 @@ served by the original code.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -25,10 +24,9 @@ from ..compiler.flatten import flatten
 from ..compiler.program import Step, get_in, leaf_paths, set_in
 from ..core.errors import SerializationError
 from ..core.specs import flatten_specs
-from ..io.torch_file import TorchReader, is_torch_zip
-from ..io.weights import SafetensorsReader
 from ..ir.graph import Graph
 from .peft_config import ADAPTER_WEIGHTS, read_adapter_config
+from .sources import StateDictSource
 from .torch_layout import TorchLayout, adapter_converter, exporter, importer, layout_for
 
 __all__ = ["load_state_dict", "to_state_dict"]
@@ -158,114 +156,6 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
     return out
 
 
-# --- sources: a mapping, a safetensors file, a folder of shards -----------------------
-
-
-class _Source:
-    """Names, shapes and arrays of a state dict, read lazily from files."""
-
-    def __init__(self, source: Any):
-        self.readers: dict[str, SafetensorsReader | TorchReader] = {}
-        self.where: dict[str, str] = {}
-        self.mapping: Mapping[str, Any] | None = None
-        if isinstance(source, Mapping):
-            self.mapping = source
-            self.label = "the state dict"
-            return
-        if not isinstance(source, (str, os.PathLike)):
-            raise SerializationError(f"a state dict is a mapping of names to arrays, a "
-                                     f".safetensors or PyTorch (.pth, .bin) file or a folder of "
-                                     f"them, got {type(source).__name__}")
-        path = os.fspath(source)
-        self.label = path
-        if os.path.isdir(path):
-            self._open_folder(path)
-        elif not os.path.exists(path):
-            raise SerializationError(f"{path}: no such file or folder")
-        else:
-            self._open(path, path)
-
-    def _open(self, path: str, label: str) -> SafetensorsReader | TorchReader:
-        # torch.save's zip archives (.pth, pytorch_model.bin); safetensors otherwise.
-        reader: SafetensorsReader | TorchReader
-        if is_torch_zip(path):
-            reader = TorchReader(path).__enter__()
-        elif path.endswith((".pth", ".pt", ".bin")):
-            reader = TorchReader(path).__enter__()  # refuses the legacy format, saying so
-        else:
-            reader = SafetensorsReader(path, verify=True).__enter__()
-        self.readers[path] = reader
-        for name in reader.names():
-            if name in self.where:
-                raise SerializationError(f"{label}: {name!r} is in two files: "
-                                         f"{self.where[name]} and {path}")
-            self.where[name] = path
-        return reader
-
-    def _open_folder(self, folder: str) -> None:
-        files = sorted(os.listdir(folder))
-        # safetensors first (what Hugging Face writes today), then PyTorch's files.
-        for weights, index in ((".safetensors", ".safetensors.index.json"), (".bin", ".bin.index.json"),
-                               (".pth", ".pth.index.json")):
-            indexes = [f for f in files if f.endswith(index)]
-            singles = [f for f in files if f.endswith(weights)]
-            if indexes or singles:
-                break
-        if len(indexes) > 1:
-            raise SerializationError(f"{folder}: several shard indexes ({', '.join(indexes)}); "
-                                     f"pass the one to read's folder alone")
-        if not indexes:
-            if len(singles) != 1:
-                raise SerializationError(f"{folder}: no shard index (*.safetensors.index.json or "
-                                         f"pytorch_model.bin.index.json), and {len(singles)} weight "
-                                         f"files (.safetensors, .bin or .pth; expected one)")
-            self._open(os.path.join(folder, singles[0]), folder)
-            return
-        index_path = os.path.join(folder, indexes[0])
-        try:
-            with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is not an object")
-        except (ValueError, KeyError, TypeError) as e:
-            raise SerializationError(f"{index_path}: not a shard index ({e})") from None
-        for name, shard in weight_map.items():
-            if not isinstance(shard, str) or os.path.basename(shard) != shard or shard in ("", ".", ".."):
-                raise SerializationError(f"{index_path}: {name!r} is in {shard!r}, which is not "
-                                         f"a file name in the folder")
-        for shard in sorted(set(weight_map.values())):
-            self._open(os.path.join(folder, shard), index_path)
-        listed, found = set(weight_map), set(self.where)
-        if listed != found:
-            extra = sorted(found - listed)[:5] or sorted(listed - found)[:5]
-            raise SerializationError(f"{index_path}: the index and the shards disagree on "
-                                     f"{', '.join(map(repr, extra))}")
-        for name, shard in weight_map.items():
-            if self.where[name] != os.path.join(folder, shard):
-                raise SerializationError(f"{index_path}: {name!r} is listed in {shard} but "
-                                         f"stored in {os.path.basename(self.where[name])}")
-
-    def close(self) -> None:
-        for reader in self.readers.values():
-            reader.__exit__(None, None, None)
-
-    def names(self) -> list[str]:
-        return list(self.mapping) if self.mapping is not None else list(self.where)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        if self.mapping is not None:
-            return tuple(np.shape(self.mapping[name]))
-        return self.readers[self.where[name]].spec(name)[1]
-
-    def array(self, name: str) -> np.ndarray:
-        if self.mapping is not None:
-            value = self.mapping[name]
-            if hasattr(value, "detach"):  # a torch tensor, when torch is there
-                value = value.detach().cpu().numpy()
-            return np.asarray(value)
-        return self.readers[self.where[name]].array(name)
-
-
 def _side_by_side(missing: list[str], unexpected: list[str], limit: int = 12) -> str:
     """Two columns: the names the graph needs that the source lacks, and the names the
     source holds that the graph does not, each sorted (a renamed weight shows as a pair
@@ -321,7 +211,7 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
 
 def _load_from(graph, layout, layers, state_dict, strict, dtype):
     expected = _expected(layers, layout)
-    source = _Source(state_dict)
+    source = StateDictSource(state_dict)
     try:
         return _load(graph, layout, layers, expected, source, strict, dtype)
     finally:
