@@ -368,13 +368,14 @@ def test_save_load_and_export_round_trip(gpt2, tmp_path, scheme):
 
 
 def test_int8_file_round_trip_and_a_damaged_file_is_refused(linear, tmp_path):
-    g, params, state, _ = linear
+    g, params, state, x = linear
     q8 = mg.quantize(g, "int8")
-    p8, s8 = mg.quantize_weights(q8, params, state)
+    p8, s8 = mg.quantize_weights(q8, params, state, calibration=[x])  # static scales saved
     mg.save(os.path.join(tmp_path, "q8.mlg"), q8, p8, s8)
-    g8, loaded, _ = mg.load(os.path.join(tmp_path, "q8.mlg"))
+    g8, loaded, loaded_state = mg.load(os.path.join(tmp_path, "q8.mlg"))
     assert g8 == q8 and loaded["fc"]["kernel"].dtype == jnp.int8
     np.testing.assert_array_equal(np.asarray(loaded["fc"]["kernel"]), np.asarray(p8["fc"]["kernel"]))
+    assert float(loaded_state["fc.quantize"]["scale"]) == float(s8["fc.quantize"]["scale"]) > 0
     qg = mg.quantize(g, "int4_weight_only", group_size=32)
     qp, qs = mg.quantize_weights(qg, params, state)
     path = os.path.join(tmp_path, "q.mlg")
