@@ -2,8 +2,10 @@
 bytes as stored, logits' error against float32, next-token agreement, per-call time,
 and what XLA CPU makes of the int8 dot.
 
-For each scheme (``int8``, ``int8_weight_only``, ``int4_weight_only`` with groups of 128
-and of 32, ``float8``; default targets: every Linear, Embedding and attention):
+For each scheme (``int8``, ``int8`` with static activation scales calibrated on
+``CALIBRATION`` other random prompts (``quantize_weights(..., calibration=...)``),
+``int8_weight_only``, ``int4_weight_only`` with groups of 128 and of 32, ``float8``;
+default targets: every Linear, Embedding and attention):
 
   bytes      the cost table's ``weight_bytes`` (every weight as stored) over float32's
   rel err    ``||logits_q - logits_f32|| / ||logits_f32||`` over ``PROMPTS`` random
@@ -17,12 +19,14 @@ and, from the optimized HLO of the int8, int8_weight_only and float8 models
 (``hlo_by_layer``), the operations of ``h.0/mlp.c_fc``: whether the dot is ``s8 x s8
 -> s32`` as XLA runs it, or its operands are converted first.
 
-Run: ``nice python benchmarks/bench_quantize.py``
+Run: ``nice python benchmarks/bench_quantize.py [NAME ...]`` (names: only the rows
+whose name starts with one of them, e.g. ``int8``).
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import jax
@@ -30,9 +34,9 @@ import jax.numpy as jnp
 
 import mlaxgraph as mg
 
-PROMPTS, LENGTH, REPEATS = 4, 32, 15
-SCHEMES = [("int8", {}), ("int8_weight_only", {}), ("int4_weight_only", {}),
-           ("int4_weight_only", {"group_size": 32}), ("float8", {})]
+PROMPTS, LENGTH, REPEATS, CALIBRATION = 4, 32, 15, 4
+SCHEMES = [("int8", {}), ("int8", {"calibrated": True}), ("int8_weight_only", {}),
+           ("int4_weight_only", {}), ("int4_weight_only", {"group_size": 32}), ("float8", {})]
 
 
 def _timed(fn) -> float:
@@ -51,10 +55,18 @@ def main() -> None:
     ref = model.apply(params, state, prompts, inference_mode=True)[0]
     print(f"float32: {base / 2**20:,.1f} MiB of weights")
     print(f"{'scheme':28s} {'bytes':>8s} {'rel err':>9s} {'agree':>7s} {'per call':>9s}")
+    calibration = [jax.random.randint(jax.random.key(10 + i), (1, LENGTH), 0, 50257)
+                   for i in range(CALIBRATION)]
     for scheme, kw in SCHEMES:
+        name = scheme + "".join(f" (group {v})" if k == "group_size" else " (calibrated)"
+                                for k, v in kw.items())
+        if sys.argv[1:] and not name.startswith(tuple(sys.argv[1:])):
+            continue
+        calibrated = kw.pop("calibrated", False)
         qg = mg.quantize(g, scheme, **kw)
         qmodel = mg.compile(qg)
-        qp, qs = mg.quantize_weights(qg, params, state)
+        qp, qs = mg.quantize_weights(qg, params, state,
+                                     calibration=calibration if calibrated else None)
         stored = qmodel.cost_table(batch=1, seq=LENGTH, xla=False).weight_bytes
         logits = qmodel.apply(qp, qs, prompts, inference_mode=True)[0]
         err = float(jnp.linalg.norm(logits - ref) / jnp.linalg.norm(ref))
@@ -67,7 +79,6 @@ def main() -> None:
             times_q.append(_timed(lambda: qmodel.apply(qp, qs, one, inference_mode=True)[0]))
             times_f.append(_timed(lambda: model.apply(params, state, one, inference_mode=True)[0]))
         q_med, f_med = statistics.median(times_q), statistics.median(times_f)
-        name = scheme + (f" (group {kw['group_size']})" if kw else "")
         print(f"{name:28s} {stored / base:8.3f} {err:9.4f} {agree:7.3f} "
               f"{q_med / f_med:9.2f}  ({q_med * 1e3:.1f} ms vs {f_med * 1e3:.1f} ms)")
         if scheme in ("int8", "int8_weight_only", "float8"):

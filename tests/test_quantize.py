@@ -70,26 +70,92 @@ def test_int8_weights_and_outputs_equal_numpy(linear):
     assert [(n.name, n.op.op_name) for n in qg.nodes] == [
         ("x", "input"), ("fc.quantize", "quantize"), ("fc", "quantized_linear")]
     assert [str(s) for s in qg.node("fc.quantize").outputs] == ["i8[batch,64]", "f32[batch,1]"]
-    qp, _ = mg.quantize_weights(qg, params, state)
+    qp, qs = mg.quantize_weights(qg, params, state)
     w = np.asarray(params["fc"]["kernel"])
     q, s = np_int8(w, (0,))
     np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel"]), q)
     np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel_scale"]), s[0])
-    out, _ = mg.compile(qg).apply(qp, state, x)
+    out, _ = mg.compile(qg).apply(qp, qs, x)
     xq, xs = np_int8(x, (1,))
     acc = xq.astype(np.int32) @ q.astype(np.int32)
     ref = acc.astype(np.float32) * xs * s[0] + np.asarray(params["fc"]["bias"])
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, atol=1e-6)
 
 
+def test_calibration_gives_static_scales_equal_to_numpy():
+    x = mg.Input(("batch", 16), name="x")
+    h = ops.Linear(32, activation="relu", name="fc1")(x)
+    g = mg.Graph(x, ops.Linear(8, name="fc2")(h), name="two")
+    params, state = mg.compile(g).init(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(size=(4, 16)).astype(np.float32) * k for k in (1.0, 3.0, 0.5)]
+    qg = mg.quantize(g, "int8")
+    qp, dynamic = mg.quantize_weights(qg, params, state)
+    assert float(dynamic["fc1.quantize"]["scale"]) == 0.0  # per-call scales
+    qp2, qs = mg.quantize_weights(qg, params, state, calibration=batches)
+    jax.tree.map(np.testing.assert_array_equal, qp2, qp)
+    w1, s1 = np_int8(np.asarray(params["fc1"]["kernel"]), (0,))
+    w2, s2 = np_int8(np.asarray(params["fc2"]["kernel"]), (0,))
+    b1, b2 = np.asarray(params["fc1"]["bias"]), np.asarray(params["fc2"]["bias"])
+
+    def np_model(v, scale1=None, scale2=None):
+        """The int8 model in NumPy: static scales where given, per-token ones else."""
+        def layer(v, w, ws, b, scale):
+            if scale is None:
+                vq, vs = np_int8(v, (1,))
+            else:
+                vs = np.float32(scale)
+                vq = np.clip(np.round(v / vs), -127, 127).astype(np.int8)
+            acc = vq.astype(np.int32) @ w.astype(np.int32)
+            return acc.astype(np.float32) * vs * ws[0] + b
+        hidden = np.maximum(layer(v, w1, s1, b1, scale1), 0)
+        return hidden, layer(hidden, w2, s2, b2, scale2)
+
+    want1 = max(np.abs(b).max() for b in batches) * np.float32(1 / 127)
+    want2 = max(np.abs(np_model(b)[0]).max() for b in batches) * np.float32(1 / 127)
+    np.testing.assert_allclose(float(qs["fc1.quantize"]["scale"]), want1, rtol=1e-7)
+    np.testing.assert_allclose(float(qs["fc2.quantize"]["scale"]), want2, rtol=1e-6)
+    test = rng.normal(size=(3, 16)).astype(np.float32) * 4  # beyond the range: clips
+    out, _ = mg.compile(qg).apply(qp2, qs, test, inference_mode=True)
+    ref = np_model(test, float(qs["fc1.quantize"]["scale"]), float(qs["fc2.quantize"]["scale"]))[1]
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
+    per_call, _ = mg.compile(qg).apply(qp, dynamic, test, inference_mode=True)
+    assert not np.allclose(np.asarray(per_call), ref, atol=1e-3)  # the static scale is used
+
+
+def test_float8_calibration_equals_numpy(linear):
+    g, params, state, x = linear
+    qg = mg.quantize(g, "float8")
+    qp, qs = mg.quantize_weights(qg, params, state, calibration=[(x[:2],), (x[2:],)])
+    scale = np.abs(x).max() * np.float32(1 / 448)
+    assert float(qs["fc.quantize"]["scale"]) == pytest.approx(scale, rel=1e-7)
+    out, _ = mg.compile(qg).apply(qp, qs, x)
+    q, s = np_float8(np.asarray(params["fc"]["kernel"]), (0,))
+    xs = np.float32(qs["fc.quantize"]["scale"])
+    xq = np.clip(x / xs, -448, 448).astype(F8)
+    acc = xq.astype(np.float32) @ q.astype(np.float32)
+    ref = acc * xs * s[0] + np.asarray(params["fc"]["bias"])
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_calibration_bad_input_is_named(linear):
+    g, params, state, x = linear
+    with pytest.raises(mg.ConfigError, match="no batch"):
+        mg.quantize_weights(mg.quantize(g, "int8"), params, state, calibration=[])
+    with pytest.raises(mg.ConfigError, match="iterable of input batches"):
+        mg.quantize_weights(mg.quantize(g, "int8"), params, state, calibration=x[0, 0])
+    with pytest.raises(mg.ConfigError, match="has none"):
+        mg.quantize_weights(mg.quantize(g, "int8_weight_only"), params, state, calibration=[x])
+
+
 def test_int8_weight_only_equals_numpy(linear):
     g, params, state, x = linear
     qg = mg.quantize(g, "int8_weight_only")
     assert [n.op.op_name for n in qg.nodes] == ["input", "quantized_linear"]
-    qp, _ = mg.quantize_weights(qg, params, state)
+    qp, qs = mg.quantize_weights(qg, params, state)
     q, s = np_int8(np.asarray(params["fc"]["kernel"]), (0,))
     np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel"]), q)
-    out, _ = mg.compile(qg).apply(qp, state, x)
+    out, _ = mg.compile(qg).apply(qp, qs, x)
     ref = (x @ q.astype(np.float32)) * s[0] + np.asarray(params["fc"]["bias"])
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
 
@@ -98,12 +164,12 @@ def test_int8_weight_only_equals_numpy(linear):
 def test_int4_packs_two_values_a_byte_and_equals_numpy(linear, group):
     g, params, state, x = linear
     qg = mg.quantize(g, "int4_weight_only", group_size=group)
-    qp, _ = mg.quantize_weights(qg, params, state)
+    qp, qs = mg.quantize_weights(qg, params, state)
     packed, s, q = np_int4(np.asarray(params["fc"]["kernel"]), group)
     assert qp["fc"]["kernel"].dtype == jnp.uint8 and qp["fc"]["kernel"].shape == (32, 24)
     np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel"]), packed)
     np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel_scale"]), s)
-    out, _ = mg.compile(qg).apply(qp, state, x)
+    out, _ = mg.compile(qg).apply(qp, qs, x)
     w = (q.reshape(-1, group, 24).astype(np.float32) * s[:, None, :]).reshape(64, 24)
     np.testing.assert_allclose(np.asarray(out), x @ w + np.asarray(params["fc"]["bias"]),
                                rtol=1e-5, atol=1e-5)
@@ -113,12 +179,12 @@ def test_float8_equals_numpy(linear):
     g, params, state, x = linear
     qg = mg.quantize(g, "float8")
     assert str(qg.node("fc.quantize").outputs[0]) == "f8e4m3[batch,64]"
-    qp, _ = mg.quantize_weights(qg, params, state)
+    qp, qs = mg.quantize_weights(qg, params, state)
     q, s = np_float8(np.asarray(params["fc"]["kernel"]), (0,))
     assert qp["fc"]["kernel"].dtype == jnp.float8_e4m3fn
     np.testing.assert_array_equal(np.asarray(qp["fc"]["kernel"]).astype(np.float32),
                                   q.astype(np.float32))
-    out, _ = mg.compile(qg).apply(qp, state, x)
+    out, _ = mg.compile(qg).apply(qp, qs, x)
     xq, xs = np_float8(x, (1,))
     acc = xq.astype(np.float32) @ q.astype(np.float32)
     ref = acc * xs * s[0] + np.asarray(params["fc"]["bias"])
@@ -131,12 +197,12 @@ def test_int8_conv_equals_numpy():
     params, state = mg.compile(g).init(jax.random.key(0))
     qg = mg.quantize(g, "int8")
     assert qg.node("conv.quantize").op.axes == (1, 2, 3)  # one scale per example
-    qp, _ = mg.quantize_weights(qg, params, state)
+    qp, qs = mg.quantize_weights(qg, params, state)
     w = np.asarray(params["conv"]["kernel"])                 # OHWI (4, 3, 3, 8)
     q, s = np_int8(w, (1, 2, 3))
     np.testing.assert_array_equal(np.asarray(qp["conv"]["kernel"]), q)
     x = np.asarray(jax.random.normal(jax.random.key(1), (2, 6, 6, 8)))
-    out, _ = mg.compile(qg).apply(qp, state, x)
+    out, _ = mg.compile(qg).apply(qp, qs, x)
     xq, xs = np_int8(x, (1, 2, 3))
     windows = np.lib.stride_tricks.sliding_window_view(xq.astype(np.int32), (3, 3), axis=(1, 2))
     acc = np.einsum("bhwcij,oijc->bhwo", windows, q.astype(np.int32))
@@ -159,7 +225,7 @@ def test_embedding_lookup_and_tied_head_equal_numpy(scheme):
     qg = mg.quantize(g, scheme, **kw)
     ops_by_name = {n.name: n.op.op_name for n in qg.nodes}
     assert ops_by_name["emb"] == ops_by_name[qg.nodes[-1].name] == "quantized_embedding"
-    qp, _ = mg.quantize_weights(qg, params, state)
+    qp, qs = mg.quantize_weights(qg, params, state)
     table = np.asarray(params["emb"]["embedding"])
     if scheme == "int8":
         q, s = np_int8(table, (1,))
@@ -170,7 +236,7 @@ def test_embedding_lookup_and_tied_head_equal_numpy(scheme):
         np.testing.assert_array_equal(np.asarray(qp["emb"]["embedding"]), packed.T)
         dequantized = (q.reshape(2, 16, 40).astype(np.float32) * s[:, None, :]).reshape(32, 40).T
     ids = np.asarray(jax.random.randint(jax.random.key(1), (3, 5), 0, 40))
-    out, _ = mg.compile(qg).apply(qp, state, ids)
+    out, _ = mg.compile(qg).apply(qp, qs, ids)
     k, b = (np.asarray(params["mix"][n]) for n in ("kernel", "bias"))
     rows = dequantized[ids]
     if scheme == "int8":  # mix and the head read int8 inputs: int32 products
@@ -199,7 +265,7 @@ def test_attention_projections_equal_the_float_attention_with_numpy_dequantized_
     g, params, state, ids = gpt2
     qg = mg.quantize(g, "int8_weight_only", targets="h.0/attn")
     assert qg.node("h.0").op.subgraph().node("attn").op.op_name == "quantized_multi_head_attention"
-    qp, _ = mg.quantize_weights(qg, params, state)
+    qp, qs = mg.quantize_weights(qg, params, state)
     attn = params["h.0"]["attn"]
     deq = {}
     for name in ("query", "key", "value", "out"):
@@ -211,7 +277,7 @@ def test_attention_projections_equal_the_float_attention_with_numpy_dequantized_
     reference = jax.tree.map(lambda v: v, params)
     reference["h.0"] = {**params["h.0"], "attn": deq}
     want, _ = mg.compile(g).apply(reference, state, ids, inference_mode=True)
-    got, _ = mg.compile(qg).apply(qp, state, ids, inference_mode=True)
+    got, _ = mg.compile(qg).apply(qp, qs, ids, inference_mode=True)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
@@ -224,7 +290,7 @@ def test_gpt2_default_targets_bytes_as_stored_and_int8_dot_in_hlo(gpt2):
     assert ops_used["h.1/mlp.c_fc.quantize"] == "quantize"
     model = mg.compile(qg)
     qp, qs = mg.quantize_weights(qg, params, state)
-    stored = sum(np.asarray(a).nbytes for a in jax.tree.leaves(qp))
+    stored = sum(np.asarray(a).nbytes for a in jax.tree.leaves((qp, qs)))  # static scales too
     table = model.cost_table(batch=2, seq=8, xla=False)
     assert table.weight_bytes == stored
     assert f"({stored / 1024:,.1f} KiB)" in model.summary()
@@ -302,13 +368,14 @@ def test_save_load_and_export_round_trip(gpt2, tmp_path, scheme):
 
 
 def test_int8_file_round_trip_and_a_damaged_file_is_refused(linear, tmp_path):
-    g, params, state, _ = linear
+    g, params, state, x = linear
     q8 = mg.quantize(g, "int8")
-    p8, s8 = mg.quantize_weights(q8, params, state)
+    p8, s8 = mg.quantize_weights(q8, params, state, calibration=[x])  # static scales saved
     mg.save(os.path.join(tmp_path, "q8.mlg"), q8, p8, s8)
-    g8, loaded, _ = mg.load(os.path.join(tmp_path, "q8.mlg"))
+    g8, loaded, loaded_state = mg.load(os.path.join(tmp_path, "q8.mlg"))
     assert g8 == q8 and loaded["fc"]["kernel"].dtype == jnp.int8
     np.testing.assert_array_equal(np.asarray(loaded["fc"]["kernel"]), np.asarray(p8["fc"]["kernel"]))
+    assert float(loaded_state["fc.quantize"]["scale"]) == float(s8["fc.quantize"]["scale"]) > 0
     qg = mg.quantize(g, "int4_weight_only", group_size=32)
     qp, qs = mg.quantize_weights(qg, params, state)
     path = os.path.join(tmp_path, "q.mlg")

@@ -7,10 +7,11 @@ node of the graph; ``mg.quantize_weights`` makes their weights from float ones.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..compiler.compile import compile
@@ -186,15 +187,24 @@ class _Quantize(Rule):
 # --- weights ----------------------------------------------------------------------------
 
 
-def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = None
-                     ) -> tuple[dict, dict]:
+def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = None, *,
+                     calibration: Iterable | None = None) -> tuple[dict, dict]:
     """The weights of quantized graph ``qgraph`` (what ``mg.quantize`` made) from the
     float model's ``(params, state)``: each quantized layer's float weight quantized
     by absmax (the largest magnitude of each output channel, row or group maps to the
     scheme's largest value), every other weight as it is. ``params`` are the float
     graph's, unscanned (``model.unstack_weights`` gives them from a scanned model's).
     Returns ``(qparams, qstate)``; ``mg.compile(qgraph).apply(qparams, qstate, ...)``
-    runs the quantized model.
+    runs the quantized model (``qstate`` holds each ``Quantize`` node's ``scale``).
+
+    ``calibration``: None (each ``Quantize`` node computes its scale at each call:
+    its state ``scale`` is 0), or an iterable of a few input batches, each what
+    ``apply`` takes after ``(params, state)`` (an array, or a tuple of arrays for
+    several inputs). Then each ``Quantize`` node (int8 and float8 schemes) gets a
+    static scale: the largest ``|x|`` its input reaches over all the batches, over
+    127 (448 for float8), one per node, run as the quantized model with per-call
+    scales (``inference_mode=True``). A static scale makes the quantization the same
+    for every batch; values beyond the calibrated range clip.
 
     Example:
       >>> import jax, mlaxgraph as mg
@@ -213,11 +223,22 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
         raise GraphError(f"quantize_weights takes params (nested dicts), got "
                          f"{type(params).__name__}")
     state = {} if state is None else state
+    if calibration is not None and (isinstance(calibration, (str, bytes, Mapping))
+                                    or not isinstance(calibration, Iterable)):
+        raise ConfigError(f"quantize_weights: calibration takes an iterable of input batches "
+                          f"(as apply takes them), got {type(calibration).__name__}")
     qgraph = unfold_scans(qgraph)
     expected, expected_state = jax.eval_shape(compile(qgraph).init_fn, jax.random.key(0))
     out: dict = {}
+    casts: list[str] = []
     for path, node in layer_paths(qgraph):
         keys = tuple(path.split("/"))
+        if isinstance(node.op, Quantize):
+            casts.append(path)
+            try:
+                get_in(state, keys)
+            except (KeyError, TypeError):  # a float model's state: per-call scales
+                state = set_in(state, keys, {"scale": jnp.zeros((), jnp.float32)})
         try:
             want = get_in(expected, keys)
         except (KeyError, TypeError):
@@ -233,7 +254,36 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
         _check(path, node, given, want)
         out = set_in(out, keys, dict(given))
     _check(qgraph.name, None, state, expected_state, "state")
+    if calibration is not None:
+        state = _calibrated(qgraph, out, dict(state), calibration, casts)
     return out, dict(state)
+
+
+def _calibrated(qgraph: Graph, params: dict, state: dict, batches: Iterable,
+                casts: list[str]) -> dict:
+    """``state`` with each ``Quantize`` node's static scale from ``batches``: the
+    largest per-call scale it makes over them (the largest ``|x|`` times ``1 / 127``,
+    as the per-call scale is computed, so the same float32)."""
+    if not casts:
+        raise ConfigError(f"quantize_weights: calibration sets the scales of Quantize nodes "
+                          f"and graph {qgraph.name!r} has none (the 'int8' and 'float8' "
+                          f"schemes make them)")
+    for path in casts:  # calibrate from per-call scales, whatever the state held
+        state = set_in(state, tuple(path.split("/")), {"scale": jnp.zeros((), jnp.float32)})
+    apply = compile(qgraph).apply
+    largest: dict[str, jax.Array] = {}
+    for batch in batches:
+        inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        _, _, captured = apply(params, state, *inputs, inference_mode=True, capture=casts)
+        for path in casts:
+            top = jnp.max(captured[path][1].astype(jnp.float32))
+            largest[path] = top if path not in largest else jnp.maximum(largest[path], top)
+    if not largest:
+        raise ConfigError("quantize_weights: calibration gave no batch; pass a few input "
+                          "batches (or calibration=None for per-call scales)")
+    for path in casts:
+        state = set_in(state, tuple(path.split("/")), {"scale": largest[path]})
+    return state
 
 
 def _stored(given: Mapping, want: Mapping) -> bool:

@@ -27,6 +27,8 @@ import numpy as np
 
 from ..core.errors import DTypeError, ShapeError
 from ..core.registry import register
+from ..core.specs import ParamSpec
+from . import initializers
 from .base import Layer, expect_count, expect_float, field, to_dtype
 from .flops import size
 
@@ -151,6 +153,12 @@ class Quantize(Layer):
     gives one scale per token; a layer reading ``q`` multiplies its result by
     ``scale``. ``x = q * scale`` up to rounding.
 
+    State (non-trainable): ``scale``, a float32 scalar, the static scale calibration
+    sets (``mg.quantize_weights(..., calibration=batches)``). Where it is positive it
+    is used for every value (broadcast to the scale's shape; values beyond
+    ``127 * scale`` clip) instead of the per-call scale; ``init`` makes it 0: per-call
+    scales.
+
     Example:
       >>> import mlaxgraph as mg
       >>> from mlaxgraph import ops
@@ -176,9 +184,14 @@ class Quantize(Layer):
         scale = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
         return (x.with_dtype(self.dtype), x.with_shape(scale))
 
+    def state_specs(self, inputs):
+        return {"scale": ParamSpec((), initializers.zeros, (), dtype=np.dtype(jnp.float32))}
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
         scale = absmax_scale(x, self._axes(x.ndim), _bound(self.dtype))
+        static = state["scale"]
+        scale = jnp.where(static > 0, static, scale)
         return (quantize_to(x, scale, self.dtype), scale.astype(x.dtype)), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
@@ -188,9 +201,9 @@ class Quantize(Layer):
         XLA counts them; the clip's two bounds for int8."""
         (x,), (_, scale) = inputs, outputs
         if self.dtype == FLOAT8:
-            count = 6 * size(x) + 2 * size(scale)
+            count = 6 * size(x) + 3 * size(scale) + 1
         else:
-            count = 7 * size(x) + 2 * size(scale) + 2
+            count = 7 * size(x) + 3 * size(scale) + 3
         if x.dtype != np.float32:  # x converted to float32, the scale back
             count = count + size(x) + size(scale)
         return count
