@@ -15,6 +15,7 @@ import pytest
 
 import mlaxgraph as mg
 from mlaxgraph import ops
+from mlaxgraph.onnx.layer import Constant, encode_array
 
 F32, BF16, I32, BOOL = "float32", "bfloat16", "int32", "bool"
 
@@ -263,6 +264,8 @@ CASES = {
                                  [(("batch", 6, 2, 4), F32), (("batch", 6), I32)]]),
     ],
     "aten.buffer": [(mg.aten.Buffer((2, 3), "float32"), [[]]), (mg.aten.Buffer((5,), "int32"), [[]])],
+    "onnx.constant": [(Constant(encode_array(np.arange(6, dtype=np.int64).reshape(2, 3))), [[]]),
+                      (Constant(encode_array(np.float32([0.5, -1.0]))), [[]])],
     # The cache is concrete (batch rows of max_length slots), and so are the tokens
     # written into it by lax.dynamic_update_slice: a prefill's or a step's.
     "cached_attention": [

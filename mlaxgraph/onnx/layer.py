@@ -233,7 +233,8 @@ class Constant(Layer):
 
     def infer(self, inputs):
         _, dtype, shape, _ = self.value
-        return (TensorSpec(tuple(shape), np.dtype(jnp.dtype(dtype))),)
+        # As apply makes it: 64-bit narrows to 32 unless jax_enable_x64 is on.
+        return (TensorSpec(tuple(shape), np.dtype(jax.dtypes.canonicalize_dtype(jnp.dtype(dtype)))),)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         return (jnp.asarray(decode_array(self.value)),), state
