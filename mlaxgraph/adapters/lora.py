@@ -222,8 +222,7 @@ class _Lora(Rule):
         kept = rewrite.keep(node)
 
         def emit(suffix: str, op: Any, inputs: tuple[Value, ...]) -> Value:
-            new = name + suffix
-            return rewrite.emit(Node(new, op, inputs, (), new, self.source), infer=True).value()
+            return self._emit(rewrite, name + suffix, op, inputs)
 
         x = kept.inputs[0]
         if getattr(node.op, "quantizes_inputs", False):
@@ -235,6 +234,7 @@ class _Lora(Rule):
                                           name=name + ".lora_A"), (x,))
             b = emit(".lora_B", Linear(node.op.features, use_bias=False, kernel_init=normal_init,
                                        name=name + ".lora_B"), (a,))
+            scaled = emit(".lora_scale", Mul(constant=self.scale, name=name + ".lora_scale"), (b,))
         elif isinstance(node.op, Conv):
             if self.dropout > 0:
                 x = emit(".lora_dropout", Dropout(self.dropout, name=name + ".lora_dropout"), (x,))
@@ -249,23 +249,21 @@ class _Lora(Rule):
                                      data_format=conv.data_format,
                                      kernel_init=initializers.zeros, precision=conv.precision,
                                      name=name + ".lora_B"), (a,))
+            scaled = emit(".lora_scale", Mul(constant=self.scale, name=name + ".lora_scale"), (b,))
         else:
-            if self.dropout > 0:
-                x = emit(".lora_dropout", Dropout(self.dropout, name=name + ".lora_dropout"), (x,))
             linear: Any = node.op
-            a = emit(".lora_A", Linear(self.rank, use_bias=False, kernel_init=lora_a_uniform,
-                                       precision=linear.precision, name=name + ".lora_A"), (x,))
-            b = emit(".lora_B", Linear(linear.features, use_bias=False,
-                                       kernel_init=initializers.zeros,
-                                       precision=linear.precision, name=name + ".lora_B"), (a,))
-        scaled = emit(".lora_scale", Mul(constant=self.scale, name=name + ".lora_scale"), (b,))
+            scaled = self._adapter(rewrite, name, x, linear.features, linear.precision)
         return (emit(_SUM, Add(name=name + _SUM), (kept.value(), scaled)),)
 
+    def _emit(self, rewrite: Rewrite, name: str, op: Any, inputs: tuple[Value, ...]) -> Value:
+        """A new node ``name`` of the adapter, its output specs inferred."""
+        return rewrite.emit(Node(name, op, inputs, (), name, self.source), infer=True).value()
+
     def _adapter(self, rewrite: Rewrite, name: str, x: Value, features: int, precision: Any) -> Value:
-        """``scale * B(A(dropout(x)))`` as the nodes ``<name>.lora_*``."""
+        """``scale * B(A(dropout(x)))`` as the nodes ``<name>.lora_*``: Linears, as for a
+        Linear target and an attention projection."""
         def emit(suffix: str, op: Any, inputs: tuple[Value, ...]) -> Value:
-            new = name + suffix
-            return rewrite.emit(Node(new, op, inputs, (), new, self.source), infer=True).value()
+            return self._emit(rewrite, name + suffix, op, inputs)
 
         if self.dropout > 0:
             x = emit(".lora_dropout", Dropout(self.dropout, name=name + ".lora_dropout"), (x,))
@@ -307,9 +305,7 @@ class _Lora(Rule):
         out_features = rewrite.spec(kept.value()).shape[-1]
         scaled = self._adapter(rewrite, f"{name}.out", kept.value(1), out_features, None)
         total = f"{name}.out{_SUM}"
-        added = rewrite.emit(Node(total, Add(name=total), (kept.value(), scaled), (), total,
-                                  self.source), infer=True)
-        return (added.value(),)
+        return (self._emit(rewrite, total, Add(name=total), (kept.value(), scaled)),)
 
 
 # --- the adapter's weights ------------------------------------------------------------
