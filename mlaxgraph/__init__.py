@@ -43,6 +43,7 @@ from .ir import Graph, Input, Node, Sequential, SymbolicTensor, Value
 from .models.peft import lora_from_peft
 from .onnx import from_onnx
 from .render.html import diff_html, show
+from .train import Trainer
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
@@ -50,7 +51,7 @@ __all__ = [
     "TensorSpec", "Graph", "Input", "Sequential", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
-    "PolicyComparison", "compare_policies", "show", "diff_html", "train", "models",
+    "PolicyComparison", "compare_policies", "show", "diff_html", "train", "Trainer", "models",
     "lora", "lora_params", "merge_lora", "lora_from_peft", "quantize", "quantize_weights",
     "from_onnx", "aten", "from_torch",
     "decoder", "Decoder", "generate", "generate_stream", "sampling",
