@@ -132,15 +132,21 @@ class BatchNorm(Layer):
             var = state["var"].astype(x.dtype)
             new_state = state
         else:
-            mean = jnp.mean(x, axis=reduce)
             if self.one_pass(x.dtype):
-                # Shifted by one value of each channel: the variance does not depend on
-                # the shift, float32's cancellation only on its distance from the mean.
-                first = tuple(slice(None) if i == axis else 0 for i in range(x.ndim))
-                k = lax.stop_gradient(x[first])
-                var = jnp.maximum(jnp.mean(jnp.square(x - k.reshape(shape)), axis=reduce)
-                                  - jnp.square(mean - k), jnp.zeros((), x.dtype))
+                # Shifted by k, the mean of the first slice along the first reduced axis
+                # (one example's values of each channel): the variance does not depend
+                # on the shift, float32's cancellation only on its distance from the
+                # mean; the mean is k plus the mean of x - k, from the same pass.
+                first = tuple(0 if i == reduce[0] else slice(None) for i in range(x.ndim))
+                k = lax.stop_gradient(jnp.mean(x[first], axis=tuple(i - 1 for i in reduce[1:]),
+                                               keepdims=True))
+                k = jnp.expand_dims(k, reduce[0])
+                shifted = jnp.mean(x - k, axis=reduce)
+                mean = k.reshape(-1) + shifted
+                var = jnp.maximum(jnp.mean(jnp.square(x - k), axis=reduce) - jnp.square(shifted),
+                                  jnp.zeros((), x.dtype))
             else:
+                mean = jnp.mean(x, axis=reduce)
                 var = jnp.mean(jnp.square(x - mean.reshape(shape)), axis=reduce)
             m = self.momentum
             running = var.astype(state["var"].dtype)
