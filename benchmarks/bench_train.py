@@ -29,11 +29,14 @@ each reported as a ratio to hand-written JAX measured in the same rounds:
 
 Also: ``train_steps`` (``k`` steps on ``lax.scan`` in one dispatch) against ``k``
 single-step dispatches on the tiny MLP, and a check that both give the same params; the
-Trainer's extras over a bare step added one at a time (attribution); and two
-hand-written variants that measure a design choice of mlaxgraph's ops against the
-alternative (BatchNorm's scale applied to the normalized tensor instead of folded into
-the per-channel multiplier; the LSTM's input projection of all steps before the scan
-instead of inside it).
+Trainer's extras over a bare step added one at a time (attribution); hand-written
+variants that measure a design choice of mlaxgraph's ops against the alternatives
+(``models_hand.VARIANTS``: BatchNorm's variance in two passes or in Flax's unshifted
+one pass, its normalization centered; HWIO conv kernels; the LSTM's input projection of
+all steps before the scan); and "best by hand" (``models_hand.BEST``), the fastest
+formulation known of each model whatever its numerics. Goals against the peers: the
+train step at most the fastest peer's ratio + 0.02, the peak memory at most the
+smallest peer's x 1.05.
 
 Run alone: ``.venv/bin/python benchmarks/bench_train.py [--quick] [--models mlp,cnn]``.
 """
