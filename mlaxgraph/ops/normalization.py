@@ -141,9 +141,10 @@ class BatchNorm(Layer):
                 k = lax.stop_gradient(jnp.mean(x[first], axis=tuple(i - 1 for i in reduce[1:]),
                                                keepdims=True))
                 k = jnp.expand_dims(k, reduce[0])
-                shifted = jnp.mean(x - k, axis=reduce)
+                xk = x - k
+                shifted = jnp.mean(xk, axis=reduce)
                 mean = k.reshape(-1) + shifted
-                var = jnp.maximum(jnp.mean(jnp.square(x - k), axis=reduce) - jnp.square(shifted),
+                var = jnp.maximum(jnp.mean(jnp.square(xk), axis=reduce) - jnp.square(shifted),
                                   jnp.zeros((), x.dtype))
             else:
                 mean = jnp.mean(x, axis=reduce)
@@ -175,10 +176,12 @@ class BatchNorm(Layer):
         mean * m`` (per channel: the add, the multiply by the scale, the multiply by the
         mean and the bias's subtract or the negation). In training also the batch mean
         and variance (two means; a subtract and a square per element) and the running
-        statistics' update; one pass adds, per channel, the shift's subtract and square,
-        the correction's subtract and the clamp at zero."""
+        statistics' update; one pass adds the shift (a mean over the first slice along
+        the first reduced axis) and, per channel, the mean's add, the square and subtract
+        of the correction and the clamp at zero."""
         (x,) = inputs
         elements, features = size(x), self._features(inputs)
+        reduce = [i for i in range(x.rank) if i != self.axis % x.rank]
         count = 2 * elements + (3 + self.use_scale) * features
         count = count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
         # The statistics (kept in param_dtype) are cast to the input's dtype to be used,
@@ -186,7 +189,9 @@ class BatchNorm(Layer):
         count = count + weight_converts(self.state_specs(inputs), param_dtype, x.dtype)
         if not inference_mode:
             count = count + 4 * elements + (6 + self.unbiased_running_var) * features
-            count = count + 4 * self.one_pass(x.dtype) * features
+            if self.one_pass(x.dtype):  # and the shift, a mean over one slice
+                first = size([x.shape[i] for i in range(x.rank) if i != reduce[0]])
+                count = count + 4 * features + first
             count = count + 2 * upcast_sum(elements, features, x.dtype)  # two means
         return count
 
