@@ -1034,4 +1034,13 @@ def why_peers(res: dict) -> str:
             f"`broadcast_maximum_fusion`) and the loss compile to the same fusions. The kernel "
             f"has 288 values: one small kernel per step, within the rounds' spread.",
         ]
+    if "mlp" in res["steady"] and "equinox" in res["steady"]["mlp"]["info"]:
+        i = res["steady"]["mlp"]["info"]
+        out.append(
+            f"- **MLP, Equinox's peak memory** ({_mb(i['equinox']['peak'])}, temp "
+            f"{_mb(i['equinox']['temp'])}; hand-written and mlaxgraph {_mb(i['hand']['peak'])}, temp "
+            f"{_mb(i['hand']['temp'])}): the optimized HLO has the same dots and fusions (its "
+            f"kernels are `(out, in)`, so the weight gradient's dot is written in that order); "
+            f"the difference is in XLA's buffer assignment (about two 128x256 float32 "
+            f"activations of temp), not in what is computed. Not explained further yet.")
     return "\n".join(out)
