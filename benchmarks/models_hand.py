@@ -122,52 +122,77 @@ def mlp_forward(params, x):
     return _linear(params[names[-1]], x)
 
 
-def _conv2d(x, kernel, stride=1):
+def _conv2d(x, kernel, stride=1, hwio=False):
+    """``kernel`` OHWI (mlaxgraph's layout), or HWIO (``hwio``: Flax's, Haiku's and
+    Keras's, which XLA's CPU convolutions take without a transpose)."""
     return lax.conv_general_dilated(x, kernel, (stride, stride), "SAME",
-                                    dimension_numbers=("NHWC", "OHWI", "NHWC"))
+                                    dimension_numbers=("NHWC", "HWIO" if hwio else "OHWI", "NHWC"))
 
 
-def cnn_forward(params, x):
-    h = jax.nn.relu(_conv2d(x, params["conv"]["kernel"]) + params["conv"]["bias"])
+def cnn_forward(params, x, hwio=False):
+    h = jax.nn.relu(_conv2d(x, params["conv"]["kernel"], hwio=hwio) + params["conv"]["bias"])
     h = lax.reduce_window(h, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
     return _linear(params["logits"], h.reshape(h.shape[0], -1))
 
 
-def _batch_norm(p, s, x, fold=True):
+#: BatchNorm formulations (``_batch_norm``'s ``how``): the variance's and the normalization's.
+#:   shifted:   k = the mean of the first example's values of each channel,
+#:              mean = k + mean(x - k), var = mean((x - k)^2) - mean(x - k)^2: one pass,
+#:              float32's cancellation depends on |k - mean| / std, not on the mean
+#:              (mlaxgraph's ``ops.BatchNorm``, and the hand-written model)
+#:   two_pass:  var = mean((x - mean)^2)                          (a second pass over x)
+#:   one_pass:  var = max(mean(x^2) - mean^2, 0)                  (Flax linen's default, Haiku)
+#:   affine:    y = x * m + (bias - mean * m), m = rsqrt(var + eps) * scale  (mlaxgraph's,
+#:              Keras's; the backward pass needs x, not x - mean)
+#:   centered:  y = (x - mean) * m + bias                         (Flax's, Haiku's)
+AS_MLAXGRAPH = ("shifted", "affine")
+BN_FORMS = {"bn_two_pass": ("two_pass", "affine"), "bn_centered": ("shifted", "centered"),
+            "bn_two_pass_centered": ("two_pass", "centered"),
+            "bn_one_pass": ("one_pass", "affine")}
+
+
+def _batch_norm(p, s, x, how=AS_MLAXGRAPH):
     """Training mode: batch statistics (biased variance); running averages updated.
-    As mlaxgraph's BatchNorm: ``(x - mean) * (rsqrt(var + eps) * scale) + bias`` (the
-    scale folded into one per-channel multiplier); ``fold=False``:
-    ``(x - mean) * rsqrt(var + eps)``, then ``* scale``, then ``+ bias`` instead."""
-    mean = jnp.mean(x, axis=(0, 1, 2))
-    var = jnp.mean(jnp.square(x - mean), axis=(0, 1, 2))
-    if fold:
-        y = (x - mean) * (lax.rsqrt(var + S.BN_EPSILON) * p["scale"]) + p["bias"]
+    ``how``: the formulation (``BN_FORMS``); by default mlaxgraph's."""
+    variance, form = how
+    axes = (0, 1, 2)
+    if variance == "shifted":
+        k = lax.stop_gradient(jnp.mean(x[0], axis=(0, 1)))
+        d = jnp.mean(x - k, axis=axes)
+        mean = k + d
+        var = jnp.maximum(jnp.mean(jnp.square(x - k), axis=axes) - jnp.square(d), 0.0)
     else:
-        y = (x - mean) * lax.rsqrt(var + S.BN_EPSILON) * p["scale"] + p["bias"]
-    m = S.BN_MOMENTUM
-    return y, {"mean": m * s["mean"] + (1 - m) * mean, "var": m * s["var"] + (1 - m) * var}
+        mean = jnp.mean(x, axis=axes)
+        if variance == "two_pass":
+            var = jnp.mean(jnp.square(x - mean), axis=axes)
+        else:
+            var = jnp.maximum(jnp.mean(jnp.square(x), axis=axes) - jnp.square(mean), 0.0)
+    m = lax.rsqrt(var + S.BN_EPSILON) * p["scale"]
+    y = x * m + (p["bias"] - mean * m) if form == "affine" else (x - mean) * m + p["bias"]
+    mom = S.BN_MOMENTUM
+    return y, {"mean": mom * s["mean"] + (1 - mom) * mean, "var": mom * s["var"] + (1 - mom) * var}
 
 
-def _basic_block(p, s, x, stride, fold=True):
+def _basic_block(p, s, x, stride, how, hwio=False):
     new = {}
-    h = _conv2d(x, p["conv_a"]["kernel"], stride)
-    h, new["bn_a"] = _batch_norm(p["bn_a"], s["bn_a"], h, fold)
-    h = _conv2d(jax.nn.relu(h), p["conv_b"]["kernel"])
-    h, new["bn_b"] = _batch_norm(p["bn_b"], s["bn_b"], h, fold)
+    h = _conv2d(x, p["conv_a"]["kernel"], stride, hwio)
+    h, new["bn_a"] = _batch_norm(p["bn_a"], s["bn_a"], h, how)
+    h = _conv2d(jax.nn.relu(h), p["conv_b"]["kernel"], hwio=hwio)
+    h, new["bn_b"] = _batch_norm(p["bn_b"], s["bn_b"], h, how)
     if "proj" in p:
-        x = _conv2d(x, p["proj"]["kernel"], stride)
-        x, new["proj_bn"] = _batch_norm(p["proj_bn"], s["proj_bn"], x, fold)
+        x = _conv2d(x, p["proj"]["kernel"], stride, hwio)
+        x, new["proj_bn"] = _batch_norm(p["proj_bn"], s["proj_bn"], x, how)
     return jax.nn.relu(h + x), new
 
 
-def resnet_forward(params, state, x, fold=True):
+def resnet_forward(params, state, x, how=AS_MLAXGRAPH, hwio=False):
     new = {}
-    h = _conv2d(x, params["stem"]["kernel"])
-    h, new["stem_bn"] = _batch_norm(params["stem_bn"], state["stem_bn"], h, fold)
+    h = _conv2d(x, params["stem"]["kernel"], hwio=hwio)
+    h, new["stem_bn"] = _batch_norm(params["stem_bn"], state["stem_bn"], h, how)
     h = jax.nn.relu(h)
     for i, (_, stride) in enumerate(S.RESNET_STAGES):
         name = f"block{i + 1}"
-        h, new[name] = _basic_block(params[name], state[name], h, stride, fold)
+        h, new[name] = _basic_block(params[name], state[name], h, stride, how, hwio)
     return _linear(params["logits"], jnp.mean(h, axis=(1, 2))), new
 
 
@@ -224,17 +249,34 @@ _STATELESS = {"mlp": mlp_forward, "tiny_mlp": mlp_forward, "cnn": cnn_forward,
               "transformer": transformer_forward, "lstm": lstm_forward}
 
 
-#: Alternative formulations, to measure what a design choice of mlaxgraph's ops costs.
-VARIANTS = {"bn_unfolded": "resnet", "lstm_projected_before": "lstm"}
+#: Alternative formulations, to measure what a design choice of mlaxgraph's ops costs
+#: (variant -> model).
+VARIANTS = {**{v: "resnet" for v in BN_FORMS}, "conv_hwio": "cnn", "lstm_projected_before": "lstm"}
+
+#: "Best by hand": per model, the fastest formulation known (measured; RESULTS.md section
+#: 1), whatever its numerics: for the ResNet Flax linen's one-pass variance (unshifted) with
+#: the affine normalization and HWIO kernels; for the digits CNN HWIO kernels; the other
+#: models' hand-written step is already the fastest known.
+BEST = {"resnet": "bn_one_pass+conv_hwio", "cnn": "conv_hwio"}
+
+
+def _hwio(params):
+    """Conv kernels (the 4-d arrays) from OHWI to HWIO."""
+    return jax.tree.map(lambda a: jnp.transpose(a, (1, 2, 3, 0)) if a.ndim == 4 else a, params)
 
 
 def forward(name: str, variant: str | None = None):
-    """``f(params, state, x) -> (logits, new_state)`` for model ``name``."""
+    """``f(params, state, x) -> (logits, new_state)`` for model ``name``; ``variant``:
+    one of ``VARIANTS`` or ``"best"`` (``BEST``), or several joined by ``+``."""
+    parts = set((BEST.get(name, "") if variant == "best" else variant or "").split("+")) - {""}
+    hwio = "conv_hwio" in parts
     if name == "resnet":
-        fold = variant != "bn_unfolded"
-        return lambda params, state, x: resnet_forward(params, state, x, fold)
+        how = next((BN_FORMS[v] for v in parts if v in BN_FORMS), AS_MLAXGRAPH)
+        return lambda params, state, x: resnet_forward(params, state, x, how, hwio)
+    if name == "cnn":
+        return lambda params, state, x: (cnn_forward(params, x, hwio), state)
     fwd = _STATELESS[name]
-    if variant == "lstm_projected_before":
+    if "lstm_projected_before" in parts:
         return lambda params, state, x: (lstm_forward(params, x, in_loop=False), state)
     return lambda params, state, x: (fwd(params, x), state)
 
@@ -310,6 +352,8 @@ def make(name: str, x, y, key, xs=None, ys=None, count_steps: bool = False,
 
     tx = S.optimizer()
     params, state = init(name, key)
+    if "conv_hwio" in (BEST.get(name, "") if variant == "best" else variant or ""):
+        params = _hwio(params)
     ts = (params, state, tx.init(params))
     if count_steps:
         ts = (jnp.zeros((), jnp.int32),) + ts

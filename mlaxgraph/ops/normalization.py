@@ -18,6 +18,9 @@ from .flops import size, upcast_sum, weight_converts
 
 __all__ = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
 
+#: BatchNorm's ways of computing the batch variance in training.
+VARIANCES = ("auto", "shifted", "two_pass")
+
 
 def _scale_bias(features: int, use_scale: bool = True, use_bias: bool = True, scale_init=None) -> dict:
     """The per-feature ``scale`` (ones, or ``scale_init``) and ``bias`` (zeros) of the
@@ -42,6 +45,16 @@ class BatchNorm(Layer):
     (times ``n / (n - 1)``), as PyTorch does. Inference uses the running statistics.
     ``scale_init`` replaces the scale's ones (``initializers.zeros`` for a residual
     branch that starts as the identity).
+
+    ``variance`` picks how training computes the batch variance: ``"shifted"``, one
+    pass over the input, ``mean((x - k)^2) - (mean - k)^2`` with ``k`` the batch's first
+    value of each channel (float32 loses ``|k - mean|^2 / var`` ulps to cancellation,
+    about one typically and never more than the values per channel, whatever the
+    mean); ``"two_pass"``, ``mean((x - mean)^2)``, a second pass; ``"auto"`` (the
+    default) is ``"shifted"`` for 32- and 64-bit floats and ``"two_pass"`` for 16-bit
+    ones (where the cancellation would cost 2^13 times more). Both normalize as
+    ``x * m + (bias - mean * m)`` with ``m = rsqrt(var + epsilon) * scale``: the backward
+    pass keeps ``x``, which the layer before keeps anyway, not ``x - mean``.
     Logical axes (for sharding): all four ``("embed",)``; ``param_axes={"scale": ...,
     "mean": ...}`` overrides them.
 
@@ -61,6 +74,7 @@ class BatchNorm(Layer):
         default=None, converter=to_param_axes)
     unbiased_running_var: bool = False
     scale_init: Initializer | None = None
+    variance: str = "auto"
 
     precision_sensitive = True
 
@@ -71,6 +85,16 @@ class BatchNorm(Layer):
             self.invalid(f"epsilon must be > 0, got {self.epsilon!r}")
         if not isinstance(self.axis, int):
             self.invalid(f"axis must be an int, got {self.axis!r}")
+        if self.variance not in VARIANCES:
+            self.invalid(f"variance must be one of {', '.join(map(repr, VARIANCES))}, "
+                         f"got {self.variance!r}")
+
+    def one_pass(self, dtype) -> bool:
+        """Whether training computes the variance in one (shifted) pass for inputs of
+        ``dtype`` (see ``variance``)."""
+        if self.variance == "auto":
+            return jnp.dtype(dtype).itemsize >= 4
+        return self.variance == "shifted"
 
     def _features(self, inputs):
         expect_count(inputs, 1)
@@ -108,8 +132,23 @@ class BatchNorm(Layer):
             var = state["var"].astype(x.dtype)
             new_state = state
         else:
-            mean = jnp.mean(x, axis=reduce)
-            var = jnp.mean(jnp.square(x - mean.reshape(shape)), axis=reduce)
+            if self.one_pass(x.dtype):
+                # Shifted by k, the mean of the first slice along the first reduced axis
+                # (one example's values of each channel): the variance does not depend
+                # on the shift, float32's cancellation only on its distance from the
+                # mean; the mean is k plus the mean of x - k, from the same pass.
+                first = tuple(0 if i == reduce[0] else slice(None) for i in range(x.ndim))
+                k = lax.stop_gradient(jnp.mean(x[first], axis=tuple(i - 1 for i in reduce[1:]),
+                                               keepdims=True))
+                k = jnp.expand_dims(k, reduce[0])
+                xk = x - k
+                shifted = jnp.mean(xk, axis=reduce)
+                mean = k.reshape(-1) + shifted
+                var = jnp.maximum(jnp.mean(jnp.square(xk), axis=reduce) - jnp.square(shifted),
+                                  jnp.zeros((), x.dtype))
+            else:
+                mean = jnp.mean(x, axis=reduce)
+                var = jnp.mean(jnp.square(x - mean.reshape(shape)), axis=reduce)
             m = self.momentum
             running = var.astype(state["var"].dtype)
             if self.unbiased_running_var:
@@ -122,31 +161,37 @@ class BatchNorm(Layer):
                 "mean": m * state["mean"] + (1.0 - m) * mean.astype(state["mean"].dtype),
                 "var": m * state["var"] + (1.0 - m) * running,
             }
-        # One per-channel multiplier, the scale folded in: a multiply per element fewer
-        # than scaling the normalized tensor, and one intermediate fewer to keep for the
-        # backward pass.
+        # One per-channel multiplier (the scale folded in) and one per-channel shift
+        # (the mean and the bias folded in): two operations per element, and the
+        # backward pass keeps x (which the layer before keeps too), not x - mean.
         inv = lax.rsqrt(var + jnp.asarray(self.epsilon, x.dtype))
         if self.use_scale:
             inv = inv * p["scale"]
-        y = (x - mean.reshape(shape)) * inv.reshape(shape)
-        if self.use_bias:
-            y = y + p["bias"].reshape(shape)
+        shift = p["bias"] - mean * inv if self.use_bias else -(mean * inv)
+        y = x * inv.reshape(shape) + shift.reshape(shape)
         return (y,), new_state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        """Per element: subtract the mean, multiply by ``rsqrt(var + epsilon) * scale``
-        (per channel: the add and, with a scale, the multiply), shift. In training also
-        the batch mean and variance (a mean, a subtract, a square and a mean per element)
-        and the running statistics' update."""
+        """Per element: multiply by ``m = rsqrt(var + epsilon) * scale`` and add ``bias -
+        mean * m`` (per channel: the add, the multiply by the scale, the multiply by the
+        mean and the bias's subtract or the negation). In training also the batch mean
+        and variance (two means; a subtract and a square per element) and the running
+        statistics' update; one pass adds the shift (a mean over the first slice along
+        the first reduced axis) and, per channel, the mean's add, the square and subtract
+        of the correction and the clamp at zero."""
         (x,) = inputs
         elements, features = size(x), self._features(inputs)
-        count = (2 + self.use_bias) * elements + (1 + self.use_scale) * features
+        reduce = [i for i in range(x.rank) if i != self.axis % x.rank]
+        count = 2 * elements + (3 + self.use_scale) * features
         count = count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
         # The statistics (kept in param_dtype) are cast to the input's dtype to be used,
         # or the batch's are cast to theirs to be stored.
         count = count + weight_converts(self.state_specs(inputs), param_dtype, x.dtype)
         if not inference_mode:
             count = count + 4 * elements + (6 + self.unbiased_running_var) * features
+            if self.one_pass(x.dtype):  # and the shift, a mean over one slice
+                first = size([x.shape[i] for i in range(x.rank) if i != reduce[0]])
+                count = count + 4 * features + first
             count = count + 2 * upcast_sum(elements, features, x.dtype)  # two means
         return count
 
