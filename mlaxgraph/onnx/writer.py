@@ -21,8 +21,9 @@ from ..core.specs import is_symbolic
 from ..ir.graph import Graph
 from .dtypes import to_code
 from .layer import OnnxOp, decode_array
+from .ops_bounded import BOUNDED
 from .protos import require_onnx
-from .writer_rules import RULES
+from .writer_rules import RULES, write_bounded
 
 __all__ = ["to_onnx", "DEFAULT_OPSET"]
 
@@ -102,6 +103,8 @@ class _Writer:
                 else:
                     full.append(next(it))
             attrs = {k: _attr(v) for k, v in op.attributes}
+            if op.onnx_type in BOUNDED and "size" in attrs:
+                return write_bounded(self, op, node.outputs, full, attrs, path)
             return self.node(op.onnx_type, full, path, op.outputs, **attrs)
         rule = RULES.get(op.op_name)
         if rule is None:
