@@ -90,7 +90,7 @@ def test_without_a_bound_is_named_and_constants_fold_exactly():
 
 def test_bad_bounds_are_named():
     model = _model("NonZero", [3, 4])
-    with pytest.raises(mg.GraphError, match="names 'nowhere': no NonZero or Unique node"):
+    with pytest.raises(mg.GraphError, match="names 'nowhere': no NonZero, Unique or NonMaxSuppression node"):
         mg.from_onnx(model, sizes={"nowhere": 4})
     with pytest.raises(mg.GraphError, match=r"\['NonZero'\] must be a size n >= 0"):
         mg.from_onnx(model, sizes={"NonZero": -1})
@@ -115,3 +115,49 @@ def test_a_bounded_graph_writes_and_runs_in_onnxruntime():
     got = ort.InferenceSession(proto.SerializeToString()).run(None, {"x": value})
     for w, o in zip(want, got):
         np.testing.assert_array_equal(o, np.asarray(w))
+
+
+def _numpy_nms(boxes, scores, limit, iou, score_min):
+    """Greedy suppression per batch and class, boxes as (y1, x1, y2, x2)."""
+    rows = []
+    for b in range(scores.shape[0]):
+        y0, x0 = np.minimum(boxes[b, :, 0], boxes[b, :, 2]), np.minimum(boxes[b, :, 1], boxes[b, :, 3])
+        y1, x1 = np.maximum(boxes[b, :, 0], boxes[b, :, 2]), np.maximum(boxes[b, :, 1], boxes[b, :, 3])
+        area = (y1 - y0) * (x1 - x0)
+        for c in range(scores.shape[1]):
+            kept = []
+            for i in np.argsort(-scores[b, c], kind="stable"):
+                if scores[b, c, i] <= score_min or len(kept) == limit:
+                    continue
+                inter = [max(min(y1[i], y1[j]) - max(y0[i], y0[j]), 0)
+                         * max(min(x1[i], x1[j]) - max(x0[i], x0[j]), 0) for j in kept]
+                if all(t / (area[i] + area[j] - t) <= iou for t, j in zip(inter, kept)):
+                    kept.append(i)
+            rows += [[b, c, i] for i in kept]
+    return np.asarray(rows, np.int64).reshape(-1, 3)
+
+
+def test_non_max_suppression_with_a_bound_against_numpy():
+    rng = np.random.default_rng(3)
+    corner = rng.uniform(0, 8, size=(2, 12, 2))
+    boxes = np.concatenate([corner, corner + rng.uniform(1, 4, size=(2, 12, 2))], -1).astype(np.float32)
+    scores = rng.random((2, 3, 12)).astype(np.float32)
+    names = ["boxes", "scores", "limit", "iou", "score_min"]
+    inits = [numpy_helper.from_array(np.asarray([4], np.int64), "limit"),
+             numpy_helper.from_array(np.asarray([0.3], np.float32), "iou"),
+             numpy_helper.from_array(np.asarray([0.2], np.float32), "score_min")]
+    node = helper.make_node("NonMaxSuppression", names, ["selected"], name="/nms/NonMaxSuppression")
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [2, 12, 4]),
+                      helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 3, 12])],
+        [helper.make_tensor_value_info("selected", TensorProto.INT64, None)], initializer=inits),
+        opset_imports=[helper.make_opsetid("", 11)])
+    want = _numpy_nms(boxes, scores, 4, 0.3, 0.2)
+    graph, params, state = mg.from_onnx(model, sizes={"selected": (30, -1)})
+    got, _ = mg.compile(graph).apply(params, state, boxes, scores)
+    got = np.asarray(got)
+    np.testing.assert_array_equal(got[:len(want)], want)
+    assert (got[len(want):] == -1).all()
+    proto = graph.to_onnx(None, params, state, opset=11)
+    ours = ort.InferenceSession(proto.SerializeToString()).run(None, {"boxes": boxes, "scores": scores})
+    np.testing.assert_array_equal(ours[0], got)

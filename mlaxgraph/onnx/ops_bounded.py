@@ -1,5 +1,5 @@
 """The ``onnx`` family's operators whose output length depends on the input's values:
-NonZero and Unique. On constants (folded when the graph is read) they give the exact
+NonZero, Unique and NonMaxSuppression. On constants (folded when the graph is read) they give the exact
 length. On tensors of the graph a typed graph needs a static length: a bound given to
 ``from_onnx(..., sizes={node: n})`` (as ``jnp.nonzero(x, size=n, fill_value=...)``),
 held as the node's ``size`` and ``fill_value`` attributes; the results are cut to the
@@ -21,7 +21,7 @@ from .layer import define
 __all__ = ["BOUNDED", "BOUND_ATTRIBUTES", "read_sizes"]
 
 #: The operators that take a static bound.
-BOUNDED = ("NonZero", "Unique")
+BOUNDED = ("NonZero", "Unique", "NonMaxSuppression")
 #: The attributes holding it (not ONNX's: ``to_onnx`` writes the bound as padding).
 BOUND_ATTRIBUTES = ("size", "fill_value")
 
@@ -107,3 +107,60 @@ def _unique(a, x):
     i64 = int64()
     return (_fit(y, length, fill, axis), _fit(index.astype(i64), length, -1),
             inverse.astype(i64), _fit(counts.astype(i64), length, 0))
+
+
+def _overlaps(boxes, center: bool, threshold):
+    """``(batch, n, n)``: whether box ``i`` suppresses box ``j`` (IoU above the
+    threshold; boxes of no area suppress nothing), as onnxruntime decides."""
+    if center:
+        cx, cy, w, h = (boxes[..., i] for i in range(4))
+        x0, x1, y0, y1 = cx - w / 2, cx + w / 2, cy - h / 2, cy + h / 2
+    else:  # (y1, x1, y2, x2), either corner first
+        y0, y1 = jnp.minimum(boxes[..., 0], boxes[..., 2]), jnp.maximum(boxes[..., 0], boxes[..., 2])
+        x0, x1 = jnp.minimum(boxes[..., 1], boxes[..., 3]), jnp.maximum(boxes[..., 1], boxes[..., 3])
+    area = (x1 - x0) * (y1 - y0)
+
+    def pair(v):
+        return v[:, :, None], v[:, None, :]
+
+    (ax0, bx0), (ax1, bx1), (ay0, by0), (ay1, by1) = map(pair, (x0, x1, y0, y1))
+    inter = (jnp.maximum(jnp.minimum(ax1, bx1) - jnp.maximum(ax0, bx0), 0)
+             * jnp.maximum(jnp.minimum(ay1, by1) - jnp.maximum(ay0, by0), 0))
+    a1, a2 = pair(area)
+    union = a1 + a2 - inter
+    ok = (inter > 0) & (a1 > 0) & (a2 > 0) & (union > 0)
+    return ok & (inter / jnp.where(ok, union, 1) > threshold)
+
+
+@define("NonMaxSuppression", dtypes="float", flops="input")
+def _nms(a, boxes, scores, max_per_class=None, iou=None, score_min=None):
+    """``(selected, 3)`` rows ``[batch, class, box]``: per batch and class, boxes by
+    falling score (ties: the first box), each kept unless a kept box overlaps it by
+    more than ``iou``, at most ``max_per_class``; padded rows hold ``fill_value``."""
+    batch, classes, n = scores.shape
+    limit = 0 if max_per_class is None else jnp.asarray(max_per_class).reshape(())
+    threshold = 0.0 if iou is None else jnp.asarray(iou).reshape(())
+    order = jnp.argsort(-scores, axis=-1, stable=True)  # (batch, classes, n)
+    ranked = jnp.take_along_axis(scores, order, axis=-1)
+    candidate = (ranked > jnp.asarray(score_min).reshape(())) if score_min is not None else \
+        jnp.ones(ranked.shape, bool)
+    suppress = _overlaps(boxes, bool(a.get("center_point_box", 0)), threshold)  # (batch, n, n)
+    # in ranked order: (batch, classes, n, n)
+    s = suppress[jnp.arange(batch)[:, None, None, None], order[..., :, None], order[..., None, :]]
+
+    def step(i, kept):
+        hit = jnp.any(kept & s[:, :, i, :], axis=-1)
+        room = jnp.sum(kept, axis=-1) < limit
+        return kept.at[:, :, i].set(candidate[:, :, i] & ~hit & room)
+
+    kept = jax.lax.fori_loop(0, n, step, jnp.zeros((batch, classes, n), bool))
+    b, c = jnp.meshgrid(jnp.arange(batch), jnp.arange(classes), indexing="ij")
+    rows = jnp.stack([jnp.broadcast_to(b[..., None], order.shape),
+                      jnp.broadcast_to(c[..., None], order.shape), order], -1).reshape(-1, 3)
+    flat = kept.reshape(-1)
+    length = _length(a, "NonMaxSuppression", scores, jnp.sum(flat))
+    (at,) = jnp.nonzero(flat, size=max(length, 1), fill_value=0)
+    fill = a.get("fill_value", 0)
+    count = jnp.sum(flat)
+    picked = jnp.where((jnp.arange(at.shape[0]) < count)[:, None], rows[at], fill)
+    return picked[:length].astype(int64())

@@ -191,7 +191,7 @@ class _Reader:
         unused = sorted(set(self.sizes) - bounded)
         if unused:
             raise GraphError(f"from_onnx(sizes=...) names {', '.join(map(repr, unused))}: no "
-                             f"{' or '.join(BOUNDED)} node has that name, output or type")
+                             f"{', '.join(BOUNDED[:-1])} or {BOUNDED[-1]} node has that name, output or type")
         for node in _toposort(list(g.node), set(self.values)):
             self.node(node)
         outputs = []
@@ -353,9 +353,9 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
         (``/layer1/layer1.0/conv1/Conv``: ``mlaxgraph.onnx.scopes``); False keeps the
         graph flat, each layer named by its whole path (``layer1.layer1.0.conv1``).
       sizes: static bounds for the operators whose output length depends on values
-        (NonZero, Unique), as ``jnp.nonzero(x, size=n, fill_value=v)``: ``{key: n}``
-        or ``{key: (n, v)}``, the key a node's name, its first output's name or the
-        operator type (every such node). Their outputs are cut or padded to ``n``
+        (NonZero, Unique, NonMaxSuppression), as ``jnp.nonzero(x, size=n,
+        fill_value=v)``: ``{key: n}`` or ``{key: (n, v)}``, the key a node's name, its
+        first output's name or the operator type (every such node). Their outputs are cut or padded to ``n``
         (padding: ``v``, default 0; Unique's ``indices`` -1 and ``counts`` 0). Without
         a bound, such a node on values the graph computes is an ``mg.ShapeError``.
 

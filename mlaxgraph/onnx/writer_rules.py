@@ -321,25 +321,26 @@ def _broadcast_to(w, node, args, weights, stats, path):
     return w.node("Expand", [args[0], shape_tensor(w, node, node.outputs[0].shape, path)], path)
 
 
-def write_bounded(w, op, specs, inputs: list[str], attrs: dict, path: str) -> list[str]:
-    """A NonZero or Unique read with a static bound (``from_onnx(sizes=...)``): the
-    operator, then each output of data-dependent length padded by the bound and cut
-    to it (Pad, Slice), the padding as ``ops_bounded`` computes it."""
+def write_bounded(w, op, inputs: list[str], attrs: dict, path: str) -> list[str]:
+    """A NonZero, Unique or NonMaxSuppression read with a static bound
+    (``from_onnx(sizes=...)``): the operator, then each output of data-dependent length
+    padded by the bound and cut to it (Pad, Slice), the padding as ``ops_bounded``
+    computes it."""
     size, fill = int(attrs.pop("size")), attrs.pop("fill_value")
     outs = w.node(op.onnx_type, inputs, path, op.outputs, part=True, **attrs)
-    axis = 1 if op.onnx_type == "NonZero" else attrs.get("axis")
-    # NonZero: (rank, count); Unique: Y (flat, or along axis), indices, inverse, counts
-    dtype = w.input_specs[0].dtype if op.onnx_type == "Unique" else np.int64
-    plan = [(0, axis or 0, fill, dtype)]
+    # (output, its rank, the axis of data-dependent length, the padding, its dtype)
     if op.onnx_type == "Unique":
-        plan += [(1, 0, -1, np.int64), (3, 0, 0, np.int64)]
-    rank = 2 if op.onnx_type == "NonZero" else (1 if axis is None else len(w.input_specs[0].shape))
-    for i, along, value, kind in plan:
+        axis = attrs.get("axis")
+        rank = 1 if axis is None else len(w.input_specs[0].shape)
+        plan = [(0, rank, (axis or 0) % rank, fill, w.input_specs[0].dtype),
+                (1, 1, 0, -1, np.int64), (3, 1, 0, 0, np.int64)]
+    else:  # NonZero (rank, count); NonMaxSuppression (count, 3)
+        plan = [(0, 2, 1 if op.onnx_type == "NonZero" else 0, fill, np.int64)]
+    for i, rank, along, value, kind in plan:
         if i >= len(outs):
             continue
-        along = along % (rank if i == 0 else 1)
-        pads = np.zeros(2 * (rank if i == 0 else 1), np.int64)
-        pads[(rank if i == 0 else 1) + along] = size
+        pads = np.zeros(2 * rank, np.int64)
+        pads[rank + along] = size
         where = f"{path}/bound{i}"
         (padded,) = w.node("Pad", [outs[i], w.constant(f"{where}.pads", pads),
                                    w.constant(f"{where}.fill", np.asarray(value, kind))],
@@ -347,9 +348,6 @@ def write_bounded(w, op, specs, inputs: list[str], attrs: dict, path: str) -> li
         bounds = [w.constant(f"{where}.{n}", np.asarray([v], np.int64))
                   for n, v in (("start", 0), ("end", size), ("axis", along))]
         (outs[i],) = w.node("Slice", [padded, *bounds], where, part=True)
-    for i, spec in enumerate(specs):  # int64 indices as the graph holds them (int32 without x64)
-        if (op.onnx_type == "NonZero" or i > 0) and spec.dtype != np.int64:
-            (outs[i],) = w.node("Cast", [outs[i]], f"{path}/index{i}", part=True, to=to_code(spec.dtype))
     return outs
 
 
