@@ -1,9 +1,10 @@
 """The ``onnx`` family's operators whose output length depends on the input's values:
-NonZero, Unique and NonMaxSuppression. On constants (folded when the graph is read) they give the exact
-length. On tensors of the graph a typed graph needs a static length: a bound given to
-``from_onnx(..., sizes={node: n})`` (as ``jnp.nonzero(x, size=n, fill_value=...)``),
-held as the node's ``size`` and ``fill_value`` attributes; the results are cut to the
-bound or padded to it. Without a bound the node is an ``mg.ShapeError`` saying so."""
+NonZero, Unique and NonMaxSuppression. On constants (folded when the graph is read)
+they give the exact length. On tensors of the graph a typed graph needs a static
+length: a bound given to ``from_onnx(..., sizes={node: n})`` (as ``jnp.nonzero(x,
+size=n, fill_value=...)``), held as the node's ``size`` and ``fill_value`` attributes
+(``to_onnx`` writes them as Pad and Slice after the operator); the results are cut to
+the bound or padded to it. Without a bound the node is an ``mg.ShapeError`` saying so."""
 
 from __future__ import annotations
 
@@ -18,12 +19,10 @@ from ..core.errors import GraphError, ShapeError
 from .dtypes import int64
 from .layer import define
 
-__all__ = ["BOUNDED", "BOUND_ATTRIBUTES", "read_sizes"]
+__all__ = ["BOUNDED", "read_sizes", "check_sizes"]
 
 #: The operators that take a static bound.
 BOUNDED = ("NonZero", "Unique", "NonMaxSuppression")
-#: The attributes holding it (not ONNX's: ``to_onnx`` writes the bound as padding).
-BOUND_ATTRIBUTES = ("size", "fill_value")
 
 
 def read_sizes(sizes: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -44,6 +43,18 @@ def read_sizes(sizes: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
         out[str(key)] = {"size": int(size), "fill_value": fill}
     return out
 
+
+
+def check_sizes(sizes: Mapping[str, Any], nodes: list[tuple[str, Any, str]]) -> None:
+    """A key of ``sizes`` naming no bounded node (by name, first output or type) of
+    ``nodes`` (``(name, outputs, type)``) is an ``mg.GraphError``."""
+    known = {key for name, outputs, kind in nodes if kind in BOUNDED
+             for key in (name, *outputs, kind)}
+    unused = sorted(set(sizes) - known)
+    if unused:
+        raise GraphError(f"from_onnx(sizes=...) names {', '.join(map(repr, unused))}: no "
+                         f"{', '.join(BOUNDED[:-1])} or {BOUNDED[-1]} node has that name, "
+                         f"output or type")
 
 def _length(a, op_type: str, x, count) -> int:
     """The output length: the bound, or the exact count for a constant input."""

@@ -23,7 +23,7 @@ from ..ir.graph import Graph, Input
 from ..ops.param import Param
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
-from .ops_bounded import BOUNDED, read_sizes
+from .ops_bounded import BOUNDED, check_sizes, read_sizes
 from .patterns import match
 from .protos import attribute_value, load_model, require_onnx, tensor_to_array
 from .scopes import nest
@@ -186,12 +186,7 @@ class _Reader:
                               if not isinstance(d, int) and str(d) not in self.symbolic]
             self.values[value.name] = x
             inputs.append(x)
-        bounded = {key for n in g.node if n.op_type in BOUNDED
-                   for key in (_text(n.name), *n.output[:1], n.op_type)}
-        unused = sorted(set(self.sizes) - bounded)
-        if unused:
-            raise GraphError(f"from_onnx(sizes=...) names {', '.join(map(repr, unused))}: no "
-                             f"{', '.join(BOUNDED[:-1])} or {BOUNDED[-1]} node has that name, output or type")
+        check_sizes(self.sizes, [(_text(n.name), n.output[:1], n.op_type) for n in g.node])
         for node in _toposort(list(g.node), set(self.values)):
             self.node(node)
         outputs = []
@@ -303,8 +298,9 @@ class _Reader:
                 self.values[out_name] = out
 
     def bound(self, node: Any) -> dict[str, Any]:
-        """The static bound ``sizes`` gives a NonZero or Unique node, by its name, its
-        first output's name or its type, as its ``size`` and ``fill_value``."""
+        """The static bound ``sizes`` gives a node of data-dependent output length, by
+        its name, its first output's name or its type, as its ``size`` and
+        ``fill_value`` attributes (``mlaxgraph.onnx.ops_bounded``)."""
         for key in (_text(node.name), node.output[0], node.op_type):
             if key in self.sizes:
                 return self.sizes[key]
@@ -355,9 +351,10 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
       sizes: static bounds for the operators whose output length depends on values
         (NonZero, Unique, NonMaxSuppression), as ``jnp.nonzero(x, size=n,
         fill_value=v)``: ``{key: n}`` or ``{key: (n, v)}``, the key a node's name, its
-        first output's name or the operator type (every such node). Their outputs are cut or padded to ``n``
-        (padding: ``v``, default 0; Unique's ``indices`` -1 and ``counts`` 0). Without
-        a bound, such a node on values the graph computes is an ``mg.ShapeError``.
+        first output's name or the operator type (every such node). Their outputs are
+        cut or padded to ``n`` (padding: ``v``, default 0; Unique's ``indices`` -1 and
+        ``counts`` 0). Without a bound, such a node on values the graph computes is an
+        ``mg.ShapeError``; a key naming no such node is an ``mg.GraphError``.
 
     Returns:
       The typed graph, its weights (``params[layer]["value"]`` for each float
