@@ -15,6 +15,9 @@ from _onnx_suite import Cases, known_failures, node_cases, reason, sample  # noq
 MODELS = node_cases()
 SAMPLE = sample(MODELS)
 FAILING = known_failures()
+#: a case of each operator the sample misses (RoiAlign, STFT) or holds once
+EXTRA = [n for n in ("test_roialign_mode_max", "test_stft_with_window", "test_col2im_pads")
+         if n not in SAMPLE]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,7 @@ def test_the_sample_mostly_passes():
     assert len(failing) / len(SAMPLE) < 0.35, failing
 
 
-@pytest.mark.parametrize("name", SAMPLE)
+@pytest.mark.parametrize("name", SAMPLE + EXTRA)
 def test_node_case(cases, name):
     problem = cases.run(name)
     if name not in FAILING:

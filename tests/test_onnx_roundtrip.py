@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from _zoo_transformers import gpt2_config  # noqa: E402
+from _zoo_transformers import bert_config, gpt2_config, llama_config, vit_config  # noqa: E402
 
 import mlaxgraph as mg  # noqa: E402
 from mlaxgraph import ops  # noqa: E402
@@ -23,15 +23,23 @@ MODELS = {
                                                       heads=2),
     "resnet18": lambda: mg.models.resnet18(num_classes=10, image_size=32, width=8),
     "gpt2": lambda: mg.models.gpt2(gpt2_config()),
+    # one layer each: the writer's forms are the same in every layer
+    "bert": lambda: mg.models.bert(bert_config(num_hidden_layers=1)),
+    "vit": lambda: mg.models.vit(vit_config(num_hidden_layers=1, image_size=8)),
+    "llama": lambda: mg.models.llama(llama_config(num_hidden_layers=1)),
+    "qwen2": lambda: mg.models.qwen2({k: v for k, v in llama_config(num_hidden_layers=1).items()
+                                      if k not in ("attention_bias", "mlp_bias")}),
+    "unet": lambda: mg.models.unet(width=4, depth=1, image_size=8),
 }
 BATCH = {"batch": 2, "sequence": 8, "seq": 8, "length": 8}
 
 
-def _example(spec, rng):
+def _example(spec, rng, name=""):
     shape = [d if isinstance(d, int) else BATCH.get(str(d), 2) for d in spec.shape]
     if spec.is_float:
         return rng.normal(size=shape).astype(spec.dtype)
-    return rng.integers(0, 2 if spec.dtype == bool else 40, size=shape).astype(spec.dtype)
+    binary = spec.dtype == bool or name in ("attention_mask", "token_type_ids")
+    return rng.integers(0, 2 if binary else 40, size=shape).astype(spec.dtype)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -42,7 +50,7 @@ def test_round_trip_and_onnxruntime(name, tmp_path):
     path = tmp_path / f"{name}.onnx"
     proto = graph.to_onnx(path, params, state)
     rng = np.random.default_rng(0)
-    xs = [_example(spec, rng) for spec in graph.input_specs]
+    xs = [_example(spec, rng, n) for spec, n in zip(graph.input_specs, graph.inputs)]
     want, _ = model.apply(params, state, *xs, inference_mode=True)
     want = want if isinstance(want, tuple) else (want,)
     session = ort.InferenceSession(str(path))

@@ -1,12 +1,13 @@
 """The ``onnx`` family's rotary embeddings and Fourier transforms: RotaryEmbedding
 (interleaved or split halves, a partial rotary dim, position ids), DFT (real or
-complex input, forward or inverse, one-sided)."""
+complex input, forward or inverse, one-sided), STFT."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 
+from ..core.errors import ShapeError
 from .dtypes import canonical
 from .layer import define
 
@@ -57,6 +58,31 @@ def _dft(a, x, length=None, axis=None):
     out = (jnp.fft.ifft if inverse else jnp.fft.fft)(signal, n=n, axis=axis)
     if onesided:
         out = jnp.take(out, jnp.arange(n // 2 + 1), axis=axis)
+    return jnp.stack([out.real, out.imag], axis=-1).astype(x.dtype)
+
+
+@define("STFT", static=(1, 3), flops="input")
+def _stft(a, x, step, window=None, length=None):
+    """Frames ``frame_step`` apart, each multiplied by the window, each one's DFT:
+    ``(batch, frames, bins, 2)``, the bins one-sided unless ``onesided=0``."""
+    hop = int(np.asarray(step).reshape(-1)[0])
+    if length is not None:
+        n = int(np.asarray(length).reshape(-1)[0])
+    elif window is not None:
+        n = window.shape[0]
+    else:
+        raise ShapeError("STFT needs a window or a frame_length", expected="window or frame_length")
+    frames = (x.shape[1] - n) // hop + 1
+    wide = canonical(np.dtype("float64"))
+    xw = x.astype(wide)
+    signal = xw[..., 0] + 0j if x.shape[-1] == 1 else xw[..., 0] + 1j * xw[..., 1]
+    at = np.arange(frames)[:, None] * hop + np.arange(n)[None, :]
+    pieces = signal[:, at]  # (batch, frames, n)
+    if window is not None:
+        pieces = pieces * window.astype(wide)
+    out = jnp.fft.fft(pieces, axis=-1)
+    if a.get("onesided", 1):
+        out = out[..., :n // 2 + 1]
     return jnp.stack([out.real, out.imag], axis=-1).astype(x.dtype)
 
 

@@ -23,6 +23,7 @@ from ..ir.graph import Graph, Input
 from ..ops.param import Param
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
+from .ops_bounded import BOUNDED, check_sizes, read_sizes
 from .patterns import match
 from .protos import attribute_value, load_model, require_onnx, tensor_to_array
 from .scopes import nest
@@ -145,8 +146,10 @@ def _toposort(nodes: list, known: set[str]) -> list:
 
 
 class _Reader:
-    def __init__(self, model: Any, folder: str | None, dims: Mapping[str, int], layers: bool):
+    def __init__(self, model: Any, folder: str | None, dims: Mapping[str, int], layers: bool,
+                 sizes: Mapping[str, Any] | None = None):
         self.model, self.folder, self.dims, self.layers = model, folder, dict(dims), layers
+        self.sizes = read_sizes(sizes)
         self.state: dict[str, Any] = {}
         self.symbolic: list[str] = []
         #: layer name -> (scope path, name within it), for nesting (scopes.nest)
@@ -183,6 +186,7 @@ class _Reader:
                               if not isinstance(d, int) and str(d) not in self.symbolic]
             self.values[value.name] = x
             inputs.append(x)
+        check_sizes(self.sizes, [(_text(n.name), n.output[:1], n.op_type) for n in g.node])
         for node in _toposort(list(g.node), set(self.values)):
             self.node(node)
         outputs = []
@@ -230,6 +234,8 @@ class _Reader:
         if not any(node.output):
             raise GraphError(f"{where} has no outputs")
         attrs = {a.name: attribute_value(a, self.folder, node.name) for a in node.attribute}
+        if node.op_type in BOUNDED:
+            attrs.update(self.bound(node))
         if node.op_type == "Constant":
             self.values[node.output[0]] = self.constant(attrs, where)
             return
@@ -291,6 +297,15 @@ class _Reader:
             if out_name:
                 self.values[out_name] = out
 
+    def bound(self, node: Any) -> dict[str, Any]:
+        """The static bound ``sizes`` gives a node of data-dependent output length, by
+        its name, its first output's name or its type, as its ``size`` and
+        ``fill_value`` attributes (``mlaxgraph.onnx.ops_bounded``)."""
+        for key in (_text(node.name), node.output[0], node.op_type):
+            if key in self.sizes:
+                return self.sizes[key]
+        return {}
+
     def fold_shape(self, op_type: str, attrs: dict, tensors: list[str]) -> np.ndarray | None:
         """``Shape`` and ``Size`` of a tensor whose shape is static, as constants."""
         if op_type not in ("Shape", "Size") or len(tensors) != 1:
@@ -317,7 +332,8 @@ class _Reader:
 
 
 def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
-              layers: bool = True, blocks: bool = True) -> tuple[Graph, dict, dict]:
+              layers: bool = True, blocks: bool = True,
+              sizes: Mapping[str, Any] | None = None) -> tuple[Graph, dict, dict]:
     """An ONNX model as ``(graph, params, state)``.
 
     Args:
@@ -332,6 +348,13 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
       blocks: group the nodes into nested blocks by the scopes of their names
         (``/layer1/layer1.0/conv1/Conv``: ``mlaxgraph.onnx.scopes``); False keeps the
         graph flat, each layer named by its whole path (``layer1.layer1.0.conv1``).
+      sizes: static bounds for the operators whose output length depends on values
+        (NonZero, Unique, NonMaxSuppression), as ``jnp.nonzero(x, size=n,
+        fill_value=v)``: ``{key: n}`` or ``{key: (n, v)}``, the key a node's name, its
+        first output's name or the operator type (every such node). Their outputs are
+        cut or padded to ``n`` (padding: ``v``, default 0; Unique's ``indices`` -1 and
+        ``counts`` 0). Without a bound, such a node on values the graph computes is an
+        ``mg.ShapeError``; a key naming no such node is an ``mg.GraphError``.
 
     Returns:
       The typed graph, its weights (``params[layer]["value"]`` for each float
@@ -357,7 +380,7 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
     """
     model, folder = load_model(source)
     try:
-        reader = _Reader(model, folder, dims or {}, layers)
+        reader = _Reader(model, folder, dims or {}, layers, sizes)
         graph, params, state = reader.read()
         if blocks:
             graph, params, state = nest(graph, reader.places, params, state)

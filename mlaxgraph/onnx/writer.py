@@ -21,8 +21,10 @@ from ..core.specs import is_symbolic
 from ..ir.graph import Graph
 from .dtypes import to_code
 from .layer import OnnxOp, decode_array
+from .ops_bounded import BOUNDED
 from .protos import require_onnx
-from .writer_rules import RULES
+from .writer_rules import RULES, write_bounded
+from .writer_types import narrow_outputs, widen_inputs
 
 __all__ = ["to_onnx", "DEFAULT_OPSET"]
 
@@ -92,17 +94,24 @@ class _Writer:
               path: str) -> list[str]:
         op = node.op
         if isinstance(op, OnnxOp):
-            full, it = [], iter(args)
+            full, dtypes, it = [], [], iter(zip(args, self.input_specs))
             statics = dict(op.static)
             for position, given in enumerate(op.present or (True,) * (len(args) + len(statics))):
-                if not given:
-                    full.append("")
-                elif position in statics:
-                    full.append(self.constant(f"{path}.in{position}", decode_array(statics[position])))
-                else:
-                    full.append(next(it))
+                name, dtype = "", None
+                if given and position in statics:
+                    name = self.constant(f"{path}.in{position}", decode_array(statics[position]))
+                elif given:
+                    name, spec = next(it)
+                    dtype = spec.dtype
+                full.append(name)
+                dtypes.append(dtype)
+            full = widen_inputs(self, op.onnx_type, full, dtypes, path)
             attrs = {k: _attr(v) for k, v in op.attributes}
-            return self.node(op.onnx_type, full, path, op.outputs, **attrs)
+            if op.onnx_type in BOUNDED and "size" in attrs:
+                outs = write_bounded(self, op, full, attrs, path)
+            else:
+                outs = self.node(op.onnx_type, full, path, op.outputs, **attrs)
+            return narrow_outputs(self, op.onnx_type, outs, node.outputs, path)
         rule = RULES.get(op.op_name)
         if rule is None:
             raise SerializationError(f"layer {node.name!r} (op {op.op_name}) has no ONNX form; "

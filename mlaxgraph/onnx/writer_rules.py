@@ -10,8 +10,11 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import SerializationError
+from ..ops.conv_transpose import transpose_crops
 from .dtypes import to_code
 from .layer import decode_array
+from .writer_attention import attention
+from .writer_shapes import length_range, shape_tensor
 
 __all__ = ["RULES"]
 
@@ -32,8 +35,8 @@ def _binary(op_type: str) -> Callable:
     def write(w, node, args, weights, stats, path):
         op = node.op
         if getattr(op, "constant", None) is not None:
-            spec = node.outputs[0]
-            value = w.constant(f"{path}.constant", np.asarray(op.constant, spec.dtype))
+            # in the input's dtype (a comparison's output is bool)
+            value = w.constant(f"{path}.constant", np.asarray(op.constant, w.input_specs[0].dtype))
             args = [value, args[0]] if op.reverse else [args[0], value]
         return w.node(op_type, args, path)
     return write
@@ -120,6 +123,32 @@ def _conv(w, node, args, weights, stats, path):
     return _channels_back(w, out, path, n, last)
 
 
+def _conv_transpose(w, node, args, weights, stats, path):
+    """ConvTranspose: the kernel ``(O, I, ...)`` as ONNX's ``(I, O, ...)``; the crops of
+    each axis as ``pads``, a negative high crop (an extension) as ``output_padding``."""
+    op = node.op.resolved(w.input_specs)
+    n = len(node.outputs[0].shape) - 2
+    last = op.channels_last
+    kernel = np.asarray(weights["kernel"])
+    kernel = np.transpose(kernel, (n + 1, 0, *range(1, n + 1)) if last else (1, 0, *range(2, n + 2)))
+    strides, dilation = _per_dim(op.strides, n), _per_dim(op.dilation, n)
+    padding = op.padding if not isinstance(op.padding, str) else (op.padding,) * n
+    crops = [transpose_crops(k, s, p, d) for k, s, p, d in zip(kernel.shape[2:], strides, padding, dilation)]
+    if any(lo < 0 or -hi >= max(s, d) for (lo, hi), s, d in zip(crops, strides, dilation)):
+        raise SerializationError(f"layer {node.name!r} (op conv_transpose): the padding "
+                                 f"{op.padding!r} extends the output beyond what ONNX's pads "
+                                 f"and output_padding express")
+    ins = [_channels_first(w, node, args[0], path, n, last), w.constant(f"{path}.kernel", kernel)]
+    if op.use_bias:
+        ins.append(w.constant(f"{path}.bias", np.asarray(weights["bias"])))
+    extra = [max(-hi, 0) for _, hi in crops]
+    (out,) = w.node("ConvTranspose", ins, path, part=last, strides=strides, dilations=dilation,
+                    kernel_shape=list(kernel.shape[2:]),
+                    pads=[lo for lo, _ in crops] + [max(hi, 0) for _, hi in crops],
+                    output_padding=extra if any(extra) else None)
+    return _channels_back(w, out, path, n, last)
+
+
 def _pool(op_type: str) -> Callable:
     def write(w, node, args, weights, stats, path):
         op = node.op
@@ -159,66 +188,6 @@ def _embedding(w, node, args, weights, stats, path):
     return w.node("Gather", [w.constant(f"{path}.embedding", table), args[0]], path, axis=0)
 
 
-def _attention(w, node, args, weights, stats, path):
-    """``MultiHeadAttention`` as MatMul, Reshape, Transpose, Where and Softmax nodes."""
-    op = node.op
-    if op.rope is not None or op.kv_heads != op.num_heads:
-        raise SerializationError(f"layer {node.name!r} (op {op.op_name}): rotary embeddings "
-                                 f"and grouped key/value heads have no ONNX form here")
-    dtype = node.outputs[0].dtype
-    heads = op.num_heads
-
-    def project(x: str, which: str, perm: list[int]) -> str:
-        kernel = np.asarray(weights[which]["kernel"])
-        d, h, k = kernel.shape
-        (y,) = w.node("MatMul", [x, w.constant(f"{path}.{which}.kernel", kernel.reshape(d, h * k))],
-                      f"{path}/{which}", part=True)
-        if op.use_bias:
-            bias = np.asarray(weights[which]["bias"]).reshape(h * k)
-            (y,) = w.node("Add", [y, w.constant(f"{path}.{which}.bias", bias)], f"{path}/{which}",
-                          part=True)
-        shape = w.constant(f"{path}.{which}.shape", np.asarray([0, 0, h, k], np.int64))
-        (y,) = w.node("Reshape", [y, shape], f"{path}/{which}", part=True)
-        return w.node("Transpose", [y], f"{path}/{which}", part=True, perm=perm)[0]
-
-    head_dim = np.asarray(weights["query"]["kernel"]).shape[-1]
-    q = project(args[0], "query", [0, 2, 1, 3])
-    q = w.node("Mul", [q, w.constant(f"{path}.scale", np.asarray(1 / np.sqrt(head_dim), dtype))],
-               f"{path}/query", part=True)[0]
-    k = project(args[1], "key", [0, 2, 3, 1])
-    v = project(args[1], "value", [0, 2, 1, 3])
-    (scores,) = w.node("MatMul", [q, k], f"{path}/scores", part=True)
-    mask = None
-    if len(args) > 2:
-        mask = args[2]
-        if len(w.input_specs[2].shape) == 3:
-            axes = w.constant(f"{path}.mask_axes", np.asarray([1], np.int64))
-            (mask,) = w.node("Unsqueeze", [mask, axes], f"{path}/mask", part=True)
-    if op.causal:
-        q_len, kv_len = w.input_specs[0].shape[1], w.input_specs[1].shape[1]
-        rows = _positions(w, node, q_len, f"{path}/causal_rows", [1])
-        cols = _positions(w, node, kv_len, f"{path}/causal_cols", [0])
-        (causal,) = w.node("GreaterOrEqual", [rows, cols], f"{path}/causal", part=True)
-        mask = causal if mask is None else w.node("And", [mask, causal], f"{path}/mask",
-                                                  part=True)[0]
-    if mask is not None:
-        low = w.constant(f"{path}.low", np.asarray(np.finfo(dtype).min, dtype))
-        (scores,) = w.node("Where", [mask, scores, low], f"{path}/scores", part=True)
-    (probs,) = w.node("Softmax", [scores], f"{path}/scores", part=True, axis=-1)
-    (y,) = w.node("MatMul", [probs, v], f"{path}/attend", part=True)
-    (y,) = w.node("Transpose", [y], f"{path}/attend", part=True, perm=[0, 2, 1, 3])
-    flat = w.constant(f"{path}.attend.shape", np.asarray([0, 0, heads * head_dim], np.int64))
-    (y,) = w.node("Reshape", [y, flat], f"{path}/attend", part=True)
-    out_kernel = np.asarray(weights["out"]["kernel"])
-    (y,) = w.node("MatMul", [y, w.constant(f"{path}.out.kernel",
-                                           out_kernel.reshape(heads * head_dim, -1))],
-                  f"{path}/out", part=True)
-    if op.use_bias:
-        (y,) = w.node("Add", [y, w.constant(f"{path}.out.bias", np.asarray(weights["out"]["bias"]))],
-                      f"{path}/out", part=True)
-    return [y]
-
-
 def _causal_mask(w, node, args, weights, stats, path):
     shape = node.outputs[0].shape
     if not all(isinstance(d, int) for d in shape):
@@ -250,36 +219,13 @@ def _rms_norm(w, node, args, weights, stats, path):
     return w.node("Mul", [y, scale], path + "/scale", part=True)
 
 
-def _positions(w, node, n, path, axes) -> str:
-    """``0 .. n-1`` (int64), with ``axes`` inserted, as a constant or, for a symbolic
-    ``n``, computed from the shape of the graph input holding it."""
-    if isinstance(n, int):
-        return w.constant(path, np.expand_dims(np.arange(n, dtype=np.int64), axes))
-    (out,) = _range(w, node, n, path)
-    axes_name = w.constant(f"{path}.axes", np.asarray(axes, np.int64))
-    return w.node("Unsqueeze", [out, axes_name], path, part=True)[0]
-
-
 def _arange(w, node, args, weights, stats, path):
     (spec,) = node.outputs
     n = spec.shape[0]
     if isinstance(n, int):
         return [w.constant(path, np.arange(n, dtype=spec.dtype))]
-    (out,) = _range(w, node, n, path)
+    out = length_range(w, node, n, path)
     return w.node("Cast", [out], path, part=True, to=to_code(spec.dtype))
-
-
-def _range(w, node, n, path) -> list[str]:
-    if str(n) not in w.dims:
-        raise SerializationError(f"layer {node.name!r} (op {node.op.op_name}): the length "
-                                 f"{n} is no dim of the graph's inputs")
-    source, axis = w.dims[str(n)]
-    (shape,) = w.node("Shape", [source], path, part=True)
-    index = w.constant(f"{path}.axis", np.asarray(axis, np.int64))
-    (limit,) = w.node("Gather", [shape, index], path, part=True, axis=0)
-    start = w.constant(f"{path}.start", np.asarray(0, np.int64))
-    step = w.constant(f"{path}.step", np.asarray(1, np.int64))
-    return w.node("Range", [start, limit, step], path, part=True)
 
 
 def _where(w, node, args, weights, stats, path):
@@ -327,6 +273,84 @@ def _axes_input(op_type: str) -> Callable:
     return write
 
 
+_END = np.iinfo(np.int64).max  # Slice's "to the end"
+
+
+def _getitem(w, node, args, weights, stats, path):
+    """``x[index]``: Slice over the sliced and indexed axes, Squeeze of the indexed
+    ones, Unsqueeze of the new (None) ones."""
+    rank = len(w.input_specs[0].shape)
+    entries = list(node.op.index)
+    full = (None, None, None)
+    missing = rank - len([e for e in entries if e is not None and e != "..."])
+    if "..." in entries:
+        at = entries.index("...")
+        entries[at:at + 1] = [full] * missing
+    else:
+        entries += [full] * missing
+    sliced: list[tuple[int, int, int, int]] = []  # (start, end, axis, step)
+    drop, new = [], []
+    axis = out = 0
+    for e in entries:
+        if e is None:
+            new.append(out)
+            out += 1
+            continue
+        if isinstance(e, int):
+            sliced.append((e, _END if e == -1 else e + 1, axis, 1))
+            drop.append(axis)
+        else:
+            out += 1
+            if e != full:
+                start, stop, step = e
+                sliced.append((start or 0, _END if stop is None else stop, axis, step or 1))
+        axis += 1
+    (x,) = args
+    if sliced:
+        bounds = [w.constant(f"{path}.{what}", np.asarray(v, np.int64))
+                  for what, v in zip(("starts", "ends", "axes", "steps"), zip(*sliced))]
+        (x,) = w.node("Slice", [x, *bounds], path, part=True)
+    for op_type, which, values in (("Squeeze", "drop", drop), ("Unsqueeze", "new", new)):
+        if values:
+            (x,) = w.node(op_type, [x, w.constant(f"{path}.{which}", np.asarray(values, np.int64))],
+                          path, part=True)
+    return [x] if x != args[0] else w.node("Identity", [x], path)
+
+
+def _broadcast_to(w, node, args, weights, stats, path):
+    return w.node("Expand", [args[0], shape_tensor(w, node, node.outputs[0].shape, path)], path)
+
+
+def write_bounded(w, op, inputs: list[str], attrs: dict, path: str) -> list[str]:
+    """A NonZero, Unique or NonMaxSuppression read with a static bound
+    (``from_onnx(sizes=...)``): the operator, then each output of data-dependent length
+    padded by the bound and cut to it (Pad, Slice), the padding as ``ops_bounded``
+    computes it."""
+    size, fill = int(attrs.pop("size")), attrs.pop("fill_value")
+    outs = w.node(op.onnx_type, inputs, path, op.outputs, part=True, **attrs)
+    # (output, its rank, the axis of data-dependent length, the padding, its dtype)
+    if op.onnx_type == "Unique":
+        axis = attrs.get("axis")
+        rank = 1 if axis is None else len(w.input_specs[0].shape)
+        plan = [(0, rank, (axis or 0) % rank, fill, w.input_specs[0].dtype),
+                (1, 1, 0, -1, np.int64), (3, 1, 0, 0, np.int64)]
+    else:  # NonZero (rank, count); NonMaxSuppression (count, 3)
+        plan = [(0, 2, 1 if op.onnx_type == "NonZero" else 0, fill, np.int64)]
+    for i, rank, along, value, kind in plan:
+        if i >= len(outs):
+            continue
+        pads = np.zeros(2 * rank, np.int64)
+        pads[rank + along] = size
+        where = f"{path}/bound{i}"
+        (padded,) = w.node("Pad", [outs[i], w.constant(f"{where}.pads", pads),
+                                   w.constant(f"{where}.fill", np.asarray(value, kind))],
+                           where, part=True)
+        bounds = [w.constant(f"{where}.{n}", np.asarray([v], np.int64))
+                  for n, v in (("start", 0), ("end", size), ("axis", along))]
+        (outs[i],) = w.node("Slice", [padded, *bounds], where, part=True)
+    return outs
+
+
 RULES: dict[str, Callable] = {
     "linear": _linear, "param": _param, "onnx.constant": _constant, "cast": _cast,
     "relu": _unary("Relu"), "tanh": _unary("Tanh"), "sigmoid": _unary("Sigmoid"),
@@ -337,12 +361,13 @@ RULES: dict[str, Callable] = {
     "layer_norm": _layer_norm, "flatten": _flatten, "concat": _axis_op("Concat"),
     "conv": _conv, "max_pool": _pool("MaxPool"), "avg_pool": _pool("AveragePool"),
     "batch_norm": _batch_norm, "embedding": _embedding, "dropout": _unary("Identity"),
-    "multi_head_attention": _attention, "causal_mask": _causal_mask,
+    "multi_head_attention": attention, "causal_mask": _causal_mask,
     "global_avg_pool": _global_pool("ReduceMean"), "global_max_pool": _global_pool("ReduceMax"),
     "rms_norm": _rms_norm, "arange": _arange, "reshape": _reshape, "transpose": _transpose,
     "equal": _binary("Equal"), "not_equal": _not_equal, "less": _binary("Less"),
     "less_equal": _binary("LessOrEqual"), "greater": _binary("Greater"),
     "greater_equal": _binary("GreaterOrEqual"), "pow": _binary("Pow"),
     "where": _where, "expand_dims": _axes_input("Unsqueeze"),
-    "squeeze": _axes_input("Squeeze"),
+    "squeeze": _axes_input("Squeeze"), "getitem": _getitem, "broadcast_to": _broadcast_to,
+    "conv_transpose": _conv_transpose,
 }

@@ -1,0 +1,96 @@
+"""``to_onnx``'s forms of attention (rotary embeddings, grouped key/value heads, a
+sliding window, a mask; ONNX's Attention and RotaryEmbedding from opset 23, primitive
+operators before), of indexing, broadcasting and transposed convolutions: each run in
+onnxruntime equal to mlaxgraph, and ``from_onnx`` of the file equal again."""
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import mlaxgraph as mg  # noqa: E402
+from mlaxgraph import ops  # noqa: E402
+
+
+def _check(graph, xs, opset, *, back=True):
+    """The graph written at ``opset``: onnxruntime's outputs and those of the graph
+    read back equal mlaxgraph's; returns the file's operator types."""
+    model = mg.compile(graph)
+    params, state = model.init(jax.random.key(0))
+    proto = graph.to_onnx(None, params, state, opset=opset)
+    want, _ = model.apply(params, state, *xs, inference_mode=True)
+    want = want if isinstance(want, tuple) else (want,)
+    session = ort.InferenceSession(proto.SerializeToString())
+    got = session.run(None, {v.name: x for v, x in zip(proto.graph.input, xs)})
+    for w, o in zip(want, got):
+        np.testing.assert_allclose(o, np.asarray(w), rtol=2e-4, atol=2e-5)
+    if back:
+        bound = {str(d): x.shape[i] for spec, x in zip(graph.input_specs, xs)
+                 for i, d in enumerate(spec.shape) if not isinstance(d, int)}
+        read, params2, state2 = mg.from_onnx(proto, dims=bound)
+        again, _ = mg.compile(read).apply(params2, state2, *xs, inference_mode=True)
+        again = again if isinstance(again, tuple) else (again,)
+        for w, o in zip(want, again):
+            np.testing.assert_allclose(np.asarray(o), np.asarray(w), rtol=2e-4, atol=2e-5)
+    return {n.op_type for n in proto.graph.node}
+
+
+# opset 21: primitive operators, the rotation's tables as constants; 23: Attention
+# (is_causal without mask and window) and RotaryEmbedding, the tables computed from the
+# symbolic length. (The zoo's Llama and Qwen2 write the primitive form at a symbolic length.)
+@pytest.mark.parametrize("opset, length, masked", [(21, 6, True), (23, "seq", True),
+                                                   (23, "seq", False)])
+def test_rotary_grouped_heads_and_window(opset, length, masked):
+    x = mg.Input(("batch", length, 16), name="x")
+    attention = ops.MultiHeadAttention(4, 4, num_kv_heads=2, causal=True, rope=500.0,
+                                       rope_scaling={"rope_type": "linear", "factor": 2.0},
+                                       sliding_window=3 if masked else None, name="attn")
+    rng = np.random.default_rng(1)
+    xs = [rng.normal(size=(2, 6, 16)).astype(np.float32)]
+    if masked:  # (batch, q_len, kv_len), and with it the causal mask and the window
+        mask = mg.Input(("batch", length, length), "bool", name="mask")
+        graph = mg.Graph([x, mask], attention(x, mask=mask), name="a")
+        xs.append(rng.random((2, 6, 6)) < 0.8)
+    else:
+        graph = mg.Graph(x, attention(x), name="a")
+    types = _check(graph, xs, opset)
+    fused = {"Attention", "RotaryEmbedding"}
+    assert fused <= types if opset >= 23 else not fused & types
+
+
+def test_getitem_and_broadcast_to():
+    x = mg.Input(("batch", 6, 5), name="x")
+    outs = [x[:, 0], x[..., 1:4], x[:, None, -1], x[1:, ::2], x[:, -2:, 3], x[-1],
+            ops.broadcast_to(x[:, :1], (x.shape[0], 3, 5))]
+    graph = mg.Graph(x, tuple(outs), name="g")
+    value = np.arange(3 * 6 * 5, dtype=np.float32).reshape(3, 6, 5)
+    _check(graph, [value], 21)
+    want = [value[:, 0], value[..., 1:4], value[:, None, -1], value[1:, ::2], value[:, -2:, 3],
+            value[-1], np.broadcast_to(value[:, :1], (3, 3, 5))]
+    got = mg.compile(graph).apply({}, {}, value, inference_mode=True)[0]
+    for w, o in zip(want, got):
+        np.testing.assert_array_equal(np.asarray(o), w)
+
+
+@pytest.mark.parametrize("kernel, strides, padding, layout", [
+    ((3, 3), 2, "SAME", "NCHW"), ((1, 1), 2, "VALID", "NHWC"), ((3, 2), (1, 2), ((1, 0), (0, 1)), "NHWC")])
+def test_conv_transpose(kernel, strides, padding, layout):
+    shape = ("batch", 4, 5, 3) if layout == "NHWC" else ("batch", 3, 4, 5)
+    x = mg.Input(shape, name="x")
+    layer = ops.ConvTranspose(2, kernel, strides=strides, padding=padding, data_format=layout,
+                              name="up")
+    graph = mg.Graph(x, layer(x), name="t")
+    value = np.random.default_rng(3).normal(size=(2,) + shape[1:]).astype(np.float32)
+    assert "ConvTranspose" in _check(graph, [value], 21, back=False)
+
+
+def test_adapters_are_named():
+    x = mg.Input(("batch", 4, 8), name="x")
+    graph = mg.Graph(x, ops.MultiHeadAttention(2, name="attn")(x), name="l")
+    adapted = mg.lora(graph, "attn", rank=2)
+    model = mg.compile(adapted)
+    params, state = model.init(jax.random.key(0))
+    with pytest.raises(mg.SerializationError, match=r"adapters \(query, value\) have no ONNX form.*mg\.merge_lora"):
+        adapted.to_onnx(None, params, state)
