@@ -281,6 +281,49 @@ def test_attention_projections_equal_the_float_attention_with_numpy_dequantized_
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def np_int8_dot(x, q, s):
+    """x (float, (..., in)) quantized per token, times int8 q (in, out) in int64, scaled
+    by the token's scale and the columns' s."""
+    xq, xs = np_int8(x, (-1,))
+    return (xq.astype(np.int64) @ q.astype(np.int64)).astype(np.float32) * xs * s
+
+
+def test_int8_attention_projections_are_int8_dots_equal_to_numpy(gpt2):
+    g, params, state, ids = gpt2
+    qg = mg.quantize(g, "int8", targets="h.0/attn")
+    qp, qs = mg.quantize_weights(qg, params, state)
+    model = mg.compile(qg)
+    _, _, got = model.apply(qp, qs, ids, inference_mode=True, capture=["h.0/ln_1", "h.0/attn"])
+    x = np.asarray(got["h.0/ln_1"], np.float32)  # (b, l, d), the attention's input
+    attn = params["h.0"]["attn"]
+    heads, head_dim = attn["query"]["kernel"].shape[1:]
+    proj = {}
+    for name in ("query", "key", "value", "out"):
+        w = np.asarray(attn[name]["kernel"])
+        matrix = w.reshape(w.shape[0], -1) if name != "out" else w.reshape(-1, w.shape[-1])
+        proj[name] = np_int8(matrix, (0,))
+        np.testing.assert_array_equal(np.asarray(qp["h.0"]["attn"][name]["kernel"]),
+                                      proj[name][0])
+    b, n = x.shape[:2]
+    qkv = {}
+    for name in ("query", "key", "value"):
+        y = np_int8_dot(x, *proj[name]).reshape(b, n, heads, head_dim)
+        qkv[name] = y + np.asarray(attn[name]["bias"])
+    scores = np.einsum("bqhk,bshk->bhqs", qkv["query"] / np.sqrt(head_dim), qkv["key"])
+    scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attended = np.einsum("bhqs,bshk->bqhk", weights, qkv["value"]).reshape(b, n, -1)
+    want = np_int8_dot(attended, *proj["out"]) + np.asarray(attn["out"]["bias"])
+    np.testing.assert_allclose(np.asarray(got["h.0/attn"]), want, rtol=1e-4, atol=1e-5)
+    # The optimized HLO multiplies s8 x s8 -> s32 inside the attention.
+    dots = [str(o) for o in model.hlo_by_layer(ids, inference_mode=True)["h.0/attn"]]
+    assert sum("s32[" in line and ("dot" in line or "fusion" in line) for line in dots) >= 2, dots
+    (row,) = [row for row in model.cost_table(batch=2, seq=8, inference_mode=True)
+              if row.op == "quantized_multi_head_attention"]
+    assert row.flops == row.xla_flops, row
+
+
 def test_gpt2_default_targets_bytes_as_stored_and_int8_dot_in_hlo(gpt2):
     g, params, state, ids = gpt2
     qg = mg.quantize(g, "int8")

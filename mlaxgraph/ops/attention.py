@@ -263,13 +263,24 @@ class MultiHeadAttention(Layer):
         attention dequantizes its stored ones here)."""
         return cast_params(params, dtype)
 
+    def _project(self, x, w):
+        """A query, key or value projection ``(b, l, d) -> (b, l, heads, head_dim)``
+        without its bias (``w``: the projection's weights as ``float_weights`` gives
+        them)."""
+        return jnp.einsum("bld,dhk->blhk", x, w["kernel"])
+
+    def _project_out(self, attended, w):
+        """The output projection ``(b, l, heads, head_dim) -> (b, l, out)`` without its
+        bias."""
+        return jnp.einsum("bqhk,hko->bqo", attended, w["kernel"])
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         inputs, deltas = self._split(inputs)
         q_in, kv_in = inputs[:2]
         p = self.float_weights(params, q_in.dtype)
 
         def project(x, w, name):
-            y = jnp.einsum("bld,dhk->blhk", x, w["kernel"])
+            y = self._project(x, w)
             y = y + w["bias"] if self.use_bias else y
             return y + deltas[name].reshape(y.shape) if name in deltas else y
 
@@ -308,7 +319,7 @@ class MultiHeadAttention(Layer):
             weights = weights.reshape((weights.shape[0], self.kv_heads, group) + weights.shape[2:])
             attended = jnp.einsum("bngqs,bsnk->bqngk", weights, v)
             attended = attended.reshape(attended.shape[:2] + (self.num_heads, head_dim))
-        out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
+        out = self._project_out(attended, p["out"])
         if self.has_out_bias:
             out = out + p["out"]["bias"]
         if "out" in self.adapters:
