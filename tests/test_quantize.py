@@ -32,6 +32,24 @@ def np_int8(w, axes):
     return np.clip(np.round(w.astype(np.float32) / s), -127, 127).astype(np.int8), s
 
 
+def np_range(x, axes):
+    """(scale, zero) of asymmetric int8 over ``axes`` (keepdims): [min(x, 0), max(x, 0)]
+    over 255 steps, zero the integer 0.0 maps to."""
+    x = x.astype(np.float32)
+    low = np.minimum(x.min(axis=axes, keepdims=True), 0)
+    high = np.maximum(x.max(axis=axes, keepdims=True), 0)
+    span = high - low
+    scale = np.where(span > 0, span * np.float32(1 / 255), np.float32(1)).astype(np.float32)
+    zero = np.clip(np.round(-low / scale).astype(np.int32) - 128, -128, 127)
+    return scale, zero
+
+
+def np_asymmetric(x, scale, zero):
+    """int8 values of x with a zero point: round(x / scale) + zero within [-128, 127]."""
+    q = np.clip(np.round(x.astype(np.float32) / scale), -128 - zero, 127 - zero) + zero
+    return q.astype(np.int8)
+
+
 def np_float8(w, axes):
     s = np_absmax(w, axes, 448)
     return np.clip(w.astype(np.float32) / s, -448, 448).astype(F8), s
@@ -82,6 +100,38 @@ def test_int8_weights_and_outputs_equal_numpy(linear):
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, atol=1e-6)
 
 
+def test_int8_after_gelu_is_asymmetric_with_a_zero_point_equal_to_numpy(linear):
+    _, params, state, x = linear
+    inp = mg.Input(("batch", 64), name="x")
+    g = mg.Graph(inp, ops.Linear(24, name="fc")(ops.Gelu(name="act")(inp)))
+    qg = mg.quantize(g, "int8")
+    cast = qg.node("fc.quantize")
+    assert cast.op.zero_point and [str(s) for s in cast.outputs] == [
+        "i8[batch,64]", "f32[batch,1]", "i32[batch,1]"]
+    qp, qs = mg.quantize_weights(qg, params, state)
+    assert int(qs["fc.quantize"]["zero"]) == 0 and float(qs["fc.quantize"]["scale"]) == 0
+    out, _, captured = mg.compile(qg).apply(qp, qs, x * 3, capture=["act", "fc.quantize"])
+    h = np.asarray(captured["act"])  # (5, 64), GELU's: most of its range above zero
+    assert h.min() > -0.2 and h.max() > 5
+    hs, hz = np_range(h, (1,))
+    hq = np_asymmetric(h, hs, hz)
+    got_q, got_s, got_z = (np.asarray(v) for v in captured["fc.quantize"])
+    np.testing.assert_array_equal(got_z, hz)
+    np.testing.assert_array_equal(got_s, hs)
+    np.testing.assert_array_equal(got_q, hq)
+    w, ws = np_int8(np.asarray(params["fc"]["kernel"]), (0,))
+    acc = (hq.astype(np.int64) - hz) @ w.astype(np.int64)
+    ref = acc.astype(np.float32) * hs * ws[0] + np.asarray(params["fc"]["bias"])
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
+    # Finer than the symmetric int8 of the same values: half the step.
+    sq, ss = np_int8(h, (1,))
+    assert np.abs((hq.astype(np.float32) - hz) * hs - h).mean() < \
+        0.7 * np.abs(sq.astype(np.float32) * ss - h).mean()
+    row = [r for r in mg.compile(qg).cost_table(batch=5, inference_mode=True)
+           if r.op.startswith("quantize")]
+    assert all(r.flops == r.xla_flops for r in row) and len(row) == 2, row
+
+
 def test_calibration_gives_static_scales_equal_to_numpy():
     x = mg.Input(("batch", 16), name="x")
     h = ops.Linear(32, activation="relu", name="fc1")(x)
@@ -98,26 +148,36 @@ def test_calibration_gives_static_scales_equal_to_numpy():
     w2, s2 = np_int8(np.asarray(params["fc2"]["kernel"]), (0,))
     b1, b2 = np.asarray(params["fc1"]["bias"]), np.asarray(params["fc2"]["bias"])
 
-    def np_model(v, scale1=None, scale2=None):
+    # fc2 reads a ReLU's output: asymmetric, with a zero point.
+    assert (qg.node("fc1.quantize").op.zero_point, qg.node("fc2.quantize").op.zero_point) == \
+        (False, True)
+
+    def np_model(v, scale1=None, static2=None):
         """The int8 model in NumPy: static scales where given, per-token ones else."""
-        def layer(v, w, ws, b, scale):
-            if scale is None:
-                vq, vs = np_int8(v, (1,))
-            else:
-                vs = np.float32(scale)
-                vq = np.clip(np.round(v / vs), -127, 127).astype(np.int8)
-            acc = vq.astype(np.int32) @ w.astype(np.int32)
-            return acc.astype(np.float32) * vs * ws[0] + b
-        hidden = np.maximum(layer(v, w1, s1, b1, scale1), 0)
-        return hidden, layer(hidden, w2, s2, b2, scale2)
+        if scale1 is None:
+            vq, vs = np_int8(v, (1,))
+        else:
+            vs = np.float32(scale1)
+            vq = np.clip(np.round(v / vs), -127, 127).astype(np.int8)
+        acc = vq.astype(np.int32) @ w1.astype(np.int32)
+        hidden = np.maximum(acc.astype(np.float32) * vs * s1[0] + b1, 0)
+        hs, hz = np_range(hidden, (1,)) if static2 is None else static2
+        hq = np_asymmetric(hidden, hs, hz)
+        acc = (hq.astype(np.int32) - hz) @ w2.astype(np.int32)
+        return hidden, acc.astype(np.float32) * hs * s2[0] + b2
 
     want1 = max(np.abs(b).max() for b in batches) * np.float32(1 / 127)
-    want2 = max(np.abs(np_model(b)[0]).max() for b in batches) * np.float32(1 / 127)
+    ranges = [np_range(np_model(b)[0], (1,)) for b in batches]
+    high = max(((127 - z) * s).max() for s, z in ranges)
+    low = min(((-128 - z) * s).min() for s, z in ranges)
+    want2 = np_range(np.array([low, high], np.float32), (0,))
     np.testing.assert_allclose(float(qs["fc1.quantize"]["scale"]), want1, rtol=1e-7)
-    np.testing.assert_allclose(float(qs["fc2.quantize"]["scale"]), want2, rtol=1e-6)
+    np.testing.assert_allclose(float(qs["fc2.quantize"]["scale"]), want2[0][0], rtol=1e-6)
+    assert int(qs["fc2.quantize"]["zero"]) == int(want2[1][0]) == -128  # ReLU: low is 0
     test = rng.normal(size=(3, 16)).astype(np.float32) * 4  # beyond the range: clips
     out, _ = mg.compile(qg).apply(qp2, qs, test, inference_mode=True)
-    ref = np_model(test, float(qs["fc1.quantize"]["scale"]), float(qs["fc2.quantize"]["scale"]))[1]
+    ref = np_model(test, float(qs["fc1.quantize"]["scale"]),
+                   (np.float32(qs["fc2.quantize"]["scale"]), np.int32(qs["fc2.quantize"]["zero"])))[1]
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
     per_call, _ = mg.compile(qg).apply(qp, dynamic, test, inference_mode=True)
     assert not np.allclose(np.asarray(per_call), ref, atol=1e-3)  # the static scale is used

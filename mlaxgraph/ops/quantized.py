@@ -71,15 +71,23 @@ class _Scheme:
         """The dtype the weight's values are stored in."""
         return {"float8": FLOAT8, "int4_weight_only": np.dtype(jnp.uint8)}.get(self.scheme, _INT8)
 
-    def _quantized_inputs(self, inputs) -> tuple[Any, Any]:
-        if len(inputs) != 2:
+    def _quantized_inputs(self, inputs, zero: bool = False) -> tuple[Any, Any]:
+        """``(q, scale)`` of the inputs; ``zero``: a Linear, which also reads the
+        ``zero`` of a ``Quantize(zero_point=True)`` (int8)."""
+        counts = (2, 3) if zero and self.scheme == "int8" else (2,)
+        if len(inputs) not in counts:
             raise ShapeError(f"scheme {self.scheme!r} reads (q, scale) from a Quantize node, "
                              f"got {len(inputs)} input(s)", expected="2 tensors")
-        q, s = inputs
+        q, s = inputs[:2]
         if q.dtype != self.input_dtype or not s.is_float:
             raise DTypeError(f"scheme {self.scheme!r} reads {self.input_dtype} values and a "
                              f"float scale, got {q.dtype} and {s.dtype}",
                              expected=f"{self.input_dtype}, float32")
+        if len(inputs) == 3 and (inputs[2].dtype != np.dtype(jnp.int32)
+                                 or inputs[2].shape != s.shape):
+            raise DTypeError(f"the zero point must be int32 of the scale's shape {s.shape}, got "
+                             f"{inputs[2].dtype}{list(inputs[2].shape)}",
+                             expected=f"int32{list(s.shape)}")
         return q, s
 
     def _groups(self, n: int) -> int:
@@ -114,7 +122,9 @@ class QuantizedLinear(_Scheme, Linear):
     kernel's last (int4: ``(None, <last>)``). With ``int8`` / ``float8`` it reads
     ``(q, scale)`` from a ``Quantize`` node and multiplies int8 x int8 -> int32
     (float8 x float8 -> float32), then scales back: ``acc * scale * kernel_scale +
-    bias``; weight-only schemes read the float input: ``x @ dequantized + bias``.
+    bias``; from a ``Quantize(zero_point=True)`` it reads ``(q, scale, zero)`` and
+    subtracts ``zero`` times the kernel's column sums from ``acc`` first. Weight-only
+    schemes read the float input: ``x @ dequantized + bias``.
     The output has the scale's (the float input's) dtype.
     """
 
@@ -129,7 +139,7 @@ class QuantizedLinear(_Scheme, Linear):
         if not self.quantizes_inputs:
             n = super()._in_features(inputs)
         else:
-            q, _ = self._quantized_inputs(inputs)
+            q, _ = self._quantized_inputs(inputs, zero=True)
             if q.rank < 1 or is_symbolic(q.shape[-1]):
                 raise ShapeError("the last (contracted) dim must be a known int",
                                  expected=f"{q.dtype}[..., in]")
@@ -163,9 +173,11 @@ class QuantizedLinear(_Scheme, Linear):
         kernel, scale = params["kernel"], params["kernel_scale"]
         dims = (((inputs[0].ndim - 1,), (0,)), ((), ()))
         if self.quantizes_inputs:
-            q, s = inputs
+            q, s = inputs[:2]
             acc_dtype = jnp.int32 if self.scheme == "int8" else jnp.float32
             acc = lax.dot_general(q, kernel, dims, preferred_element_type=acc_dtype)
+            if len(inputs) == 3:  # (q - zero) @ kernel = q @ kernel - zero * column sums
+                acc = acc - inputs[2] * jnp.sum(kernel, axis=0, dtype=jnp.int32)
             y = acc.astype(jnp.float32) * s.astype(jnp.float32) * scale
             out_dtype = s.dtype
         else:
@@ -183,10 +195,12 @@ class QuantizedLinear(_Scheme, Linear):
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """The dot (``2 * in * out`` per row), the dequantization (``_dequantize_flops``),
-        the bias add, the activation."""
+        the zero point's correction, the bias add, the activation."""
         (y,) = outputs
         n_in = self._in_features(inputs)
         count = 2 * size(y) * n_in + self._dequantize_flops(n_in * self.features, size(y))
+        if len(inputs) == 3:  # the kernel's column sums (convert, adds), zero * sums, subtract
+            count = count + 2 * n_in * self.features - self.features + 2 * size(y)
         if self.use_bias:
             count = count + size(y) + (self.features if np.dtype(param_dtype) != y.dtype else 0)
         return count + activation_flops(self.activation, y)
