@@ -52,12 +52,12 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import models_mg  # noqa: E402
+import models_spec as S  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import mlaxgraph as mg  # noqa: E402
-import models_mg  # noqa: E402
-import models_spec as S  # noqa: E402
 
 CALLS = {"mlp": 20, "cnn": 20, "gpt2": 3}
 

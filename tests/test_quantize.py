@@ -86,8 +86,13 @@ def test_int8_weights_and_outputs_equal_numpy(linear):
     g, params, state, x = linear
     qg = mg.quantize(g, "int8")
     assert [(n.name, n.op.op_name) for n in qg.nodes] == [
-        ("x", "input"), ("fc.quantize", "quantize"), ("fc", "quantized_linear")]
+        ("x", "input"), ("fc.quantize", "quantize"), ("fc", "quantized_linear"),
+        ("fc.dequantize", "dequantize")]
     assert [str(s) for s in qg.node("fc.quantize").outputs] == ["i8[batch,64]", "f32[batch,1]"]
+    # The int32 product, and the per-channel scales and bias it passes on, visible.
+    assert [str(s) for s in qg.node("fc").outputs] == ["i32[batch,24]", "f32[24]", "f32[24]"]
+    assert [str(v) for v in qg.node("fc.dequantize").inputs] == [
+        "%fc", "%fc.quantize#1", "%fc#1", "%fc#2"]
     qp, qs = mg.quantize_weights(qg, params, state)
     w = np.asarray(params["fc"]["kernel"])
     q, s = np_int8(w, (0,))
@@ -284,7 +289,11 @@ def test_embedding_lookup_and_tied_head_equal_numpy(scheme):
     kw = {"group_size": 16} if scheme.startswith("int4") else {}
     qg = mg.quantize(g, scheme, **kw)
     ops_by_name = {n.name: n.op.op_name for n in qg.nodes}
-    assert ops_by_name["emb"] == ops_by_name[qg.nodes[-1].name] == "quantized_embedding"
+    head = qg.outputs[0].node
+    if scheme == "int8":  # the head's int32 product, then its Dequantize node
+        assert ops_by_name[head] == "dequantize"
+        head = qg.node(head).inputs[0].node
+    assert ops_by_name["emb"] == ops_by_name[head] == "quantized_embedding"
     qp, qs = mg.quantize_weights(qg, params, state)
     table = np.asarray(params["emb"]["embedding"])
     if scheme == "int8":
@@ -541,8 +550,10 @@ def test_flop_rules_match_xla_count(scheme):
     targets = ["fc"] if scheme == "float8" else None
     qg = mg.quantize(g, scheme, targets=targets, **({"group_size": 4} if "int4" in scheme else {}))
     table = mg.compile(qg).cost_table(batch=3, inference_mode=True)
-    quantized = [row for row in table if row.op.startswith("quantize")]
+    quantized = [row for row in table if row.op.startswith(("quantize", "dequantize"))]
     assert len(quantized) >= (2 if scheme == "float8" else 4)
+    if scheme in ("int8", "float8"):
+        assert sum(row.op == "dequantize" for row in quantized) == (1 if scheme == "float8" else 3)
     for row in quantized:
         assert row.flops == row.xla_flops, row
 

@@ -24,6 +24,7 @@ from ..ir.scan import unfold_scans
 from ..ir.surgery import layer_paths, resolve_selection
 from ..ir.verify import verify
 from ..ops.conv import Conv
+from ..ops.dequantize import Dequantize
 from ..ops.quantize import SCHEMES, Quantize, quantize_weight, range_scale
 from ..ops.quantized import QuantizedConv, QuantizedEmbedding, QuantizedLinear
 from ..ops.quantized_attention import QuantizedMultiHeadAttention
@@ -57,7 +58,9 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
     ``quantized_conv``, ``quantized_embedding``, ``quantized_multi_head_attention``)
     under the same name, so its weights keep their path; with int8 and float8 a
     ``Quantize`` node ``<name>.quantize`` before a Linear, Conv or tied head casts its
-    input, with the scale as its second output; with int8, one before a Linear whose
+    input, with the scale as its second output, and a ``Dequantize`` node
+    ``<name>.dequantize`` after it turns the layer's int32 (float8: float32) product
+    back into floats (the scales, the bias and the activation); with int8, one before a Linear whose
     input is the output of a one-signed activation (``ONE_SIGNED``: ReLU, GELU, SiLU
     ...) is asymmetric (``zero_point=True``: the token's range ``[min, max]`` over the
     256 levels, a zero point as third output). An attention quantizes its projections'
@@ -142,8 +145,14 @@ def _quantized_op(op: Any, specs: Any, scheme: str, group: int | None) -> Any:
     kernel size)."""
     if isinstance(op, Conv):
         op = op.resolved(specs)
-    return QUANTIZED_OPS[op.op_name](**op.attrs(), scheme=scheme, group_size=group,
-                                     name=op.name)
+    cls = QUANTIZED_OPS[op.op_name]
+    # A Dequantize node rescales the product of a layer reading a quantized input.
+    attrs = op.attrs()
+    if scheme in ("int8", "float8") and cls is not QuantizedMultiHeadAttention:
+        attrs["dequantize"] = False
+        if attrs.get("activation") is not None:  # the Dequantize node applies it
+            attrs["activation"] = None
+    return cls(**attrs, scheme=scheme, group_size=group, name=op.name)
 
 
 def _inner_graph(graph: Graph, path: str) -> Graph:
@@ -186,7 +195,18 @@ class _Quantize(Rule):
                 and _one_signed(rewrite, x))
         cast = Quantize(quantized.input_dtype, axes, zero_point=zero, name=name)
         q = rewrite.emit(Node(name, cast, (x,), (), name, self.source), infer=True)
-        return node.replace(op=quantized, inputs=tuple(q.value(i) for i in range(2 + zero)))
+        # The layer's product, then a Dequantize node: scales, bias, activation.
+        activation = getattr(node.op, "activation", None)
+        layer = quantized
+        kept = rewrite.keep(node.replace(op=layer, inputs=tuple(q.value(i)
+                                                                for i in range(2 + zero))))
+        axis = 1 if isinstance(layer, Conv) and not layer.channels_last else -1
+        name = rewrite.fresh(node.name + ".dequantize")
+        back = Dequantize(activation, axis, name=name)
+        inputs = (kept.value(0), q.value(1)) + tuple(kept.value(i)
+                                                     for i in range(1, len(kept.outputs)))
+        d = rewrite.emit(Node(name, back, inputs, (), name, self.source), infer=True)
+        return (d.value(0),)
 
 
 #: Activations whose outputs are of one sign but for a small bound (ReLU's >= 0,
@@ -276,6 +296,10 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
                 "model's params, unscanned: model.unstack_weights gives them)")) from None
         if isinstance(node.op, tuple(QUANTIZED_OPS.values())) and not _stored(given, want):
             given = _quantized(path, node, given, want)
+        if isinstance(want, Mapping) and "kernel_sum" in want and "kernel_sum" not in given:
+            # the column sums a zero point's correction reads, from the int8 kernel
+            given = {**given, "kernel_sum": jnp.sum(jnp.asarray(given["kernel"]), axis=0,
+                                                    dtype=jnp.int32)}
         _check(path, node, given, want)
         out = set_in(out, keys, dict(given))
     _check(qgraph.name, None, state, expected_state, "state")

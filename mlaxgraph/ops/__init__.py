@@ -26,6 +26,7 @@ from .constraint import Constrain, constrain
 from .conv import Conv
 from .conv_transpose import ConvTranspose
 from .creation import Arange, BroadcastTo, arange, broadcast_to
+from .dequantize import Dequantize
 from .dropout import Dropout
 from .elementwise import (
     Add,
@@ -102,5 +103,5 @@ __all__ = [
     "Identity", "identity", "Pad", "pad", "Where", "where", "Squeeze", "squeeze",
     "ExpandDims", "expand_dims", "Sum", "Mean", "Max", "sum", "mean", "max",
     "Quantize", "QuantizedLinear", "QuantizedConv", "QuantizedEmbedding",
-    "QuantizedMultiHeadAttention",
+    "QuantizedMultiHeadAttention", "Dequantize",
 ]

@@ -56,6 +56,28 @@ class _Scheme:
             layer.invalid(f"group_size is for int4_weight_only, not {self.scheme!r}")
 
     @property
+    def separate(self) -> bool:
+        """Whether a ``Dequantize`` node rescales this layer's product (``dequantize=
+        False``, reading a quantized input): the layer outputs ``(acc, kernel_scale[,
+        bias])``."""
+        return self.quantizes_inputs and not getattr(self, "dequantize", True)
+
+    def _check_separate(self) -> None:
+        layer: Any = self
+        if not isinstance(getattr(self, "dequantize", True), bool):
+            layer.invalid(f"dequantize must be a bool, got {layer.dequantize!r}")
+        if self.separate and getattr(self, "activation", None) is not None:
+            layer.invalid("with dequantize=False the Dequantize node after the layer applies "
+                          "the activation; give it there")
+
+    def _separate_outputs(self, acc, features: int, bias: bool) -> tuple:
+        """The specs of ``(acc, kernel_scale[, bias])`` (the scales and bias float32) of
+        a layer rescaled by a ``Dequantize`` node."""
+        acc_dtype = np.dtype(jnp.int32) if self.scheme == "int8" else _F32
+        channel = acc.with_shape((features,)).with_dtype(_F32)
+        return (acc.with_dtype(acc_dtype), channel) + ((channel,) if bias else ())
+
+    @property
     def quantizes_inputs(self) -> bool:
         """Whether the layer reads its input quantized (``(q, scale)`` from a
         ``Quantize`` node): the int8 and float8 schemes."""
@@ -123,17 +145,26 @@ class QuantizedLinear(_Scheme, Linear):
     ``(q, scale)`` from a ``Quantize`` node and multiplies int8 x int8 -> int32
     (float8 x float8 -> float32), then scales back: ``acc * scale * kernel_scale +
     bias``; from a ``Quantize(zero_point=True)`` it reads ``(q, scale, zero)`` and
-    subtracts ``zero`` times the kernel's column sums from ``acc`` first. Weight-only
+    subtracts ``zero`` times the kernel's column sums from ``acc`` first: they are the
+    param ``kernel_sum`` ``(features,)`` int32, made with the kernel by
+    ``mg.quantize_weights`` (summing them at each call costs more than the dot). Weight-only
     schemes read the float input: ``x @ dequantized + bias``.
-    The output has the scale's (the float input's) dtype.
+    The output has the scale's (the float input's) dtype. With ``dequantize=False``
+    (what ``mg.quantize`` makes) a layer reading a quantized input outputs ``(acc,
+    kernel_scale[, bias])`` instead (``acc`` int32, float32 for float8; the scales and
+    bias float32) and a ``Dequantize`` node after it rescales, adds the bias and
+    applies the activation; the same holds for ``QuantizedConv`` and a quantized tied
+    head (``QuantizedEmbedding.attend``: ``(acc, embedding_scale)``).
     """
 
     scheme: str = "int8"
     group_size: int | None = None
+    dequantize: bool = True
 
     def validate(self):
         super().validate()
         self._check_scheme()
+        self._check_separate()
 
     def _in_features(self, inputs):
         if not self.quantizes_inputs:
@@ -152,7 +183,10 @@ class QuantizedLinear(_Scheme, Linear):
         self._in_features(inputs)
         x = inputs[0]
         dtype = inputs[1].dtype if self.quantizes_inputs else x.dtype
-        return (x.with_shape(x.shape[:-1] + (self.features,)).with_dtype(dtype),)
+        y = x.with_shape(x.shape[:-1] + (self.features,)).with_dtype(dtype)
+        if self.separate:
+            return self._separate_outputs(y, self.features, self.use_bias)
+        return (y,)
 
     def param_specs(self, inputs):
         n_in = self._in_features(inputs)
@@ -164,6 +198,9 @@ class QuantizedLinear(_Scheme, Linear):
             kernel, scale, scale_axes = (n_in, self.features), (self.features,), axes[-1:]
         specs = {"kernel": ParamSpec(kernel, initializers.zeros, axes, dtype=self.value_dtype),
                  "kernel_scale": ParamSpec(scale, initializers.ones, scale_axes, dtype=_F32)}
+        if len(inputs) == 3:  # a zero point: the kernel's column sums, made with the kernel
+            specs["kernel_sum"] = ParamSpec((self.features,), initializers.zeros, axes[-1:],
+                                            dtype=np.dtype(jnp.int32))
         if self.use_bias:
             specs["bias"] = ParamSpec((self.features,), self.bias_init or initializers.zeros,
                                       axes[-1:])
@@ -177,7 +214,10 @@ class QuantizedLinear(_Scheme, Linear):
             acc_dtype = jnp.int32 if self.scheme == "int8" else jnp.float32
             acc = lax.dot_general(q, kernel, dims, preferred_element_type=acc_dtype)
             if len(inputs) == 3:  # (q - zero) @ kernel = q @ kernel - zero * column sums
-                acc = acc - inputs[2] * jnp.sum(kernel, axis=0, dtype=jnp.int32)
+                acc = acc - inputs[2] * params["kernel_sum"]
+            if self.separate:
+                passed = (params["bias"].astype(jnp.float32),) if self.use_bias else ()
+                return (acc, scale) + passed, state
             y = acc.astype(jnp.float32) * s.astype(jnp.float32) * scale
             out_dtype = s.dtype
         else:
@@ -196,11 +236,15 @@ class QuantizedLinear(_Scheme, Linear):
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """The dot (``2 * in * out`` per row), the dequantization (``_dequantize_flops``),
         the zero point's correction, the bias add, the activation."""
-        (y,) = outputs
+        y = outputs[0]
         n_in = self._in_features(inputs)
-        count = 2 * size(y) * n_in + self._dequantize_flops(n_in * self.features, size(y))
-        if len(inputs) == 3:  # the kernel's column sums (convert, adds), zero * sums, subtract
-            count = count + 2 * n_in * self.features - self.features + 2 * size(y)
+        count = 2 * size(y) * n_in
+        if len(inputs) == 3:  # zero * the kernel's column sums, the subtract
+            count = count + 2 * size(y)
+        if self.separate:  # the Dequantize node rescales (and its bias is passed on)
+            return count + (self.features if self.use_bias and np.dtype(param_dtype) != _F32
+                            else 0)
+        count = count + self._dequantize_flops(n_in * self.features, size(y))
         if self.use_bias:
             count = count + size(y) + (self.features if np.dtype(param_dtype) != y.dtype else 0)
         return count + activation_flops(self.activation, y)
@@ -221,10 +265,12 @@ class QuantizedConv(_Scheme, Conv):
 
     scheme: str = "int8"
     group_size: int | None = None
+    dequantize: bool = True
 
     def validate(self):
         super().validate()
         self._check_scheme()
+        self._check_separate()
         if isinstance(self.kernel_size, int):
             self.invalid("a quantized Conv needs its kernel size per spatial dim")
         if self.scheme == "float8":
@@ -248,6 +294,8 @@ class QuantizedConv(_Scheme, Conv):
     def infer(self, inputs):
         x, _ = self._checked(inputs)
         (y,) = super().infer([x.with_dtype(_F32)])
+        if self.separate:
+            return self._separate_outputs(y, self.features, self.use_bias)
         return (y.with_dtype(inputs[1].dtype if self.quantizes_inputs else x.dtype),)
 
     def param_specs(self, inputs):
@@ -289,6 +337,9 @@ class QuantizedConv(_Scheme, Conv):
         if self.quantizes_inputs:
             q, s = inputs
             acc = conv(q, kernel, preferred_element_type=jnp.int32)
+            if self.separate:
+                passed = (params["bias"].astype(jnp.float32),) if self.use_bias else ()
+                return (acc, scale) + passed, state
             y = acc.astype(jnp.float32) * s.astype(jnp.float32) * self._channels(scale, n)
             out_dtype = s.dtype
         else:
@@ -311,10 +362,13 @@ class QuantizedConv(_Scheme, Conv):
         x, _ = self._checked(inputs)
         plain = Conv(self.features, self.kernel_size, strides=self.strides,
                      padding=self.padding, dilation=self.dilation, groups=self.groups,
-                     use_bias=self.use_bias, data_format=self.data_format,
+                     use_bias=self.use_bias and not self.separate, data_format=self.data_format,
                      activation=self.activation)
-        count = plain.flops([x.with_dtype(_F32)], outputs, param_dtype=_F32,
+        count = plain.flops([x.with_dtype(_F32)], outputs[:1], param_dtype=_F32,
                             inference_mode=inference_mode)
+        if self.separate:  # the Dequantize node rescales (and its bias is passed on)
+            return count + (self.features if self.use_bias and np.dtype(param_dtype) != _F32
+                            else 0)
         kernel = self.features * (x.shape[self._channel_axis()] // self.groups)
         for k in self.kernel_size:
             kernel *= k
@@ -341,10 +395,12 @@ class QuantizedEmbedding(_Scheme, Embedding):
 
     scheme: str = "int8"
     group_size: int | None = None
+    dequantize: bool = True
 
     def validate(self):
         super().validate()
         self._check_scheme()
+        self._check_separate()
         if self.scheme == "float8":
             self.invalid("float8 quantizes Linear layers (as Keras's float8), not Embedding")
         if self.scheme == "int4_weight_only":
@@ -359,7 +415,10 @@ class QuantizedEmbedding(_Scheme, Embedding):
             if q.shape[-1:] != (self.features,):
                 raise ShapeError(f"attend() takes (..., {self.features}) features",
                                  expected=f"{q.dtype}[...,{self.features}]")
-            return (s.with_shape(q.shape[:-1] + (self.num_embeddings,)),)
+            y = s.with_shape(q.shape[:-1] + (self.num_embeddings,))
+            if self.separate:
+                return self._separate_outputs(y, self.num_embeddings, False)
+            return (y,)
         return super().infer(inputs)
 
     def param_specs(self, inputs):
@@ -383,6 +442,8 @@ class QuantizedEmbedding(_Scheme, Embedding):
             q, s = inputs
             acc = jnp.einsum("...d,vd->...v", q, params["embedding"],
                              preferred_element_type=jnp.int32)
+            if self.separate:
+                return (acc, params["embedding_scale"]), state
             y = acc.astype(jnp.float32) * s.astype(jnp.float32) * params["embedding_scale"]
             return (y.astype(s.dtype),), state
         (ids,) = inputs
@@ -404,12 +465,12 @@ class QuantizedEmbedding(_Scheme, Embedding):
         """A lookup: as ``Embedding``'s for the rows and their scales, and the
         dequantization of each looked-up value; ``attend``: the product, the table's
         dequantization (weight-only) or the accumulator's scaling (int8)."""
-        (y,) = outputs
+        y = outputs[0]
         table = self.num_embeddings * self.features
         if self._attends(inputs):
             count = 2 * size(y) * self.features
             if len(inputs) == 2:
-                return count + 3 * size(y)
+                return count + (0 if self.separate else 3 * size(y))
             if self.scheme == "int8_weight_only":
                 return count + 2 * table  # the table's convert and multiply
             return count + self._dequantize_flops(table, 0)
