@@ -20,6 +20,7 @@ Systems:
                    ``jax.jit``; its outputs are checked against mlaxgraph's
   hand int8,       the same with every input quantized symmetric (no zero point
     symmetric      after the ReLU / GELU), the cost of the zero points' correction
+                   (not mlaxgraph's arithmetic: its outputs differ)
   keras int8       the same architecture in Keras 3 (``benchmarks/models_keras.py``,
                    JAX backend) after ``model.quantize("int8")``, called as its
                    ``predict_step`` does: ``jax.jit`` of ``model.stateless_call``.
@@ -92,7 +93,7 @@ def linear(x, p, zero_point=False):
     """An int8 Linear: ``x`` quantized per token, s8 x s8 -> s32, scaled, the bias."""
     if zero_point:
         q, s, z = _asymmetric(x)
-        acc = _dot(q, p["kernel"]) - z * jnp.sum(p["kernel"], 0, dtype=jnp.int32)
+        acc = _dot(q, p["kernel"]) - z * p["kernel_sum"]  # the column sums, stored
     else:
         q, s = _symmetric(x)
         acc = _dot(q, p["kernel"])
