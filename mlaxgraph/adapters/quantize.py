@@ -26,8 +26,9 @@ from ..ir.verify import verify
 from ..ops.conv import Conv
 from ..ops.dequantize import Dequantize
 from ..ops.quantize import SCHEMES, Quantize, quantize_weight, range_scale
-from ..ops.quantized import QuantizedConv, QuantizedEmbedding, QuantizedLinear
+from ..ops.quantized import QuantizedConv, QuantizedLinear
 from ..ops.quantized_attention import QuantizedMultiHeadAttention
+from ..ops.quantized_embedding import QuantizedEmbedding
 
 __all__ = ["quantize", "quantize_weights", "QUANTIZABLE", "QUANTIZED_OPS", "ONE_SIGNED"]
 

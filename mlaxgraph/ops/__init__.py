@@ -55,8 +55,9 @@ from .normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
 from .param import Param
 from .pooling import AvgPool, GlobalAvgPool, GlobalMaxPool, MaxPool
 from .quantize import Quantize
-from .quantized import QuantizedConv, QuantizedEmbedding, QuantizedLinear
+from .quantized import QuantizedConv, QuantizedLinear
 from .quantized_attention import QuantizedMultiHeadAttention
+from .quantized_embedding import QuantizedEmbedding
 from .recurrent import GRU, LSTM
 from .reduce import Max, Mean, Sum, max, mean, sum
 from .resize import Resize, Upsample, resize
