@@ -15,7 +15,7 @@ from jax import lax
 from ..core.registry import register
 from ..core.specs import ParamSpec
 from . import initializers
-from .attention import MultiHeadAttention
+from .attention import _OUT, MultiHeadAttention
 from .flops import size
 from .quantize import INT8_MAX, absmax_scale, dequantize_groups, quantize_to, quantize_weight, unpack_int4
 from .quantized import _F32, _Scheme
@@ -79,17 +79,13 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
     def _int8_dots(self) -> bool:
         return self.scheme == "int8"
 
-    def _project(self, x, w):
+    def _project(self, spec, x, w):
         if not self._int8_dots:
-            return super()._project(x, w)
+            return super()._project(spec, x, w)
+        if spec == _OUT:  # the heads' values, concatenated
+            return _int8_dot(x.reshape(x.shape[:2] + (-1,)), w["kernel"], w["kernel_scale"])
         y = _int8_dot(x, w["kernel"], w["kernel_scale"])
         return y.reshape(y.shape[:-1] + w["heads"])
-
-    def _project_out(self, attended, w):
-        if not self._int8_dots:
-            return super()._project_out(attended, w)
-        return _int8_dot(attended.reshape(attended.shape[:2] + (-1,)), w["kernel"],
-                         w["kernel_scale"])
 
     def float_weights(self, params, dtype):
         out: dict[str, Any] = {}
