@@ -571,3 +571,4 @@ def test_explorer_colours_the_casts_and_layers_by_stored_dtype(scheme, category,
                                               stored]
     if scheme != "int4_weight_only":
         assert nodes["fc.quantize"]["cat"] == category
+        assert nodes["fc.dequantize"]["cat"] == "float32"  # back to float, drawn as such
