@@ -203,6 +203,23 @@ def test_trainable_matching_nothing_lists_weight_paths():
         mg.train.Trainer(mg.compile(g), optax.sgd(0.1), trainable=3)
 
 
+def test_trainable_names_adapters_as_parts_of_their_targets():
+    x = mg.Input(("batch", 8), name="x")
+    y = mg.Input(("batch", 16), name="y")
+    block = mg.Graph(y, ops.Linear(16, name="inner")(y), name="block")
+    g = mg.Graph(x, ops.Linear(3, name="head")(block(ops.Linear(16, name="fc")(x))))
+    model = mg.compile(mg.lora(g, ["fc", "block/inner"], rank=2))
+    every = {"block/inner.lora_A/kernel", "block/inner.lora_B/kernel", "fc.lora_A/kernel",
+             "fc.lora_B/kernel"}
+    for pattern, chosen in [("**/lora_*", every), ("**/*.lora_*", every),
+                            ("*/lora_*", {"fc.lora_A/kernel", "fc.lora_B/kernel"}),
+                            ("block/*/lora_B", {"block/inner.lora_B/kernel"})]:
+        assert mg.train.Trainer(model, optax.sgd(0.1), trainable=pattern).trainable == chosen
+    # A pattern matching nothing says how the adapters are named.
+    with pytest.raises(mg.GraphError, match=r'adapters.*trainable="\*\*/lora_\*"'):
+        mg.train.Trainer(model, optax.sgd(0.1), trainable="layers.*/lora_*")
+
+
 def test_bad_input_is_an_error_naming_it(gpt2):
     g, _, _, _ = gpt2
     with pytest.raises(mg.GraphError, match="matches no layer.*near names: .*h.0/mlp.c_fc"):

@@ -151,8 +151,18 @@ CASES = {
         (ops.Quantize("int8"), [[(("batch", 8), F32)], [(("batch", 4, 6), BF16)]]),
         (ops.Quantize("float8_e4m3fn", axes=(1, 2)), [[(("batch", 3, 4), F32)]]),
     ],
+    "dequantize": [
+        (ops.Dequantize(), [[(("batch", 5), "int32"), (("batch", 1), F32), ((5,), F32)],
+                            [(("batch", 3, 5), "int32"), (("batch", 3, 1), BF16), ((5,), F32),
+                             ((5,), F32)]]),
+        (ops.Dequantize("relu", axis=1), [[(("batch", 5, 2, 2), F32), (("batch", 1, 1, 1), F32),
+                                          ((5,), F32), ((5,), F32)]]),
+    ],
     "quantized_linear": [
         (ops.QuantizedLinear(5, scheme="int8"), [[(("batch", 8), "int8"), (("batch", 1), F32)]]),
+        (ops.QuantizedLinear(5, scheme="int8", dequantize=False),
+         [[(("batch", 8), "int8"), (("batch", 1), F32)],
+          [(("batch", 8), "int8"), (("batch", 1), F32), (("batch", 1), "int32")]]),
         (ops.QuantizedLinear(5, scheme="float8", activation="relu"),
          [[(("batch", 3, 8), "float8_e4m3fn"), (("batch", 3, 1), BF16)]]),
         (ops.QuantizedLinear(5, scheme="int8_weight_only"), [[(("batch", 8), F32)]]),
@@ -162,6 +172,8 @@ CASES = {
     "quantized_conv": [
         (ops.QuantizedConv(4, (3, 3), scheme="int8", padding="SAME"),
          [[(("batch", 6, 6, 4), "int8"), (("batch", 1, 1, 1), F32)]]),
+        (ops.QuantizedConv(4, (3, 3), scheme="int8", data_format="NCHW", dequantize=False),
+         [[(("batch", 3, 6, 6), "int8"), (("batch", 1, 1, 1), F32)]]),
         (ops.QuantizedConv(4, (3, 3), scheme="int4_weight_only", group_size=2, data_format="NCHW"),
          [[(("batch", 4, 6, 6), F32)]]),
         (ops.QuantizedConv(4, (2,), scheme="int8_weight_only"), [[(("batch", 5, 3), F32)]]),

@@ -32,6 +32,24 @@ def np_int8(w, axes):
     return np.clip(np.round(w.astype(np.float32) / s), -127, 127).astype(np.int8), s
 
 
+def np_range(x, axes):
+    """(scale, zero) of asymmetric int8 over ``axes`` (keepdims): [min(x, 0), max(x, 0)]
+    over 255 steps, zero the integer 0.0 maps to."""
+    x = x.astype(np.float32)
+    low = np.minimum(x.min(axis=axes, keepdims=True), 0)
+    high = np.maximum(x.max(axis=axes, keepdims=True), 0)
+    span = high - low
+    scale = np.where(span > 0, span * np.float32(1 / 255), np.float32(1)).astype(np.float32)
+    zero = np.clip(np.round(-low / scale).astype(np.int32) - 128, -128, 127)
+    return scale, zero
+
+
+def np_asymmetric(x, scale, zero):
+    """int8 values of x with a zero point: round(x / scale) + zero within [-128, 127]."""
+    q = np.clip(np.round(x.astype(np.float32) / scale), -128 - zero, 127 - zero) + zero
+    return q.astype(np.int8)
+
+
 def np_float8(w, axes):
     s = np_absmax(w, axes, 448)
     return np.clip(w.astype(np.float32) / s, -448, 448).astype(F8), s
@@ -68,8 +86,13 @@ def test_int8_weights_and_outputs_equal_numpy(linear):
     g, params, state, x = linear
     qg = mg.quantize(g, "int8")
     assert [(n.name, n.op.op_name) for n in qg.nodes] == [
-        ("x", "input"), ("fc.quantize", "quantize"), ("fc", "quantized_linear")]
+        ("x", "input"), ("fc.quantize", "quantize"), ("fc", "quantized_linear"),
+        ("fc.dequantize", "dequantize")]
     assert [str(s) for s in qg.node("fc.quantize").outputs] == ["i8[batch,64]", "f32[batch,1]"]
+    # The int32 product, and the per-channel scales and bias it passes on, visible.
+    assert [str(s) for s in qg.node("fc").outputs] == ["i32[batch,24]", "f32[24]", "f32[24]"]
+    assert [str(v) for v in qg.node("fc.dequantize").inputs] == [
+        "%fc", "%fc.quantize#1", "%fc#1", "%fc#2"]
     qp, qs = mg.quantize_weights(qg, params, state)
     w = np.asarray(params["fc"]["kernel"])
     q, s = np_int8(w, (0,))
@@ -80,6 +103,38 @@ def test_int8_weights_and_outputs_equal_numpy(linear):
     acc = xq.astype(np.int32) @ q.astype(np.int32)
     ref = acc.astype(np.float32) * xs * s[0] + np.asarray(params["fc"]["bias"])
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_int8_after_gelu_is_asymmetric_with_a_zero_point_equal_to_numpy(linear):
+    _, params, state, x = linear
+    inp = mg.Input(("batch", 64), name="x")
+    g = mg.Graph(inp, ops.Linear(24, name="fc")(ops.Gelu(name="act")(inp)))
+    qg = mg.quantize(g, "int8")
+    cast = qg.node("fc.quantize")
+    assert cast.op.zero_point and [str(s) for s in cast.outputs] == [
+        "i8[batch,64]", "f32[batch,1]", "i32[batch,1]"]
+    qp, qs = mg.quantize_weights(qg, params, state)
+    assert int(qs["fc.quantize"]["zero"]) == 0 and float(qs["fc.quantize"]["scale"]) == 0
+    out, _, captured = mg.compile(qg).apply(qp, qs, x * 3, capture=["act", "fc.quantize"])
+    h = np.asarray(captured["act"])  # (5, 64), GELU's: most of its range above zero
+    assert h.min() > -0.2 and h.max() > 5
+    hs, hz = np_range(h, (1,))
+    hq = np_asymmetric(h, hs, hz)
+    got_q, got_s, got_z = (np.asarray(v) for v in captured["fc.quantize"])
+    np.testing.assert_array_equal(got_z, hz)
+    np.testing.assert_array_equal(got_s, hs)
+    np.testing.assert_array_equal(got_q, hq)
+    w, ws = np_int8(np.asarray(params["fc"]["kernel"]), (0,))
+    acc = (hq.astype(np.int64) - hz) @ w.astype(np.int64)
+    ref = acc.astype(np.float32) * hs * ws[0] + np.asarray(params["fc"]["bias"])
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
+    # Finer than the symmetric int8 of the same values: half the step.
+    sq, ss = np_int8(h, (1,))
+    assert np.abs((hq.astype(np.float32) - hz) * hs - h).mean() < \
+        0.7 * np.abs(sq.astype(np.float32) * ss - h).mean()
+    row = [r for r in mg.compile(qg).cost_table(batch=5, inference_mode=True)
+           if r.op.startswith("quantize")]
+    assert all(r.flops == r.xla_flops for r in row) and len(row) == 2, row
 
 
 def test_calibration_gives_static_scales_equal_to_numpy():
@@ -98,26 +153,36 @@ def test_calibration_gives_static_scales_equal_to_numpy():
     w2, s2 = np_int8(np.asarray(params["fc2"]["kernel"]), (0,))
     b1, b2 = np.asarray(params["fc1"]["bias"]), np.asarray(params["fc2"]["bias"])
 
-    def np_model(v, scale1=None, scale2=None):
+    # fc2 reads a ReLU's output: asymmetric, with a zero point.
+    assert (qg.node("fc1.quantize").op.zero_point, qg.node("fc2.quantize").op.zero_point) == \
+        (False, True)
+
+    def np_model(v, scale1=None, static2=None):
         """The int8 model in NumPy: static scales where given, per-token ones else."""
-        def layer(v, w, ws, b, scale):
-            if scale is None:
-                vq, vs = np_int8(v, (1,))
-            else:
-                vs = np.float32(scale)
-                vq = np.clip(np.round(v / vs), -127, 127).astype(np.int8)
-            acc = vq.astype(np.int32) @ w.astype(np.int32)
-            return acc.astype(np.float32) * vs * ws[0] + b
-        hidden = np.maximum(layer(v, w1, s1, b1, scale1), 0)
-        return hidden, layer(hidden, w2, s2, b2, scale2)
+        if scale1 is None:
+            vq, vs = np_int8(v, (1,))
+        else:
+            vs = np.float32(scale1)
+            vq = np.clip(np.round(v / vs), -127, 127).astype(np.int8)
+        acc = vq.astype(np.int32) @ w1.astype(np.int32)
+        hidden = np.maximum(acc.astype(np.float32) * vs * s1[0] + b1, 0)
+        hs, hz = np_range(hidden, (1,)) if static2 is None else static2
+        hq = np_asymmetric(hidden, hs, hz)
+        acc = (hq.astype(np.int32) - hz) @ w2.astype(np.int32)
+        return hidden, acc.astype(np.float32) * hs * s2[0] + b2
 
     want1 = max(np.abs(b).max() for b in batches) * np.float32(1 / 127)
-    want2 = max(np.abs(np_model(b)[0]).max() for b in batches) * np.float32(1 / 127)
+    ranges = [np_range(np_model(b)[0], (1,)) for b in batches]
+    high = max(((127 - z) * s).max() for s, z in ranges)
+    low = min(((-128 - z) * s).min() for s, z in ranges)
+    want2 = np_range(np.array([low, high], np.float32), (0,))
     np.testing.assert_allclose(float(qs["fc1.quantize"]["scale"]), want1, rtol=1e-7)
-    np.testing.assert_allclose(float(qs["fc2.quantize"]["scale"]), want2, rtol=1e-6)
+    np.testing.assert_allclose(float(qs["fc2.quantize"]["scale"]), want2[0][0], rtol=1e-6)
+    assert int(qs["fc2.quantize"]["zero"]) == int(want2[1][0]) == -128  # ReLU: low is 0
     test = rng.normal(size=(3, 16)).astype(np.float32) * 4  # beyond the range: clips
     out, _ = mg.compile(qg).apply(qp2, qs, test, inference_mode=True)
-    ref = np_model(test, float(qs["fc1.quantize"]["scale"]), float(qs["fc2.quantize"]["scale"]))[1]
+    ref = np_model(test, float(qs["fc1.quantize"]["scale"]),
+                   (np.float32(qs["fc2.quantize"]["scale"]), np.int32(qs["fc2.quantize"]["zero"])))[1]
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
     per_call, _ = mg.compile(qg).apply(qp, dynamic, test, inference_mode=True)
     assert not np.allclose(np.asarray(per_call), ref, atol=1e-3)  # the static scale is used
@@ -224,7 +289,11 @@ def test_embedding_lookup_and_tied_head_equal_numpy(scheme):
     kw = {"group_size": 16} if scheme.startswith("int4") else {}
     qg = mg.quantize(g, scheme, **kw)
     ops_by_name = {n.name: n.op.op_name for n in qg.nodes}
-    assert ops_by_name["emb"] == ops_by_name[qg.nodes[-1].name] == "quantized_embedding"
+    head = qg.outputs[0].node
+    if scheme == "int8":  # the head's int32 product, then its Dequantize node
+        assert ops_by_name[head] == "dequantize"
+        head = qg.node(head).inputs[0].node
+    assert ops_by_name["emb"] == ops_by_name[head] == "quantized_embedding"
     qp, qs = mg.quantize_weights(qg, params, state)
     table = np.asarray(params["emb"]["embedding"])
     if scheme == "int8":
@@ -279,6 +348,49 @@ def test_attention_projections_equal_the_float_attention_with_numpy_dequantized_
     want, _ = mg.compile(g).apply(reference, state, ids, inference_mode=True)
     got, _ = mg.compile(qg).apply(qp, qs, ids, inference_mode=True)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def np_int8_dot(x, q, s):
+    """x (float, (..., in)) quantized per token, times int8 q (in, out) in int64, scaled
+    by the token's scale and the columns' s."""
+    xq, xs = np_int8(x, (-1,))
+    return (xq.astype(np.int64) @ q.astype(np.int64)).astype(np.float32) * xs * s
+
+
+def test_int8_attention_projections_are_int8_dots_equal_to_numpy(gpt2):
+    g, params, state, ids = gpt2
+    qg = mg.quantize(g, "int8", targets="h.0/attn")
+    qp, qs = mg.quantize_weights(qg, params, state)
+    model = mg.compile(qg)
+    _, _, got = model.apply(qp, qs, ids, inference_mode=True, capture=["h.0/ln_1", "h.0/attn"])
+    x = np.asarray(got["h.0/ln_1"], np.float32)  # (b, l, d), the attention's input
+    attn = params["h.0"]["attn"]
+    heads, head_dim = attn["query"]["kernel"].shape[1:]
+    proj = {}
+    for name in ("query", "key", "value", "out"):
+        w = np.asarray(attn[name]["kernel"])
+        matrix = w.reshape(w.shape[0], -1) if name != "out" else w.reshape(-1, w.shape[-1])
+        proj[name] = np_int8(matrix, (0,))
+        np.testing.assert_array_equal(np.asarray(qp["h.0"]["attn"][name]["kernel"]),
+                                      proj[name][0])
+    b, n = x.shape[:2]
+    qkv = {}
+    for name in ("query", "key", "value"):
+        y = np_int8_dot(x, *proj[name]).reshape(b, n, heads, head_dim)
+        qkv[name] = y + np.asarray(attn[name]["bias"])
+    scores = np.einsum("bqhk,bshk->bhqs", qkv["query"] / np.sqrt(head_dim), qkv["key"])
+    scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attended = np.einsum("bhqs,bshk->bqhk", weights, qkv["value"]).reshape(b, n, -1)
+    want = np_int8_dot(attended, *proj["out"]) + np.asarray(attn["out"]["bias"])
+    np.testing.assert_allclose(np.asarray(got["h.0/attn"]), want, rtol=1e-4, atol=1e-5)
+    # The optimized HLO multiplies s8 x s8 -> s32 inside the attention.
+    dots = [str(o) for o in model.hlo_by_layer(ids, inference_mode=True)["h.0/attn"]]
+    assert sum("s32[" in line and ("dot" in line or "fusion" in line) for line in dots) >= 2, dots
+    (row,) = [row for row in model.cost_table(batch=2, seq=8, inference_mode=True)
+              if row.op == "quantized_multi_head_attention"]
+    assert row.flops == row.xla_flops, row
 
 
 def test_gpt2_default_targets_bytes_as_stored_and_int8_dot_in_hlo(gpt2):
@@ -438,8 +550,10 @@ def test_flop_rules_match_xla_count(scheme):
     targets = ["fc"] if scheme == "float8" else None
     qg = mg.quantize(g, scheme, targets=targets, **({"group_size": 4} if "int4" in scheme else {}))
     table = mg.compile(qg).cost_table(batch=3, inference_mode=True)
-    quantized = [row for row in table if row.op.startswith("quantize")]
+    quantized = [row for row in table if row.op.startswith(("quantize", "dequantize"))]
     assert len(quantized) >= (2 if scheme == "float8" else 4)
+    if scheme in ("int8", "float8"):
+        assert sum(row.op == "dequantize" for row in quantized) == (1 if scheme == "float8" else 3)
     for row in quantized:
         assert row.flops == row.xla_flops, row
 
@@ -457,3 +571,4 @@ def test_explorer_colours_the_casts_and_layers_by_stored_dtype(scheme, category,
                                               stored]
     if scheme != "int4_weight_only":
         assert nodes["fc.quantize"]["cat"] == category
+        assert nodes["fc.dequantize"]["cat"] == "float32"  # back to float, drawn as such

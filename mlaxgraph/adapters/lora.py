@@ -26,6 +26,7 @@ from ..ir.verify import verify
 from ..ops import initializers
 from ..ops.attention import ADAPTABLE, MultiHeadAttention
 from ..ops.conv import Conv
+from ..ops.dequantize import Dequantize
 from ..ops.dropout import Dropout
 from ..ops.elementwise import Add, Mul
 from ..ops.embedding import Embedding
@@ -192,6 +193,17 @@ def _check_target(path: str, node: Node, source: SourceInfo | None) -> None:
             f"select ungrouped convolutions", source=source))
 
 
+_DEQUANTIZE = ".dequantize"
+
+
+def _dequantized(graph: Graph, name: str) -> bool:
+    """Whether layer ``name`` of ``graph`` is followed by its ``Dequantize`` node (a
+    quantized layer reading a quantized input: its own output is an int32 product)."""
+    after = graph._index.get(name + _DEQUANTIZE)
+    return after is not None and isinstance(after.op, Dequantize) and \
+        after.inputs[0].node == name
+
+
 @dataclasses.dataclass(frozen=True)
 class _Lora(Rule):
     #: (path parts, attention projections) of each target
@@ -208,23 +220,45 @@ class _Lora(Rule):
 
     def visit(self, node: Node, rewrite: Rewrite):
         chosen = dict(self.targets).get((node.name,))
+        if chosen is not None and _dequantized(rewrite.graph, node.name):
+            return None  # adapted after its Dequantize node, where its output is float
+        if chosen is None and isinstance(node.op, Dequantize) \
+                and node.name.endswith(_DEQUANTIZE):
+            target = node.name[: -len(_DEQUANTIZE)]
+            if (target,) in dict(self.targets) and _dequantized(rewrite.graph, target):
+                return self._after_dequantize(node, target, rewrite)
         if chosen is None:
             return None
         if isinstance(node.op, MultiHeadAttention):
             return self._attention(node, chosen, rewrite)
-        name = node.name
+        return self._beside(node, node.name, rewrite.keep(node), rewrite)
+
+    def _after_dequantize(self, node: Node, target: str, rewrite: Rewrite):
+        """The adapter of quantized layer ``target`` whose product ``node`` (its
+        ``Dequantize``) turns back into floats: added to ``node``'s output."""
+        op: Any = node.op
+        layer = next(n for n in reversed(rewrite.nodes) if n.name == target)
+        if op.activation is not None:
+            raise ConfigError(node_message(
+                target, layer.op.op_name,
+                f"LoRA adds beside a layer's output before any activation, and its "
+                f"{node.name!r} applies {op.activation!r}; build the layer followed by the "
+                f"activation", source=self.source))
+        return self._beside(layer, target, rewrite.keep(node), rewrite)
+
+    def _beside(self, node: Node, name: str, kept: Node, rewrite: Rewrite):
+        """``kept``'s output plus the adapter of layer ``node``, named after ``name``."""
         taken = [name + suffix for suffix in (*_PARTS, _SUM) if name + suffix in rewrite.names]
         if taken:
             raise ConfigError(node_message(
                 name, node.op.op_name,
                 f"the graph already has {taken[0]!r}: this layer has an adapter already "
                 f"(merge_lora folds it in first)", source=self.source))
-        kept = rewrite.keep(node)
 
         def emit(suffix: str, op: Any, inputs: tuple[Value, ...]) -> Value:
             return self._emit(rewrite, name + suffix, op, inputs)
 
-        x = kept.inputs[0]
+        x = node.inputs[0]
         if getattr(node.op, "quantizes_inputs", False):
             # A quantized layer's adapter reads the float input, not its Quantize node's cast.
             x = next(n for n in reversed(rewrite.nodes) if n.name == x.node).inputs[0]

@@ -24,11 +24,13 @@ from ..ir.scan import unfold_scans
 from ..ir.surgery import layer_paths, resolve_selection
 from ..ir.verify import verify
 from ..ops.conv import Conv
-from ..ops.quantize import SCHEMES, Quantize, quantize_weight
-from ..ops.quantized import QuantizedConv, QuantizedEmbedding, QuantizedLinear
+from ..ops.dequantize import Dequantize
+from ..ops.quantize import SCHEMES, Quantize, quantize_weight, range_scale
+from ..ops.quantized import QuantizedConv, QuantizedLinear
 from ..ops.quantized_attention import QuantizedMultiHeadAttention
+from ..ops.quantized_embedding import QuantizedEmbedding
 
-__all__ = ["quantize", "quantize_weights", "QUANTIZABLE", "QUANTIZED_OPS"]
+__all__ = ["quantize", "quantize_weights", "QUANTIZABLE", "QUANTIZED_OPS", "ONE_SIGNED"]
 
 #: The quantized op classes by the float op's name.
 QUANTIZED_OPS: dict[str, type] = {"linear": QuantizedLinear, "conv": QuantizedConv,
@@ -57,9 +59,14 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
     ``quantized_conv``, ``quantized_embedding``, ``quantized_multi_head_attention``)
     under the same name, so its weights keep their path; with int8 and float8 a
     ``Quantize`` node ``<name>.quantize`` before a Linear, Conv or tied head casts its
-    input, with the scale as its second output (an attention's kernels are dequantized
-    inside it: weight-only). A tied head (``embedding.attend``) is the same layer,
-    quantized with it.
+    input, with the scale as its second output, and a ``Dequantize`` node
+    ``<name>.dequantize`` after it turns the layer's int32 (float8: float32) product
+    back into floats (the scales, the bias and the activation); with int8, one before a Linear whose
+    input is the output of a one-signed activation (``ONE_SIGNED``: ReLU, GELU, SiLU
+    ...) is asymmetric (``zero_point=True``: the token's range ``[min, max]`` over the
+    256 levels, a zero point as third output). An attention quantizes its projections'
+    inputs inside it with int8 (per token), and dequantizes its kernels with the other
+    schemes. A tied head (``embedding.attend``) is the same layer, quantized with it.
 
     ``targets``: a path, glob pattern or list of paths (what ``graph.select``
     returns); None takes every layer the scheme quantizes (LoRA adapters aside).
@@ -139,8 +146,14 @@ def _quantized_op(op: Any, specs: Any, scheme: str, group: int | None) -> Any:
     kernel size)."""
     if isinstance(op, Conv):
         op = op.resolved(specs)
-    return QUANTIZED_OPS[op.op_name](**op.attrs(), scheme=scheme, group_size=group,
-                                     name=op.name)
+    cls = QUANTIZED_OPS[op.op_name]
+    # A Dequantize node rescales the product of a layer reading a quantized input.
+    attrs = op.attrs()
+    if scheme in ("int8", "float8") and cls is not QuantizedMultiHeadAttention:
+        attrs["dequantize"] = False
+        if attrs.get("activation") is not None:  # the Dequantize node applies it
+            attrs["activation"] = None
+    return cls(**attrs, scheme=scheme, group_size=group, name=op.name)
 
 
 def _inner_graph(graph: Graph, path: str) -> Graph:
@@ -179,9 +192,38 @@ class _Quantize(Rule):
         rank = rewrite.spec(x).rank
         axes = tuple(range(1, rank)) if isinstance(quantized, Conv) else (-1,)
         name = rewrite.fresh(node.name + ".quantize")
-        cast = Quantize(quantized.input_dtype, axes, name=name)
+        zero = (self.scheme == "int8" and isinstance(quantized, QuantizedLinear)
+                and _one_signed(rewrite, x))
+        cast = Quantize(quantized.input_dtype, axes, zero_point=zero, name=name)
         q = rewrite.emit(Node(name, cast, (x,), (), name, self.source), infer=True)
-        return node.replace(op=quantized, inputs=(q.value(0), q.value(1)))
+        # The layer's product, then a Dequantize node: scales, bias, activation.
+        activation = getattr(node.op, "activation", None)
+        layer = quantized
+        kept = rewrite.keep(node.replace(op=layer, inputs=tuple(q.value(i)
+                                                                for i in range(2 + zero))))
+        axis = 1 if isinstance(layer, Conv) and not layer.channels_last else -1
+        name = rewrite.fresh(node.name + ".dequantize")
+        back = Dequantize(activation, axis, name=name)
+        inputs = (kept.value(0), q.value(1)) + tuple(kept.value(i)
+                                                     for i in range(1, len(kept.outputs)))
+        d = rewrite.emit(Node(name, back, inputs, (), name, self.source), infer=True)
+        return (d.value(0),)
+
+
+#: Activations whose outputs are of one sign but for a small bound (ReLU's >= 0,
+#: GELU's >= -0.17, SiLU's >= -0.28): a symmetric int8 range wastes half its levels on
+#: them.
+ONE_SIGNED = ("relu", "relu6", "gelu", "silu", "sigmoid", "softplus", "softmax", "elu")
+
+
+def _one_signed(rewrite: Rewrite, x: Any) -> bool:
+    """Whether value ``x`` is the output of an activation of ``ONE_SIGNED`` (as its own
+    layer, or the ``activation`` of a Linear or Conv)."""
+    producer = next((n for n in reversed(rewrite.nodes) if n.name == x.node), None)
+    if producer is None:
+        return False
+    op = producer.op
+    return op.op_name in ONE_SIGNED or getattr(op, "activation", None) in ONE_SIGNED
 
 
 # --- weights ----------------------------------------------------------------------------
@@ -202,8 +244,9 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
     ``apply`` takes after ``(params, state)`` (an array, or a tuple of arrays for
     several inputs). Then each ``Quantize`` node (int8 and float8 schemes) gets a
     static scale: the largest ``|x|`` its input reaches over all the batches, over
-    127 (448 for float8), one per node, run as the quantized model with per-call
-    scales (``inference_mode=True``). A static scale makes the quantization the same
+    127 (448 for float8), one per node (an asymmetric node: the range ``[low, high]``
+    its per-call scales cover over the batches, over 255, and its zero point), run as
+    the quantized model with per-call scales (``inference_mode=True``). A static scale makes the quantization the same
     for every batch; values beyond the calibrated range clip.
 
     Example:
@@ -238,7 +281,10 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
             try:
                 get_in(state, keys)
             except (KeyError, TypeError):  # a float model's state: per-call scales
-                state = set_in(state, keys, {"scale": jnp.zeros((), jnp.float32)})
+                fresh = {"scale": jnp.zeros((), jnp.float32)}
+                if node.op.zero_point:
+                    fresh["zero"] = jnp.zeros((), jnp.int32)
+                state = set_in(state, keys, fresh)
         try:
             want = get_in(expected, keys)
         except (KeyError, TypeError):
@@ -251,6 +297,10 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
                 "model's params, unscanned: model.unstack_weights gives them)")) from None
         if isinstance(node.op, tuple(QUANTIZED_OPS.values())) and not _stored(given, want):
             given = _quantized(path, node, given, want)
+        if isinstance(want, Mapping) and "kernel_sum" in want and "kernel_sum" not in given:
+            # the column sums a zero point's correction reads, from the int8 kernel
+            given = {**given, "kernel_sum": jnp.sum(jnp.asarray(given["kernel"]), axis=0,
+                                                    dtype=jnp.int32)}
         _check(path, node, given, want)
         out = set_in(out, keys, dict(given))
     _check(qgraph.name, None, state, expected_state, "state")
@@ -269,20 +319,35 @@ def _calibrated(qgraph: Graph, params: dict, state: dict, batches: Iterable,
                           f"and graph {qgraph.name!r} has none (the 'int8' and 'float8' "
                           f"schemes make them)")
     for path in casts:  # calibrate from per-call scales, whatever the state held
-        state = set_in(state, tuple(path.split("/")), {"scale": jnp.zeros((), jnp.float32)})
+        keys = tuple(path.split("/"))
+        state = set_in(state, keys, {**get_in(state, keys), "scale": jnp.zeros((), jnp.float32)})
     apply = compile(qgraph).apply
     largest: dict[str, jax.Array] = {}
+    lowest: dict[str, jax.Array] = {}
     for batch in batches:
         inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
         _, _, captured = apply(params, state, *inputs, inference_mode=True, capture=casts)
         for path in casts:
-            top = jnp.max(captured[path][1].astype(jnp.float32))
+            out = captured[path]
+            scale = out[1].astype(jnp.float32)
+            if len(out) == 3:  # asymmetric: the range [low, high] each scale covers
+                zero = out[2].astype(jnp.float32)
+                top, bottom = jnp.max((127 - zero) * scale), jnp.min((-128 - zero) * scale)
+                lowest[path] = bottom if path not in lowest else jnp.minimum(lowest[path],
+                                                                            bottom)
+            else:
+                top = jnp.max(scale)
             largest[path] = top if path not in largest else jnp.maximum(largest[path], top)
     if not largest:
         raise ConfigError("quantize_weights: calibration gave no batch; pass a few input "
                           "batches (or calibration=None for per-call scales)")
     for path in casts:
-        state = set_in(state, tuple(path.split("/")), {"scale": largest[path]})
+        keys = tuple(path.split("/"))
+        if path in lowest:
+            scale, zero = range_scale(jnp.stack([lowest[path], largest[path]]), (0,))
+            state = set_in(state, keys, {"scale": scale[0], "zero": zero[0]})
+        else:
+            state = set_in(state, keys, {"scale": largest[path]})
     return state
 
 

@@ -26,6 +26,7 @@ from .constraint import Constrain, constrain
 from .conv import Conv
 from .conv_transpose import ConvTranspose
 from .creation import Arange, BroadcastTo, arange, broadcast_to
+from .dequantize import Dequantize
 from .dropout import Dropout
 from .elementwise import (
     Add,
@@ -54,8 +55,9 @@ from .normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
 from .param import Param
 from .pooling import AvgPool, GlobalAvgPool, GlobalMaxPool, MaxPool
 from .quantize import Quantize
-from .quantized import QuantizedConv, QuantizedEmbedding, QuantizedLinear
+from .quantized import QuantizedConv, QuantizedLinear
 from .quantized_attention import QuantizedMultiHeadAttention
+from .quantized_embedding import QuantizedEmbedding
 from .recurrent import GRU, LSTM
 from .reduce import Max, Mean, Sum, max, mean, sum
 from .resize import Resize, Upsample, resize
@@ -102,5 +104,5 @@ __all__ = [
     "Identity", "identity", "Pad", "pad", "Where", "where", "Squeeze", "squeeze",
     "ExpandDims", "expand_dims", "Sum", "Mean", "Max", "sum", "mean", "max",
     "Quantize", "QuantizedLinear", "QuantizedConv", "QuantizedEmbedding",
-    "QuantizedMultiHeadAttention",
+    "QuantizedMultiHeadAttention", "Dequantize",
 ]

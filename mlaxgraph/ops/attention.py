@@ -26,6 +26,7 @@ __all__ = ["MultiHeadAttention", "CausalMask", "causal_mask", "ADAPTABLE"]
 
 #: The projections of ``MultiHeadAttention`` an adapter can change (``adapters``).
 ADAPTABLE = ("query", "key", "value", "qkv", "out")
+_QKV, _OUT = "bld,dhk->blhk", "bqhk,hko->bqo"  # the projections' products (_project)
 
 
 def _head_kernel(key, shape, dtype):
@@ -259,9 +260,11 @@ class MultiHeadAttention(Layer):
         return (tuple(input_axes[0][:2]) + out[-1:], *context)
 
     def float_weights(self, params, dtype):
-        """The weights as ``param_specs`` lays them out, in ``dtype`` (a quantized
-        attention dequantizes its stored ones here)."""
+        """The weights in ``dtype``, as ``_project`` reads them (``param_specs``'s)."""
         return cast_params(params, dtype)
+
+    def _project(self, spec, x, w):  # a projection's product, bias aside (spec: _QKV, _OUT)
+        return jnp.einsum(spec, x, w["kernel"])
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         inputs, deltas = self._split(inputs)
@@ -269,20 +272,18 @@ class MultiHeadAttention(Layer):
         p = self.float_weights(params, q_in.dtype)
 
         def project(x, w, name):
-            y = jnp.einsum("bld,dhk->blhk", x, w["kernel"])
+            y = self._project(_QKV, x, w)
             y = y + w["bias"] if self.use_bias else y
             return y + deltas[name].reshape(y.shape) if name in deltas else y
 
-        q, k, v = (project(q_in, p["query"], "query"), project(kv_in, p["key"], "key"),
-                   project(kv_in, p["value"], "value"))
+        q, k, v = (project(x, p[n], n) for x, n in ((q_in, "query"), (kv_in, "key"), (kv_in, "value")))
         if "qkv" in deltas:
             widths = np.cumsum([q.shape[2] * q.shape[3], k.shape[2] * k.shape[3]])
             dq, dk, dv = jnp.split(deltas["qkv"], widths, axis=-1)
             q, k, v = q + dq.reshape(q.shape), k + dk.reshape(k.shape), v + dv.reshape(v.shape)
         head_dim = q.shape[-1]
         if self.rope is not None:
-            q = _rope(q, self.rope, self.rope_scaling)
-            k = _rope(k, self.rope, self.rope_scaling)
+            q, k = _rope(q, self.rope, self.rope_scaling), _rope(k, self.rope, self.rope_scaling)
         q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
         # Grouped-query attention: query head n * group + g reads key/value head n.
         group = self.num_heads // self.kv_heads
@@ -308,7 +309,7 @@ class MultiHeadAttention(Layer):
             weights = weights.reshape((weights.shape[0], self.kv_heads, group) + weights.shape[2:])
             attended = jnp.einsum("bngqs,bsnk->bqngk", weights, v)
             attended = attended.reshape(attended.shape[:2] + (self.num_heads, head_dim))
-        out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
+        out = self._project(_OUT, attended, p["out"])
         if self.has_out_bias:
             out = out + p["out"]["bias"]
         if "out" in self.adapters:

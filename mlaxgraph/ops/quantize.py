@@ -34,7 +34,7 @@ from .flops import size
 
 __all__ = ["Quantize", "SCHEMES", "INT8_MAX", "INT4_MIN", "INT4_MAX", "FLOAT8_MAX",
            "FLOAT8", "absmax_scale", "quantize_to", "pack_int4", "unpack_int4",
-           "group_scales", "quantize_weight"]
+           "group_scales", "quantize_weight", "range_scale"]
 
 #: The schemes ``mg.quantize`` knows.
 SCHEMES = ("int8", "int8_weight_only", "int4_weight_only", "float8")
@@ -55,6 +55,21 @@ def absmax_scale(x: jax.Array, axes: tuple[int, ...], bound: float) -> jax.Array
     whatever the scale)."""
     amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axes, keepdims=True)
     return jnp.where(amax > 0, amax * jnp.float32(1.0 / bound), jnp.float32(1))
+
+
+def range_scale(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """``(scale, zero)`` of asymmetric int8 over ``axes`` (kept as size-1 dims): the
+    range ``[min(x, 0), max(x, 0)]`` spread over the 255 steps of ``[-128, 127]``,
+    ``scale = (high - low) * (1 / 255)`` in float32 (1 where the values are all zero)
+    and ``zero = round(-low / scale) - 128`` in int32, the integer zero maps to; ``x =
+    (q - zero) * scale`` up to rounding."""
+    x = x.astype(jnp.float32)
+    low = jnp.minimum(jnp.min(x, axis=axes, keepdims=True), 0)
+    high = jnp.maximum(jnp.max(x, axis=axes, keepdims=True), 0)
+    span = high - low
+    scale = jnp.where(span > 0, span * jnp.float32(1.0 / 255), jnp.float32(1))
+    zero = jnp.round(-low / scale).astype(jnp.int32) - 128
+    return scale, jnp.clip(zero, -128, 127)
 
 
 def quantize_to(x: jax.Array, scale: jax.Array, dtype: Any, low: float | None = None,
@@ -153,11 +168,20 @@ class Quantize(Layer):
     gives one scale per token; a layer reading ``q`` multiplies its result by
     ``scale``. ``x = q * scale`` up to rounding.
 
+    ``zero_point=True`` (int8; asymmetric, for inputs of one sign mostly, such as a
+    GELU's or ReLU's output): outputs ``(q, scale, zero)``, the range ``[min(x, 0),
+    max(x, 0)]`` over ``axes`` spread over the 255 steps of ``[-128, 127]``: ``scale =
+    (high - low) / 255``, ``zero = round(-low / scale) - 128`` (int32, the integer 0.0
+    maps to), ``q = clip(round(x / scale) + zero, -128, 127)``, so ``x = (q - zero) *
+    scale`` up to rounding; a layer reading them subtracts ``zero`` times its kernel's
+    column sums from its int32 product.
+
     State (non-trainable): ``scale``, a float32 scalar, the static scale calibration
-    sets (``mg.quantize_weights(..., calibration=batches)``). Where it is positive it
-    is used for every value (broadcast to the scale's shape; values beyond
-    ``127 * scale`` clip) instead of the per-call scale; ``init`` makes it 0: per-call
-    scales.
+    sets (``mg.quantize_weights(..., calibration=batches)``), and with ``zero_point``
+    ``zero``, an int32 scalar. Where ``scale`` is positive it is used for every value
+    (broadcast to the scale's shape; values beyond the range clip) instead of the
+    per-call scale (and ``zero`` instead of the per-call zero); ``init`` makes it 0:
+    per-call scales.
 
     Example:
       >>> import mlaxgraph as mg
@@ -168,6 +192,14 @@ class Quantize(Layer):
 
     dtype: np.dtype = field(default="int8", converter=_to_quantized_dtype)
     axes: tuple[int, ...] = field(default=(-1,), converter=_to_axes)
+    zero_point: bool = False
+
+    def validate(self):
+        super().validate()
+        if not isinstance(self.zero_point, bool):
+            self.invalid(f"zero_point must be a bool, got {self.zero_point!r}")
+        if self.zero_point and self.dtype != np.dtype(jnp.int8):
+            self.invalid("zero_point is for int8, not float8")
 
     def _axes(self, rank: int) -> tuple[int, ...]:
         axes = tuple(a % rank for a in self.axes if -rank <= a < rank)
@@ -182,15 +214,28 @@ class Quantize(Layer):
         expect_float(x)
         axes = self._axes(x.rank)
         scale = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-        return (x.with_dtype(self.dtype), x.with_shape(scale))
+        outputs = (x.with_dtype(self.dtype), x.with_shape(scale))
+        if self.zero_point:
+            outputs = outputs + (outputs[1].with_dtype(np.dtype(jnp.int32)),)
+        return outputs
 
     def state_specs(self, inputs):
-        return {"scale": ParamSpec((), initializers.zeros, (), dtype=np.dtype(jnp.float32))}
+        specs = {"scale": ParamSpec((), initializers.zeros, (), dtype=np.dtype(jnp.float32))}
+        if self.zero_point:
+            specs["zero"] = ParamSpec((), initializers.zeros, (), dtype=np.dtype(jnp.int32))
+        return specs
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
-        scale = absmax_scale(x, self._axes(x.ndim), _bound(self.dtype))
         static = state["scale"]
+        if self.zero_point:
+            scale, zero = range_scale(x, self._axes(x.ndim))
+            scale = jnp.where(static > 0, static, scale)
+            zero = jnp.where(static > 0, state["zero"], zero)
+            shifted = jnp.round(x.astype(jnp.float32) / scale) + zero.astype(jnp.float32)
+            q = jnp.clip(shifted, -128, 127).astype(jnp.int8)
+            return (q, scale.astype(x.dtype), zero), state
+        scale = absmax_scale(x, self._axes(x.ndim), _bound(self.dtype))
         scale = jnp.where(static > 0, static, scale)
         return (quantize_to(x, scale, self.dtype), scale.astype(x.dtype)), state
 
@@ -198,9 +243,13 @@ class Quantize(Layer):
         """Per element: the absolute value and the max reducing it, the divide, the
         two-sided clip and the convert, and the round for int8; per scale, the multiply
         and the select of the all-zero guard (its compare folds into the reduction), as
-        XLA counts them; the clip's two bounds for int8."""
-        (x,), (_, scale) = inputs, outputs
-        if self.dtype == FLOAT8:
+        XLA counts them; the clip's two bounds for int8. With a zero point: the min and
+        the max instead of the absolute value, the add of the zero, and per scale the
+        range, the zero's round, convert and clip."""
+        (x,), scale = inputs, outputs[1]
+        if self.zero_point:  # the min and max, the add of the zero; per scale the range
+            count = 8 * size(x) + 14 * size(scale) + 4
+        elif self.dtype == FLOAT8:
             count = 6 * size(x) + 3 * size(scale) + 1
         else:
             count = 7 * size(x) + 3 * size(scale) + 3

@@ -1,8 +1,9 @@
-"""Quantized layers: Linear, Conv and Embedding whose weights are stored as a scheme
-says (``mlaxgraph/ops/quantize.py``): int8, packed int4 or float8 values with float32
-scales. Each is its float layer's class with two more fields, ``scheme`` and
-``group_size``, so it keeps every hyperparameter (and is adapted by LoRA as its float
-layer is); ``mg.quantize`` makes them, ``mg.quantize_weights`` fills their weights.
+"""Quantized layers: Linear and Conv (Embedding: ``quantized_embedding.py``) whose
+weights are stored as a scheme says (``mlaxgraph/ops/quantize.py``): int8, packed int4
+or float8 values with float32 scales. Each is its float layer's class with more
+fields, ``scheme``, ``group_size`` and ``dequantize``, so it keeps every hyperparameter
+(and is adapted by LoRA as its float layer is); ``mg.quantize`` makes them,
+``mg.quantize_weights`` fills their weights.
 
 Weights: ``kernel`` (``embedding``) holds the values, ``kernel_scale``
 (``embedding_scale``) the scales: one per output channel (per row of an embedding
@@ -25,12 +26,11 @@ from ..core.specs import ParamSpec, is_symbolic
 from . import initializers
 from .activation import activation_flops, apply_activation
 from .conv import Conv
-from .embedding import Embedding
 from .flops import size
 from .linear import Linear
 from .quantize import FLOAT8, SCHEMES, dequantize_groups, unpack_int4
 
-__all__ = ["QuantizedLinear", "QuantizedConv", "QuantizedEmbedding"]
+__all__ = ["QuantizedLinear", "QuantizedConv"]
 
 _INT8 = np.dtype(jnp.int8)
 _F32 = np.dtype(jnp.float32)
@@ -56,6 +56,28 @@ class _Scheme:
             layer.invalid(f"group_size is for int4_weight_only, not {self.scheme!r}")
 
     @property
+    def separate(self) -> bool:
+        """Whether a ``Dequantize`` node rescales this layer's product (``dequantize=
+        False``, reading a quantized input): the layer outputs ``(acc, kernel_scale[,
+        bias])``."""
+        return self.quantizes_inputs and not getattr(self, "dequantize", True)
+
+    def _check_separate(self) -> None:
+        layer: Any = self
+        if not isinstance(getattr(self, "dequantize", True), bool):
+            layer.invalid(f"dequantize must be a bool, got {layer.dequantize!r}")
+        if self.separate and getattr(self, "activation", None) is not None:
+            layer.invalid("with dequantize=False the Dequantize node after the layer applies "
+                          "the activation; give it there")
+
+    def _separate_outputs(self, acc, features: int, bias: bool) -> tuple:
+        """The specs of ``(acc, kernel_scale[, bias])`` (the scales and bias float32) of
+        a layer rescaled by a ``Dequantize`` node."""
+        acc_dtype = np.dtype(jnp.int32) if self.scheme == "int8" else _F32
+        channel = acc.with_shape((features,)).with_dtype(_F32)
+        return (acc.with_dtype(acc_dtype), channel) + ((channel,) if bias else ())
+
+    @property
     def quantizes_inputs(self) -> bool:
         """Whether the layer reads its input quantized (``(q, scale)`` from a
         ``Quantize`` node): the int8 and float8 schemes."""
@@ -71,15 +93,23 @@ class _Scheme:
         """The dtype the weight's values are stored in."""
         return {"float8": FLOAT8, "int4_weight_only": np.dtype(jnp.uint8)}.get(self.scheme, _INT8)
 
-    def _quantized_inputs(self, inputs) -> tuple[Any, Any]:
-        if len(inputs) != 2:
+    def _quantized_inputs(self, inputs, zero: bool = False) -> tuple[Any, Any]:
+        """``(q, scale)`` of the inputs; ``zero``: a Linear, which also reads the
+        ``zero`` of a ``Quantize(zero_point=True)`` (int8)."""
+        counts = (2, 3) if zero and self.scheme == "int8" else (2,)
+        if len(inputs) not in counts:
             raise ShapeError(f"scheme {self.scheme!r} reads (q, scale) from a Quantize node, "
                              f"got {len(inputs)} input(s)", expected="2 tensors")
-        q, s = inputs
+        q, s = inputs[:2]
         if q.dtype != self.input_dtype or not s.is_float:
             raise DTypeError(f"scheme {self.scheme!r} reads {self.input_dtype} values and a "
                              f"float scale, got {q.dtype} and {s.dtype}",
                              expected=f"{self.input_dtype}, float32")
+        if len(inputs) == 3 and (inputs[2].dtype != np.dtype(jnp.int32)
+                                 or inputs[2].shape != s.shape):
+            raise DTypeError(f"the zero point must be int32 of the scale's shape {s.shape}, got "
+                             f"{inputs[2].dtype}{list(inputs[2].shape)}",
+                             expected=f"int32{list(s.shape)}")
         return q, s
 
     def _groups(self, n: int) -> int:
@@ -114,22 +144,33 @@ class QuantizedLinear(_Scheme, Linear):
     kernel's last (int4: ``(None, <last>)``). With ``int8`` / ``float8`` it reads
     ``(q, scale)`` from a ``Quantize`` node and multiplies int8 x int8 -> int32
     (float8 x float8 -> float32), then scales back: ``acc * scale * kernel_scale +
-    bias``; weight-only schemes read the float input: ``x @ dequantized + bias``.
-    The output has the scale's (the float input's) dtype.
+    bias``; from a ``Quantize(zero_point=True)`` it reads ``(q, scale, zero)`` and
+    subtracts ``zero`` times the kernel's column sums from ``acc`` first: they are the
+    param ``kernel_sum`` ``(features,)`` int32, made with the kernel by
+    ``mg.quantize_weights`` (summing them at each call costs more than the dot). Weight-only
+    schemes read the float input: ``x @ dequantized + bias``.
+    The output has the scale's (the float input's) dtype. With ``dequantize=False``
+    (what ``mg.quantize`` makes) a layer reading a quantized input outputs ``(acc,
+    kernel_scale[, bias])`` instead (``acc`` int32, float32 for float8; the scales and
+    bias float32) and a ``Dequantize`` node after it rescales, adds the bias and
+    applies the activation; the same holds for ``QuantizedConv`` and a quantized tied
+    head (``QuantizedEmbedding.attend``: ``(acc, embedding_scale)``).
     """
 
     scheme: str = "int8"
     group_size: int | None = None
+    dequantize: bool = True
 
     def validate(self):
         super().validate()
         self._check_scheme()
+        self._check_separate()
 
     def _in_features(self, inputs):
         if not self.quantizes_inputs:
             n = super()._in_features(inputs)
         else:
-            q, _ = self._quantized_inputs(inputs)
+            q, _ = self._quantized_inputs(inputs, zero=True)
             if q.rank < 1 or is_symbolic(q.shape[-1]):
                 raise ShapeError("the last (contracted) dim must be a known int",
                                  expected=f"{q.dtype}[..., in]")
@@ -142,7 +183,10 @@ class QuantizedLinear(_Scheme, Linear):
         self._in_features(inputs)
         x = inputs[0]
         dtype = inputs[1].dtype if self.quantizes_inputs else x.dtype
-        return (x.with_shape(x.shape[:-1] + (self.features,)).with_dtype(dtype),)
+        y = x.with_shape(x.shape[:-1] + (self.features,)).with_dtype(dtype)
+        if self.separate:
+            return self._separate_outputs(y, self.features, self.use_bias)
+        return (y,)
 
     def param_specs(self, inputs):
         n_in = self._in_features(inputs)
@@ -154,6 +198,9 @@ class QuantizedLinear(_Scheme, Linear):
             kernel, scale, scale_axes = (n_in, self.features), (self.features,), axes[-1:]
         specs = {"kernel": ParamSpec(kernel, initializers.zeros, axes, dtype=self.value_dtype),
                  "kernel_scale": ParamSpec(scale, initializers.ones, scale_axes, dtype=_F32)}
+        if len(inputs) == 3:  # a zero point: the kernel's column sums, made with the kernel
+            specs["kernel_sum"] = ParamSpec((self.features,), initializers.zeros, axes[-1:],
+                                            dtype=np.dtype(jnp.int32))
         if self.use_bias:
             specs["bias"] = ParamSpec((self.features,), self.bias_init or initializers.zeros,
                                       axes[-1:])
@@ -163,9 +210,14 @@ class QuantizedLinear(_Scheme, Linear):
         kernel, scale = params["kernel"], params["kernel_scale"]
         dims = (((inputs[0].ndim - 1,), (0,)), ((), ()))
         if self.quantizes_inputs:
-            q, s = inputs
+            q, s = inputs[:2]
             acc_dtype = jnp.int32 if self.scheme == "int8" else jnp.float32
             acc = lax.dot_general(q, kernel, dims, preferred_element_type=acc_dtype)
+            if len(inputs) == 3:  # (q - zero) @ kernel = q @ kernel - zero * column sums
+                acc = acc - inputs[2] * params["kernel_sum"]
+            if self.separate:
+                passed = (params["bias"].astype(jnp.float32),) if self.use_bias else ()
+                return (acc, scale) + passed, state
             y = acc.astype(jnp.float32) * s.astype(jnp.float32) * scale
             out_dtype = s.dtype
         else:
@@ -183,10 +235,16 @@ class QuantizedLinear(_Scheme, Linear):
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """The dot (``2 * in * out`` per row), the dequantization (``_dequantize_flops``),
-        the bias add, the activation."""
-        (y,) = outputs
+        the zero point's correction, the bias add, the activation."""
+        y = outputs[0]
         n_in = self._in_features(inputs)
-        count = 2 * size(y) * n_in + self._dequantize_flops(n_in * self.features, size(y))
+        count = 2 * size(y) * n_in
+        if len(inputs) == 3:  # zero * the kernel's column sums, the subtract
+            count = count + 2 * size(y)
+        if self.separate:  # the Dequantize node rescales (and its bias is passed on)
+            return count + (self.features if self.use_bias and np.dtype(param_dtype) != _F32
+                            else 0)
+        count = count + self._dequantize_flops(n_in * self.features, size(y))
         if self.use_bias:
             count = count + size(y) + (self.features if np.dtype(param_dtype) != y.dtype else 0)
         return count + activation_flops(self.activation, y)
@@ -207,10 +265,12 @@ class QuantizedConv(_Scheme, Conv):
 
     scheme: str = "int8"
     group_size: int | None = None
+    dequantize: bool = True
 
     def validate(self):
         super().validate()
         self._check_scheme()
+        self._check_separate()
         if isinstance(self.kernel_size, int):
             self.invalid("a quantized Conv needs its kernel size per spatial dim")
         if self.scheme == "float8":
@@ -234,6 +294,8 @@ class QuantizedConv(_Scheme, Conv):
     def infer(self, inputs):
         x, _ = self._checked(inputs)
         (y,) = super().infer([x.with_dtype(_F32)])
+        if self.separate:
+            return self._separate_outputs(y, self.features, self.use_bias)
         return (y.with_dtype(inputs[1].dtype if self.quantizes_inputs else x.dtype),)
 
     def param_specs(self, inputs):
@@ -275,6 +337,9 @@ class QuantizedConv(_Scheme, Conv):
         if self.quantizes_inputs:
             q, s = inputs
             acc = conv(q, kernel, preferred_element_type=jnp.int32)
+            if self.separate:
+                passed = (params["bias"].astype(jnp.float32),) if self.use_bias else ()
+                return (acc, scale) + passed, state
             y = acc.astype(jnp.float32) * s.astype(jnp.float32) * self._channels(scale, n)
             out_dtype = s.dtype
         else:
@@ -297,10 +362,13 @@ class QuantizedConv(_Scheme, Conv):
         x, _ = self._checked(inputs)
         plain = Conv(self.features, self.kernel_size, strides=self.strides,
                      padding=self.padding, dilation=self.dilation, groups=self.groups,
-                     use_bias=self.use_bias, data_format=self.data_format,
+                     use_bias=self.use_bias and not self.separate, data_format=self.data_format,
                      activation=self.activation)
-        count = plain.flops([x.with_dtype(_F32)], outputs, param_dtype=_F32,
+        count = plain.flops([x.with_dtype(_F32)], outputs[:1], param_dtype=_F32,
                             inference_mode=inference_mode)
+        if self.separate:  # the Dequantize node rescales (and its bias is passed on)
+            return count + (self.features if self.use_bias and np.dtype(param_dtype) != _F32
+                            else 0)
         kernel = self.features * (x.shape[self._channel_axis()] // self.groups)
         for k in self.kernel_size:
             kernel *= k
@@ -308,104 +376,3 @@ class QuantizedConv(_Scheme, Conv):
         if self.use_bias and np.dtype(param_dtype) != outputs[0].dtype:
             count = count + self.features
         return count
-
-
-@register("quantized_embedding")
-@dataclasses.dataclass(frozen=True)
-class QuantizedEmbedding(_Scheme, Embedding):
-    """An ``Embedding`` whose table is stored as ``scheme`` says: ``embedding``
-    ``(num_embeddings, features)`` int8 (int4: ``(num_embeddings, features / 2)``
-    uint8) and ``embedding_scale`` ``(num_embeddings,)`` float32, one per row (int4:
-    ``(num_embeddings, features / group_size)``). Logical axes (for sharding): as
-    ``Embedding``'s; ``embedding_scale`` ``("vocab",)`` (int4: ``("vocab", None)``).
-    A lookup returns the rows dequantized to ``dtype`` (an id out of range: NaN).
-    ``attend`` (the tied head) with ``int8`` reads ``(q, scale)`` from a ``Quantize``
-    node and multiplies int8 x int8 -> int32, the row scales being the output
-    channels' scales; weight-only schemes multiply by the dequantized table. float8
-    does not apply to embeddings.
-    """
-
-    scheme: str = "int8"
-    group_size: int | None = None
-
-    def validate(self):
-        super().validate()
-        self._check_scheme()
-        if self.scheme == "float8":
-            self.invalid("float8 quantizes Linear layers (as Keras's float8), not Embedding")
-        if self.scheme == "int4_weight_only":
-            self._groups(self.features)
-
-    def _attends(self, inputs) -> bool:
-        return len(inputs) == 2 or super()._attends(inputs)
-
-    def infer(self, inputs):
-        if len(inputs) == 2:
-            q, s = self._quantized_inputs(inputs)
-            if q.shape[-1:] != (self.features,):
-                raise ShapeError(f"attend() takes (..., {self.features}) features",
-                                 expected=f"{q.dtype}[...,{self.features}]")
-            return (s.with_shape(q.shape[:-1] + (self.num_embeddings,)),)
-        return super().infer(inputs)
-
-    def param_specs(self, inputs):
-        v, d = self.num_embeddings, self.features
-        if self.scheme == "int4_weight_only":
-            table, scale, scale_axes = (v, d // 2), (v, self._groups(d)), ("vocab", None)
-        else:
-            table, scale, scale_axes = (v, d), (v,), ("vocab",)
-        return {"embedding": ParamSpec(table, initializers.zeros, ("vocab", "embed"),
-                                       dtype=self.value_dtype),
-                "embedding_scale": ParamSpec(scale, initializers.ones, scale_axes, dtype=_F32)}
-
-    def _table(self, params, dtype):
-        table, scale = params["embedding"], params["embedding_scale"]
-        if self.scheme == "int4_weight_only":
-            return dequantize_groups(unpack_int4(table, 1), scale, 1, dtype)
-        return table.astype(dtype) * scale.astype(dtype)[:, None]
-
-    def apply(self, params, state, inputs, *, rng, inference_mode):
-        if len(inputs) == 2:
-            q, s = inputs
-            acc = jnp.einsum("...d,vd->...v", q, params["embedding"],
-                             preferred_element_type=jnp.int32)
-            y = acc.astype(jnp.float32) * s.astype(jnp.float32) * params["embedding_scale"]
-            return (y.astype(s.dtype),), state
-        (ids,) = inputs
-        if self._attends(inputs):
-            return (jnp.einsum("...d,vd->...v", ids, self._table(params, ids.dtype)),), state
-        ids = jnp.where(ids < 0, self.num_embeddings, ids)
-        if self.scheme == "int4_weight_only":
-            table = params["embedding"]
-            rows = jnp.take(table, ids, axis=0, mode="fill", fill_value=0)
-            scale = jnp.take(params["embedding_scale"], ids, axis=0, mode="fill",
-                             fill_value=np.nan)
-            out = dequantize_groups(unpack_int4(rows, -1), scale, -1, self.dtype)
-            return (out,), state
-        rows = jnp.take(params["embedding"], ids, axis=0, mode="fill", fill_value=0)
-        scale = jnp.take(params["embedding_scale"], ids, axis=0, mode="fill", fill_value=np.nan)
-        return (rows.astype(self.dtype) * scale.astype(self.dtype)[..., None],), state
-
-    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        """A lookup: as ``Embedding``'s for the rows and their scales, and the
-        dequantization of each looked-up value; ``attend``: the product, the table's
-        dequantization (weight-only) or the accumulator's scaling (int8)."""
-        (y,) = outputs
-        table = self.num_embeddings * self.features
-        if self._attends(inputs):
-            count = 2 * size(y) * self.features
-            if len(inputs) == 2:
-                return count + 3 * size(y)
-            if self.scheme == "int8_weight_only":
-                return count + 2 * table  # the table's convert and multiply
-            return count + self._dequantize_flops(table, 0)
-        ids = size(inputs[0])
-        if self.scheme == "int4_weight_only":
-            # per id the redirect and bounds checks of two takes; the fill's select per
-            # byte and per scale; unpacking and dequantizing the rows
-            return 14 * ids + size(y) // 2 + size(y) // (self.group_size or 1) \
-                + self._dequantize_flops(size(y), 0)
-        # per id the redirect and bounds checks of the rows' and the scales' takes; per
-        # value the fill's select, the convert and the multiply by the row's scale
-        return 15 * ids + 3 * size(y)
-

@@ -1,5 +1,7 @@
 """Quantized attention: a ``MultiHeadAttention`` whose four projection kernels are
-stored as a scheme says, dequantized inside the layer (``float_weights``)."""
+stored as a scheme says: with ``int8`` each projection is an int8 x int8 -> int32 dot
+of its input quantized per token; the weight-only schemes and float8 dequantize the
+kernels inside the layer (``float_weights``)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,14 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ..core.registry import register
 from ..core.specs import ParamSpec
 from . import initializers
-from .attention import MultiHeadAttention
-from .quantize import dequantize_groups, quantize_weight, unpack_int4
+from .attention import _OUT, MultiHeadAttention
+from .flops import size
+from .quantize import INT8_MAX, absmax_scale, dequantize_groups, quantize_to, quantize_weight, unpack_int4
 from .quantized import _F32, _Scheme
 
 __all__ = ["QuantizedMultiHeadAttention", "PROJECTIONS"]
@@ -30,9 +34,14 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
     ``kernel`` ``(d, heads * head_dim)`` and ``out`` ``kernel`` ``(heads * head_dim,
     out)``, int8 or float8 (int4: the inputs halved, uint8, two values a byte), with
     ``kernel_scale`` one per output column (int4: ``(inputs / group_size, outputs)``).
-    Biases stay float. The kernels are dequantized to the input's dtype inside the
-    layer: for attention every scheme is weight-only (its input is read by three
-    projections and its scores are not quantized). Logical axes (for sharding):
+    Biases stay float. With ``int8`` each projection quantizes its input to int8 per
+    token (``absmax / 127`` over the features, computed at each call: the query, key
+    and value projections of one input share it, the output projection quantizes the
+    heads' concatenated values), multiplies int8 x int8 -> int32 and scales the
+    accumulator back by the token's scale times the column's ``kernel_scale``; the
+    scores and the softmax stay float. The other schemes dequantize the kernels to the
+    input's dtype inside the layer (weight-only; float8's kernels too). Logical axes
+    (for sharding):
     kernels ``("embed", None)`` (``out``: ``(None, "embed")``), their scales the
     kernel's last (int4: ``(None, <last>)``); biases as ``MultiHeadAttention``'s.
     """
@@ -66,8 +75,29 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
                                                     dtype=_F32)
         return specs
 
+    @property
+    def _int8_dots(self) -> bool:
+        return self.scheme == "int8"
+
+    def _project(self, spec, x, w):
+        if not self._int8_dots:
+            return super()._project(spec, x, w)
+        if spec == _OUT:  # the heads' values, concatenated
+            return _int8_dot(x.reshape(x.shape[:2] + (-1,)), w["kernel"], w["kernel_scale"])
+        y = _int8_dot(x, w["kernel"], w["kernel_scale"])
+        return y.reshape(y.shape[:-1] + w["heads"])
+
     def float_weights(self, params, dtype):
         out: dict[str, Any] = {}
+        if self._int8_dots:  # the stored kernels, multiplied as int8 by _project
+            for name, group in params.items():
+                n = group["kernel"].shape[1]
+                heads = self.num_heads if name in ("query", "out") else self.kv_heads
+                out[name] = {"kernel": group["kernel"], "kernel_scale": group["kernel_scale"],
+                             "heads": (heads, n // heads)}
+                if "bias" in group:
+                    out[name]["bias"] = group["bias"].astype(dtype)
+            return out
         for name, group in params.items():
             kernel, scale = group["kernel"], group["kernel_scale"]
             if self.scheme == "int4_weight_only":
@@ -86,9 +116,24 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
         return (shape[0], heads, shape[1] // heads)
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        """``MultiHeadAttention``'s, and the dequantization of the four kernels."""
+        """``MultiHeadAttention``'s, and the dequantization of the four kernels
+        (``int8``: per projection the input's quantization, 7 per value, 2 per token
+        and the clip's two bounds, as XLA counts them, and the accumulator's convert
+        and two multiplies)."""
         count = super().flops(inputs, outputs, param_dtype=param_dtype,
                               inference_mode=inference_mode)
+        if self._int8_dots:
+            specs = self.param_specs(inputs)
+            q_in, kv_in = inputs[0], inputs[1]
+            tokens_q = size(q_in) // q_in.shape[-1]
+            tokens_kv = size(kv_in) // kv_in.shape[-1]
+            columns = {name: spec["kernel"].shape[1] for name, spec in specs.items()}
+            width = specs["out"]["kernel"].shape[0]
+            quantize = (7 * size(q_in) + 2 * tokens_q + 2 * (7 * size(kv_in) + 2 * tokens_kv)
+                        + 7 * tokens_q * width + 2 * tokens_q + 4 * 2)
+            scale = 3 * (tokens_q * (columns["query"] + columns["out"])
+                         + tokens_kv * (columns["key"] + columns["value"]))
+            return count + quantize + scale
         weights = sum(int(np.prod(spec["kernel"].shape)) for name, spec in
                       self.param_specs(inputs).items())
         per_value = 5 if self.scheme == "int4_weight_only" else 2
@@ -106,3 +151,13 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
             group.update(kernel=values, kernel_scale=scale)
             out[name] = group
         return out
+
+
+def _int8_dot(x, kernel, kernel_scale):
+    """``x`` (float, ``(..., in)``) quantized to int8 per token, times int8 ``kernel``
+    ``(in, out)`` accumulated in int32, scaled back to ``x``'s dtype."""
+    scale = absmax_scale(x, (-1,), float(INT8_MAX))
+    q = quantize_to(x, scale, jnp.int8)
+    acc = lax.dot_general(q, kernel, (((q.ndim - 1,), (0,)), ((), ())),
+                          preferred_element_type=jnp.int32)
+    return (acc.astype(jnp.float32) * scale * kernel_scale).astype(x.dtype)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import difflib
 import functools
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,14 +43,22 @@ def _as_inputs(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
+#: An adapter's layer ``<target>.lora_A`` read as a child of its target.
+_ADAPTER = re.compile(r"\.(lora_[AB])(?=/|\Z)")
+
+
 def _glob_test(pattern: str) -> Callable[[str], bool]:
     """A weight path matches when the glob matches it or one of its prefixes (a layer's
-    path names all its weights)."""
+    path names all its weights), also with a LoRA adapter's ``<target>.lora_A`` written
+    ``<target>/lora_A`` (the adapter as a part of its target: ``"**/lora_*"``)."""
     test = path_matcher(pattern)
 
     def matches(path: str) -> bool:
-        parts = path.split("/")
-        return any(test("/".join(parts[:i])) for i in range(len(parts), 0, -1))
+        for view in {path, _ADAPTER.sub(r"/\1", path)}:
+            parts = view.split("/")
+            if any(test("/".join(parts[:i])) for i in range(len(parts), 0, -1)):
+                return True
+        return False
 
     return matches
 
@@ -101,7 +110,9 @@ class Trainer:
       trainable: which weights train, the others frozen: a glob over weight paths
         (``"**/*.lora_*"``; as ``graph.select``'s, ``*`` within a name, ``**`` across
         ``/``; a pattern naming a layer names its weights; a leading ``**/`` also
-        matches top-level layers) or a predicate on the path string
+        matches top-level layers; a LoRA adapter ``<target>.lora_A`` is also named as a
+        part of its target, ``<target>/lora_A``, so ``"**/lora_*"`` names every
+        adapter and ``"*/lora_*"`` those of top-level layers) or a predicate on the path string
         (``"h.0/mlp.c_fc/kernel"``). Frozen weights get no gradient and no optimizer
         state: ``opt_state`` is the optimizer's state of the trainable weights alone.
         None (the default) trains every weight.
@@ -204,9 +215,13 @@ class Trainer:
             what = f"pattern {trainable!r}" if isinstance(trainable, str) else "the predicate"
             plain = trainable.replace("*", "").replace("?", "") if isinstance(trainable, str) else ""
             near = difflib.get_close_matches(plain, paths, n=4, cutoff=0.3) or paths[:4]
+            adapters = [path for path in paths if _ADAPTER.search(path)]
+            hint = (f"; the LoRA adapters' weights are {adapters[0]} ...: "
+                    f"trainable=\"**/lora_*\" (or \"**/*.lora_*\") trains every adapter"
+                    if adapters else "")
             raise GraphError(f"Trainer(trainable=...): {what} matches no weight of model "
                              f"{self.model.graph.name!r}, so nothing would train; weight paths "
-                             f"such as {', '.join(near)}")
+                             f"such as {', '.join(near)}{hint}")
         self._check_trainable(shapes, chosen)
         return chosen
 
