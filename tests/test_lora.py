@@ -211,12 +211,15 @@ def test_trainable_names_adapters_as_parts_of_their_targets():
     model = mg.compile(mg.lora(g, ["fc", "block/inner"], rank=2))
     every = {"block/inner.lora_A/kernel", "block/inner.lora_B/kernel", "fc.lora_A/kernel",
              "fc.lora_B/kernel"}
-    for pattern, chosen in [("**/lora_*", every), ("**/*.lora_*", every),
-                            ("*/lora_*", {"fc.lora_A/kernel", "fc.lora_B/kernel"}),
+    # A pattern matches at any depth (as PEFT's target_modules), anchored by a leading /.
+    for pattern, chosen in [("**/lora_*", every), ("**/*.lora_*", every), ("*/lora_*", every),
+                            ("lora_A", {"block/inner.lora_A/kernel", "fc.lora_A/kernel"}),
+                            ("/*/lora_*", {"fc.lora_A/kernel", "fc.lora_B/kernel"}),
+                            ("inner/lora_B", {"block/inner.lora_B/kernel"}),
                             ("block/*/lora_B", {"block/inner.lora_B/kernel"})]:
         assert mg.train.Trainer(model, optax.sgd(0.1), trainable=pattern).trainable == chosen
     # A pattern matching nothing says how the adapters are named.
-    with pytest.raises(mg.GraphError, match=r'adapters.*trainable="\*\*/lora_\*"'):
+    with pytest.raises(mg.GraphError, match=r'adapters.*trainable="\*/lora_\*"'):
         mg.train.Trainer(model, optax.sgd(0.1), trainable="layers.*/lora_*")
 
 

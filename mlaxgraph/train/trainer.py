@@ -48,15 +48,21 @@ _ADAPTER = re.compile(r"\.(lora_[AB])(?=/|\Z)")
 
 
 def _glob_test(pattern: str) -> Callable[[str], bool]:
-    """A weight path matches when the glob matches it or one of its prefixes (a layer's
-    path names all its weights), also with a LoRA adapter's ``<target>.lora_A`` written
-    ``<target>/lora_A`` (the adapter as a part of its target: ``"**/lora_*"``)."""
-    test = path_matcher(pattern)
+    """A weight path matches when the glob matches one of its prefixes (a layer's path
+    names all its weights) or, unless the pattern starts with ``/``, such a prefix with
+    leading names left out (a pattern matches at any depth, as PEFT's ``target_modules``
+    do: ``"*/lora_*"`` names the adapters of nested layers too). A LoRA adapter's
+    ``<target>.lora_A`` is also read ``<target>/lora_A`` (the adapter as a part of its
+    target)."""
+    anchored = pattern.startswith("/")
+    test = path_matcher(pattern.lstrip("/") if anchored else pattern)
 
     def matches(path: str) -> bool:
         for view in {path, _ADAPTER.sub(r"/\1", path)}:
             parts = view.split("/")
-            if any(test("/".join(parts[:i])) for i in range(len(parts), 0, -1)):
+            starts = (0,) if anchored else range(len(parts))
+            if any(test("/".join(parts[j:i])) for j in starts
+                   for i in range(len(parts), j, -1)):
                 return True
         return False
 
@@ -108,11 +114,12 @@ class Trainer:
       intervene: path or pattern -> function replacing that output in every step,
         as ``model.apply``'s ``intervene``.
       trainable: which weights train, the others frozen: a glob over weight paths
-        (``"**/*.lora_*"``; as ``graph.select``'s, ``*`` within a name, ``**`` across
-        ``/``; a pattern naming a layer names its weights; a leading ``**/`` also
-        matches top-level layers; a LoRA adapter ``<target>.lora_A`` is also named as a
-        part of its target, ``<target>/lora_A``, so ``"**/lora_*"`` names every
-        adapter and ``"*/lora_*"`` those of top-level layers) or a predicate on the path string
+        (``"*/lora_*"``; as ``graph.select``'s, ``*`` within a name, ``**`` across
+        ``/``; a pattern naming a layer names its weights; it matches at any depth, as
+        PEFT's ``target_modules`` do, unless it starts with ``/``; a LoRA adapter
+        ``<target>.lora_A`` is also named as a part of its target, ``<target>/lora_A``,
+        so ``"*/lora_*"`` names every adapter and ``"/*/lora_*"`` those of top-level
+        layers) or a predicate on the path string
         (``"h.0/mlp.c_fc/kernel"``). Frozen weights get no gradient and no optimizer
         state: ``opt_state`` is the optimizer's state of the trainable weights alone.
         None (the default) trains every weight.
@@ -217,7 +224,7 @@ class Trainer:
             near = difflib.get_close_matches(plain, paths, n=4, cutoff=0.3) or paths[:4]
             adapters = [path for path in paths if _ADAPTER.search(path)]
             hint = (f"; the LoRA adapters' weights are {adapters[0]} ...: "
-                    f"trainable=\"**/lora_*\" (or \"**/*.lora_*\") trains every adapter"
+                    f"trainable=\"*/lora_*\" trains every adapter"
                     if adapters else "")
             raise GraphError(f"Trainer(trainable=...): {what} matches no weight of model "
                              f"{self.model.graph.name!r}, so nothing would train; weight paths "
