@@ -130,6 +130,25 @@ def test_unet_matches_the_pytorch_unet_formulas():
     assert [n.name for n in graph.nodes] == ["images", "inc", "down1", "down2", "up1", "up2", "outc"]
 
 
+def test_unet_takes_any_image_size_as_the_pytorch_unet_does():
+    """image_size=None (the default): height and width symbolic. Odd and even sizes,
+    and sizes the pools do not divide (the upsampled maps padded to the skips' sizes),
+    equal a build for that fixed size and the NumPy reference."""
+    sd = cnn.unet_state_dict(3, 2, width=4, depth=2)
+    graph = mg.models.unet(3, 2, width=4, depth=2)
+    assert str(graph.output_specs[0]) == "f32[batch,height,width,2]"
+    params, state = mg.models.load_state_dict(graph, sd)
+    model = mg.compile(graph)
+    for height, width in ((13, 13), (16, 16), (13, 18)):
+        x = pixels(1, height, width, 3)
+        got, _ = model.apply(params, state, x, inference_mode=True)
+        close(got, cnn.unet_forward(sd, x, depth=2))
+        if height == width:
+            fixed = mg.models.unet(3, 2, width=4, depth=2, image_size=height)
+            want, _ = mg.compile(fixed).apply(*mg.models.load_state_dict(fixed, sd), x, inference_mode=True)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_a_folder_of_shards_with_its_index(tmp_path):
     config = tf.gpt2_config()
     sd = tf.state_dict("gpt2", config)
@@ -220,7 +239,7 @@ def test_bfloat16_files_keep_their_dtype_when_asked(tmp_path):
     (lambda: mg.models.vit({"image_size": 30, "patch_size": 16}), "patch_size", "does not divide"),
     (lambda: mg.models.gpt2({"n_head": 0}), "n_head", "positive int"),
     (lambda: mg.models.resnet50(num_classes=0), "num_classes", "positive int"),
-    (lambda: mg.models.unet(image_size=100, depth=4), "image_size", "not divisible"),
+    (lambda: mg.models.unet(image_size=12, depth=4), "image_size", "less than 2 \\*\\* depth = 16"),
     (lambda: mg.models.gpt2([1, 2]), "config", "a dict of the original config's fields"),
 ])
 def test_config_fields_a_builder_cannot_honour_are_config_errors(build, field, message):
