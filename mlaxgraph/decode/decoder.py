@@ -106,18 +106,18 @@ class Decoder:
         self.scan_blocks = scan_blocks
         self.mesh, self.rules = mesh, rules
         self.compile_count = 0
-        self._models: dict[int, CompiledModel] = {}
+        self._models: dict[int | str, CompiledModel] = {}
         self._jitted: dict[Any, Any] = {}
         decode_graph(source, max_length=self.max_length, batch=1)  # refuse a bad graph now
         self.vocab_size = _vocab_size(source)
 
     # --- the derived graph and model ------------------------------------------------
 
-    def decode_graph(self, batch: int = 1) -> Graph:
+    def decode_graph(self, batch: int | str = 1) -> Graph:
         """The decoding graph for ``batch`` rows (``mlaxgraph.decode.derive``)."""
         return decode_graph(self.source, max_length=self.max_length, batch=batch)
 
-    def model(self, batch: int = 1) -> CompiledModel:
+    def model(self, batch: int | str = 1) -> CompiledModel:
         """The compiled decoding graph for ``batch`` rows: its summary, cost table and
         explorer show the caches as state."""
         model = self._models.get(batch)
@@ -155,7 +155,7 @@ class Decoder:
 
     # --- the pure functions (for a wider jitted region) ------------------------------
 
-    def prefill_fn(self, batch: int):
+    def prefill_fn(self, batch: int | str):
         """The pure ``prefill(params, state, cache, input_ids, attention_mask) -> (logits,
         cache)`` for an empty cache: the prompt written at slots ``0 .. seq - 1``."""
         model = self.model(batch)
@@ -175,7 +175,7 @@ class Decoder:
 
         return prefill
 
-    def step_fn(self, batch: int):
+    def step_fn(self, batch: int | str):
         """The pure ``step(params, state, cache, token_ids (batch, seq)) -> (logits,
         cache)``: the tokens written at the cache's next slots."""
         model = self.model(batch)

@@ -61,7 +61,7 @@ def _dims(batch: int | str, seq: int | str, limit: int) -> tuple[Any, Any]:
     if isinstance(seq, int) and seq > limit:
         raise ShapeError(f"seq={seq} is more than the decoder's max_length={limit}")
     constraints = (f"{seq} <= {limit}",) if isinstance(seq, str) else ()
-    made = dict(zip(names, jax_export.symbolic_shape(", ".join(names), constraints=constraints))) if names else {}
+    made: dict[Any, Any] = dict(zip(names, jax_export.symbolic_shape(", ".join(names), constraints=constraints)))
     return made.get(batch, batch), made.get(seq, seq)
 
 

@@ -96,11 +96,13 @@ def unet(in_channels: int = 3, num_classes: int = 2, *, width: int = 64, depth: 
     images = Input(shape(image_size, in_channels), name="images")
     x = Input(shape(image_size, in_channels), name="x")
     h = Graph(x, _double_conv(x, width, "", data_format), name="DoubleConv").as_block("inc")(images)
-    skips, sizes, channels = [], [image_size], width
+    skips, channels = [], width
+    sizes: list[int | None] = [image_size]
     for k in range(1, depth + 1):
         skips.append(h)
         h = down(sizes[-1], channels).as_block(f"down{k}")(h)
-        sizes.append(None if image_size is None else sizes[-1] // 2)
+        last = sizes[-1]
+        sizes.append(None if last is None else last // 2)
         channels = channels * 2
     for k in range(1, depth + 1):
         size = sizes.pop()
