@@ -289,6 +289,8 @@ def _run(model: CompiledModel, paths, params, state, layers, ids, positions, ind
         full = set_in(full, path, get_in(layers, path))
     logits, new_state = model.apply_fn(params, full, ids, positions, index, cache_mask,
                                        inference_mode=True)
+    if model.sharding is not None:  # the new caches where the old ones live (XLA may choose otherwise)
+        _, new_state = model.sharding.constrain_weights(None, new_state)
     out: dict = {}
     for path in paths:
         entry = get_in(new_state, path)
