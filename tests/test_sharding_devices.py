@@ -55,6 +55,8 @@ def _env(devices: int) -> dict:
                                          "--xla_backend_optimization_level=0"])
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("JAX_NUM_CPU_DEVICES", None)
+    # the workers import this checkout's package (as the tests do), not another install
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
 
