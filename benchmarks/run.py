@@ -24,6 +24,11 @@ Benchmarks:
   bench_onnx            ResNet-50 and GPT-2 small written by ``to_onnx``, read back by
                         ``mg.from_onnx``: import, compile and per-call time against
                         onnxruntime on the same file
+  bench_decode          GPT-2 small decoding: the step and a whole ``generate`` against a
+                        hand-written JAX KV-cache decoder, and a whole greedy ``generate``
+                        against PyTorch's ``transformers`` and keras_hub (JAX backend), each
+                        in its own environment (``.venv-torch``, ``.venv-kerashub``) when
+                        there
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import time
 import _common  # noqa: F401  (sys.path and JAX_PLATFORMS)
 import bench_apply_overhead
 import bench_compile_scale
+import bench_decode
 import bench_deep
 import bench_onnx
 import bench_see_save
@@ -101,6 +107,8 @@ def main(argv=None) -> int:
                    help="skip the graph surgery and taps benchmark")
     p.add_argument("--skip-onnx", action="store_true",
                    help="skip the ONNX models against onnxruntime (needs onnxruntime, the bench extra)")
+    p.add_argument("--skip-decode", action="store_true",
+                   help="skip decoding (GPT-2 small against a hand-written decoder and the peers)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="compile-scale: skip the passes of a size projected to take longer than "
                         "this many seconds (default 60; 'inf' runs all)")
@@ -240,6 +248,17 @@ def main(argv=None) -> int:
                         + bench_onnx.__doc__.split("\n\n", 1)[1].split("Run alone")[0]
                         + table + "\n")
         loads.append(f"after onnx: {loadavg()}")
+
+    if not args.skip_decode:
+        print("== decoding: GPT-2 small against a hand-written decoder and the peers ...",
+              file=sys.stderr, flush=True)
+        res = bench_decode.run(quick=args.quick)
+        goals.extend(bench_decode.goals(res))
+        sections.append("## 8. Decoding with the derived key/value cache: GPT-2 small against a "
+                        "hand-written JAX decoder, PyTorch and keras_hub\n\n"
+                        + bench_decode.__doc__.split("\n\n", 1)[1].split("Run alone")[0]
+                        + bench_decode.markdown(res) + "\n")
+        loads.append(f"after decoding: {loadavg()}")
 
     elapsed = time.perf_counter() - t_start
     header = [

@@ -171,6 +171,8 @@ ZOO = {
 }
 ZOO_MESHES = ("both", "tensor_parallel")
 ZOO_BATCH, ZOO_SEQ = 8, 16
+#: mg.decoder on the 2x4 mesh: a prompt of 10 tokens, 3 greedy steps, 32 cache slots.
+DECODE_PROMPT, DECODE_STEPS, DECODE_LENGTH = 10, 3, 32
 
 
 def zoo_graph(name: str):

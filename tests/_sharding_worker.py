@@ -64,6 +64,7 @@ def main(out_dir: str, names: tuple[str, ...]) -> None:
     report["mesh_axes"] = {name: dict(m.shape) for name, m in meshes.items()}
     if "zoo" in names:
         zoo(meshes, arrays, report, lap)
+        decode(meshes["both"], arrays, report, lap)
         names = tuple(n for n in names if n != "zoo")
 
     # The references: each model compiled without a mesh runs on one device.
@@ -230,6 +231,43 @@ def zoo(meshes, arrays: dict, report: dict, lap) -> None:
                                                  "attn" if name == "gpt2" else "self_attn"]["out"]["kernel"]),
                                              ("key", params["h.0" if name == "gpt2" else "model.layers.0"][
                                                  "attn" if name == "gpt2" else "self_attn"]["key"]["kernel"]))}}
+            lap(prefix)
+
+
+def decode(mesh, arrays: dict, report: dict, lap) -> None:
+    """``mg.decoder`` of GPT-2 and Llama on one device and on the 2x4 mesh under
+    ``mg.models.sharding_rules``: the prefill's logits and three greedy steps' logits,
+    and where each layer's cache lives."""
+    import jax
+    import numpy as np
+
+    import mlaxgraph as mg
+    import _sharding_cases as cases
+
+    ids = cases.zoo_data()[:, :cases.DECODE_PROMPT]
+    for name in cases.ZOO:
+        graph = cases.zoo_graph(name)
+        for mesh_name in ("one_device", "both"):
+            if mesh_name == "one_device":
+                dec, params_from = mg.decoder(graph, max_length=cases.DECODE_LENGTH), mg.compile(graph)
+            else:
+                rules = mg.models.sharding_rules(graph, mesh)
+                params_from = mg.compile(graph, mesh=mesh, rules=rules)
+                dec = mg.decoder(params_from, max_length=cases.DECODE_LENGTH)  # its mesh and rules
+            params, state = params_from.init(jax.random.key(0))
+            prefix = f"decode/{name}/{mesh_name}"
+            logits, cache = dec.prefill(params, state, ids)
+            arrays[f"{prefix}/prefill"] = np.asarray(logits)
+            layer = cache.layers["h.0" if name == "gpt2" else "model.layers.0"]
+            layer = layer["attn" if name == "gpt2" else "self_attn"]["key"]
+            spec = getattr(layer.sharding, "spec", None)
+            report[prefix] = {"cache_spec": None if spec is None else spec_entries(spec),
+                              "cache_shards": sorted({tuple(s.data.shape) for s in layer.addressable_shards}),
+                              "cache_shape": list(layer.shape)}
+            for i in range(cases.DECODE_STEPS):
+                token = np.asarray(logits[:, -1]).argmax(-1)
+                logits, cache = dec.step(params, state, cache, token)
+                arrays[f"{prefix}/step{i}"] = np.asarray(logits)
             lap(prefix)
 
 

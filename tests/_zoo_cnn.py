@@ -212,9 +212,11 @@ def _double_conv(sd, prefix, x, eps):
 
 
 def unet_forward(sd, images_nhwc, depth=3, eps=1e-5):
-    """Logits (batch, H, W, num_classes), float64, NHWC; H, W divisible by 2**depth."""
+    """Logits (batch, H, W, num_classes), float64, NHWC. Sizes not divisible by
+    2**depth: the pools round down, and each upsampled map is zero-padded to its skip's
+    size, half the difference before and the rest after (Pytorch-UNet's ``Up.forward``:
+    ``F.pad(x1, [diffX // 2, diffX - diffX // 2, diffY // 2, diffY - diffY // 2])``)."""
     x = np.asarray(images_nhwc, np.float64)
-    assert x.shape[1] % 2 ** depth == 0 and x.shape[2] % 2 ** depth == 0, x.shape
     skips = [_double_conv(sd, "inc.double_conv", x, eps)]
     for k in range(1, depth + 1):
         pooled = max_pool(skips[-1], 2, 2)
@@ -222,6 +224,8 @@ def unet_forward(sd, images_nhwc, depth=3, eps=1e-5):
     x = skips.pop()
     for k in range(1, depth + 1):
         up = conv_transpose2d(x, sd[f"up{k}.up.weight"], sd[f"up{k}.up.bias"], stride=2)
-        x = _double_conv(sd, f"up{k}.conv.double_conv",
-                         np.concatenate([skips.pop(), up], axis=-1), eps)
+        skip = skips.pop()
+        dy, dx = skip.shape[1] - up.shape[1], skip.shape[2] - up.shape[2]
+        up = np.pad(up, ((0, 0), (dy // 2, dy - dy // 2), (dx // 2, dx - dx // 2), (0, 0)))
+        x = _double_conv(sd, f"up{k}.conv.double_conv", np.concatenate([skip, up], axis=-1), eps)
     return conv2d(x, sd["outc.conv.weight"], sd["outc.conv.bias"])

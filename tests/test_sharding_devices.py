@@ -55,6 +55,8 @@ def _env(devices: int) -> dict:
                                          "--xla_backend_optimization_level=0"])
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("JAX_NUM_CPU_DEVICES", None)
+    # the workers import this checkout's package (as the tests do), not another install
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
 
@@ -388,3 +390,26 @@ def test_zoo_forward_pass_has_one_all_reduce_per_attention_and_per_mlp(eight, fa
         assert f"  {prefix}.{block}: 2 all-reduce" in found["describe"]
     assert len(found["forward"]) == 2 * (block + 1)  # nothing outside the blocks
     assert f"{prefix}.0/{down}" in found["describe"] and "kernel[model,-]" in found["describe"]
+
+
+# --- mg.decoder on the 2x4 mesh ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", list(cases.ZOO))
+def test_decoder_on_a_mesh_matches_one_device_with_the_cache_split_by_heads(eight, family):
+    """mg.decoder of a model compiled with mg.models.sharding_rules on the 2x4 mesh: the
+    prefill's logits and three greedy steps' equal one device's; each layer's cache is
+    split by batch on "data" and, where the key/value heads are split (GPT-2's 8), by
+    heads on "model"; Llama's 2 key/value heads are replicated, as its kernels are."""
+    report, results = eight
+    compared = _compare(results, f"decode/{family}/one_device", f"decode/{family}/both")
+    assert compared == 1 + cases.DECODE_STEPS
+    found = report[f"decode/{family}/both"]
+    assert found["cache_shape"] == report[f"decode/{family}/one_device"]["cache_shape"]
+    batch, length, heads, head_dim = found["cache_shape"]
+    if family == "gpt2":
+        assert found["cache_spec"] == ["data", None, "model"]
+        assert found["cache_shards"] == [[batch // 2, length, heads // 4, head_dim]]
+    else:
+        assert found["cache_spec"] == ["data"]
+        assert found["cache_shards"] == [[batch // 2, length, heads, head_dim]]

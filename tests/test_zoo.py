@@ -130,6 +130,25 @@ def test_unet_matches_the_pytorch_unet_formulas():
     assert [n.name for n in graph.nodes] == ["images", "inc", "down1", "down2", "up1", "up2", "outc"]
 
 
+def test_unet_takes_any_image_size_as_the_pytorch_unet_does():
+    """image_size=None (the default): height and width symbolic. Odd and even sizes,
+    and sizes the pools do not divide (the upsampled maps padded to the skips' sizes),
+    equal a build for that fixed size and the NumPy reference."""
+    sd = cnn.unet_state_dict(3, 2, width=4, depth=2)
+    graph = mg.models.unet(3, 2, width=4, depth=2)
+    assert str(graph.output_specs[0]) == "f32[batch,height,width,2]"
+    params, state = mg.models.load_state_dict(graph, sd)
+    model = mg.compile(graph)
+    for height, width in ((13, 13), (16, 16), (13, 18)):
+        x = pixels(1, height, width, 3)
+        got, _ = model.apply(params, state, x, inference_mode=True)
+        close(got, cnn.unet_forward(sd, x, depth=2))
+        if height == width:
+            fixed = mg.models.unet(3, 2, width=4, depth=2, image_size=height)
+            want, _ = mg.compile(fixed).apply(*mg.models.load_state_dict(fixed, sd), x, inference_mode=True)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_a_folder_of_shards_with_its_index(tmp_path):
     config = tf.gpt2_config()
     sd = tf.state_dict("gpt2", config)
@@ -220,7 +239,7 @@ def test_bfloat16_files_keep_their_dtype_when_asked(tmp_path):
     (lambda: mg.models.vit({"image_size": 30, "patch_size": 16}), "patch_size", "does not divide"),
     (lambda: mg.models.gpt2({"n_head": 0}), "n_head", "positive int"),
     (lambda: mg.models.resnet50(num_classes=0), "num_classes", "positive int"),
-    (lambda: mg.models.unet(image_size=100, depth=4), "image_size", "not divisible"),
+    (lambda: mg.models.unet(image_size=12, depth=4), "image_size", "less than 2 \\*\\* depth = 16"),
     (lambda: mg.models.gpt2([1, 2]), "config", "a dict of the original config's fields"),
 ])
 def test_config_fields_a_builder_cannot_honour_are_config_errors(build, field, message):
@@ -356,6 +375,58 @@ def test_task_model_files_legacy_layer_norm_names_and_no_pooler():
     graph = mg.models.bert(config)
     params, state = mg.models.load_state_dict(graph, legacy)
     check_round_trip(graph, params, state, sd)  # written back in today's names
+
+
+#: transformers 5.x's ViTModel().state_dict() names (5.23, read from a ViTModel built
+#: there) for the files' names, which save_pretrained still writes.
+VIT_5X = (("encoder.layer.{i}.attention.attention.query.", "layers.{i}.attention.q_proj."),
+          ("encoder.layer.{i}.attention.attention.key.", "layers.{i}.attention.k_proj."),
+          ("encoder.layer.{i}.attention.attention.value.", "layers.{i}.attention.v_proj."),
+          ("encoder.layer.{i}.attention.output.dense.", "layers.{i}.attention.o_proj."),
+          ("encoder.layer.{i}.intermediate.dense.", "layers.{i}.mlp.fc1."),
+          ("encoder.layer.{i}.output.dense.", "layers.{i}.mlp.fc2."),
+          ("encoder.layer.{i}.layernorm_before.", "layers.{i}.layernorm_before."),
+          ("encoder.layer.{i}.layernorm_after.", "layers.{i}.layernorm_after."))
+
+
+def _in_memory_5x(name: str, layers: int) -> str:
+    for i in range(layers):
+        for files, memory in VIT_5X:
+            if name.startswith(files.format(i=i)):
+                return memory.format(i=i) + name[len(files.format(i=i)):]
+    return name
+
+
+def test_transformers_5x_in_memory_state_dict_names_load_as_the_files_do():
+    """ViTModel().state_dict() in transformers 5.x names the layers ``layers.N`` with
+    ``attention.q_proj`` ... ``o_proj`` and ``mlp.fc1`` / ``fc2``; such a dict (and
+    ViTForImageClassification's, under ``vit.``) loads to the same weights as the
+    files' names, and an unknown name in it is still refused."""
+    config = tf.vit_config()
+    sd = tf.state_dict("vit", config)
+    layers = config["num_hidden_layers"]
+    memory = {_in_memory_5x(k, layers): v for k, v in sd.items()}
+    assert "layers.0.attention.q_proj.weight" in memory and "layers.0.mlp.fc1.bias" in memory
+    assert not any(k.startswith("encoder.") for k in memory)
+    graph = mg.models.vit(config)
+    want = mg.models.load_state_dict(graph, sd)
+    got = mg.models.load_state_dict(graph, memory)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+    x = pixels(2, 3, 16, 16)
+    out, _ = mg.compile(graph).apply(*got, x, inference_mode=True)
+    close(out[0], tf.forward("vit", sd, config, x)[0])
+    check_round_trip(graph, *got, sd)  # written back in the files' names
+    # ViTForImageClassification in memory: vit.layers.N..., a classifier, no pooler
+    task = {f"vit.{k}": v for k, v in memory.items() if not k.startswith("pooler.")}
+    task["classifier.weight"] = np.zeros((10, 32), np.float32)
+    headless = mg.models.vit(config, add_pooling_layer=False)
+    params, _ = mg.models.load_state_dict(headless, task, strict=False)
+    np.testing.assert_array_equal(params["encoder.layer.0"]["attention"]["query"]["kernel"],
+                                  want[0]["encoder.layer.0"]["attention"]["query"]["kernel"])
+    memory["layers.0.attention.x_proj.weight"] = memory.pop("layers.0.attention.q_proj.weight")
+    with pytest.raises(mg.SerializationError, match="x_proj") as info:
+        mg.models.load_state_dict(graph, memory)
+    assert "encoder.layer.0.attention.attention.query.weight" in str(info.value)
 
 
 def test_stacked_weights_are_refused_with_the_way_out():

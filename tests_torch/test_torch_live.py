@@ -140,3 +140,40 @@ def test_gpt2_random_config_folds_its_blocks():
     ours = mg.models.to_state_dict(graph, params, state)
     theirs = {k: v for k, v in model.state_dict().items() if not k.endswith((".attn.bias", ".masked_bias"))}
     assert set(ours) == set(theirs)
+
+
+def test_a_transformers_5x_vit_state_dict_in_memory_loads_into_the_zoo_vit():
+    """ViTModel().state_dict() of the installed transformers (5.x: ``layers.N``,
+    ``attention.q_proj``, ``mlp.fc1``) into mg.models.vit: the same hidden states."""
+    transformers = pytest.importorskip("transformers")
+    config = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                  image_size=16, patch_size=8, hidden_act="gelu")
+    torch.manual_seed(0)
+    theirs = transformers.ViTModel(transformers.ViTConfig(**config)).eval()
+    sd = {k: v.detach().numpy() for k, v in theirs.state_dict().items()}
+    graph = mg.models.vit(config)
+    params, state = mg.models.load_state_dict(graph, sd)
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    (hidden, pooled), _ = mg.compile(graph).apply(params, state, jnp.asarray(x), inference_mode=True)
+    with torch.no_grad():
+        out = theirs(torch.from_numpy(x))
+    _close(np.asarray(hidden), out.last_hidden_state)
+    _close(np.asarray(pooled), out.pooler_output)
+
+
+def test_greedy_generate_makes_the_tokens_transformers_generate_makes():
+    """GPT2LMHeadModel.generate (greedy, its KV cache) and mg.generate on the same
+    weights: the same new tokens, batch 2."""
+    transformers = pytest.importorskip("transformers")
+    config = dict(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)).eval()
+    sd = {k: v.detach().numpy() for k, v in theirs.state_dict().items()}
+    graph = mg.models.gpt2(config)
+    params, state = mg.models.load_state_dict(graph, sd)
+    ids = np.random.default_rng(1).integers(0, 128, (2, 7))
+    with torch.no_grad():
+        want = theirs.generate(torch.from_numpy(ids), attention_mask=torch.ones(2, 7, dtype=torch.long),
+                               max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
+    got = mg.generate(mg.compile(graph), params, state, jnp.asarray(ids, jnp.int32), max_new_tokens=12)
+    np.testing.assert_array_equal(np.asarray(got), want.numpy())

@@ -14,7 +14,7 @@ import numpy as np
 from ..compiler.compile import CompiledModel, compile
 from ..compiler.policy import Policy
 from ..compiler.program import Program, ScanStep, get_in, set_in
-from ..core.errors import GraphError, ShapeError
+from ..core.errors import GraphError, ShapeError, ShardingError
 from ..ir.graph import Graph
 from ..ops.cached_attention import CachedAttention
 from ..ops.embedding import Embedding
@@ -89,10 +89,14 @@ class Decoder:
       cache_dtype: the cache's dtype, or None for each attention's compute dtype.
       compile_count: how many times a prefill, step or generate loop was traced (and
         compiled): calls of new shapes add one; calls in one bucket add none.
+      mesh, rules: the device mesh and the logical-axis rules the decoding model is
+        compiled with (None: one device); the caches are sharded by their logical
+        axes (``"batch"``, ``"cache_length"``, the key kernel's heads and features).
     """
 
     def __init__(self, source: Graph, *, max_length: int, cache_dtype: Any = None,
-                 policy: Policy | None = None, scan_blocks: bool = False):
+                 policy: Policy | None = None, scan_blocks: bool = False, mesh: Any = None,
+                 rules: Any = None):
         if not isinstance(max_length, (int, np.integer)) or isinstance(max_length, bool) or max_length < 1:
             raise GraphError(f"max_length must be a positive int, got {max_length!r}")
         self.source = source
@@ -100,25 +104,26 @@ class Decoder:
         self.cache_dtype = None if cache_dtype is None else jnp.dtype(cache_dtype)
         self.policy = policy
         self.scan_blocks = scan_blocks
+        self.mesh, self.rules = mesh, rules
         self.compile_count = 0
-        self._models: dict[int, CompiledModel] = {}
+        self._models: dict[int | str, CompiledModel] = {}
         self._jitted: dict[Any, Any] = {}
         decode_graph(source, max_length=self.max_length, batch=1)  # refuse a bad graph now
         self.vocab_size = _vocab_size(source)
 
     # --- the derived graph and model ------------------------------------------------
 
-    def decode_graph(self, batch: int = 1) -> Graph:
+    def decode_graph(self, batch: int | str = 1) -> Graph:
         """The decoding graph for ``batch`` rows (``mlaxgraph.decode.derive``)."""
         return decode_graph(self.source, max_length=self.max_length, batch=batch)
 
-    def model(self, batch: int = 1) -> CompiledModel:
+    def model(self, batch: int | str = 1) -> CompiledModel:
         """The compiled decoding graph for ``batch`` rows: its summary, cost table and
         explorer show the caches as state."""
         model = self._models.get(batch)
         if model is None:
-            model = self._models[batch] = compile(self.decode_graph(batch), self.policy,
-                                                  scan_blocks=self.scan_blocks)
+            model = self._models[batch] = compile(self.decode_graph(batch), self.policy, self.mesh,
+                                                  self.rules, scan_blocks=self.scan_blocks)
         return model
 
     def cache_bytes(self, batch: int = 1) -> int:
@@ -133,19 +138,24 @@ class Decoder:
         return np.dtype(self.cache_dtype or step.input_specs[0].dtype)
 
     def empty_cache(self, batch: int) -> Cache:
-        """A cache of zeros for ``batch`` rows (no slot filled)."""
+        """A cache of zeros for ``batch`` rows (no slot filled); on a mesh, each cache
+        made sharded as its logical axes say."""
+        model = self.model(batch)
         layers: dict = {}
-        for path, step, blocks in _cache_steps(self.model(batch).program):
+        for path, step, blocks in _cache_steps(model.program):
             shape = ((blocks,) if blocks else ()) + tuple(step.state_specs["key"].shape)
             dtype = self._dtype(step)
-            layers = set_in(layers, path, {"key": jnp.zeros(shape, dtype),
-                                           "value": jnp.zeros(shape, dtype)})
+            entry = {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
+            if model.sharding is not None:
+                placed = get_in(model.sharding.state, path)
+                entry = {k: jax.device_put(v, placed[k]) for k, v in entry.items()}
+            layers = set_in(layers, path, entry)
         return Cache(layers, jnp.zeros((), jnp.int32), jnp.zeros((batch,), jnp.int32),
                      jnp.zeros((batch, self.max_length), bool), 0)
 
     # --- the pure functions (for a wider jitted region) ------------------------------
 
-    def prefill_fn(self, batch: int):
+    def prefill_fn(self, batch: int | str):
         """The pure ``prefill(params, state, cache, input_ids, attention_mask) -> (logits,
         cache)`` for an empty cache: the prompt written at slots ``0 .. seq - 1``."""
         model = self.model(batch)
@@ -165,7 +175,7 @@ class Decoder:
 
         return prefill
 
-    def step_fn(self, batch: int):
+    def step_fn(self, batch: int | str):
         """The pure ``step(params, state, cache, token_ids (batch, seq)) -> (logits,
         cache)``: the tokens written at the cache's next slots."""
         model = self.model(batch)
@@ -279,6 +289,8 @@ def _run(model: CompiledModel, paths, params, state, layers, ids, positions, ind
         full = set_in(full, path, get_in(layers, path))
     logits, new_state = model.apply_fn(params, full, ids, positions, index, cache_mask,
                                        inference_mode=True)
+    if model.sharding is not None:  # the new caches where the old ones live (XLA may choose otherwise)
+        _, new_state = model.sharding.constrain_weights(None, new_state)
     out: dict = {}
     for path in paths:
         entry = get_in(new_state, path)
@@ -295,7 +307,8 @@ def _vocab_size(graph: Graph) -> int | None:
     return None
 
 
-def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None) -> Decoder:
+def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None, mesh: Any = None,
+            rules: Any = None) -> Decoder:
     """The decoder of a causal language model: ``prefill`` and ``step`` over a
     key/value cache of ``max_length`` slots, derived from its graph.
 
@@ -305,10 +318,17 @@ def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None) ->
         kept, so its params fit).
       max_length: the cache's slots (prompt, padded to its bucket, plus new tokens).
       cache_dtype: the cache's dtype; None: each attention's compute dtype.
+      mesh: a ``jax.sharding.Mesh`` to decode on (docs/sharding.md); a
+        ``CompiledModel`` compiled with a mesh gives its own (and its rules) unless
+        these are given.
+      rules: logical axis -> mesh axis, as ``mg.compile``'s (e.g.
+        ``mg.models.sharding_rules(graph, mesh)``: the caches split by heads, as the
+        key/value kernels are).
 
     Raises:
       GraphError: for a graph the rewrite cannot handle (a non-causal attention, a
         layer mixing positions), naming the layer.
+      ShardingError: rules without a mesh, or rules that do not fit it.
 
     Example:
       >>> import jax, jax.numpy as jnp, mlaxgraph as mg
@@ -321,11 +341,16 @@ def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None) ->
       >>> logits.shape, cache.filled
       ((1, 1, 64), 65)
     """
+    if rules is not None and mesh is None:
+        raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
     if isinstance(model_or_graph, CompiledModel):
         scan = any(n.op.op_name == "scan" for n in model_or_graph.graph.nodes)
+        plan = model_or_graph.sharding
+        if mesh is None and plan is not None:
+            mesh, rules = plan.mesh, plan.rules
         return Decoder(model_or_graph.source_graph, max_length=max_length, cache_dtype=cache_dtype,
-                       policy=model_or_graph.policy, scan_blocks=scan)
+                       policy=model_or_graph.policy, scan_blocks=scan, mesh=mesh, rules=rules)
     if not isinstance(model_or_graph, Graph):
         raise GraphError(f"mg.decoder takes a Graph or a CompiledModel, got "
                          f"{type(model_or_graph).__name__}")
-    return Decoder(model_or_graph, max_length=max_length, cache_dtype=cache_dtype)
+    return Decoder(model_or_graph, max_length=max_length, cache_dtype=cache_dtype, mesh=mesh, rules=rules)

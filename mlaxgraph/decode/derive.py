@@ -60,9 +60,10 @@ _POINTWISE = (Relu, Gelu, Silu, Tanh, Sigmoid, Binary, Dropout, Cast, Constrain,
               Where, Linear, Embedding, RMSNorm)
 
 
-def decode_graph(graph: Graph, *, max_length: int, batch: int) -> Graph:
+def decode_graph(graph: Graph, *, max_length: int, batch: int | str) -> Graph:
     """The decoding graph of ``graph`` (see the module's docstring), with caches of
-    ``max_length`` slots for ``batch`` rows.
+    ``max_length`` slots for ``batch`` rows (an int, or a symbolic dim's name: caches
+    of any batch, for an exported decoder).
 
     Raises:
       GraphError: for a graph that is not a causal language model (token ids in), or a
@@ -88,7 +89,7 @@ def decode_graph(graph: Graph, *, max_length: int, batch: int) -> Graph:
     if len(graph.inputs) > 1:
         raise GraphError(f"graph {graph.name!r} takes {len(graph.inputs)} inputs; a decoder "
                          f"takes token ids alone (the attention mask is the decoder's)")
-    return rewrite(graph, DecodeRule(int(max_length), int(batch)))
+    return rewrite(graph, DecodeRule(int(max_length), batch if isinstance(batch, str) else int(batch)))
 
 
 @dataclasses.dataclass
@@ -109,7 +110,7 @@ class DecodeRule(Rule):
     graph it descends into (equal blocks are rewritten once)."""
 
     max_length: int
-    batch: int
+    batch: int | str
 
     def prepare(self, graph: Graph) -> _Facts:
         first = graph.node(graph.inputs[0]).outputs[0] if graph.inputs else None

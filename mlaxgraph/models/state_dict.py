@@ -253,6 +253,13 @@ _LEGACY = {"weight": "gamma", "bias": "beta"}
 
 def _load(graph, layout, layers, expected, source, strict, dtype):
     names = source.names()
+    # Other names of the files' weights (transformers 5.x's in memory), as the files' names
+    given = set(names)
+    aliases = {layout.file_name(n): n for n in names}
+    aliases = {k: v for k, v in aliases.items() if k != v and k not in given}
+    if aliases:
+        as_files = {v: k for k, v in aliases.items()}
+        names = [as_files.get(n, n) for n in names]
     present = set(names)
     # A prefix the file puts before every name ("transformer."): the one that finds the
     # most of the graph's names.
@@ -287,12 +294,12 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
     arrays: dict[str, np.ndarray] = {}
     for name, (step, _, shape) in expected.items():
         file_name = found[name]
-        got = source.shape(file_name)
+        got = source.shape(aliases.get(file_name, file_name))
         if got != shape:
             raise SerializationError(
                 f"{source.label}: {file_name!r} has shape {tuple(got)}; layer {step.path!r} of "
                 f"graph {graph.name!r} needs {shape}")
-        array = source.array(file_name)
+        array = source.array(aliases.get(file_name, file_name))
         if not _is_float(array.dtype):
             raise SerializationError(f"{source.label}: {file_name!r} is {array.dtype}; the "
                                      f"weights of layer {step.path!r} are floating point")
@@ -300,7 +307,7 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
     for copy, weight in layout.tied:
         file_name = next((n for n in (prefix + copy, copy) if n in present), None)
         if file_name is not None and file_name not in used:
-            value = source.array(file_name)
+            value = source.array(aliases.get(file_name, file_name))
             if value.shape != arrays[weight].shape or not np.array_equal(
                     value.astype(arrays[weight].dtype), arrays[weight]):
                 raise SerializationError(

@@ -47,6 +47,12 @@ class TorchLayout:
         the graph stands for (``"transformer."``: GPT-2's graph computes logits, as
         ``GPT2LMHeadModel``), which PEFT's adapter files write after
         ``base_model.model.`` and its ``target_modules`` patterns may match.
+      renames: ``(pattern, replacement)`` regular expressions from other names of the
+        same weights to the files' (after the prefix, applied in order, the first
+        that matches wins): transformers 5.x renames some models' modules in memory
+        (``ViTModel().state_dict()``: ``layers.0.attention.q_proj`` for the files'
+        ``encoder.layer.0.attention.attention.query``) and writes the files' names
+        back on saving; loading accepts both.
     """
 
     linear: str = "out_in"
@@ -55,6 +61,22 @@ class TorchLayout:
     tied: tuple[tuple[str, str], ...] = ()
     buffers: str | None = None
     model_prefix: str = ""
+    renames: tuple[tuple[str, str], ...] = ()
+
+    def file_name(self, name: str) -> str:
+        """``name`` as the files write it (``renames`` applied after the prefix); the
+        name itself when no rename matches."""
+        if not self.renames:
+            return name
+        for prefix in sorted(("",) + self.prefixes, key=len, reverse=True):
+            if name.startswith(prefix):
+                rest = name[len(prefix):]
+                for pattern, replacement in self.renames:
+                    renamed, count = re.subn(pattern, replacement, rest, count=1)
+                    if count:
+                        return prefix + renamed
+                return name
+        return name
 
     def is_buffer(self, name: str) -> bool:
         return name.endswith(".num_batches_tracked") or (

@@ -33,7 +33,16 @@ VIT = Family(
 register_layout("vit", TorchLayout(
     attention=(("query", "attention.query"), ("key", "attention.key"),
                ("value", "attention.value"), ("out", "output.dense")),
-    prefixes=("vit.",)))
+    prefixes=("vit.",),
+    # transformers 5.x's ViTModel in memory (its conversion mapping, undone): layers.N
+    # for encoder.layer.N, q/k/v/o_proj for the attention's modules, mlp.fc1 and fc2
+    renames=((r"^layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
+             (r"^layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
+             (r"^layers\.(\d+)\.attention\.v_proj\.", r"encoder.layer.\1.attention.attention.value."),
+             (r"^layers\.(\d+)\.attention\.o_proj\.", r"encoder.layer.\1.attention.output.dense."),
+             (r"^layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
+             (r"^layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
+             (r"^layers\.(\d+)\.", r"encoder.layer.\1."))))
 
 
 def vit(config: Any = None, *, add_pooling_layer: bool = True,

@@ -24,10 +24,17 @@ from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base, to_rope_s
 
 __all__ = ["CachedAttention", "CACHE_AXES"]
 
-#: The logical axes of a cache (``key`` and ``value``: batch, slot, kv head, feature);
-#: ``heads`` and ``kv`` are those of the key and value kernels, so a rule sharding the
+#: The logical axes of a cache (``key`` and ``value``: batch, slot, kv head, feature) by
+#: default; its last two are those of the key kernel (``param_axes`` overrides
+#: included, e.g. the zoo Llama's ``"kv_heads"``), so a rule sharding the key/value
 #: heads shards the cache with them.
 CACHE_AXES = ("batch", "cache_length", "heads", "kv")
+
+
+def _batch(value, layer) -> int | str:
+    if isinstance(value, str) and value:
+        return value  # a symbolic dim (an exported decoder's batch)
+    return _positive(value, layer)
 
 
 def _positive(value, layer) -> int:
@@ -49,8 +56,12 @@ class CachedAttention(Layer):
     keeps: the causal mask by position (with ``sliding_window=w``, the slots ``i - w <
     j <= i``). Output ``(batch, seq, out_features)``.
 
+    ``batch`` is the cache's rows: an int, or a symbolic dim's name (the decoder
+    exported for any batch, ``mlaxgraph.decode.export``).
+
     State: ``key`` and ``value``, each ``(batch, max_length, kv_heads, head_dim)``,
-    logical axes ``("batch", "cache_length", "heads", "kv")``; the new keys and values
+    logical axes ``("batch", "cache_length")`` and the key kernel's head and feature
+    axes (``("heads", "kv")`` unless ``param_axes`` names others); the new keys and values
     are written with ``lax.dynamic_update_slice`` in the state's dtype (the cache's),
     read back in the input's. Params as ``MultiHeadAttention`` (the same layout and
     paths), whose projections, grouped-query heads, rotary base and ``rope_scaling``,
@@ -70,7 +81,7 @@ class CachedAttention(Layer):
     head_dim: int = field(converter=_positive)
     out_features: int = field(converter=_positive)
     max_length: int = field(kw_only=True, converter=_positive)
-    batch: int = field(kw_only=True, converter=_positive)
+    batch: int | str = field(kw_only=True, converter=_batch)
     num_kv_heads: int | None = field(default=None, kw_only=True,
                                      converter=lambda v, layer: None if v is None else _positive(v, layer))
     use_bias: bool = dataclasses.field(default=True, kw_only=True)
@@ -110,7 +121,7 @@ class CachedAttention(Layer):
         if x.rank != 3 or is_symbolic(x.shape[-1]):
             raise ShapeError("x is (batch, seq, features) with known features",
                              expected=f"{x.dtype}[batch,seq,features]")
-        if not is_symbolic(x.shape[0]) and x.shape[0] != self.batch:
+        if not is_symbolic(x.shape[0]) and not is_symbolic(self.batch) and x.shape[0] != self.batch:
             raise ShapeError(f"the cache holds a batch of {self.batch}, x has {x.shape[0]}",
                              expected=f"{x.dtype}[{self.batch},seq,{x.shape[-1]}]")
         want = f"int32{shape_str(x.shape[:2])}"
@@ -129,7 +140,9 @@ class CachedAttention(Layer):
 
     def state_specs(self, inputs):
         shape = (self.batch, self.max_length, self.kv_heads, self.head_dim)
-        spec = ParamSpec(shape, initializers.zeros, CACHE_AXES)
+        kernel = dict(self.param_axes or ()).get("key/kernel")
+        axes = CACHE_AXES if kernel is None or len(kernel) != 3 else CACHE_AXES[:2] + tuple(kernel[1:])
+        spec = ParamSpec(shape, initializers.zeros, axes)
         return {"key": spec, "value": spec}
 
     def output_axes(self, input_axes, inputs, outputs):

@@ -9,9 +9,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import DTypeError, ShapeError
+from ..core.errors import DTypeError, MlaxGraphError, ShapeError
 from ..core.registry import register
-from ..core.specs import is_symbolic, shape_str
+from ..core.specs import Dim, as_dim, is_symbolic, shape_str, substitute
 from .base import Layer, expect_count, field, same_dtype
 from .elementwise import Scalar, broadcast_shapes, to_scalar
 from .flops import size
@@ -114,14 +114,24 @@ class Where(Layer):
         return size(outputs[0])  # a select per element
 
 
-def _pad_width(value: Any, layer: Layer) -> tuple[tuple[int, int], ...]:
+def _pad_amount(value: Any) -> Dim:
+    if isinstance(value, str) or hasattr(value, "_get_vars"):  # a symbolic dim
+        return as_dim(value)
+    return int(value)
+
+
+def _pad_width(value: Any, layer: Layer) -> tuple[tuple[Dim, Dim], ...]:
     try:
-        pairs = tuple((int(lo), int(hi)) for lo, hi in value)
-    except (TypeError, ValueError):
-        layer.invalid(f"pad_width must hold one (low, high) pair per dim, got {value!r}")
-    if any(lo < 0 or hi < 0 for lo, hi in pairs):
+        pairs = tuple((_pad_amount(lo), _pad_amount(hi)) for lo, hi in value)
+    except (TypeError, ValueError, MlaxGraphError):
+        layer.invalid(f"pad_width must hold one (low, high) pair of ints or dims per dim, got {value!r}")
+    if any(not is_symbolic(a) and a < 0 for pair in pairs for a in pair):
         layer.invalid(f"pad_width must be >= 0, got {value!r}")
     return pairs
+
+
+def _zero(amount: Dim) -> bool:
+    return not is_symbolic(amount) and amount == 0
 
 
 @register("pad")
@@ -129,11 +139,29 @@ def _pad_width(value: Any, layer: Layer) -> tuple[tuple[int, int], ...]:
 class Pad(Layer):
     """Pads each dim by its ``(low, high)`` pair, as ``jnp.pad``: with ``value``
     (``mode="constant"``), or by reflecting (``"reflect"``) or repeating the edge
-    (``"edge"``)."""
+    (``"edge"``). An amount may be a symbolic dim (an expression of the input's dims,
+    ``skip.shape[1] - x.shape[1]``: pad to another tensor's size), bound when called.
 
-    pad_width: tuple[tuple[int, int], ...] = field(converter=_pad_width)
+    Example:
+      >>> import mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> x, skip = mg.Input(("batch", "h", 4)), mg.Input(("batch", "g", 4))
+      >>> ops.pad(x, ((0, 0), (0, skip.shape[1] - x.shape[1]), (0, 0)))
+      SymbolicTensor(f32[batch,g,4], from 'pad')
+    """
+
+    pad_width: tuple[tuple[Dim, Dim], ...] = field(converter=_pad_width)
     value: float = 0.0
     mode: str = "constant"
+
+    symbolic_fields = ("pad_width",)
+
+    def bind(self, dims):
+        if not dims or all(not is_symbolic(a) for pair in self.pad_width for a in pair):
+            return self
+        bound = dataclasses.replace(self, pad_width=tuple(substitute(pair, dims) for pair in self.pad_width))
+        object.__setattr__(bound, "_created_at", self.__dict__.get("_created_at"))
+        return bound
 
     def validate(self):
         if self.mode not in ("constant", "reflect", "edge"):
@@ -147,14 +175,21 @@ class Pad(Layer):
                              expected=f"{x.rank} (low, high) pairs")
         shape = []
         for d, (lo, hi) in zip(x.shape, self.pad_width):
-            if self.mode == "reflect" and (lo or hi) and not is_symbolic(d) and max(lo, hi) >= d:
+            if _zero(lo) and _zero(hi):
+                shape.append(d)
+                continue
+            if (self.mode == "reflect" and not any(map(is_symbolic, (d, lo, hi)))
+                    and max(lo, hi) >= d):
                 raise ShapeError(f"reflect padding of {max(lo, hi)} needs a dim above it, got {d}",
                                  expected=f"dims > {max(lo, hi)}")
-            shape.append(d + lo + hi if lo or hi else d)
+            shape.append(d + lo + hi)
         return (x.with_shape(shape),)
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
+        if any(not is_symbolic(a) and a < 0 for pair in self.pad_width for a in pair):
+            raise ShapeError(f"pad_width {self.pad_width} is negative once bound: the input is larger "
+                             f"than the size it is padded to", expected="pad amounts >= 0")
         if self.mode == "constant":
             return (jnp.pad(x, self.pad_width, constant_values=np.array(self.value, x.dtype)),), state
         return (jnp.pad(x, self.pad_width, mode=self.mode),), state
