@@ -54,6 +54,9 @@ def test_train_mode_is_inference_mode_false():
     model = fixtures.SmallCNN().train()
     x = torch.randn(4, 3, 16, 16)
     graph, params, state = mg.from_torch(model, (x,))
+    assert mg.aten.inference_mode(graph) is False  # the graph says how it computes as the module
+    assert mg.aten.inference_mode(mg.from_torch(model.eval(), (x,))[0]) is True
+    model.train()
     out, new_state = mg.compile(graph).apply(params, state, jnp.asarray(x.numpy()), inference_mode=False)
     expected = model(x)  # updates the module's running statistics
     _close(np.asarray(out), expected)

@@ -27,7 +27,7 @@ from ..core.specs import ParamSpec, TensorSpec, is_symbolic, substitute
 from ..ops.base import Layer
 from ..ops.foreign import Family, ForeignOp, OpDef
 
-__all__ = ["OpDef", "AtenOp", "Buffer", "TABLE", "define", "op_class", "TENSOR"]
+__all__ = ["OpDef", "AtenOp", "Buffer", "Mode", "TABLE", "define", "op_class", "TENSOR"]
 
 #: How a tensor argument is written among a node's hyperparameters.
 TENSOR = "$tensor"
@@ -128,6 +128,31 @@ class Buffer(Layer):
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         return (jnp.asarray(state["value"]).astype(jnp.dtype(self.dtype)),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return 0
+
+
+@register("aten.mode")
+@dataclasses.dataclass(frozen=True)
+class Mode(Layer):
+    """The mode the program was exported in, carried by the graph: the identity on the
+    program's first input, named ``train_mode`` (``training=True``: the module was in
+    train mode, its dropout drawing and its BatchNorm updating statistics; the graph
+    computes as the program with ``inference_mode=False``) or ``eval_mode`` (with
+    ``inference_mode=True``). ``mg.aten.inference_mode(graph)`` reads it."""
+
+    training: bool = False
+
+    @property
+    def default_name(self) -> str:
+        return "train_mode" if self.training else "eval_mode"
+
+    def infer(self, inputs):
+        return (inputs[0],)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        return (inputs[0],), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         return 0
