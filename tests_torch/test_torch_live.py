@@ -143,3 +143,33 @@ def test_gpt2_random_config_folds_its_blocks():
     ours = mg.models.to_state_dict(graph, params, state)
     theirs = {k: v for k, v in model.state_dict().items() if not k.endswith((".attn.bias", ".masked_bias"))}
     assert set(ours) == set(theirs)
+
+
+def test_weights_of_a_one_operation_module_read_by_an_aten_op():
+    # nn.Embedding with scale_grad_by_freq stays the ATen operator (the layer's rule
+    # takes plain embeddings); the module is one operation, its weight beside it
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4, scale_grad_by_freq=True)
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, ids):
+            return self.fc(self.emb(ids))
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, ids):
+            return self.inner(ids) * 2
+
+    torch.manual_seed(0)
+    model = Outer().eval()
+    ids = torch.randint(0, 10, (2, 5))
+    graph, out, _ = _run(model, ids)
+    _close(out, model(ids))
+    assert graph.node("inner").op.graph.node("emb").op.op_name == "aten.embedding.default"
+    _, params, state = mg.from_torch(model, (ids,))
+    assert set(mg.models.to_state_dict(graph, params, state)) == set(model.state_dict())

@@ -133,6 +133,10 @@ class _Reader:
         if placeholder in self.made:
             return self.made[placeholder]
         scopes, parent = self.scopes(stack, target)
+        if scopes and parent == (stack[-1][0] if stack else None) and self.uses.get(parent, 0) == 1:
+            # a module of one operation is that operation's layer in its parent's scope
+            # (node()): its weights sit beside it, named <module>.<weight>
+            scopes, parent = self.scopes(stack, parent)
         name = self.relative(parent, target)
         array = self.tensors[target]
         key = (f"{placeholder}", 0)
