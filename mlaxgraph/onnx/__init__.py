@@ -4,7 +4,7 @@ own layers where a pattern is recognised; ``to_onnx`` writes a graph as ONNX. Th
 family needs only JAX; reading and writing files need the ``onnx`` package
 (``pip install mlaxgraph[onnx]``)."""
 
-from . import ops_math, ops_nn, ops_quant, ops_recurrent, ops_resize, ops_signal, ops_tensor, ops_training  # noqa: F401  (they fill the op table)
+from . import ops_control, ops_math, ops_nn, ops_quant, ops_recurrent, ops_resize, ops_signal, ops_tensor, ops_training  # noqa: F401  (they fill the op table)
 from .layer import TABLE, Constant, OnnxOp, op_class
 from .reader import from_onnx
 

@@ -23,6 +23,7 @@ from ..ir.graph import Graph, Input
 from ..ops.param import Param
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
+from .ops_control import free_names
 from .patterns import match
 from .protos import attribute_value, load_model, require_onnx, tensor_to_array
 from .scopes import nest
@@ -220,7 +221,14 @@ class _Reader:
         if id(node) in self.done:
             return
         where = f"node {_text(node.name) or '(unnamed)'!r} ({_text(node.op_type)})"
-        for v in node.input:
+        attrs = {a.name: attribute_value(a, self.folder, node.name) for a in node.attribute}
+        # the values a body (If, Loop, Scan) reads from around it: inputs after the node's own
+        bodies = [a.g for a in node.attribute if a.HasField("g")]
+        outer = sorted(set().union(*(free_names(g) for g in bodies))) if bodies else []
+        if outer:
+            attrs["__outer__"] = tuple(outer)
+        names = list(node.input) + outer
+        for v in names:
             if v and v not in self.values:
                 raise GraphError(f"{where} reads {v!r}, which no node, input or initializer "
                                  f"provides")
@@ -229,7 +237,6 @@ class _Reader:
                              f"supported")
         if not any(node.output):
             raise GraphError(f"{where} has no outputs")
-        attrs = {a.name: attribute_value(a, self.folder, node.name) for a in node.attribute}
         if node.op_type == "Constant":
             self.values[node.output[0]] = self.constant(attrs, where)
             return
@@ -243,10 +250,10 @@ class _Reader:
             raise GraphError(f"{where}: the ONNX operator {node.op_type} is not supported; "
                              f"supported: {', '.join(sorted(TABLE))}")
         op = TABLE[node.op_type]
-        present = tuple(bool(v) for v in node.input)
-        args = [self.values[v] if v else None for v in node.input]
+        present = tuple(bool(v) for v in names)
+        args = [self.values[v] if v else None for v in names]
         statics, tensors = [], []
-        for position, (v, value) in enumerate(zip(node.input, args)):
+        for position, (v, value) in enumerate(zip(names, args)):
             if not v:
                 continue
             if position in op.static:
