@@ -116,6 +116,12 @@ def _input_shape(value: Any, dims: Mapping[str, int]) -> tuple:
     return tuple(shape)
 
 
+def _reads(node: Any) -> list[str]:
+    """The values a node reads: its inputs, and those its bodies read from around them."""
+    bodies = [a.g for a in node.attribute if a.HasField("g")]
+    return list(node.input) + (sorted(set().union(*(free_names(g) for g in bodies))) if bodies else [])
+
+
 def _toposort(nodes: list, known: set[str]) -> list:
     producers = {out: i for i, n in enumerate(nodes) for out in n.output if out}
     order, state = [], [0] * len(nodes)
@@ -130,7 +136,7 @@ def _toposort(nodes: list, known: set[str]) -> list:
                     raise GraphError(f"the ONNX graph has a cycle through node "
                                      f"{nodes[i].name or nodes[i].op_type!r} ({nodes[i].op_type})")
                 state[i] = 1
-            deps = [producers[v] for v in nodes[i].input if v in producers and v not in known]
+            deps = [producers[v] for v in _reads(nodes[i]) if v in producers and v not in known]
             if k < len(deps):
                 stack.append((i, k + 1))
                 if state[deps[k]] != 2:
@@ -223,11 +229,9 @@ class _Reader:
         where = f"node {_text(node.name) or '(unnamed)'!r} ({_text(node.op_type)})"
         attrs = {a.name: attribute_value(a, self.folder, node.name) for a in node.attribute}
         # the values a body (If, Loop, Scan) reads from around it: inputs after the node's own
-        bodies = [a.g for a in node.attribute if a.HasField("g")]
-        outer = sorted(set().union(*(free_names(g) for g in bodies))) if bodies else []
-        if outer:
-            attrs["__outer__"] = tuple(outer)
-        names = list(node.input) + outer
+        names = _reads(node)
+        if len(names) > len(node.input):
+            attrs["__outer__"] = tuple(names[len(node.input):])
         for v in names:
             if v and v not in self.values:
                 raise GraphError(f"{where} reads {v!r}, which no node, input or initializer "
