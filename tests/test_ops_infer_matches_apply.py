@@ -276,6 +276,8 @@ CASES = {
                                  [(("batch", 6, 2, 4), F32), (("batch", 6), I32)]]),
     ],
     "aten.buffer": [(mg.aten.Buffer((2, 3), "float32"), [[]]), (mg.aten.Buffer((5,), "int32"), [[]])],
+    "aten.mode": [(mg.aten.Mode(training=False), [[(("batch", 4), F32)], [((2, 3), I32)]]),
+                  (mg.aten.Mode(training=True), [[(("batch", 3, 2), BF16)]])],
     "onnx.constant": [(Constant(encode_array(np.arange(6, dtype=np.int64).reshape(2, 3))), [[]]),
                       (Constant(encode_array(np.float32([0.5, -1.0]))), [[]])],
     # The cache is concrete (batch rows of max_length slots), and so are the tokens

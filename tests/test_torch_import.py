@@ -17,6 +17,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import mlaxgraph as mg
+from mlaxgraph import examples
 from mlaxgraph.aten.program import load_program
 from mlaxgraph.aten.reader import read_program
 
@@ -155,3 +156,81 @@ def test_saved_graph_round_trips(tmp_path):
     assert g2 == graph
     out, _ = mg.compile(g2).apply(p2, s2, jnp.asarray(ref["input_0"]), inference_mode=True)
     np.testing.assert_allclose(np.asarray(out), ref["output_0"], rtol=1e-5, atol=1e-5)
+
+
+def _modules(name):
+    """The program's module paths and each one's class, from its nodes' module stacks."""
+    record, _ = _record(name)
+    return {path: kind for node in record["nodes"] for path, kind in node["stack"]}
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "tiny_transformer"])
+def test_explorer_shows_the_module_hierarchy(name):
+    from mlaxgraph.render.html.payload import graph_payload, walk_payload
+
+    graph, _, _, _ = _load(name)
+    modules = _modules(name)
+    items = list(walk_payload(graph_payload(graph, fold=False)["root"]))
+    ids = {item["id"].partition("@")[0].replace("/", "."): item for item in items}
+    blocks = {i for i, item in ids.items() if "sub" in item}
+    # every block the explorer draws is a module, every module is drawn (a block, or
+    # the layer it is: a Conv2d as conv, a ReLU as its one operation)
+    assert blocks <= set(modules) and blocks
+    assert set(modules) <= set(ids), sorted(set(modules) - set(ids))
+    walked = {path: node for path, node in graph.walk()}
+    for path in blocks:  # a block's graph is named by its module's class
+        assert walked[ids[path]["id"]].op.graph.name == modules[path]
+
+
+def test_hlo_by_layer_attributes_by_module():
+    graph, params, state, ref = _load("small_cnn")
+    modules = _modules("small_cnn")
+    model = mg.compile(graph)
+    by_layer = model.hlo_by_layer(jnp.asarray(ref["input_0"]), inference_mode=True)
+    ops = {path.replace("/", "."): [str(op) for op in found] for path, found in by_layer.items()}
+    convs = [path for path, kind in modules.items() if kind == "Conv2d"]
+    assert len(convs) == 5
+    for path in convs:  # each Conv2d module owns its convolution
+        assert any("convolution" in op for op in ops[path]), (path, ops[path])
+    assert any("dot" in op for op in ops["head"])
+    # every layer's operations are attributed to a module: the layer is one, or one of
+    # its module's own operations (the top module's included)
+    for path in by_layer:
+        module = path.partition("@")[0].replace("/", ".")
+        parent = path.rpartition("/")[0].replace("/", ".")
+        assert module in modules or parent in modules or "/" not in path, path
+    nodes = {n["id"]: n for n in walk_payload_of(model)}
+    assert nodes["layer1/0/conv1"]["hlo"] == ops["layer1.0.conv1"]
+
+
+def walk_payload_of(model):
+    from mlaxgraph.render.html.payload import model_payload, walk_payload
+
+    return list(walk_payload(model_payload(model, hlo=True, fold=False)["root"]))
+
+
+def test_the_program_mode_is_carried_by_the_graph(tmp_path):
+    graph, params, state, ref = _load("small_cnn")
+    assert mg.aten.inference_mode(graph) is True
+    assert graph.node("eval_mode").op == mg.aten.Mode(training=False)
+    assert mg.aten.inference_mode(examples.mlp()) is None
+    # the same program marked as exported in train mode: inference_mode=False
+    record, tensors = _record("small_cnn")
+    train, params, state = read_program(dict(record, training=True), tensors, name="SmallCNN")
+    assert mg.aten.inference_mode(train) is False
+    assert train.node("train_mode").op.training
+    x = jnp.asarray(ref["input_0"])
+    _, new_state, seen = mg.compile(train).apply(params, state, x, inference_mode=False,
+                                                 capture=["stem/0"])
+    # the stem's BatchNorm (momentum 0.1) moves its statistics towards the batch's (NumPy)
+    conv = np.asarray(seen["stem/0"], np.float64)
+    n = conv.shape[0] * conv.shape[2] * conv.shape[3]
+    mean, var = conv.mean(axis=(0, 2, 3)), conv.var(axis=(0, 2, 3)) * n / (n - 1)
+    old = {k: np.asarray(v) for k, v in state["stem"]["1"].items()}
+    np.testing.assert_allclose(new_state["stem"]["1"]["mean"], 0.9 * old["mean"] + 0.1 * mean,
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(new_state["stem"]["1"]["var"], 0.9 * old["var"] + 0.1 * var,
+                               rtol=1e-5, atol=1e-6)
+    # a saved graph keeps its mode
+    mg.save(tmp_path / "train.mlg", train, params, state)
+    assert mg.aten.inference_mode(mg.load(tmp_path / "train.mlg")[0]) is False

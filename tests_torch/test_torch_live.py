@@ -54,6 +54,9 @@ def test_train_mode_is_inference_mode_false():
     model = fixtures.SmallCNN().train()
     x = torch.randn(4, 3, 16, 16)
     graph, params, state = mg.from_torch(model, (x,))
+    assert mg.aten.inference_mode(graph) is False  # the graph says how it computes as the module
+    assert mg.aten.inference_mode(mg.from_torch(model.eval(), (x,))[0]) is True
+    model.train()
     out, new_state = mg.compile(graph).apply(params, state, jnp.asarray(x.numpy()), inference_mode=False)
     expected = model(x)  # updates the module's running statistics
     _close(np.asarray(out), expected)
@@ -177,3 +180,33 @@ def test_greedy_generate_makes_the_tokens_transformers_generate_makes():
                                max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
     got = mg.generate(mg.compile(graph), params, state, jnp.asarray(ids, jnp.int32), max_new_tokens=12)
     np.testing.assert_array_equal(np.asarray(got), want.numpy())
+
+
+def test_weights_of_a_one_operation_module_read_by_an_aten_op():
+    # nn.Embedding with scale_grad_by_freq stays the ATen operator (the layer's rule
+    # takes plain embeddings); the module is one operation, its weight beside it
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4, scale_grad_by_freq=True)
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, ids):
+            return self.fc(self.emb(ids))
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, ids):
+            return self.inner(ids) * 2
+
+    torch.manual_seed(0)
+    model = Outer().eval()
+    ids = torch.randint(0, 10, (2, 5))
+    graph, out, _ = _run(model, ids)
+    _close(out, model(ids))
+    assert graph.node("inner").op.graph.node("emb").op.op_name == "aten.embedding.default"
+    _, params, state = mg.from_torch(model, (ids,))
+    assert set(mg.models.to_state_dict(graph, params, state)) == set(model.state_dict())

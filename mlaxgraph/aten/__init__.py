@@ -4,9 +4,9 @@ the ``aten`` op family computes the ATen operators that are not layers of ours. 
 ``capture`` imports torch; programs saved with ``save_program`` load without it."""
 
 from . import ops_nn, ops_table, ops_tensor  # noqa: F401  (they fill the op table)
-from .api import from_torch, save_program, supported_ops
-from .layer import TABLE, AtenOp, Buffer, op_class
+from .api import from_torch, inference_mode, save_program, supported_ops
+from .layer import TABLE, AtenOp, Buffer, Mode, op_class
 from .program import load_program
 
-__all__ = ["from_torch", "save_program", "load_program", "supported_ops", "AtenOp", "Buffer",
-           "TABLE", "op_class"]
+__all__ = ["from_torch", "save_program", "load_program", "supported_ops", "inference_mode",
+           "AtenOp", "Buffer", "Mode", "TABLE", "op_class"]

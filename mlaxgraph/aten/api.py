@@ -9,11 +9,11 @@ from typing import Any
 from ..core.errors import GraphError, ShapeError
 from ..ir.graph import Graph
 from . import program as program_file
-from .layer import TABLE
+from .layer import TABLE, Mode
 from .layers import LAYER_TARGETS
 from .reader import read_program
 
-__all__ = ["from_torch", "save_program", "supported_ops"]
+__all__ = ["from_torch", "save_program", "supported_ops", "inference_mode"]
 
 
 def supported_ops() -> list[str]:
@@ -25,6 +25,25 @@ def supported_ops() -> list[str]:
       True
     """
     return sorted(set(TABLE) | set(LAYER_TARGETS) | {"aten.sym_size.int"})
+
+
+def inference_mode(graph: Graph) -> bool | None:
+    """The ``inference_mode`` under which an imported graph computes as the program it
+    was read from: False for a program exported in train mode (dropout drawing,
+    BatchNorm on the batch's statistics, updating its running ones), True for one
+    exported in eval mode; None for a graph ``from_torch`` did not make. The graph
+    carries the mode as its ``train_mode`` or ``eval_mode`` node (an identity on the
+    first input). A program holding none of those operators reads as eval mode: it
+    computes the same in both.
+
+    Example:
+      >>> import mlaxgraph as mg
+      >>> graph, params, state = mg.from_torch("tests/fixtures/torch/small_cnn")
+      >>> mg.aten.inference_mode(graph)
+      True
+    """
+    modes = [n.op for n in graph.nodes if isinstance(n.op, Mode)]
+    return not modes[0].training if modes else None
 
 
 def _export(module: Any, example_args: Any, dynamic_shapes: Any) -> Any:
@@ -70,7 +89,9 @@ def from_torch(source: Any, example_args: Any = None, *,
       the parent: ``layer1`` >> ``0`` >> ``conv1``), its weights nested the same way
       (``mg.models.to_state_dict`` gives the module's state-dict names back) and its
       state (BatchNorm statistics, buffers). A program exported in train mode computes
-      as PyTorch's with ``apply(..., inference_mode=False)``.
+      as PyTorch's with ``apply(..., inference_mode=False)``, one exported in eval mode
+      with ``inference_mode=True``: the graph carries the mode (its ``train_mode`` or
+      ``eval_mode`` node), ``mg.aten.inference_mode(graph)`` reads it.
 
     Raises:
       mg.GraphError: an ATen operator the importer does not support (named with its

@@ -66,12 +66,14 @@ def _spec(value: Any) -> dict | None:
     return None
 
 
-def _arg(value: Any) -> Any:
+def _arg(value: Any, ref: Any = None) -> Any:
+    """A node's argument as the record writes it; ``ref(node)`` the record of a node
+    it reads (``{"ref": name}`` unless given)."""
     torch = require_torch()
     if isinstance(value, torch.fx.Node):
-        return {"ref": value.name}
+        return ref(value) if ref is not None else {"ref": value.name}
     if isinstance(value, (list, tuple)):
-        return [_arg(v) for v in value]
+        return [_arg(v, ref) for v in value]
     if isinstance(value, torch.dtype):
         return {"dtype": str(value).replace("torch.", "")}
     if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
@@ -119,6 +121,73 @@ def _writes_in_place(program: Any) -> bool:
     return False
 
 
+#: Higher-order operators whose body runs as is (inlined): the position of the body.
+_WRAPS = {"wrap_with_set_grad_enabled": 1, "wrap_with_autocast": 4}
+
+
+class _Body:
+    """A graph's call_function nodes as records, appended to ``nodes``; the bodies of
+    the wrappers torch.export leaves around ``torch.no_grad()`` and ``torch.autocast``
+    blocks (``wrap_with_set_grad_enabled``) inlined, their nodes named
+    ``<wrapper>_<node>`` and in the wrapper's module."""
+
+    def __init__(self, module: Any, nodes: list):
+        self.module = module
+        self.nodes = nodes
+        self.alias: dict[str, Any] = {}  # a node's full name -> the record it stands for
+        self.results: dict[str, list] = {}  # a wrapper's full name -> its outputs' records
+
+    def read(self, graph: Any, prefix: str, stack: dict) -> list:
+        """The records of the graph's outputs (the placeholders of a body are aliased
+        beforehand)."""
+        def ref(n: Any) -> Any:
+            return self.alias.get(prefix + n.name, {"ref": prefix + n.name})
+
+        outputs: list = []
+        for node in graph.nodes:
+            if node.op == "call_function":
+                wrap = _WRAPS.get(str(node.target))
+                if wrap is not None:
+                    self.inline(node, wrap, prefix, ref)
+                elif _target(node) == "getitem" and prefix + node.args[0].name in self.results:
+                    self.alias[prefix + node.name] = self.results[prefix + node.args[0].name][node.args[1]]
+                else:
+                    self.node(node, prefix, ref, node.meta.get("nn_module_stack") or stack)
+            elif node.op == "output":
+                outputs = [_arg(a, ref) for a in node.args[0]]
+            elif node.op == "placeholder":
+                continue  # the program's inputs (read above), a body's (aliased)
+            elif node.op == "get_attr" and all(str(u.target) in _WRAPS for u in node.users):
+                continue  # a wrapper's body, read where the wrapper is called
+            else:
+                raise GraphError(f"node {node.name!r}: {node.op} nodes are not supported "
+                                 f"(torch.export gives placeholders, call_function and output)")
+        return outputs
+
+    def inline(self, node: Any, position: int, prefix: str, ref: Any) -> None:
+        body = getattr(self.module, node.args[position].target)
+        inner = f"{prefix}{node.name}_"
+        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+        for p, a in zip(placeholders, node.args[position + 1:]):
+            self.alias[inner + p.name] = _arg(a, ref)
+        self.results[prefix + node.name] = self.read(body.graph, inner,
+                                                      node.meta.get("nn_module_stack") or {})
+
+    def node(self, node: Any, prefix: str, ref: Any, stack: dict) -> None:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        self.nodes.append({
+            "name": prefix + node.name, "target": _target(node),
+            "args": [_arg(a, ref) for a in node.args],
+            "kwargs": {k: _arg(v, ref) for k, v in node.kwargs.items()},
+            "outputs": [_spec(v) for v in vals],
+            "stack": [[path, getattr(kind, "__name__", str(kind)).rpartition(".")[2]]
+                      for path, kind in stack.values()
+                      if path and not path.startswith("_empty_nn_module_stack")],
+            "source": (node.meta.get("stack_trace") or "").strip().splitlines()[-2:][:1],
+        })
+
+
 def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     torch = require_torch()
     if _writes_in_place(program):
@@ -128,30 +197,14 @@ def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     for spec in sig.input_specs:
         name = getattr(spec.arg, "name", None)
         kinds[str(name)] = (spec.kind.name.lower(), spec.target)
-    inputs, nodes, outputs = [], [], []
+    inputs: list[dict] = []
+    nodes: list[dict] = []
     for node in program.graph.nodes:
-        val = node.meta.get("val")
         if node.op == "placeholder":
             kind, target = kinds.get(node.name, ("user_input", None))
-            inputs.append({"name": node.name, "kind": kind, "target": target, **(_spec(val) or {})})
-        elif node.op == "call_function":
-            vals = val if isinstance(val, (list, tuple)) else [val]
-            stack = node.meta.get("nn_module_stack") or {}
-            nodes.append({
-                "name": node.name, "target": _target(node),
-                "args": [_arg(a) for a in node.args],
-                "kwargs": {k: _arg(v) for k, v in node.kwargs.items()},
-                "outputs": [_spec(v) for v in vals],
-                "stack": [[path, getattr(kind, "__name__", str(kind)).rpartition(".")[2]]
-                          for path, kind in stack.values()
-                          if path and not path.startswith("_empty_nn_module_stack")],
-                "source": (node.meta.get("stack_trace") or "").strip().splitlines()[-2:][:1],
-            })
-        elif node.op == "output":
-            outputs = [_arg(a) for a in node.args[0]]
-        else:
-            raise GraphError(f"node {node.name!r}: {node.op} nodes are not supported "
-                             f"(torch.export gives placeholders, call_function and output)")
+            inputs.append({"name": node.name, "kind": kind, "target": target,
+                           **(_spec(node.meta.get("val")) or {})})
+    outputs = _Body(program.graph_module, nodes).read(program.graph, "", {})
     mutations = {o.arg.name: o.target for o in sig.output_specs
                  if o.kind.name.lower() == "buffer_mutation"}
     user_outputs = [i for i, o in enumerate(sig.output_specs) if o.kind.name.lower() == "user_output"]

@@ -1,7 +1,9 @@
 """The ``aten`` op family: one layer class per ATen operator (``aten.add.Tensor``,
 ``aten.view.default``, ...), all driven by one table of definitions (``OpDef``).
 
-A definition holds the operator's computation written with ``jax.numpy`` and
+The family is a ``mlaxgraph.ops.foreign.Family`` (shape and dtype inference, apply
+and FLOP rules are shared with the ``onnx`` family there). A definition holds the
+operator's computation written with ``jax.numpy`` and
 ``jax.lax`` as ``fn(*args, **kwargs)`` in the operator's own signature (tensors are
 arrays, the rest the program's constants), the dtypes its first tensor may have and
 its FLOP rule. From that one function the layer gets its shape and dtype inference
@@ -14,50 +16,21 @@ other.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import DTypeError, MlaxGraphError, ShapeError
 from ..core.registry import register
 from ..core.specs import ParamSpec, TensorSpec, is_symbolic, substitute
 from ..ops.base import Layer
-from ..ops.flops import size
+from ..ops.foreign import Family, ForeignOp, OpDef
 
-__all__ = ["OpDef", "AtenOp", "Buffer", "TABLE", "define", "op_class", "TENSOR"]
+__all__ = ["OpDef", "AtenOp", "Buffer", "Mode", "TABLE", "define", "op_class", "TENSOR"]
 
 #: How a tensor argument is written among a node's hyperparameters.
 TENSOR = "$tensor"
-
-
-@dataclasses.dataclass(frozen=True)
-class OpDef:
-    """One ATen operator: ``fn(*args, **kwargs) -> array or tuple``; ``dtypes`` what
-    its first tensor may be ("any", "float"); ``flops`` "elementwise" (one per output
-    element), "input" (one per input element), "none", or ``fn(inputs, outputs, args)``."""
-
-    fn: Callable[..., Any]
-    dtypes: str = "any"
-    flops: Any = "elementwise"
-
-
-#: ATen operator name (``aten.add.Tensor``) -> its definition.
-TABLE: dict[str, OpDef] = {}
-
-
-def define(*names: str, **kwargs: Any) -> Callable[[Callable], Callable]:
-    """Adds ``fn`` to the table under each of ``names`` (a decorator)."""
-
-    def add(fn: Callable) -> Callable:
-        for name in names:
-            TABLE[name] = OpDef(fn, **kwargs)
-            op_class(name)
-        return fn
-
-    return add
 
 
 def _fill(value: Any, tensors: list) -> Any:
@@ -77,26 +50,29 @@ def _bind(value: Any, dims: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class AtenOp(Layer):
+class AtenOp(ForeignOp):
     """An ATen operator as a layer (one subclass per operator, ``aten.<op>.<overload>``).
 
     ``args``: the node's positional arguments, ``kwargs``: its keyword arguments as
     ``(name, value)`` pairs; tensors among them are ``("$tensor", i)``, the layer's
-    i-th input; lists are tuples; sizes may be symbolic dims.
+    i-th input; lists are tuples; sizes may be symbolic dims. A definition's ``fn``
+    is called as ``fn(*args, **kwargs)`` in the operator's own signature; a FLOP rule
+    gets ``args``.
     """
 
     args: tuple = ()
     kwargs: tuple = ()
 
-    aten_name = ""
     symbolic_fields = ("args", "kwargs")
+    expected = "inputs as the ATen operator's schema says"
+
+    @property
+    def aten_name(self) -> str:
+        return self.op_key
 
     @property
     def default_name(self) -> str:
-        return self.aten_name.split(".")[1] if "." in self.aten_name else "aten"
-
-    def definition(self) -> OpDef:
-        return TABLE[self.aten_name]
+        return self.op_key.split(".")[1] if "." in self.op_key else "aten"
 
     def bind(self, dims):
         if not dims:
@@ -105,56 +81,26 @@ class AtenOp(Layer):
         object.__setattr__(bound, "_created_at", self.__dict__.get("_created_at"))
         return bound
 
-    def compute(self, tensors: list) -> tuple:
-        args = [_fill(a, tensors) for a in self.args]
-        kwargs = {k: _fill(v, tensors) for k, v in self.kwargs}
+    def compute(self, tensors, rng=None) -> tuple:
+        args = [_fill(a, list(tensors)) for a in self.args]
+        kwargs = {k: _fill(v, list(tensors)) for k, v in self.kwargs}
         # ATen says its own result types; inside an operator numpy's promotion holds
         with jax.numpy_dtype_promotion("standard"):
             out = self.definition().fn(*args, **kwargs)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
-    def infer(self, inputs):
-        if self.definition().dtypes == "float" and inputs and not (
-                jnp.issubdtype(inputs[0].dtype, jnp.floating)):
-            raise DTypeError(f"{self.aten_name} does not take {inputs[0].dtype}",
-                             expected="a float dtype")
-        try:
-            out = jax.eval_shape(lambda xs: self.compute(list(xs)), [s.to_jax() for s in inputs])
-        except MlaxGraphError:
-            raise
-        except Exception as e:  # the computation refused the shapes or dtypes
-            raise ShapeError(f"{self.aten_name} cannot take these inputs: "
-                             f"{(str(e).splitlines() or [type(e).__name__])[0][:300]}",
-                             expected="inputs as the ATen operator's schema says") from None
-        return tuple(TensorSpec.from_jax(o) for o in out)
-
-    def apply(self, params, state, inputs, *, rng, inference_mode):
-        return self.compute(list(inputs)), state
-
-    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        rule = self.definition().flops
-        if rule == "elementwise":
-            return sum(size(o) for o in outputs)
-        if rule == "input":
-            return sum(size(i) for i in inputs)
-        if rule == "none":
-            return 0
-        return rule(inputs, outputs, self.args)
+    def rule_args(self) -> tuple:
+        return self.args
 
 
-_CLASSES: dict[str, type[AtenOp]] = {}
-
-
-def op_class(aten_name: str) -> type[AtenOp]:
-    """The layer class of an ATen operator (registered as ``aten.<op>.<overload>``)."""
-    cls = _CLASSES.get(aten_name)
-    if cls is None:
-        title = "".join(p.title() for p in aten_name.replace(".", "_").split("_"))
-        cls = type(title, (AtenOp,), {"aten_name": aten_name, "__qualname__": title,
-                                      "__module__": __name__})
-        cls = register(aten_name)(dataclasses.dataclass(frozen=True)(cls))
-        _CLASSES[aten_name] = cls
-    return cls
+FAMILY = Family(AtenOp, registered=lambda name: name, module=__name__,
+                class_name=lambda name: "".join(p.title() for p in name.replace(".", "_").split("_")))
+#: ATen operator name (``aten.add.Tensor``) -> its definition.
+TABLE: dict[str, OpDef] = FAMILY.table
+#: Adds a definition to the table under each of its names (a decorator).
+define = FAMILY.define
+#: The layer class of an ATen operator (registered as ``aten.<op>.<overload>``).
+op_class = FAMILY.op_class
 
 
 def _zeros(key, shape, dtype):
@@ -182,6 +128,31 @@ class Buffer(Layer):
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         return (jnp.asarray(state["value"]).astype(jnp.dtype(self.dtype)),), state
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        return 0
+
+
+@register("aten.mode")
+@dataclasses.dataclass(frozen=True)
+class Mode(Layer):
+    """The mode the program was exported in, carried by the graph: the identity on the
+    program's first input, named ``train_mode`` (``training=True``: the module was in
+    train mode, its dropout drawing and its BatchNorm updating statistics; the graph
+    computes as the program with ``inference_mode=False``) or ``eval_mode`` (with
+    ``inference_mode=True``). ``mg.aten.inference_mode(graph)`` reads it."""
+
+    training: bool = False
+
+    @property
+    def default_name(self) -> str:
+        return "train_mode" if self.training else "eval_mode"
+
+    def infer(self, inputs):
+        return (inputs[0],)
+
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        return (inputs[0],), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         return 0

@@ -112,8 +112,10 @@ def _layer_norm(args, kwargs, weight, shape):
 
 
 def _embedding(args, kwargs, weight, shape):
+    # padding_idx (args[2]) changes only the gradient (the padding row gets none),
+    # not the lookup, so a padded embedding is an Embedding too (its row is trained)
     w = weight(args[0])
-    if w is None or (len(args) > 2 and args[2] not in (-1, None)):
+    if w is None or (len(args) > 3 and any(args[3:])):
         return None
     n, d = shape(args[0])
     return Match(lambda name: Embedding(int(n), int(d), name=name), _owner([w]),

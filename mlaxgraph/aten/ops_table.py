@@ -96,8 +96,8 @@ def _div(x, y, rounding_mode=None):
 
 define("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor")(lambda x, y: jnp.power(x, y))
 define("aten.pow.Scalar")(lambda x, y: jnp.power(x, y))
-define("aten.maximum.default")(jnp.maximum)
-define("aten.minimum.default")(jnp.minimum)
+define("aten.maximum.default", "aten.max.other")(jnp.maximum)
+define("aten.minimum.default", "aten.min.other")(jnp.minimum)
 define("aten.remainder.Scalar", "aten.remainder.Tensor")(jnp.remainder)
 define("aten.fmod.Scalar", "aten.fmod.Tensor")(jnp.fmod)
 define("aten.atan2.default")(jnp.arctan2)
@@ -135,6 +135,11 @@ def _to(x, dtype=None, *rest, **kw):
         return x.astype(dtype.dtype)
     dtype = dtype_of(dtype if dtype is not None else kw.get("dtype"))
     return x if dtype is None else x.astype(dtype)
+
+
+@define("aten.to.device")
+def _to_device(x, device=None, dtype=None, *rest, **kw):
+    return _to(x, dtype, **kw)
 
 
 # --- reductions ------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ..ir.graph import Graph, Input
 from ..ir.outline import Scope, Step, outline
 from ..ops.param import Param
 from . import ops_nn, ops_table, ops_tensor  # noqa: F401  (they fill the table)
-from .layer import TABLE, TENSOR, Buffer, op_class
+from .layer import TABLE, TENSOR, Buffer, Mode, op_class
 from .layers import match_layer
 from .ops_table import dtype_of
 
@@ -133,6 +133,10 @@ class _Reader:
         if placeholder in self.made:
             return self.made[placeholder]
         scopes, parent = self.scopes(stack, target)
+        if scopes and parent == (stack[-1][0] if stack else None) and self.uses.get(parent, 0) == 1:
+            # a module of one operation is that operation's layer in its parent's scope
+            # (node()): its weights sit beside it, named <module>.<weight>
+            scopes, parent = self.scopes(stack, parent)
         name = self.relative(parent, target)
         array = self.tensors[target]
         key = (f"{placeholder}", 0)
@@ -322,6 +326,18 @@ class _Reader:
             stack.extend(refs(node["kwargs"]))
         return [n for n in record["nodes"] if n["name"] in live]
 
+    def mode_step(self, inputs: dict, training: bool) -> None:
+        """The program's mode as a ``Mode`` layer on its first input (which every
+        reader of that input reads through)."""
+        if not inputs:
+            return
+        first = next(iter(inputs))
+        key = (f"{first[0]}__mode", 0)
+        layer = Mode(training)
+        self.steps.append(Step((), (first,), (key,), lambda x, layer=layer: (layer(x),)))
+        self.alias[first[0]] = key
+        self.shapes[key] = self.shapes[first]
+
     def read(self, name: str) -> tuple[Graph, dict, dict]:
         record = self.record
         inputs: dict[Hashable, Any] = {}
@@ -337,6 +353,7 @@ class _Reader:
                 self.shapes[(entry["name"], 0)] = shape
             elif entry["kind"] not in _WEIGHT_KINDS + _STATE_KINDS + ("token",):
                 raise GraphError(f"input {entry['name']!r} of kind {entry['kind']} is not supported")
+        self.mode_step(inputs, bool(record.get("training", False)))
         nodes = self.live_nodes()
         self.uses = {}
         run: list = [None, 0]

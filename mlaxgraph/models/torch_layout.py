@@ -228,6 +228,15 @@ def _attention_import(op, layout, theirs, shapes):
 
 _SCALE_BIAS = _renamed((("scale", "weight"), ("bias", "bias")))
 
+
+def _buffer_export(op, layout, ours, xp):
+    # an imported module's buffer (mg.from_torch), held as float32 state: its own dtype back
+    return {"": ours["state/value"].astype(op.dtype)}
+
+
+def _buffer_import(op, layout, theirs, shapes):
+    return {"state/value": theirs[""]}
+
 _CONVERTERS: dict[str, tuple[Callable, Callable]] = {
     "linear": (_linear_export, _linear_import),
     "conv": _conv(transposed=False),
@@ -238,6 +247,7 @@ _CONVERTERS: dict[str, tuple[Callable, Callable]] = {
     "group_norm": _SCALE_BIAS,
     "embedding": _renamed((("embedding", "weight"),)),
     "param": _renamed((("value", ""),)),
+    "aten.buffer": (_buffer_export, _buffer_import),
     "multi_head_attention": (_attention_export, _attention_import),
 }
 

@@ -6,6 +6,7 @@ family needs only JAX; reading and writing files need the ``onnx`` package
 
 from . import (  # noqa: F401  (they fill the op table)
     ops_bounded,
+    ops_control,
     ops_math,
     ops_nn,
     ops_quant,

@@ -1,8 +1,10 @@
 """The ``onnx`` op family: one layer class per ONNX operator (``onnx.Add``,
 ``onnx.Reshape``, ...), all driven by one table of definitions (``OpDef``).
 
-A definition holds the operator's computation, written with ``jax.numpy`` and
-``jax.lax`` as ``fn(attrs, *inputs)``, the input positions that must be known when
+The family is a ``mlaxgraph.ops.foreign.Family`` (shape and dtype inference, apply
+and FLOP rules are shared with the ``aten`` family there). A definition holds the
+operator's computation, written with ``jax.numpy`` and ``jax.lax`` as
+``fn(attrs, *inputs)``, the input positions that must be known when
 the graph is built (a ``Reshape``'s shape: ``static``), the dtypes its first input
 may have and its FLOP rule. From the one function the layer gets its shape and dtype
 inference (``jax.eval_shape``, symbolic dims kept), its ``apply`` and the importer its
@@ -13,18 +15,18 @@ as hashable tuples, so graphs holding these layers save and load like any other.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import DTypeError, MlaxGraphError, ShapeError
+from ..core.errors import ShapeError
 from ..core.registry import register
 from ..core.specs import TensorSpec
 from ..ops.base import Layer
-from ..ops.flops import size
+from ..ops.foreign import Family, ForeignOp, OpDef
 
 __all__ = ["OpDef", "Attrs", "OnnxOp", "Constant", "TABLE", "define", "op_class",
            "encode_array", "decode_array", "ONNX_OPS"]
@@ -54,45 +56,6 @@ class Attrs:
         return name in self._items
 
 
-@dataclasses.dataclass(frozen=True)
-class OpDef:
-    """One ONNX operator: ``fn(attrs, *inputs) -> array or tuple`` (absent optional
-    inputs are None, static ones numpy arrays); ``static`` the input positions that
-    must be constants; ``dtypes`` what its first input may be ("any", "float",
-    "numeric", "int", "bool"); ``flops`` "elementwise" (one per output element),
-    "input" (one per input element), "none", or ``fn(inputs, outputs) -> int``."""
-
-    fn: Callable[..., Any]
-    static: tuple[int, ...] = ()
-    dtypes: str = "any"
-    flops: Any = "elementwise"
-    random: bool = False
-
-
-#: ONNX operator name -> its definition.
-TABLE: dict[str, OpDef] = {}
-
-_KINDS = {
-    "float": lambda d: jnp.issubdtype(d, jnp.floating),
-    "numeric": lambda d: jnp.issubdtype(d, jnp.number),
-    "int": lambda d: jnp.issubdtype(d, jnp.integer),
-    "bool": lambda d: d == np.bool_,
-    "any": lambda d: True,
-}
-
-
-def define(*names: str, **kwargs: Any) -> Callable[[Callable], Callable]:
-    """Adds ``fn`` to the table under each of ``names`` (a decorator)."""
-
-    def add(fn: Callable) -> Callable:
-        for name in names:
-            TABLE[name] = OpDef(fn, **kwargs)
-            op_class(name)
-        return fn
-
-    return add
-
-
 def encode_array(value: Any) -> tuple:
     """An array as a hashable hyperparameter: ``("tensor", dtype, shape, values)``."""
     array = np.asarray(value)
@@ -118,7 +81,7 @@ def decode_array(encoded: tuple) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class OnnxOp(Layer):
+class OnnxOp(ForeignOp):
     """An ONNX operator as a layer (one subclass per operator, ``onnx.<Op>``).
 
     ``attributes``: the node's attributes, ``(name, value)`` pairs; ``static``: its
@@ -126,6 +89,8 @@ class OnnxOp(Layer):
     inputs are given (omitted optional inputs are False); ``outputs``: how many
     outputs the node has; ``opset``: the operator set the model was written for.
     The layer's tensor inputs are the given inputs that are not static, in order.
+    A definition's ``fn`` is called as ``fn(attrs, *inputs)`` (absent optional inputs
+    None, static ones numpy arrays); a FLOP rule gets the ``Attrs``.
     """
 
     attributes: tuple = ()
@@ -134,17 +99,15 @@ class OnnxOp(Layer):
     outputs: int = 1
     opset: int = 21
 
-    onnx_type = ""
+    expected = "inputs as the ONNX operator's specification says"
+
+    @property
+    def onnx_type(self) -> str:
+        return self.op_key
 
     @property
     def default_name(self) -> str:
-        return self.onnx_type.lower() or "onnx"
-
-    def definition(self) -> OpDef:
-        return TABLE[self.onnx_type]
-
-    def uses_rng(self) -> bool:
-        return self.definition().random
+        return self.op_key.lower() or "onnx"
 
     def _args(self, tensors: Sequence[Any]) -> list:
         statics = {position: decode_array(value) for position, value in self.static}
@@ -163,7 +126,7 @@ class OnnxOp(Layer):
         return args
 
     def compute(self, tensors: Sequence[Any], rng: Any = None) -> tuple:
-        attrs = Attrs(dict(self.attributes), self.opset, self.outputs)
+        attrs = self.rule_args()
         if self.definition().random:
             attrs._items["__rng__"] = rng
         # ONNX's operators say their own types; inside them numpy's promotion holds,
@@ -173,50 +136,18 @@ class OnnxOp(Layer):
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return outs[:self.outputs]
 
-    def infer(self, inputs):
-        kind = self.definition().dtypes
-        if inputs and not _KINDS[kind](inputs[0].dtype):
-            raise DTypeError(f"{self.onnx_type} does not take {inputs[0].dtype}",
-                             expected=f"a {kind} dtype")
-        rng = jax.eval_shape(jax.random.key, 0) if self.definition().random else None
-        try:
-            out = jax.eval_shape(lambda xs, key: self.compute(xs, key),
-                                 [s.to_jax() for s in inputs], rng)
-        except MlaxGraphError:
-            raise
-        except Exception as e:  # the computation refused the shapes or dtypes
-            raise ShapeError(f"{self.onnx_type} cannot take these inputs: "
-                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}",
-                             expected="inputs as the ONNX operator's specification says") from None
-        return tuple(TensorSpec.from_jax(o) for o in out)
-
-    def apply(self, params, state, inputs, *, rng, inference_mode):
-        return self.compute(inputs, None if inference_mode else rng), state
-
-    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        rule = self.definition().flops
-        if rule == "elementwise":
-            return sum(size(o) for o in outputs)
-        if rule == "input":
-            return sum(size(i) for i in inputs)
-        if rule == "none":
-            return 0
-        return rule(inputs, outputs, Attrs(dict(self.attributes), self.opset, self.outputs))
+    def rule_args(self) -> Attrs:
+        return Attrs(dict(self.attributes), self.opset, self.outputs)
 
 
-_CLASSES: dict[str, type[OnnxOp]] = {}
-
-
-def op_class(onnx_type: str) -> type[OnnxOp]:
-    """The layer class of an ONNX operator (``onnx.<Op>``), made once."""
-    cls = _CLASSES.get(onnx_type)
-    if cls is None:
-        cls = type(f"Onnx{onnx_type}", (OnnxOp,), {"onnx_type": onnx_type,
-                                                    "__qualname__": f"Onnx{onnx_type}",
-                                                    "__module__": __name__})
-        cls = register(f"onnx.{onnx_type}")(dataclasses.dataclass(frozen=True)(cls))
-        _CLASSES[onnx_type] = cls
-    return cls
+FAMILY = Family(OnnxOp, registered=lambda name: f"onnx.{name}", module=__name__,
+                class_name=lambda name: f"Onnx{name}")
+#: ONNX operator name -> its definition.
+TABLE: dict[str, OpDef] = FAMILY.table
+#: Adds a definition to the table under each of its names (a decorator).
+define = FAMILY.define
+#: The layer class of an ONNX operator (``onnx.<Op>``), made once.
+op_class = FAMILY.op_class
 
 
 @register("onnx.constant")

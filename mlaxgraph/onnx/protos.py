@@ -127,7 +127,8 @@ def tensor_to_array(tensor: Any, folder: str | None = None) -> np.ndarray:
 
 def attribute_value(attr: Any, folder: str | None, node: str) -> Any:
     """An attribute as a hashable value: ints, floats, strings, tuples of them, tensors
-    as encoded arrays; graphs (If, Loop, Scan bodies) are refused."""
+    as encoded arrays; a graph (an If, Loop or Scan body) as ``("graph", its bytes in
+    hex)``, a string, so graphs holding it save as others do."""
     from .layer import encode_array
 
     onnx = require_onnx()
@@ -149,6 +150,8 @@ def attribute_value(attr: Any, folder: str | None, node: str) -> Any:
         return tuple(s.decode("utf-8", "replace") for s in attr.strings)
     if t == kind.TENSORS:
         return tuple(encode_array(tensor_to_array(v, folder)) for v in attr.tensors)
+    if t == kind.GRAPH:
+        return ("graph", attr.g.SerializeToString().hex())
     raise SerializationError(f"node {node!r}: attribute {attr.name!r} holds a "
                              f"{kind.AttributeType.Name(t) if t in kind.AttributeType.values() else t}"
                              f" (subgraphs and sparse tensors are not supported)")

@@ -24,6 +24,7 @@ from ..ops.param import Param
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
 from .ops_bounded import BOUNDED, check_sizes, read_sizes
+from .ops_control import free_names
 from .patterns import match
 from .protos import attribute_value, load_model, require_onnx, tensor_to_array
 from .scopes import nest
@@ -116,6 +117,12 @@ def _input_shape(value: Any, dims: Mapping[str, int]) -> tuple:
     return tuple(shape)
 
 
+def _reads(node: Any) -> list[str]:
+    """The values a node reads: its inputs, and those its bodies read from around them."""
+    bodies = [a.g for a in node.attribute if a.HasField("g")]
+    return list(node.input) + (sorted(set().union(*(free_names(g) for g in bodies))) if bodies else [])
+
+
 def _toposort(nodes: list, known: set[str]) -> list:
     producers = {out: i for i, n in enumerate(nodes) for out in n.output if out}
     order, state = [], [0] * len(nodes)
@@ -130,7 +137,7 @@ def _toposort(nodes: list, known: set[str]) -> list:
                     raise GraphError(f"the ONNX graph has a cycle through node "
                                      f"{nodes[i].name or nodes[i].op_type!r} ({nodes[i].op_type})")
                 state[i] = 1
-            deps = [producers[v] for v in nodes[i].input if v in producers and v not in known]
+            deps = [producers[v] for v in _reads(nodes[i]) if v in producers and v not in known]
             if k < len(deps):
                 stack.append((i, k + 1))
                 if state[deps[k]] != 2:
@@ -224,7 +231,12 @@ class _Reader:
         if id(node) in self.done:
             return
         where = f"node {_text(node.name) or '(unnamed)'!r} ({_text(node.op_type)})"
-        for v in node.input:
+        attrs = {a.name: attribute_value(a, self.folder, node.name) for a in node.attribute}
+        # the values a body (If, Loop, Scan) reads from around it: inputs after the node's own
+        names = _reads(node)
+        if len(names) > len(node.input):
+            attrs["__outer__"] = tuple(names[len(node.input):])
+        for v in names:
             if v and v not in self.values:
                 raise GraphError(f"{where} reads {v!r}, which no node, input or initializer "
                                  f"provides")
@@ -233,7 +245,6 @@ class _Reader:
                              f"supported")
         if not any(node.output):
             raise GraphError(f"{where} has no outputs")
-        attrs = {a.name: attribute_value(a, self.folder, node.name) for a in node.attribute}
         if node.op_type in BOUNDED:
             attrs.update(self.bound(node))
         if node.op_type == "Constant":
@@ -249,10 +260,10 @@ class _Reader:
             raise GraphError(f"{where}: the ONNX operator {node.op_type} is not supported; "
                              f"supported: {', '.join(sorted(TABLE))}")
         op = TABLE[node.op_type]
-        present = tuple(bool(v) for v in node.input)
-        args = [self.values[v] if v else None for v in node.input]
+        present = tuple(bool(v) for v in names)
+        args = [self.values[v] if v else None for v in names]
         statics, tensors = [], []
-        for position, (v, value) in enumerate(zip(node.input, args)):
+        for position, (v, value) in enumerate(zip(names, args)):
             if not v:
                 continue
             if position in op.static:

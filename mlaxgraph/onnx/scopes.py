@@ -86,8 +86,29 @@ class _Nester:
               used: set[str]) -> None:
         """Emits ``nodes`` (all within ``path``) at this level, grouped by the scope
         component at ``depth``."""
+        try:
+            order, groups = self.grouped(nodes, depth, path)
+        except _Cycle:
+            # a layer named after a module (a Gemm read as the Linear ``c_attn``) whose
+            # scope holds operations before and after it (GPT-2's Conv1D reshapes
+            # around it) sits inside that scope's block, under the module's name
+            keys = {self.place(n)[0][depth] for n in nodes if len(self.place(n)[0]) > depth}
+            for node in nodes:
+                scope, local = self.place(node)
+                if len(scope) == depth and local in keys and node.op.op_name not in _CARRIERS:
+                    self.places[node.name] = (scope + (local,), local)
+            order, groups = self.grouped(nodes, depth, path)
+        for kind, item in order:
+            if kind == "node":
+                self.emit(item, env, path, used)
+            else:
+                self.block(item, groups[item], depth, env, path, used)
+
+    def grouped(self, nodes: list, depth: int, path: tuple[str, ...]) -> tuple[list, dict]:
+        """The level's items in an order where each reads only values made before it
+        (``("node", node)`` or ``("group", key)``) and each group's nodes."""
         groups: dict[str, list] = {}
-        order: list[tuple[str, Any]] = []  # ("node", node) or ("group", key)
+        order: list[tuple[str, Any]] = []
         for node in nodes:
             scope, _ = self.place(node)
             if len(scope) > depth:
@@ -111,13 +132,9 @@ class _Nester:
                         self.places[n.name] = (path, self.place(n)[1])
                 index = order.index(("group", key))
                 order[index:index + 1] = [("node", n) for n in groups.pop(key)]
-        for kind, item in self._sorted(order, groups, env):
-            if kind == "node":
-                self.emit(item, env, path, used)
-            else:
-                self.block(item, groups[item], depth, env, path, used)
+        return self._sorted(order, groups), groups
 
-    def _sorted(self, order: list, groups: dict, env: dict) -> list:
+    def _sorted(self, order: list, groups: dict) -> list:
         """The items in an order where each reads only values made before it."""
         member = {n.name: ("group", key) for key, ns in groups.items() for n in ns}
         for kind, item in order:

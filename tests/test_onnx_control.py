@@ -1,0 +1,121 @@
+"""ONNX control flow (If, Loop, Scan: operators whose bodies are graphs) through
+mg.from_onnx, against onnxruntime: bodies reading values of the graph around them, a
+condition computed from the inputs, a loop that stops early, a scan backwards along
+axis 1."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import mlaxgraph as mg
+
+F = TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs, opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _check(model, feeds):
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, feeds)
+    graph, params, state = mg.from_onnx(model)
+    out, _ = mg.compile(graph).apply(params, state, *feeds.values(), inference_mode=True)
+    out = out if isinstance(out, tuple) else (out,)
+    for ours, theirs in zip(out, expected):
+        np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6, atol=1e-6)
+    return graph
+
+
+def _branch(name, op, value):
+    # a branch reading the outer values x and y
+    out = helper.make_tensor_value_info(f"{name}_out", F, [2, 3])
+    return helper.make_graph([helper.make_node(op, ["x", "y"], [f"{name}_out"])], name, [], [out])
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_if_with_a_computed_condition_and_outer_values(sign, tmp_path):
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["z"], then_branch=_branch("then", "Add", 1),
+                              else_branch=_branch("else", "Mul", 2))]
+    zero = helper.make_tensor("zero", F, [], [0.0])
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [2, 3]),
+                           helper.make_tensor_value_info("y", F, [2, 3])],
+                   [helper.make_tensor_value_info("z", F, [2, 3])])
+    model.graph.initializer.append(zero)
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.normal(size=(2, 3))).astype(np.float32) * sign
+    graph = _check(model, {"x": x, "y": rng.normal(size=(2, 3)).astype(np.float32)})
+    assert graph.node("if").op.op_name == "onnx.If"
+    # the bodies are hyperparameters like others: the graph saves and loads
+    _, params, state = mg.from_onnx(model)
+    mg.save(tmp_path / "if.mlg", graph, params, state)
+    assert mg.load(tmp_path / "if.mlg")[0] == graph
+
+
+def test_loop_that_stops_early():
+    # v doubles while its sum stays below the limit, at most 10 times
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["v_in", "two"], ["v_out"]),
+         helper.make_node("ReduceSum", ["v_out"], ["total"], keepdims=0),
+         helper.make_node("Less", ["total", "limit"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", F, [3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", F, [3])],
+        initializer=[helper.make_tensor("two", F, [], [2.0])])
+    model = _model([helper.make_node("Loop", ["trip", "go", "v"], ["v_final"], body=body)],
+                   [helper.make_tensor_value_info("v", F, [3]),
+                    helper.make_tensor_value_info("limit", F, [])],
+                   [helper.make_tensor_value_info("v_final", F, [3])])
+    model.graph.initializer.extend([helper.make_tensor("trip", TensorProto.INT64, [], [10]),
+                                    helper.make_tensor("go", TensorProto.BOOL, [], [True])])
+    _check(model, {"v": np.float32([0.5, 1.0, 0.25]), "limit": np.array(40.0, np.float32)})
+
+
+def test_scan_backwards_along_an_axis():
+    # a running sum of x's columns from the last, and each step's partial sums
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "col"], ["acc_out"]),
+         helper.make_node("Identity", ["acc_out"], ["step"])],
+        "body",
+        [helper.make_tensor_value_info("acc_in", F, [2]), helper.make_tensor_value_info("col", F, [2])],
+        [helper.make_tensor_value_info("acc_out", F, [2]), helper.make_tensor_value_info("step", F, [2])])
+    model = _model([helper.make_node("Scan", ["acc", "x"], ["total", "steps"], body=body,
+                                     num_scan_inputs=1, scan_input_axes=[1],
+                                     scan_input_directions=[1], scan_output_axes=[1])],
+                   [helper.make_tensor_value_info("acc", F, [2]),
+                    helper.make_tensor_value_info("x", F, [2, 5])],
+                   [helper.make_tensor_value_info("total", F, [2]),
+                    helper.make_tensor_value_info("steps", F, [2, 5])])
+    rng = np.random.default_rng(1)
+    _check(model, {"acc": np.zeros(2, np.float32), "x": rng.normal(size=(2, 5)).astype(np.float32)})
+
+
+def test_a_loop_whose_length_depends_on_the_data_is_refused():
+    body = helper.make_graph(
+        [helper.make_node("Less", ["v_in", "ten"], ["cond_out"]),
+         helper.make_node("Add", ["v_in", "ten"], ["v_out"]),
+         helper.make_node("Identity", ["v_in"], ["row"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", F, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", F, []),
+         helper.make_tensor_value_info("row", F, [])],
+        initializer=[helper.make_tensor("ten", F, [], [10.0])])
+    model = _model([helper.make_node("Loop", ["trip", "", "v"], ["v_final", "rows"], body=body)],
+                   [helper.make_tensor_value_info("v", F, [])],
+                   [helper.make_tensor_value_info("v_final", F, []),
+                    helper.make_tensor_value_info("rows", F, [None])])
+    model.graph.initializer.append(helper.make_tensor("trip", TensorProto.INT64, [], [5]))
+    with pytest.raises(mg.GraphError, match="Loop with scan outputs.*stop early"):
+        mg.from_onnx(model)

@@ -1,0 +1,102 @@
+"""Hugging Face models from random configs (tiny, so the suite stays short) through
+mg.from_torch, against PyTorch's own outputs; their repeated layers fold under
+``scan_blocks=True``. GPT-2 is in test_torch_live.py."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers as T
+
+import mlaxgraph as mg
+
+
+def _bert():
+    config = T.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=32)
+    return T.BertModel(config), (torch.randint(0, 100, (2, 8)),)
+
+
+def _vit():
+    config = T.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, intermediate_size=64)
+    return T.ViTModel(config), (torch.randn(2, 3, 16, 16),)
+
+
+def _decoder(kind):
+    def make():
+        config = getattr(T, f"{kind}Config")(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, use_cache=False)
+        return getattr(T, f"{kind}ForCausalLM")(config), (torch.randint(0, 100, (2, 8)),)
+    return make
+
+
+def _t5_encoder():
+    # three layers: the first holds the relative position bias, the other two are equal
+    config = T.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=3, num_heads=4,
+                        use_cache=False)
+    return T.T5EncoderModel(config), (torch.randint(0, 100, (2, 8)),)
+
+
+def _whisper_encoder():
+    config = T.WhisperConfig(vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=1,
+                             encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                             decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=16,
+                             max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                             decoder_start_token_id=1)
+    return T.WhisperModel(config).get_encoder(), (torch.randn(2, 8, 32),)
+
+
+# model, the block holding the layers, their scan's name
+MODELS = {
+    "bert": (_bert, "encoder", "layer.0..layer.1"),
+    "vit": (_vit, None, "layers.0..layers.1"),
+    "llama": (_decoder("Llama"), "model", "layers.0..layers.1"),
+    "qwen2": (_decoder("Qwen2"), "model", "layers.0..layers.1"),
+    "t5_encoder": (_t5_encoder, "encoder", "block.1..block.2"),
+    "whisper_encoder": (_whisper_encoder, None, "layers.0..layers.1"),
+}
+
+
+def _first(out):
+    """The first output: ours (an array or a tuple), or a transformers output's."""
+    if isinstance(out, tuple):
+        return out[0]
+    if hasattr(out, "logits"):
+        return out.logits
+    return getattr(out, "last_hidden_state", out)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_hugging_face_model_matches_and_folds(name):
+    make, holder, scan_name = MODELS[name]
+    torch.manual_seed(0)
+    module, args = make()
+    module = module.eval()
+    graph, params, state = mg.from_torch(module, args)
+    inputs = [jnp.asarray(a.numpy()) for a in args]
+    expected = _first(module(*args)).detach().numpy()
+    scale = max(1.0, float(np.abs(expected).max()))
+
+    out, _ = mg.compile(graph).apply(params, state, *inputs, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(_first(out)), expected, rtol=1e-4, atol=1e-4 * scale)
+
+    model = mg.compile(graph, scan_blocks=True)
+    inner = model.graph if holder is None else model.graph.node(holder).op.graph
+    assert inner.node(scan_name).op.op_name == "scan"
+    stacked = model.stack_weights(params, state)
+    out, _ = model.apply(*stacked, *inputs, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(_first(out)), expected, rtol=1e-4, atol=1e-4 * scale)
+
+    # the weights carry the module's state-dict names (a tied weight under one of its names)
+    ours = mg.models.to_state_dict(graph, params, state)
+    names: dict[int, set] = {}
+    for key, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), set()).add(key)
+    for p in module.parameters():
+        found = names[id(p)] & set(ours)
+        assert found, names[id(p)]
+        np.testing.assert_array_equal(np.asarray(ours[found.pop()]), p.detach().numpy())

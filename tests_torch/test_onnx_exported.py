@@ -1,0 +1,32 @@
+"""Models exported by ``torch.onnx.export`` (torchvision's ResNet-18 and MobileNet V3
+small, Hugging Face's GPT-2 and BERT from random configs) through mg.from_onnx,
+against onnxruntime, and their module hierarchy as blocks. The models and the
+comparison are benchmarks/onnx_exported.py's, which writes the table in docs/onnx.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "onnx_exported", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "onnx_exported.py"))
+exported = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(exported)
+
+
+@pytest.mark.parametrize("name", sorted(exported.MODELS))
+def test_exported_model_matches_onnxruntime_and_shows_its_modules(name, tmp_path):
+    row = exported.check(name, str(tmp_path))  # asserts the outputs match onnxruntime's
+    assert row["magnitude"] > 1e-3  # a comparison of something
+    walked = dict(row["graph"].walk())
+    for scope in row["scope_paths"]:
+        if scope in walked:
+            continue
+        # a one-operation module inside a one-operation Sequential (ResNet's
+        # downsample.0, its BatchNorm folded by the exporter) is that layer, drawn
+        # under the Sequential's name
+        parent = scope.rpartition("/")[0]
+        assert parent in walked and not hasattr(walked[parent].op, "graph"), scope
+    assert row["blocks"] >= 12
