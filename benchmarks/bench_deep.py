@@ -61,11 +61,16 @@ def _dense(p, x):
 def hand_block(p, x):
     a = p["attention"]
     h = _ln(p["ln_attention"], x)
-    q = (jnp.einsum("bld,dhk->blhk", h, a["query"]["kernel"]) + a["query"]["bias"]) / math.sqrt(WIDTH // HEADS)
-    k = jnp.einsum("bld,dhk->blhk", h, a["key"]["kernel"]) + a["key"]["bias"]
-    v = jnp.einsum("bld,dhk->blhk", h, a["value"]["kernel"]) + a["value"]["bias"]
-    w = jax.nn.softmax(jnp.einsum("bqhk,bshk->bhqs", q, k), axis=-1)
-    o = jnp.einsum("bqhk,hko->bqo", jnp.einsum("bhqs,bshk->bqhk", w, v), a["out"]["kernel"]) + a["out"]["bias"]
+    # as mlaxgraph's MultiHeadAttention: 2-d projections, heads first
+    def heads(w):
+        y = h @ w["kernel"].reshape(WIDTH, WIDTH) + w["bias"].reshape(WIDTH)
+        return jnp.swapaxes(y.reshape(y.shape[:-1] + (HEADS, WIDTH // HEADS)), 1, 2)
+
+    q = heads(a["query"]) * (1.0 / math.sqrt(WIDTH // HEADS))
+    k, v = heads(a["key"]), heads(a["value"])
+    w = jax.nn.softmax(jnp.einsum("bhqk,bhsk->bhqs", q, k), axis=-1)
+    o = jnp.swapaxes(jnp.einsum("bhqs,bhsk->bhqk", w, v), 1, 2)
+    o = o.reshape(o.shape[:2] + (WIDTH,)) @ a["out"]["kernel"].reshape(WIDTH, WIDTH) + a["out"]["bias"]
     h = x + o
     m = jax.nn.gelu(_dense(p["mlp_in"], _ln(p["ln_mlp"], h)), approximate=False)
     return h + _dense(p["mlp_out"], m)

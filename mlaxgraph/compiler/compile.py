@@ -278,7 +278,7 @@ def _check_overrides(graph: Graph, policy: Policy) -> None:
 
 
 def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
-            rules: Any = None, *, scan_blocks: bool = False, remat: Any = None,
+            rules: Any = None, *, scan_blocks: bool | str = False, remat: Any = None,
             memory_budget: Any = None, dims: Mapping[str, int] | None = None,
             checks: bool = False) -> CompiledModel:
     """Runs the compiler's passes on ``graph`` and lowers it to a jitted init/apply.
@@ -325,10 +325,11 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
     if rules is not None and mesh is None:
         raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
     memo = graph.memo("compile")  # the passes' result, for this graph and these options
-    key = (policy, bool(scan_blocks))
+    scan = _scan_option(scan_blocks)
+    key = (policy, scan)
     compiled = memo.get(key)
     if compiled is None:
-        compiled = memo[key] = run_passes(graph, default_passes(policy, scan_blocks=bool(scan_blocks)))
+        compiled = memo[key] = run_passes(graph, default_passes(policy, scan_blocks=scan))
     plan = None
     if memory_budget is not None:
         if remat is not None:
@@ -344,6 +345,13 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
     model = CompiledModel(compiled, graph, policy, program, sharding, checks=checks)
     model._memory_plan = plan
     return model
+
+
+def _scan_option(scan_blocks: Any) -> bool | str:
+    if scan_blocks == "always" or isinstance(scan_blocks, bool):
+        return scan_blocks
+    raise GraphError(f"scan_blocks is True (fold the runs of equal blocks where it pays), "
+                     f"'always' (every run of two or more) or False; got {scan_blocks!r}")
 
 
 def _plan_memory(compiled: Graph, policy: Policy | None, budget: Any, dims: Mapping[str, int] | None):
