@@ -30,9 +30,8 @@ import _common  # noqa: F401  (sys.path and JAX_PLATFORMS)
 import hlo_stats
 import jax
 import jax.numpy as jnp
-from _common import bootstrap_median_ci, fmt_time, md_table, median
-
 import models_spec as S
+from _common import bootstrap_median_ci, fmt_time, md_table, median
 
 GOAL = 1.05  # mlaxgraph / fastest peer, first call in CPU time
 PHASES = ("trace", "lower", "compile")

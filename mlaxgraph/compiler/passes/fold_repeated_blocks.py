@@ -117,4 +117,4 @@ def fold_repeated_blocks(graph: Graph, where: Callable[[Graph, int], bool] | Non
       >>> [(n.name, n.op.op_name) for n in folded.nodes]
       [('x', 'input'), ('b0..b2', 'scan')]
     """
-    return rewrite(graph, _Fold())
+    return rewrite(graph, _Fold(where))
