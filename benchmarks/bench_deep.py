@@ -104,7 +104,7 @@ def grad_of(forward):
 
 def run_depth(depth: int, unscanned: bool) -> dict:
     graph = chain(depth)
-    scan = mg.compile(graph, scan_blocks=True)
+    scan = mg.compile(graph, scan_blocks="always")
     x = jnp.ones((BATCH, LENGTH, WIDTH), jnp.float32)
     row: dict = {"depth": depth}
     # init as model.init compiles it (its compiler options)
@@ -155,9 +155,9 @@ def train_and_remat(depth: int, rounds: int = 15) -> dict:
     flat = mg.compile(graph)
     params, _ = flat.init(jax.random.key(0))
     runs = {}
-    for label, options in [("unscanned", {}), ("scanned", {"scan_blocks": True}),
-                           ("scanned_full", {"scan_blocks": True, "remat": "full"}),
-                           ("scanned_dots", {"scan_blocks": True, "remat": "dots"})]:
+    for label, options in [("unscanned", {}), ("scanned", {"scan_blocks": "always"}),
+                           ("scanned_full", {"scan_blocks": "always", "remat": "full"}),
+                           ("scanned_dots", {"scan_blocks": "always", "remat": "dots"})]:
         model = mg.compile(graph, **options)
         p, _ = model.stack_weights(params, {})
         _, compiled = compile_seconds(grad_of(lambda q, x, model=model: model.apply_fn(q, {}, x)[0]), p, x)
@@ -183,12 +183,12 @@ def planner(depth: int, fractions=(1.0, 0.7, 0.5, 0.3), rounds: int = 10) -> dic
     hand-picked choice (none, dots or full) that fits the same budget."""
     graph = chain(depth)
     x = jnp.ones((BATCH, LENGTH, WIDTH), jnp.float32)
-    base = mg.compile(graph, scan_blocks=True, memory_budget=2**50, dims={"batch": BATCH})
+    base = mg.compile(graph, scan_blocks="always", memory_budget=2**50, dims={"batch": BATCH})
     peak = base.memory_plan().baseline_peak
     hand: dict = {}
     params, _ = mg.compile(graph).init(jax.random.key(0))
     for remat in ("none", "dots", "full"):
-        model = mg.compile(graph, scan_blocks=True, remat=remat)
+        model = mg.compile(graph, scan_blocks="always", remat=remat)
         p, _ = model.stack_weights(params, {})
         _, compiled = compile_seconds(grad_of(lambda q, x, model=model: model.apply_fn(q, {}, x)[0]), p, x)
         memory = compiled.memory_analysis()
@@ -199,7 +199,7 @@ def planner(depth: int, fractions=(1.0, 0.7, 0.5, 0.3), rounds: int = 10) -> dic
     for fraction in fractions:
         budget = int(peak * fraction)
         try:
-            model = mg.compile(graph, scan_blocks=True, memory_budget=budget, dims={"batch": BATCH})
+            model = mg.compile(graph, scan_blocks="always", memory_budget=budget, dims={"batch": BATCH})
         except mg.GraphError as e:
             rows.append({"fraction": fraction, "budget": budget, "error": str(e)})
             continue

@@ -292,11 +292,14 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         creates the weights sharded and ``apply`` runs with matching shardings.
       rules: logical axis -> mesh axis (``{"batch": "data", "mlp": "model"}``); a
         logical axis without a rule is replicated. Needs ``mesh``.
-      scan_blocks: fold every run of two or more calls of equal blocks (each with its
-        own weights, each reading the previous one's output) into one ``scan`` node,
-        run by ``lax.scan`` over the blocks' stacked weights: the block is traced and
-        compiled once (docs/deep_models.md). ``init`` then gives the run's weights
-        stacked (the same values); ``stack_weights``/``unstack_weights`` convert.
+      scan_blocks: ``True``: fold each run of calls of equal blocks (each with its
+        own weights, each reading the previous one's output) where folding pays (runs
+        of ``SCAN_MIN_RUN`` or more blocks, the measured rule ``scan_pays``) into one
+        ``scan`` node, run by ``lax.scan`` over the blocks' stacked weights: the block
+        is traced and compiled once (docs/deep_models.md, "When to scan").
+        ``"always"``: fold every run of two or more. ``init`` then gives a folded
+        run's weights stacked (the same values); ``stack_weights``/``unstack_weights``
+        convert.
       remat: what the backward pass recomputes instead of keeping (docs/deep_models.md):
         ``"none"`` (the default), ``"full"`` (each block, or each layer of a graph
         without blocks, under ``jax.checkpoint``), ``"dots"`` (keep only matmul results
