@@ -117,6 +117,7 @@ def sweep(lengths, trials: int, steps: int, blocks=None, seed: int = 0) -> list[
                          "first_ratio": median(first_ratio), "first_ci": bootstrap_median_ci(first_ratio),
                          "step_ratio": median(step_ratio), "step_ci": bootstrap_median_ci(step_ratio),
                          "rule": scan_pays(block, n)})
+            print(f"   {rows[-1]}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -177,6 +178,28 @@ def markdown(res: dict) -> str:
                         [[m, fmt_time(v), f"{r50['ratio'][m]:.2f}", fmt_time(r50['step'][m])]
                          for m, v in r50["first"].items()]))
     return "\n".join(out)
+
+
+def goals(res: dict) -> list[list[str]]:
+    """The Goals rows: the rule agrees with the sweep (a run it folds reaches its first
+    train step sooner scanned, a run it leaves unrolled does not; a ratio whose CI
+    includes 1 agrees either way), and ResNet-50 as a new user compiles it."""
+    rows = res["rows"]
+    agree = [r for r in rows if (r["first_ci"][0] <= 1.0) if r["rule"]] + \
+        [r for r in rows if (r["first_ci"][1] >= 1.0) if not r["rule"]]
+    wrong = [f"{r['block']} x{r['n']} ({r['first_ratio']:.2f})" for r in rows if r not in agree]
+    out = [[f"scan rule (fold runs of >= {SCAN_MIN_RUN}): agrees with the measured first train step, "
+            f"scanned / unscanned, for every block and run length",
+            f"{len(agree)} of {len(rows)} agree" + (f"; not: {', '.join(wrong)}" if wrong else ""),
+            "**met**" if not wrong else "**MISSED**"]]
+    if "resnet50" in res:
+        r50 = res["resnet50"]
+        ratio = r50["ratio"]["scan_blocks=True (the rule)"]
+        always = r50["ratio"]['scan_blocks="always"']
+        out.append(["scan rule: ResNet-50's first train step, `scan_blocks=True` / unscanned <= 1.05",
+                    f"{ratio:.2f} (`\"always\"`: {always:.2f})",
+                    "**met**" if ratio <= 1.05 else "**MISSED**"])
+    return out
 
 
 def main(argv=None):
