@@ -55,3 +55,15 @@ def test_the_rule_and_always_compute_the_same():
 def test_another_scan_blocks_value_is_refused_by_name(bad):
     with pytest.raises(mg.GraphError, match="scan_blocks is True"):
         mg.compile(_chain(2), scan_blocks=bad)
+
+
+def test_a_run_of_blocks_with_a_convolution_stays_unrolled():
+    x = mg.Input(("batch", 4, 4, 2), name="x")
+    inner = mg.Input(("batch", 4, 4, 2), name="h")
+    block = mg.Graph(inner, ops.relu(ops.Conv(2, (3, 3), padding="SAME", name="conv")(inner)), name="block")
+    h = x
+    for i in range(SCAN_MIN_RUN):
+        h = block.as_block(f"b{i}")(h)
+    graph = mg.Graph(x, h)
+    assert _scans(mg.compile(graph, scan_blocks=True)) == []
+    assert _scans(mg.compile(graph, scan_blocks="always")) == [f"b0..b{SCAN_MIN_RUN - 1}"]

@@ -11,20 +11,28 @@ from ...ir.node import Node, Value
 from ...ir.rewrite import Rewrite, Rule, rewrite
 from ...ir.scan import Scan, unfold_scans
 
-__all__ = ["fold_repeated_blocks", "unfold_scans", "repeated_runs", "scan_pays", "SCAN_MIN_RUN"]
+__all__ = ["fold_repeated_blocks", "unfold_scans", "repeated_runs", "scan_pays", "SCAN_MIN_RUN", "UNROLLED_OPS"]
 
 #: The shortest run that ``scan_blocks=True`` folds (benchmarks/bench_scan_rule.py
 #: measured the first train step, scanned against unscanned, over run lengths and
 #: block sizes on a 2-core CPU; docs/deep_models.md, "When to scan").
 SCAN_MIN_RUN = 6
 
+#: Ops that keep a block unrolled under ``scan_blocks=True``: on the CPU, XLA runs a
+#: convolution inside a loop several times slower than unrolled (ResNet bottlenecks:
+#: the steady step 5 - 9x slower scanned, benchmarks/bench_scan_rule.py).
+UNROLLED_OPS = frozenset({"conv", "conv_transpose", "quantized_conv"})
+
 
 def scan_pays(body: Graph, length: int) -> bool:
     """Whether folding a run of ``length`` calls of the block ``body`` into one scan
-    pays: a run shorter than ``SCAN_MIN_RUN`` stays unrolled (the scan's own cost, its
-    loop and the weights stacked and sliced, is not won back by compiling the block
-    once instead of ``length`` times)."""
-    return length >= SCAN_MIN_RUN
+    pays: runs of ``SCAN_MIN_RUN`` or more blocks without a convolution. A shorter run
+    compiles faster unrolled (the scan's own cost, its loop and the weights stacked and
+    sliced, is not won back by compiling the block once instead of ``length`` times);
+    a block with a convolution runs slower in a loop."""
+    if length < SCAN_MIN_RUN:
+        return False
+    return not any(node.op.op_name in UNROLLED_OPS for _, node in body.walk())
 
 
 def _foldable(node: Node, graph: Graph, sharers: set[str]) -> bool:
