@@ -158,7 +158,7 @@ def markdown(res: dict) -> str:
            f"{len(res['rows'][0]['first']) and 'the'} interleaved trials, fresh objects each; "
            f"ratio scanned / unscanned with the 95% CI of the median of per-trial ratios; below 1 "
            f"the scan is faster). Last column: what `scan_blocks=True` does with such a run "
-           f"(the rule: fold runs of {SCAN_MIN_RUN} or more).", ""]
+           f"(the rule: fold runs of {SCAN_MIN_RUN} or more of blocks without a convolution).", ""]
     rows = []
     for r in res["rows"]:
         rows.append([r["block"], str(r["layers"]), str(r["n"]),
