@@ -61,11 +61,16 @@ def _dense(p, x):
 def hand_block(p, x):
     a = p["attention"]
     h = _ln(p["ln_attention"], x)
-    q = (jnp.einsum("bld,dhk->blhk", h, a["query"]["kernel"]) + a["query"]["bias"]) / math.sqrt(WIDTH // HEADS)
-    k = jnp.einsum("bld,dhk->blhk", h, a["key"]["kernel"]) + a["key"]["bias"]
-    v = jnp.einsum("bld,dhk->blhk", h, a["value"]["kernel"]) + a["value"]["bias"]
-    w = jax.nn.softmax(jnp.einsum("bqhk,bshk->bhqs", q, k), axis=-1)
-    o = jnp.einsum("bqhk,hko->bqo", jnp.einsum("bhqs,bshk->bqhk", w, v), a["out"]["kernel"]) + a["out"]["bias"]
+    # as mlaxgraph's MultiHeadAttention: 2-d projections, heads first
+    def heads(w):
+        y = h @ w["kernel"].reshape(WIDTH, WIDTH) + w["bias"].reshape(WIDTH)
+        return jnp.swapaxes(y.reshape(y.shape[:-1] + (HEADS, WIDTH // HEADS)), 1, 2)
+
+    q = heads(a["query"]) * (1.0 / math.sqrt(WIDTH // HEADS))
+    k, v = heads(a["key"]), heads(a["value"])
+    w = jax.nn.softmax(jnp.einsum("bhqk,bhsk->bhqs", q, k), axis=-1)
+    o = jnp.swapaxes(jnp.einsum("bhqs,bhsk->bhqk", w, v), 1, 2)
+    o = o.reshape(o.shape[:2] + (WIDTH,)) @ a["out"]["kernel"].reshape(WIDTH, WIDTH) + a["out"]["bias"]
     h = x + o
     m = jax.nn.gelu(_dense(p["mlp_in"], _ln(p["ln_mlp"], h)), approximate=False)
     return h + _dense(p["mlp_out"], m)
@@ -99,7 +104,7 @@ def grad_of(forward):
 
 def run_depth(depth: int, unscanned: bool) -> dict:
     graph = chain(depth)
-    scan = mg.compile(graph, scan_blocks=True)
+    scan = mg.compile(graph, scan_blocks="always")
     x = jnp.ones((BATCH, LENGTH, WIDTH), jnp.float32)
     row: dict = {"depth": depth}
     # init as model.init compiles it (its compiler options)
@@ -150,9 +155,9 @@ def train_and_remat(depth: int, rounds: int = 15) -> dict:
     flat = mg.compile(graph)
     params, _ = flat.init(jax.random.key(0))
     runs = {}
-    for label, options in [("unscanned", {}), ("scanned", {"scan_blocks": True}),
-                           ("scanned_full", {"scan_blocks": True, "remat": "full"}),
-                           ("scanned_dots", {"scan_blocks": True, "remat": "dots"})]:
+    for label, options in [("unscanned", {}), ("scanned", {"scan_blocks": "always"}),
+                           ("scanned_full", {"scan_blocks": "always", "remat": "full"}),
+                           ("scanned_dots", {"scan_blocks": "always", "remat": "dots"})]:
         model = mg.compile(graph, **options)
         p, _ = model.stack_weights(params, {})
         _, compiled = compile_seconds(grad_of(lambda q, x, model=model: model.apply_fn(q, {}, x)[0]), p, x)
@@ -178,12 +183,12 @@ def planner(depth: int, fractions=(1.0, 0.7, 0.5, 0.3), rounds: int = 10) -> dic
     hand-picked choice (none, dots or full) that fits the same budget."""
     graph = chain(depth)
     x = jnp.ones((BATCH, LENGTH, WIDTH), jnp.float32)
-    base = mg.compile(graph, scan_blocks=True, memory_budget=2**50, dims={"batch": BATCH})
+    base = mg.compile(graph, scan_blocks="always", memory_budget=2**50, dims={"batch": BATCH})
     peak = base.memory_plan().baseline_peak
     hand: dict = {}
     params, _ = mg.compile(graph).init(jax.random.key(0))
     for remat in ("none", "dots", "full"):
-        model = mg.compile(graph, scan_blocks=True, remat=remat)
+        model = mg.compile(graph, scan_blocks="always", remat=remat)
         p, _ = model.stack_weights(params, {})
         _, compiled = compile_seconds(grad_of(lambda q, x, model=model: model.apply_fn(q, {}, x)[0]), p, x)
         memory = compiled.memory_analysis()
@@ -194,7 +199,7 @@ def planner(depth: int, fractions=(1.0, 0.7, 0.5, 0.3), rounds: int = 10) -> dic
     for fraction in fractions:
         budget = int(peak * fraction)
         try:
-            model = mg.compile(graph, scan_blocks=True, memory_budget=budget, dims={"batch": BATCH})
+            model = mg.compile(graph, scan_blocks="always", memory_budget=budget, dims={"batch": BATCH})
         except mg.GraphError as e:
             rows.append({"fraction": fraction, "budget": budget, "error": str(e)})
             continue

@@ -140,8 +140,10 @@ def make_linen(name: str, x, y, key) -> Run:
         cell[0], loss = jstep(cell[0], x, y)
         return loss
 
-    return Run("linen", name, step, lambda: jstep.lower(cell[0], x, y),
-               param_count(variables["params"]), state=lambda: cell[0])
+    run = Run("linen", name, step, lambda: jstep.lower(cell[0], x, y),
+              param_count(variables["params"]), state=lambda: cell[0])
+    run.aot = (jstep, lambda: (cell[0], x, y))
+    return run
 
 
 # --- NNX --------------------------------------------------------------------------------

@@ -115,5 +115,7 @@ def make(name: str, x, y, key) -> Run:
         cell[0], loss = jstep(cell[0], x, y)
         return loss
 
-    return Run("haiku", name, step, lambda: jstep.lower(cell[0], x, y), param_count(params),
-               state=lambda: cell[0])
+    run = Run("haiku", name, step, lambda: jstep.lower(cell[0], x, y), param_count(params),
+              state=lambda: cell[0])
+    run.aot = (jstep, lambda: (cell[0], x, y))
+    return run

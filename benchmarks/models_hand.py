@@ -202,14 +202,21 @@ def _layer_norm(p, x):
     return (x - mean) * lax.rsqrt(var + S.LN_EPSILON) * p["scale"] + p["bias"]
 
 
+def _heads(x, p):
+    """``x @ W + b`` over the heads' columns, then split into heads, heads first:
+    ``(batch, heads, length, head_dim)`` (as mlaxgraph's MultiHeadAttention)."""
+    d, h, k = p["kernel"].shape
+    y = x @ p["kernel"].reshape(d, h * k) + p["bias"].reshape(h * k)
+    return jnp.swapaxes(y.reshape(y.shape[:-1] + (h, k)), 1, 2)
+
+
 def _attention(p, x):
-    q = jnp.einsum("bld,dhk->blhk", x, p["query"]["kernel"]) + p["query"]["bias"]
-    k = jnp.einsum("bld,dhk->blhk", x, p["key"]["kernel"]) + p["key"]["bias"]
-    v = jnp.einsum("bld,dhk->blhk", x, p["value"]["kernel"]) + p["value"]["bias"]
-    q = q / math.sqrt(q.shape[-1])
-    weights = jax.nn.softmax(jnp.einsum("bqhk,bshk->bhqs", q, k), axis=-1)
-    out = jnp.einsum("bhqs,bshk->bqhk", weights, v)
-    return jnp.einsum("bqhk,hko->bqo", out, p["out"]["kernel"]) + p["out"]["bias"]
+    q, k, v = _heads(x, p["query"]), _heads(x, p["key"]), _heads(x, p["value"])
+    q = q * (1.0 / math.sqrt(q.shape[-1]))
+    weights = jax.nn.softmax(jnp.einsum("bhqk,bhsk->bhqs", q, k), axis=-1)
+    out = jnp.swapaxes(jnp.einsum("bhqs,bhsk->bhqk", weights, v), 1, 2)
+    h, k_, o = p["out"]["kernel"].shape
+    return out.reshape(out.shape[:2] + (h * k_,)) @ p["out"]["kernel"].reshape(h * k_, o) + p["out"]["bias"]
 
 
 def transformer_forward(params, x):

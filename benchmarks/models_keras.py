@@ -110,8 +110,10 @@ def make(name: str, x, y, key) -> Run:
         return loss
 
     count = sum(int(v.size) for v in trainable)
-    return Run("keras", name, step, lambda: jstep.lower(cell[0], x, y), count, state=lambda: cell[0],
-               notes="stateless_call in a jitted optax step (Keras's custom JAX loop)")
+    run = Run("keras", name, step, lambda: jstep.lower(cell[0], x, y), count, state=lambda: cell[0],
+              notes="stateless_call in a jitted optax step (Keras's custom JAX loop)")
+    run.aot = (jstep, lambda: (cell[0], x, y))
+    return run
 
 
 def fit_and_train_on_batch(name: str, x, y, steps: int = 50) -> dict:

@@ -21,6 +21,10 @@ Benchmarks:
                         layer graphs (flat and nested) and on GPT-2 small, ``mg.compile``
                         twice on one graph, and ``apply``'s ``capture`` / ``intervene`` per
                         call on a scanned 12-block GPT-2 against plain ``apply``
+  bench_first_call      the first call of the train step split by JAX's AOT API (trace,
+                        lower, XLA compile) for mlaxgraph, hand-written JAX and the peers
+  bench_scan_rule       the first and the steady train step scanned against unscanned,
+                        over run lengths and block sizes: the rule of ``scan_blocks=True``
   bench_onnx            ResNet-50 and GPT-2 small written by ``to_onnx``, read back by
                         ``mg.from_onnx``: import, compile and per-call time against
                         onnxruntime on the same file
@@ -45,7 +49,9 @@ import bench_apply_overhead
 import bench_compile_scale
 import bench_decode
 import bench_deep
+import bench_first_call
 import bench_onnx
+import bench_scan_rule
 import bench_see_save
 import bench_surgery
 import bench_train
@@ -109,6 +115,8 @@ def main(argv=None) -> int:
                    help="skip the ONNX models against onnxruntime (needs onnxruntime, the bench extra)")
     p.add_argument("--skip-decode", action="store_true",
                    help="skip decoding (GPT-2 small against a hand-written decoder and the peers)")
+    p.add_argument("--skip-first", action="store_true",
+                   help="skip the first-call split and the scan rule's sweep")
     p.add_argument("--budget", type=float, default=60.0,
                    help="compile-scale: skip the passes of a size projected to take longer than "
                         "this many seconds (default 60; 'inf' runs all)")
@@ -244,7 +252,7 @@ def main(argv=None) -> int:
     if not args.skip_onnx:
         print("== ONNX models against onnxruntime ...", file=sys.stderr, flush=True)
         table = bench_onnx.run(quick=args.quick)
-        sections.append("## 7. ONNX models: mlaxgraph against onnxruntime\n\n"
+        sections.append("## 10. ONNX models: mlaxgraph against onnxruntime\n\n"
                         + bench_onnx.__doc__.split("\n\n", 1)[1].split("Run alone")[0]
                         + table + "\n")
         loads.append(f"after onnx: {loadavg()}")
@@ -254,11 +262,24 @@ def main(argv=None) -> int:
               file=sys.stderr, flush=True)
         res = bench_decode.run(quick=args.quick)
         goals.extend(bench_decode.goals(res))
-        sections.append("## 8. Decoding with the derived key/value cache: GPT-2 small against a "
+        sections.append("## 12. Decoding with the derived key/value cache: GPT-2 small against a "
                         "hand-written JAX decoder, PyTorch and keras_hub\n\n"
                         + bench_decode.__doc__.split("\n\n", 1)[1].split("Run alone")[0]
                         + bench_decode.markdown(res) + "\n")
         loads.append(f"after decoding: {loadavg()}")
+
+    if not args.skip_first:
+        print("== first call: trace, lower, compile; the scan rule ...", file=sys.stderr, flush=True)
+        first = bench_first_call.run(quick=args.quick)
+        goals.extend(bench_first_call.goals(first))
+        rule = bench_scan_rule.run(quick=args.quick)
+        goals.extend(bench_scan_rule.goals(rule))
+        sections.append("## 14. The first call, split; when to scan\n\n"
+                        + bench_first_call.__doc__.split("\n\n")[1] + "\n\n"
+                        + bench_first_call.markdown(first) + "\n\n"
+                        + bench_first_call.FINDINGS + "\n\n### When to scan\n\n"
+                        + bench_scan_rule.markdown(rule))
+        loads.append(f"after first call and scan rule: {loadavg()}")
 
     elapsed = time.perf_counter() - t_start
     header = [

@@ -72,8 +72,8 @@ def gpt2():
 
 
 @pytest.mark.parametrize("name, scan", [("gpt2", False), ("llama_gqa_rope", False),
-                                        ("llama_gqa_rope", True), ("user_composed", False),
-                                        ("llama3_scaling_window", False), ("qwen2", True)])
+                                        ("llama_gqa_rope", "always"), ("user_composed", False),
+                                        ("llama3_scaling_window", False), ("qwen2", "always")])
 def test_prefill_and_steps_equal_the_full_forward_at_every_position(name, scan):
     make, vocab = CASES[name]
     g = make()

@@ -77,7 +77,7 @@ def gpt2() -> mg.Graph:
     return mg.models.gpt2(GPT2)
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unscanned", "scanned"])
+@pytest.mark.parametrize("scan", [False, "always"], ids=["unscanned", "scanned"])
 def test_gpt2_compiled_flops_and_bytes_are_the_cost_tables(scan):
     model = mg.compile(gpt2(), scan_blocks=scan)
     table = model.cost_table(**DIMS, xla=False)
@@ -91,7 +91,7 @@ def test_gpt2_compiled_flops_and_bytes_are_the_cost_tables(scan):
 
 def test_a_scanned_run_shows_the_runs_cost_as_the_folded_blocks_do():
     flat = nodes_of(payload_of(mg.compile(gpt2()).to_html(**DIMS)))
-    scanned = nodes_of(payload_of(mg.compile(gpt2(), scan_blocks=True).to_html(**DIMS)))
+    scanned = nodes_of(payload_of(mg.compile(gpt2(), scan_blocks="always").to_html(**DIMS)))
     fold, scan = flat["h.0\u2026h.2"], scanned["h.0..h.2"]
     assert fold["fold"] == scan["runs"] == LAYERS
     assert scan["flops_v"] == fold["flops_v"] == LAYERS * flat["h.0"]["flops_v"]
@@ -142,7 +142,7 @@ def test_attention_flops_counted_by_hand(batch, seq):
     hand = attention_flops(batch, seq, WIDTH, HEADS)
     assert nodes["h.0/attn"]["flops_v"] == hand
     assert seq == 16 or hand > 2**31
-    scanned = nodes_of(payload_of(mg.compile(gpt2(), scan_blocks=True).to_html(batch=batch, seq=seq)))
+    scanned = nodes_of(payload_of(mg.compile(gpt2(), scan_blocks="always").to_html(batch=batch, seq=seq)))
     assert scanned["h.0..h.2/attn"]["flops_v"] == hand
 
 

@@ -188,7 +188,7 @@ def scanned():
     """A 3-block language model with dropout, compiled with scan_blocks: its graph holds
     one scan node for the three blocks."""
     lm = examples.transformer_lm(vocab=16, length=8, depth=3, width=16, heads=2, dropout=0.1)
-    return mg.compile(lm, scan_blocks=True).graph
+    return mg.compile(lm, scan_blocks="always").graph
 
 
 def test_a_scan_is_one_step_whose_body_is_the_program_of_one_block(scanned):

@@ -270,7 +270,7 @@ def test_each_block_of_a_scan_gets_the_key_it_would_have_had_unscanned():
     for name in ("b0", "b1", "b2"):
         h = g.as_block(name)(h)
     graph = mg.Graph(x, h)
-    scanned = mg.compile(graph, scan_blocks=True).graph
+    scanned = mg.compile(graph, scan_blocks="always").graph
     assert [n.name for n in scanned.nodes] == ["x", "b0..b2"]
     key, xs = jax.random.key(9), normal(2, 3)
     draws = [jax.random.uniform(folded(key, name, "noise"), (2, 3), jnp.float32)

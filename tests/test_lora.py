@@ -146,7 +146,7 @@ def test_scanned_equals_unscanned(gpt2):
     p2, s2 = flat.init(jax.random.key(1), reuse=(params, state))
     p2 = _randomize_adapters(p2, jax.random.key(4))
     want, _ = flat.apply(p2, s2, ids, inference_mode=True)
-    scanned = mg.compile(g2, scan_blocks=True)
+    scanned = mg.compile(g2, scan_blocks="always")
     assert [n.name for n in scanned.graph.nodes if n.name.startswith("h.")] == ["h.0..h.3"]
     stacked, stacked_state = scanned.stack_weights(p2, s2)
     adapters = mg.lora_params(stacked)

@@ -110,7 +110,7 @@ def test_gpt2_attention_adapters_scan_and_stack():
         adapter["kernel"] = 0.2 * jax.random.normal(jax.random.key(i), adapter["kernel"].shape)
     ids = jax.random.randint(jax.random.key(5), (2, 8), 0, 31)
     want, _ = flat.apply(params, state, ids, inference_mode=True)
-    scanned = mg.compile(g2, scan_blocks=True)
+    scanned = mg.compile(g2, scan_blocks="always")
     assert [n.name for n in scanned.graph.nodes if n.name.startswith("h.")] == ["h.0..h.2"]
     stacked, stacked_state = scanned.stack_weights(params, state)
     assert jax.tree.map(jnp.shape, mg.lora_params(stacked)) == {"h.0..h.2": {
@@ -136,9 +136,9 @@ def test_bad_attention_targets_are_errors():
 def test_scanned_base_weights_are_reused_and_adapted_models_save(tmp_path):
     g = mg.models.gpt2({"n_layer": 3, "n_embd": 16, "n_head": 2, "vocab_size": 31,
                         "n_positions": 8})
-    params, state = mg.compile(g, scan_blocks=True).init(jax.random.key(0))
+    params, state = mg.compile(g, scan_blocks="always").init(jax.random.key(0))
     g2 = mg.lora(g, ["h.*/attn/qkv", "h.*/attn/out"], rank=2)
-    model = mg.compile(g2, scan_blocks=True)
+    model = mg.compile(g2, scan_blocks="always")
     p2, s2 = model.init(jax.random.key(1), reuse=(params, state))
     # The stacked base weights are the very same arrays: nothing restacked or copied.
     for name in ("query", "key", "value", "out"):

@@ -134,7 +134,7 @@ def test_a_scans_blocks_get_the_values_they_would_have_had_unscanned():
     for name in ("b0", "b1", "b2"):
         h = block.as_block(name)(h)
     graph = mg.Graph(y, h)
-    scanned = mg.compile(graph, scan_blocks=True).graph
+    scanned = mg.compile(graph, scan_blocks="always").graph
     key = jax.random.key(8)
     params, _ = init_of(scanned, key)
     stacked = params["b0..b2"]["fc"]

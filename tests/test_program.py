@@ -39,7 +39,7 @@ def program():
 @pytest.fixture(scope="module")
 def scanned():
     lm = examples.transformer_lm(vocab=16, length=8, depth=2, width=16, heads=2)
-    return flatten(mg.compile(lm, scan_blocks=True).graph)
+    return flatten(mg.compile(lm, scan_blocks="always").graph)
 
 
 # --- node_specs ------------------------------------------------------------------------

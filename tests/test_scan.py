@@ -1,4 +1,4 @@
-"""Deep models: runs of equal blocks folded into one scan (``scan_blocks=True``),
+"""Deep models: runs of equal blocks folded into one scan (``scan_blocks="always"``),
 stacked weights, rematerialization. A scanned model must compute what the unscanned
 one computes: outputs, gradients, BatchNorm updates and Trainer steps, compared here
 with the unscanned model (itself checked against NumPy and plain JAX elsewhere)."""
@@ -39,12 +39,12 @@ def resnet_stage(depth=3, channels=4):
 
 
 def compile_both(graph, **options):
-    return mg.compile(graph, **options), mg.compile(graph, scan_blocks=True, **options)
+    return mg.compile(graph, **options), mg.compile(graph, scan_blocks="always", **options)
 
 
 def test_a_run_of_equal_blocks_becomes_one_scan_node():
     lm = examples.transformer_lm(vocab=16, length=8, depth=4, width=16, heads=2)
-    model = mg.compile(lm, scan_blocks=True)
+    model = mg.compile(lm, scan_blocks="always")
     assert [n.name for n in model.graph.nodes] == ["tokens", "embed", "block0..block3", "ln_final",
                                                   "logits"]
     scan = model.graph.node("block0..block3").op
@@ -152,7 +152,7 @@ def test_a_block_read_elsewhere_ends_its_run():
 
 
 @pytest.mark.parametrize("remat", ["full", "dots", {"block1": "full", "head": "dots"}])
-@pytest.mark.parametrize("scan_blocks", [False, True])
+@pytest.mark.parametrize("scan_blocks", [False, "always"])
 def test_remat_gives_the_same_gradients(remat, scan_blocks):
     stage = resnet_stage()
     base = mg.compile(stage)
@@ -190,13 +190,13 @@ def test_scanned_models_in_the_cost_table_and_hlo_by_layer():
 def test_a_scanned_model_exports_and_shards_on_a_mesh():
     lm = examples.transformer_lm(vocab=16, length=8, depth=2, width=16, heads=2)
     mesh = jax.make_mesh((1,), ("data",))
-    model = mg.compile(lm, scan_blocks=True, mesh=mesh, rules={"batch": "data"})
+    model = mg.compile(lm, scan_blocks="always", mesh=mesh, rules={"batch": "data"})
     params, state = model.init(jax.random.key(0))
     kernel = model.sharding.params["block0..block1"]["mlp_in"]["kernel"]
     assert kernel.spec[0] is None  # the stacked axis "layers" is replicated: no rule maps it
     tokens = jnp.zeros((2, 8), jnp.int32)
     out, _ = model.apply(params, state, tokens)
-    exported = mg.compile(lm, scan_blocks=True).export()
+    exported = mg.compile(lm, scan_blocks="always").export()
     again, _ = exported.call(params, state, tokens)
     np.testing.assert_allclose(again, out, rtol=RTOL, atol=1e-5)
 
@@ -231,12 +231,12 @@ def test_random_chains_of_equal_blocks_scanned_match_the_reference_interpreter(d
 
 def test_the_memory_planner_fits_its_budget_as_xla_measures_it():
     lm = examples.transformer_lm(vocab=32, length=16, depth=4, width=32, heads=2)
-    unplanned = mg.compile(lm, scan_blocks=True, memory_budget=2**40, dims={"batch": 4})
+    unplanned = mg.compile(lm, scan_blocks="always", memory_budget=2**40, dims={"batch": 4})
     plan = unplanned.memory_plan()
     # any choice fits: the planner keeps the fastest of the plans it timed
     assert plan.measured_peak <= plan.baseline_peak and set(plan.choice.values()) <= {"dots", "full"}
     budget = int(plan.baseline_peak * 0.6)
-    model = mg.compile(lm, scan_blocks=True, memory_budget=budget, dims={"batch": 4})
+    model = mg.compile(lm, scan_blocks="always", memory_budget=budget, dims={"batch": 4})
     plan = model.memory_plan()
     assert plan.choice and plan.measured_peak <= budget < plan.baseline_peak, str(plan)
     # the measurement is XLA's: compile the gradient step again and read it back
@@ -246,7 +246,7 @@ def test_the_memory_planner_fits_its_budget_as_xla_measures_it():
     assert _peak(gradient_step(model.apply_fn, params, state, (tokens,))) == plan.measured_peak
     assert "remat:" in model.summary()
     with pytest.raises(mg.GraphError, match="cannot be met"):
-        mg.compile(lm, scan_blocks=True, memory_budget=10_000, dims={"batch": 4})
+        mg.compile(lm, scan_blocks="always", memory_budget=10_000, dims={"batch": 4})
     with pytest.raises(mg.GraphError, match="pass dims="):
         mg.compile(lm, memory_budget="1GiB")
     with pytest.raises(mg.GraphError, match="compiled without memory_budget"):
@@ -286,5 +286,5 @@ def test_fused_steps_and_checkpoints_of_a_scanned_model(tmp_path):
 
 def test_the_explorer_draws_a_scanned_run_with_its_block_inside():
     lm = examples.transformer_lm(vocab=16, length=8, depth=3, width=16, heads=2)
-    page = mg.compile(lm, scan_blocks=True).to_html(batch=2)
+    page = mg.compile(lm, scan_blocks="always").to_html(batch=2)
     assert "block0..block2/attention" in page and '"op":"scan"' in page.replace(" ", "")

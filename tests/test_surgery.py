@@ -89,7 +89,7 @@ def test_swap_an_activation_in_one_block_only(gpt2):
     assert inner.node("mlp.act").op.op_name == "relu"  # the new layer takes the old name
     for i in (0, 2, 3):  # the other calls keep the very same block graph
         assert g2.node(f"h.{i}").op.graph is g.node(f"h.{i}").op.graph
-    folded = mg.compile(g2, scan_blocks=True).graph
+    folded = mg.compile(g2, scan_blocks="always").graph
     assert [n.name for n in folded.nodes if n.name.startswith("h.")] == ["h.0", "h.1", "h.2..h.3"]
 
     m2 = mg.compile(g2)
@@ -118,7 +118,7 @@ def test_insert_a_layer_norm_after_each_attention(gpt2):
     assert g2.select("**/probe") == [f"h.{i}/probe" for i in range(4)]
     inner = g2.node("h.0").op.graph
     assert inner.node("attn.resid_dropout").inputs[0].node == "probe"
-    m2 = mg.compile(g2, scan_blocks=True)
+    m2 = mg.compile(g2, scan_blocks="always")
     assert [n.name for n in m2.graph.nodes if n.name.startswith("h.")] == ["h.0..h.3"]
     report = mg.compile(g2).reuse_report(params, state)
     assert set(report.new) == {f"h.{i}/probe/{w}" for i in range(4) for w in ("scale", "bias")}

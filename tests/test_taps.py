@@ -14,7 +14,7 @@ from mlaxgraph.ir.node import Value
 
 CONFIG = {"n_layer": 4, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 16}
 IDS = (jnp.arange(16, dtype=jnp.int32).reshape(2, 8) * 5) % 64
-MODES = [(False, None), (False, "full"), (True, None), (True, "full")]
+MODES = [(False, None), (False, "full"), ("always", None), ("always", "full")]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_zeroing_an_attention_equals_a_graph_computing_zeros_there(base, scan, r
 
 def test_gradients_flow_through_interventions(base):
     g, params, state = base
-    model = mg.compile(g, scan_blocks=True, remat="full")
+    model = mg.compile(g, scan_blocks="always", remat="full")
     p, s = model.stack_weights(params, state)
 
     def loss(p, scale):
@@ -164,8 +164,8 @@ def test_trainer_loss_reads_captures():
 def test_taps_on_a_mesh_give_the_numbers_without_one(base):
     g, params, state = base
     mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    plain = mg.compile(g, scan_blocks=True)
-    sharded = mg.compile(g, mesh=mesh, rules={"batch": "data", "mlp": "model"}, scan_blocks=True)
+    plain = mg.compile(g, scan_blocks="always")
+    sharded = mg.compile(g, mesh=mesh, rules={"batch": "data", "mlp": "model"}, scan_blocks="always")
     p, s = plain.stack_weights(params, state)
     want, _, want_captured = plain.apply(p, s, IDS, inference_mode=True, capture=["h.*/attn"])
     sp, ss = sharded.init(jax.random.key(0), reuse=(p, s))

@@ -77,7 +77,7 @@ def test_symbolic_batch_and_scanned_blocks():
     np.testing.assert_allclose(np.asarray(out)[:2], ref["output_0"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(out)[2], ref["output_0"][0], rtol=1e-5, atol=1e-5)
     assert graph.select("h.*/attn/qkv") == ["h.0/attn/qkv", "h.1/attn/qkv", "h.2/attn/qkv"]
-    scanned = mg.compile(graph, scan_blocks=True)
+    scanned = mg.compile(graph, scan_blocks="always")
     assert [n.op.op_name for n in scanned.graph.nodes].count("scan") == 1
     p2, s2 = scanned.stack_weights(params, state)
     out2, _ = scanned.apply(p2, s2, jnp.asarray(x), inference_mode=True)

@@ -264,7 +264,7 @@ def test_gpt2_small_has_its_published_size_and_compiles_scanned_and_not():
         compiled = jax.jit(model.apply_fn, static_argnames="inference_mode").lower(
             params, state, tokens, inference_mode=True).compile()
         assert compiled.out_info[0].shape == (1, 32, 50257)
-    assert [n.name for n in mg.compile(graph, scan_blocks=True).graph.nodes if n.op.op_name == "scan"] == ["h.0..h.11"]
+    assert [n.name for n in mg.compile(graph, scan_blocks="always").graph.nodes if n.op.op_name == "scan"] == ["h.0..h.11"]
 
 
 @pytest.mark.parametrize("case", ["gpt2", "bert", "llama"])
@@ -272,7 +272,7 @@ def test_scanned_equals_unscanned(case):
     build, config, inputs = TEXT[case]
     graph = build()
     params, state = mg.models.load_state_dict(graph, tf.state_dict(arch(case), config))
-    scanned = mg.compile(graph, scan_blocks=True)
+    scanned = mg.compile(graph, scan_blocks="always")
     assert any(n.op.op_name == "scan" for n in scanned.graph.nodes)
     xs = inputs()
     want, _ = mg.compile(graph).apply(params, state, *xs, inference_mode=True)
@@ -433,7 +433,7 @@ def test_stacked_weights_are_refused_with_the_way_out():
     config = tf.gpt2_config()
     graph = mg.models.gpt2(config)
     params, state = mg.models.load_state_dict(graph, tf.state_dict("gpt2", config))
-    scanned = mg.compile(graph, scan_blocks=True)
+    scanned = mg.compile(graph, scan_blocks="always")
     with pytest.raises(mg.SerializationError, match=r"stacked weights: model.unstack_weights\(params, state\) first"):
         mg.models.to_state_dict(graph, *scanned.stack_weights(params, state))
 

@@ -278,7 +278,7 @@ def _check_overrides(graph: Graph, policy: Policy) -> None:
 
 
 def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
-            rules: Any = None, *, scan_blocks: bool = False, remat: Any = None,
+            rules: Any = None, *, scan_blocks: bool | str = False, remat: Any = None,
             memory_budget: Any = None, dims: Mapping[str, int] | None = None,
             checks: bool = False) -> CompiledModel:
     """Runs the compiler's passes on ``graph`` and lowers it to a jitted init/apply.
@@ -292,11 +292,14 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         creates the weights sharded and ``apply`` runs with matching shardings.
       rules: logical axis -> mesh axis (``{"batch": "data", "mlp": "model"}``); a
         logical axis without a rule is replicated. Needs ``mesh``.
-      scan_blocks: fold every run of two or more calls of equal blocks (each with its
-        own weights, each reading the previous one's output) into one ``scan`` node,
-        run by ``lax.scan`` over the blocks' stacked weights: the block is traced and
-        compiled once (docs/deep_models.md). ``init`` then gives the run's weights
-        stacked (the same values); ``stack_weights``/``unstack_weights`` convert.
+      scan_blocks: ``True``: fold each run of calls of equal blocks (each with its
+        own weights, each reading the previous one's output) where folding pays (runs
+        of ``SCAN_MIN_RUN`` or more blocks, the measured rule ``scan_pays``) into one
+        ``scan`` node, run by ``lax.scan`` over the blocks' stacked weights: the block
+        is traced and compiled once (docs/deep_models.md, "When to scan").
+        ``"always"``: fold every run of two or more. ``init`` then gives a folded
+        run's weights stacked (the same values); ``stack_weights``/``unstack_weights``
+        convert.
       remat: what the backward pass recomputes instead of keeping (docs/deep_models.md):
         ``"none"`` (the default), ``"full"`` (each block, or each layer of a graph
         without blocks, under ``jax.checkpoint``), ``"dots"`` (keep only matmul results
@@ -325,10 +328,11 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
     if rules is not None and mesh is None:
         raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
     memo = graph.memo("compile")  # the passes' result, for this graph and these options
-    key = (policy, bool(scan_blocks))
+    scan = _scan_option(scan_blocks)
+    key = (policy, scan)
     compiled = memo.get(key)
     if compiled is None:
-        compiled = memo[key] = run_passes(graph, default_passes(policy, scan_blocks=bool(scan_blocks)))
+        compiled = memo[key] = run_passes(graph, default_passes(policy, scan_blocks=scan))
     plan = None
     if memory_budget is not None:
         if remat is not None:
@@ -344,6 +348,13 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
     model = CompiledModel(compiled, graph, policy, program, sharding, checks=checks)
     model._memory_plan = plan
     return model
+
+
+def _scan_option(scan_blocks: Any) -> bool | str:
+    if scan_blocks == "always" or isinstance(scan_blocks, bool):
+        return scan_blocks
+    raise GraphError(f"scan_blocks is True (fold the runs of equal blocks where it pays), "
+                     f"'always' (every run of two or more) or False; got {scan_blocks!r}")
 
 
 def _plan_memory(compiled: Graph, policy: Policy | None, budget: Any, dims: Mapping[str, int] | None):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..compiler.compile import CompiledModel, compile
+from ..compiler.passes.fold_repeated_blocks import repeated_runs
 from ..compiler.policy import Policy
 from ..compiler.program import Program, ScanStep, get_in, set_in
 from ..core.errors import GraphError, ShapeError, ShardingError
@@ -95,7 +96,7 @@ class Decoder:
     """
 
     def __init__(self, source: Graph, *, max_length: int, cache_dtype: Any = None,
-                 policy: Policy | None = None, scan_blocks: bool = False, mesh: Any = None,
+                 policy: Policy | None = None, scan_blocks: bool | str = False, mesh: Any = None,
                  rules: Any = None):
         if not isinstance(max_length, (int, np.integer)) or isinstance(max_length, bool) or max_length < 1:
             raise GraphError(f"max_length must be a positive int, got {max_length!r}")
@@ -344,7 +345,7 @@ def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None, me
     if rules is not None and mesh is None:
         raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
     if isinstance(model_or_graph, CompiledModel):
-        scan = any(n.op.op_name == "scan" for n in model_or_graph.graph.nodes)
+        scan = _scan_option(model_or_graph)
         plan = model_or_graph.sharding
         if mesh is None and plan is not None:
             mesh, rules = plan.mesh, plan.rules
@@ -354,3 +355,13 @@ def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None, me
         raise GraphError(f"mg.decoder takes a Graph or a CompiledModel, got "
                          f"{type(model_or_graph).__name__}")
     return Decoder(model_or_graph, max_length=max_length, cache_dtype=cache_dtype, mesh=mesh, rules=rules)
+
+
+def _scan_option(model: CompiledModel) -> bool | str:
+    """The ``scan_blocks`` that folds the decoding graph's runs as ``model``'s were:
+    none, every one (``"always"``), or those the rule folds (``True``; its choice
+    depends on the run and the block's weights, which decoding keeps)."""
+    folded = sum(1 for n in model.graph.nodes if n.op.op_name == "scan")
+    if not folded:
+        return False
+    return "always" if folded == len(repeated_runs(model.source_graph)) else True

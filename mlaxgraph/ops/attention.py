@@ -263,8 +263,14 @@ class MultiHeadAttention(Layer):
         """The weights in ``dtype``, as ``_project`` reads them (``param_specs``'s)."""
         return cast_params(params, dtype)
 
-    def _project(self, spec, x, w):  # a projection's product, bias aside (spec: _QKV, _OUT)
-        return jnp.einsum(spec, x, w["kernel"])
+    def _project(self, spec, x, w):
+        """A projection's product, bias aside: a 2-d matmul over the heads' columns (XLA
+        compiles it faster than an einsum over the 3-d kernel; the same numbers)."""
+        kernel = w["kernel"]
+        if spec == _OUT:  # (heads, head_dim, out): the heads' values, concatenated
+            return x.reshape(x.shape[:2] + (-1,)) @ kernel.reshape(-1, kernel.shape[-1])
+        d, heads, width = kernel.shape
+        return (x @ kernel.reshape(d, heads * width)).reshape(x.shape[:-1] + (heads, width))
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         inputs, deltas = self._split(inputs)
@@ -285,12 +291,11 @@ class MultiHeadAttention(Layer):
         if self.rope is not None:
             q, k = _rope(q, self.rope, self.rope_scaling), _rope(k, self.rope, self.rope_scaling)
         q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
-        # Grouped-query attention: query head n * group + g reads key/value head n.
-        group = self.num_heads // self.kv_heads
-        # The softmax runs in at least float32 (float64 inputs keep float64).
-        softmax_dtype = q.dtype if jnp.finfo(q.dtype).bits > 32 else jnp.float32
-        if group == 1:
-            scores = jnp.einsum("bqhk,bshk->bhqs", q, k)
+        group = self.num_heads // self.kv_heads  # query head n * group + g reads kv head n
+        softmax_dtype = q.dtype if jnp.finfo(q.dtype).bits > 32 else jnp.float32  # >= float32
+        if group == 1:  # heads first: a batched matmul over (batch, heads)
+            q_heads, k_heads = jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2)
+            scores = jnp.einsum("bhqk,bhsk->bhqs", q_heads, k_heads)
         else:
             grouped = q.reshape(q.shape[:2] + (self.kv_heads, group, head_dim))
             scores = jnp.einsum("bqngk,bsnk->bngqs", grouped, k)
@@ -304,14 +309,13 @@ class MultiHeadAttention(Layer):
             keep = jax.random.bernoulli(rng, 1.0 - self.dropout, weights.shape)
             weights = jnp.where(keep, weights / jnp.asarray(1.0 - self.dropout, weights.dtype), 0)
         if group == 1:
-            attended = jnp.einsum("bhqs,bshk->bqhk", weights, v)
+            attended = jnp.swapaxes(jnp.einsum("bhqs,bhsk->bhqk", weights, jnp.swapaxes(v, 1, 2)), 1, 2)
         else:
             weights = weights.reshape((weights.shape[0], self.kv_heads, group) + weights.shape[2:])
             attended = jnp.einsum("bngqs,bsnk->bqngk", weights, v)
             attended = attended.reshape(attended.shape[:2] + (self.num_heads, head_dim))
         out = self._project(_OUT, attended, p["out"])
-        if self.has_out_bias:
-            out = out + p["out"]["bias"]
+        out = out + p["out"]["bias"] if self.has_out_bias else out
         if "out" in self.adapters:
             return (out, attended.reshape(attended.shape[:2] + (-1,))), state
         return (out,), state
@@ -323,10 +327,7 @@ class MultiHeadAttention(Layer):
         inputs, _ = self._split(inputs)
         if len(inputs) == 3:
             mask = inputs[2]
-            if mask.ndim == 2:
-                mask = mask[None, None]
-            elif mask.ndim == 3:
-                mask = mask[:, None]
+            mask = mask[None, None] if mask.ndim == 2 else mask[:, None] if mask.ndim == 3 else mask
         if self.causal:
             q_len, kv_len = shape[-2:]
             causal = jnp.arange(q_len)[:, None] >= jnp.arange(kv_len)[None, :]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from ...ir.block import Block
 from ...ir.graph import Graph
@@ -10,7 +11,28 @@ from ...ir.node import Node, Value
 from ...ir.rewrite import Rewrite, Rule, rewrite
 from ...ir.scan import Scan, unfold_scans
 
-__all__ = ["fold_repeated_blocks", "unfold_scans", "repeated_runs"]
+__all__ = ["fold_repeated_blocks", "unfold_scans", "repeated_runs", "scan_pays", "SCAN_MIN_RUN", "UNROLLED_OPS"]
+
+#: The shortest run that ``scan_blocks=True`` folds (benchmarks/bench_scan_rule.py
+#: measured the first train step, scanned against unscanned, over run lengths and
+#: block sizes on a 2-core CPU; docs/deep_models.md, "When to scan").
+SCAN_MIN_RUN = 6
+
+#: Ops that keep a block unrolled under ``scan_blocks=True``: on the CPU, XLA runs a
+#: convolution inside a loop several times slower than unrolled (ResNet bottlenecks:
+#: the steady step 5 - 9x slower scanned, benchmarks/bench_scan_rule.py).
+UNROLLED_OPS = frozenset({"conv", "conv_transpose", "quantized_conv"})
+
+
+def scan_pays(body: Graph, length: int) -> bool:
+    """Whether folding a run of ``length`` calls of the block ``body`` into one scan
+    pays: runs of ``SCAN_MIN_RUN`` or more blocks without a convolution. A shorter run
+    compiles faster unrolled (the scan's own cost, its loop and the weights stacked and
+    sliced, is not won back by compiling the block once instead of ``length`` times);
+    a block with a convolution runs slower in a loop."""
+    if length < SCAN_MIN_RUN:
+        return False
+    return not any(node.op.op_name in UNROLLED_OPS for _, node in body.walk())
 
 
 def _foldable(node: Node, graph: Graph, sharers: set[str]) -> bool:
@@ -54,8 +76,12 @@ def repeated_runs(graph: Graph) -> list[tuple[str, ...]]:
 
 @dataclasses.dataclass(frozen=True)
 class _Fold(Rule):
+    where: Callable[[Graph, int], bool] | None = None
+
     def prepare(self, graph: Graph):
         runs = repeated_runs(graph)
+        if self.where is not None:
+            runs = [run for run in runs if self.where(_body(graph, run), len(run))]
         return {run[-1]: run for run in runs}, {name for run in runs for name in run}
 
     def visit(self, node: Node, rewrite: Rewrite):
@@ -74,12 +100,19 @@ class _Fold(Rule):
                     node.outputs, name, first.source)
 
 
-def fold_repeated_blocks(graph: Graph) -> Graph:
+def _body(graph: Graph, run: tuple[str, ...]) -> Graph:
+    body = graph.node(run[0]).op.subgraph()
+    assert body is not None  # _foldable: a block
+    return body
+
+
+def fold_repeated_blocks(graph: Graph, where: Callable[[Graph, int], bool] | None = None) -> Graph:
     """Requires: a verified graph. Ensures: every run of two or more calls of equal
     blocks (equal graphs, each with its own weights), each call reading the previous
     one's output and nothing else reading it, is one ``scan`` node named
     ``first..last`` at the place of the run's last call; the same inside blocks. Other
-    nodes are left as they are.
+    nodes are left as they are. ``where(block, length)``: fold only the runs it
+    accepts (``scan_pays``: where folding pays); None: every run.
 
     Example:
       >>> import mlaxgraph as mg
@@ -92,4 +125,4 @@ def fold_repeated_blocks(graph: Graph) -> Graph:
       >>> [(n.name, n.op.op_name) for n in folded.nodes]
       [('x', 'input'), ('b0..b2', 'scan')]
     """
-    return rewrite(graph, _Fold())
+    return rewrite(graph, _Fold(where))
