@@ -54,13 +54,13 @@ def patch_conv(x: Any, kernel: Any, *, strides: Sequence[int], padding: Any,
     features, per_group = kernel.shape[0], kernel.shape[-1]
     w = kernel.reshape(features, len(taps), per_group)  # (O, taps, C / groups)
     if groups == 1:
-        dims = (((n + 1, n + 2), (1, 2)), ((), ()))
-        y = lax.dot_general(patches, w, dims, preferred_element_type=preferred_element_type)
+        y = lax.dot_general(patches, w, (((n + 1, n + 2), (1, 2)), ((), ())),
+                            preferred_element_type=preferred_element_type)
     else:  # a batch dim over the groups: (groups, N, *out, O / groups)
         patches = patches.reshape(patches.shape[:-1] + (groups, per_group))
         w = w.reshape(groups, features // groups, len(taps), per_group)
-        dims = (((n + 1, n + 3), (2, 3)), ((n + 2,), (0,)))
-        y = lax.dot_general(patches, w, dims, preferred_element_type=preferred_element_type)
+        y = lax.dot_general(patches, w, (((n + 1, n + 3), (2, 3)), ((n + 2,), (0,))),
+                            preferred_element_type=preferred_element_type)
         y = _move(y, 0, -2).reshape(y.shape[1:-1] + (features,))
     return y if channels_last else _move(y, -1, 1)
 
