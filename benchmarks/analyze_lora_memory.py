@@ -2,8 +2,9 @@
 a frozen kernel's size inside the scan's loop bodies, and whether a formulation of the
 frozen product removes them.
 
-1. GPT-2 small, ``scan_blocks=True`` (and, for its peak only, ``False``), ``mg.lora(g, "h.*/attn/qkv", rank=8, alpha=16)``,
-   the ``Trainer`` step of ``bench_lora.py`` (batch 1 x 64 tokens): XLA's
+1. GPT-2 small, ``scan_blocks=True`` (and, for its peak only, ``False``),
+   ``mg.lora(g, "h.*/attn/qkv", rank=8, alpha=16)``, the ``Trainer`` step of
+   ``bench_lora.py`` (batch 1 x 64 tokens): XLA's
    ``memory_analysis`` and, in the optimized HLO, every instruction that writes a
    buffer of one of a block's kernel shapes (not a bitcast or parameter), by loop
    (forward ``jvp``, backward ``transpose(jvp)``) and kind.
