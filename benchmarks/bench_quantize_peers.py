@@ -16,8 +16,11 @@ Systems:
   hand int8        written below in plain JAX, reading the same int8 weights and
                    computing as mlaxgraph's int8 does (symmetric int8 per token, or
                    with a zero point after a ReLU / GELU; s8 x s8 -> s32
-                   ``dot_general`` / ``conv_general_dilated``, scaled back), one
-                   ``jax.jit``; its outputs are checked against mlaxgraph's
+                   ``dot_general``, the convolution as one such dot over its
+                   patches; scaled back), one ``jax.jit``; its outputs are checked
+                   against mlaxgraph's
+  hand int8,       (cnn) the same with the s8 convolution ``conv_general_dilated``
+    s8 convolution   instead of the dot over patches (same sums)
   hand int8,       the same with every input quantized symmetric (no zero point
     symmetric      after the ReLU / GELU), the cost of the zero points' correction
                    (not mlaxgraph's arithmetic: its outputs differ)
@@ -107,12 +110,27 @@ def hand_mlp(p, x, zero_point=True):
     return linear(h, p["logits"], zero_point=zero_point)
 
 
-def hand_cnn(p, x):
+def _patches_conv(q, kernel):
+    """A 3x3 SAME convolution, stride 1, as one s8 x s8 -> s32 dot: the nine shifted
+    slices of the padded input side by side, against the kernel's taps and channels."""
+    h, w = q.shape[1:3]
+    padded = jnp.pad(q, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    taps = [padded[:, i:i + h, j:j + w, :] for i in range(3) for j in range(3)]
+    patches = jnp.concatenate(taps, axis=-1)  # (N, H, W, 9 * C), tap-major
+    return _dot(patches, kernel.reshape(kernel.shape[0], -1).T)
+
+
+def hand_cnn(p, x, convolution=False):
+    """``convolution``: the s8 convolution ``lax.conv_general_dilated`` instead of the
+    dot over patches (same sums)."""
     q, s = _symmetric(x, (1, 2, 3))
     c = p["conv"]
-    acc = lax.conv_general_dilated(q, c["kernel"], (1, 1), "SAME",
-                                   dimension_numbers=("NHWC", "OHWI", "NHWC"),
-                                   preferred_element_type=jnp.int32)
+    if convolution:
+        acc = lax.conv_general_dilated(q, c["kernel"], (1, 1), "SAME",
+                                       dimension_numbers=("NHWC", "OHWI", "NHWC"),
+                                       preferred_element_type=jnp.int32)
+    else:
+        acc = _patches_conv(q, c["kernel"])
     h = jax.nn.relu(acc.astype(jnp.float32) * s * c["kernel_scale"] + c["bias"])
     h = lax.reduce_window(h, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
     return linear(h.reshape(h.shape[0], -1), p["logits"])
@@ -182,6 +200,9 @@ def systems(name: str) -> dict:
     if name != "cnn":  # without the zero points: every input symmetric (as Keras's)
         symmetric = jax.jit(lambda p, v: hand(p, v, zero_point=False))
         out["hand int8, symmetric"] = lambda: symmetric(qp, x)
+    if name == "cnn":  # the s8 convolution (what XLA CPU runs on s32 operands)
+        s8_conv = jax.jit(lambda p, v: hand_cnn(p, v, convolution=True))
+        out["hand int8, s8 convolution"] = lambda: s8_conv(qp, x)
     if name != "gpt2":
         import models_keras
 

@@ -275,6 +275,43 @@ def test_int8_conv_equals_numpy():
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, atol=1e-6)
 
 
+
+@pytest.mark.parametrize("data_format, strides, padding, dilation, groups", [
+    ("NHWC", (2, 1), "SAME", (1, 1), 1),
+    ("NHWC", (1, 1), ((2, 0), (1, 3)), (2, 1), 2),
+    ("NCHW", (2, 2), "SAME", (1, 2), 4),
+])
+def test_int8_conv_is_an_int8_dot_equal_to_the_int32_convolution(data_format, strides, padding,
+                                                                 dilation, groups):
+    # The int8 convolution is one s8 x s8 -> s32 dot over patches; its sums equal an
+    # int32 convolution's (plain lax) exactly, for strides, padding, dilation, groups
+    # and channel-first data, and the optimized HLO has the dot and no convolution.
+    shape = ("batch", 7, 6, 8) if data_format == "NHWC" else ("batch", 8, 7, 6)
+    x_in = mg.Input(shape, name="x")
+    conv = ops.Conv(8, (3, 2), strides=strides, padding=padding, dilation=dilation,
+                    groups=groups, data_format=data_format, name="conv")
+    g = mg.Graph(x_in, conv(x_in))
+    params, state = mg.compile(g).init(jax.random.key(0))
+    qg = mg.quantize(g, "int8")
+    qp, qs = mg.quantize_weights(qg, params, state)
+    x = np.asarray(jax.random.normal(jax.random.key(1), (2,) + shape[1:]))
+    model = mg.compile(qg)
+    out, _ = model.apply(qp, qs, x)
+    xq, xs = np_int8(x, (1, 2, 3))
+    spec = (data_format, "OHWI" if data_format == "NHWC" else "OIHW", data_format)
+    acc = jax.lax.conv_general_dilated(
+        jnp.asarray(xq, jnp.int32), jnp.asarray(qp["conv"]["kernel"], jnp.int32), strides,
+        padding, rhs_dilation=dilation, dimension_numbers=spec, feature_group_count=groups)
+    scale = np.asarray(qp["conv"]["kernel_scale"]) * np.ones((1, 1, 1, 1), np.float32)
+    bias = np.asarray(params["conv"]["bias"]) * np.ones((1, 1, 1, 1), np.float32)
+    if data_format == "NCHW":
+        scale, bias = scale.reshape(1, -1, 1, 1), bias.reshape(1, -1, 1, 1)
+    ref = np.asarray(acc).astype(np.float32) * xs * scale + bias
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, atol=1e-6)
+    lines = [str(o) for o in model.hlo_by_layer(x, inference_mode=True)["conv"]]
+    assert any("s32[" in line and "dot" in line for line in lines), lines
+    assert not any(" convolution(" in line for line in lines), lines
+
 def _tied():
     ids = mg.Input(("batch", 5), "int32", name="ids")
     emb = ops.Embedding(40, 32, name="emb")

@@ -28,6 +28,7 @@ from .activation import activation_flops, apply_activation
 from .conv import Conv
 from .flops import size
 from .linear import Linear
+from .patches import patch_conv
 from .quantize import FLOAT8, SCHEMES, dequantize_groups, unpack_int4
 
 __all__ = ["QuantizedLinear", "QuantizedConv"]
@@ -259,8 +260,11 @@ class QuantizedConv(_Scheme, Conv):
     a byte along that axis). Logical axes (for sharding): as ``Conv``'s;
     ``kernel_scale`` the kernel's first (int4: the kernel's, the input axis None).
     With ``int8`` it reads ``(q, scale)`` from a ``Quantize`` node with one scale per
-    example, convolves int8 x int8 -> int32 and scales back; ``float8`` is for Linear
-    layers only. The kernel size must be given per spatial dim.
+    example, convolves int8 x int8 -> int32 and scales back; the convolution is one
+    int8 dot over the input's patches (``ops/patches.py``: the same sums, run by the
+    int8 matrix product of XLA's CPU backend, which runs an int8 convolution on int32
+    operands). ``float8`` is for Linear layers only. The kernel size must be given per
+    spatial dim.
     """
 
     scheme: str = "int8"
@@ -336,7 +340,11 @@ class QuantizedConv(_Scheme, Conv):
 
         if self.quantizes_inputs:
             q, s = inputs
-            acc = conv(q, kernel, preferred_element_type=jnp.int32)
+            # one s8 x s8 -> s32 dot over the patches: XLA CPU runs an s8 convolution
+            # on s32 operands, many times slower (ops/patches.py)
+            acc = patch_conv(q, kernel, strides=self.strides, padding=self.padding,
+                             dilation=self.dilation, groups=self.groups,
+                             channels_last=self.channels_last, preferred_element_type=jnp.int32)
             if self.separate:
                 passed = (params["bias"].astype(jnp.float32),) if self.use_bias else ()
                 return (acc, scale) + passed, state
@@ -357,21 +365,29 @@ class QuantizedConv(_Scheme, Conv):
         return (apply_activation(self.activation, y.astype(out_dtype)),), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        """The convolution's count as ``Conv``'s (its taps), the dequantization, the
-        bias add, the activation."""
+        """The convolution's count: as ``Conv``'s (its taps on the input) for a
+        weight-only scheme, every tap (those on the padding too) for int8's dot over
+        patches; the dequantization, the bias add, the activation."""
         x, _ = self._checked(inputs)
-        plain = Conv(self.features, self.kernel_size, strides=self.strides,
-                     padding=self.padding, dilation=self.dilation, groups=self.groups,
-                     use_bias=self.use_bias and not self.separate, data_format=self.data_format,
-                     activation=self.activation)
-        count = plain.flops([x.with_dtype(_F32)], outputs[:1], param_dtype=_F32,
-                            inference_mode=inference_mode)
-        if self.separate:  # the Dequantize node rescales (and its bias is passed on)
-            return count + (self.features if self.use_bias and np.dtype(param_dtype) != _F32
-                            else 0)
         kernel = self.features * (x.shape[self._channel_axis()] // self.groups)
         for k in self.kernel_size:
             kernel *= k
+        if self.quantizes_inputs:  # the patches' dot: every tap of every output
+            count = 2 * size(outputs[0]) * (kernel // self.features)
+            if self.use_bias and not self.separate:
+                count = count + size(outputs[0])
+            if not self.separate:
+                count = count + activation_flops(self.activation, outputs[0])
+        else:
+            plain = Conv(self.features, self.kernel_size, strides=self.strides,
+                         padding=self.padding, dilation=self.dilation, groups=self.groups,
+                         use_bias=self.use_bias, data_format=self.data_format,
+                         activation=self.activation)
+            count = plain.flops([x.with_dtype(_F32)], outputs[:1], param_dtype=_F32,
+                                inference_mode=inference_mode)
+        if self.separate:  # the Dequantize node rescales (and its bias is passed on)
+            return count + (self.features if self.use_bias and np.dtype(param_dtype) != _F32
+                            else 0)
         count = count + self._dequantize_flops(kernel, size(outputs[0]))
         if self.use_bias and np.dtype(param_dtype) != outputs[0].dtype:
             count = count + self.features

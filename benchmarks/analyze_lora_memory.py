@@ -1,0 +1,134 @@
+"""What is above the weights in the scanned LoRA train step's memory: the buffers of
+a frozen kernel's size inside the scan's loop bodies, and whether a formulation of the
+frozen product removes them.
+
+1. GPT-2 small, ``scan_blocks=True`` (and, for its peak only, ``False``),
+   ``mg.lora(g, "h.*/attn/qkv", rank=8, alpha=16)``, the ``Trainer`` step of
+   ``bench_lora.py`` (batch 1 x 64 tokens): XLA's
+   ``memory_analysis`` and, in the optimized HLO, every instruction that writes a
+   buffer of one of a block's kernel shapes (not a bitcast or parameter), by loop
+   (forward ``jvp``, backward ``transpose(jvp)``) and kind.
+2. A stack of 12 frozen MLP blocks (768 -> 3072 -> 768) on ``lax.scan`` with a rank-8
+   adapter on the first product, 64 tokens, the adapters' gradient: temporaries of
+   the plain product, ``stop_gradient`` on the frozen kernels, a ``custom_vjp`` whose
+   backward contracts the kernel's output dim directly (``dot_general(w, g)`` and a
+   transpose of the small result), and the scan unrolled; each variant's gradients
+   are checked equal to the plain one's.
+
+Run: ``PYTHONPATH=. nice .venv/bin/python benchmarks/analyze_lora_memory.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import _common  # noqa: F401  (sys.path, JAX_PLATFORMS)
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+import mlaxgraph as mg
+
+KERNELS = ("768,2304", "2304,768", "768,768", "768,12,64", "12,64,768", "768,3072", "3072,768")
+
+
+def _lora_step(scan: bool):
+    g = mg.models.gpt2()
+    model = mg.compile(mg.lora(g, "h.*/attn/qkv", rank=8, alpha=16), scan_blocks=scan)
+    trainer = mg.train.Trainer(model, optax.adamw(1e-4), loss="softmax_cross_entropy",
+                               trainable="**/*.lora_*")
+    ts = trainer.init(jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(1), (1, 64), 0, 50257)
+    compiled = trainer.train_step.lower(ts, ids, ids).compile()
+    m = compiled.memory_analysis()
+    weights = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(ts.params))
+    peak = (m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes
+            - m.alias_size_in_bytes)
+    print(f"GPT-2 LoRA step, scan_blocks={scan}: arguments {m.argument_size_in_bytes / 1e6:.1f} "
+          f"MB, temporaries {m.temp_size_in_bytes / 1e6:.1f} MB, peak / weights "
+          f"{peak / weights:.3f}")
+    return compiled
+
+
+def gpt2_loop_buffers() -> None:
+    _lora_step(False)
+    compiled = _lora_step(True)
+    shapes = "|".join(re.escape(k) for k in KERNELS)
+    pattern = re.compile(rf"^\s*%(\S+) = f32\[({shapes})\]\{{[0-9,]+\}} (\w[\w-]*)\(.*op_name=\"([^\"]+)\"")
+    found: Counter = Counter()
+    inside_fusion = False
+    for line in compiled.as_text().splitlines():
+        if line and not line[0].isspace():  # a computation's header
+            inside_fusion = "computation" in line.split(" ", 1)[0]
+        hit = pattern.match(line)
+        if inside_fusion or not hit or hit.group(3) in ("bitcast", "parameter",
+                                                         "get-tuple-element"):
+            continue
+        loop = "backward" if "transpose(jvp" in hit.group(4) else "forward"
+        found[(loop, hit.group(1).rsplit(".", 1)[0] if hit.group(1)[-1].isdigit() else hit.group(1),
+               hit.group(2))] += 1
+    total = 0
+    for (loop, kind, shape), n in sorted(found.items()):
+        size = n * 4
+        for d in shape.split(","):
+            size *= int(d)
+        total += size
+        print(f"  {loop:8s} {kind:32s} f32[{shape}] x{n}: {size / 1e6:.1f} MB")
+    print(f"  (all of them: {total / 1e6:.1f} MB; the forward and backward loops' are not "
+          f"live at once)")
+
+
+def toy() -> None:
+    blocks, d, f, t = 12, 768, 3072, 64
+    key = jax.random.key(0)
+    w1 = jax.random.normal(key, (blocks, d, f)) * 0.02
+    w2 = jax.random.normal(jax.random.key(1), (blocks, f, d)) * 0.02
+    a = jax.random.normal(jax.random.key(2), (blocks, d, 8)) * 0.02
+    b = jax.random.normal(jax.random.key(3), (blocks, 8, f)) * 0.02
+    x = jax.random.normal(jax.random.key(4), (t, d))
+
+    @jax.custom_vjp
+    def frozen(v, w):
+        return v @ w
+
+    def frozen_fwd(v, w):
+        return v @ w, w
+
+    def frozen_bwd(w, g):  # dx = g @ w.T as (w . g^T)^T: contract w's output dim
+        dxt = lax.dot_general(w, g, (((1,), (g.ndim - 1,)), ((), ())))
+        return jnp.moveaxis(dxt, 0, -1), jnp.zeros_like(w)
+
+    frozen.defvjp(frozen_fwd, frozen_bwd)
+    products = {"plain": lambda v, w: v @ w,
+                "stop_gradient": lambda v, w: v @ lax.stop_gradient(w),
+                "custom_vjp": frozen}
+
+    def grad_of(product, unroll):
+        def loss(adapters, weights, v):
+            def body(h, p):
+                (k1, k2), (la, lb) = p
+                u = jax.nn.gelu(product(h, k1) + (h @ la) @ lb)
+                return h + product(u, k2), None
+            h, _ = lax.scan(body, v, (weights, adapters), unroll=unroll)
+            return jnp.sum(h ** 2)
+        return jax.jit(jax.grad(loss))
+
+    ref = None
+    for unroll in (1, blocks):
+        for name, product in products.items():
+            fn = grad_of(product, unroll)
+            temp = fn.lower((a, b), (w1, w2), x).compile().memory_analysis().temp_size_in_bytes
+            grads = fn((a, b), (w1, w2), x)
+            ref = grads if ref is None else ref
+            same = all(bool(jnp.allclose(p, q, rtol=1e-5, atol=1e-7))
+                       for p, q in zip(jax.tree.leaves(grads), jax.tree.leaves(ref)))
+            print(f"toy, {name:13s} unroll={unroll:2d}: temporaries {temp / 1e6:6.1f} MB "
+                  f"(one block's two kernels: {2 * d * f * 4 / 1e6:.1f} MB); gradients equal "
+                  f"the plain scan's: {same}")
+
+
+if __name__ == "__main__":
+    gpt2_loop_buffers()
+    toy()
