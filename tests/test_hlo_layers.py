@@ -97,7 +97,9 @@ def test_stablehlo_by_layer_follows_the_locations(cnn):
 
 def test_optimized_layers_show_what_xla_made_of_them(cnn):
     by_layer = cnn.hlo_by_layer(batch=8, optimized=True, inference_mode=True)
-    assert [op.opcode for op in by_layer["res1/conv_a"]] == ["convolution"]
+    conv = by_layer["res1/conv_a"]  # its convolution, and the kernel's layout change
+    assert [op.opcode for op in conv if not op.inferred] == ["convolution"]
+    assert all(op.inferred == "the weights it reads: res1/conv_a's" for op in conv if op.inferred)
     assert any("dot" in op.fused or op.opcode == "dot" for op in by_layer["logits"])
     # BatchNorm in inference is fused with its neighbours: a fusion lists them all.
     fused = [op for op in by_layer["res1/bn_a"] if op.opcode == "fusion" and len(op.layers) > 1]

@@ -82,7 +82,7 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
       >>> g = mg.Graph(x, ops.Linear(4, name="head")(ops.Linear(16, name="fc")(x)))
       >>> qg = mg.quantize(g, "int8")
       >>> [n.name for n in qg.nodes], qg.node("fc").op.op_name
-      (['x', 'fc.quantize', 'fc', 'head.quantize', 'head'], 'quantized_linear')
+      (['x', 'fc.quantize', 'fc', 'fc.dequantize', 'head.quantize', 'head', 'head.dequantize'], 'quantized_linear')
     """
     source = capture_source()
     if not isinstance(graph, Graph):

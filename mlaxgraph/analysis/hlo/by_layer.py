@@ -66,7 +66,7 @@ class HloOperation:
         inner = (" [" + ", ".join(o if n == 1 else f"{o} x{n}" for o, n in counts.items()) + "]"
                  if counts else "")
         others = f" (with {', '.join(self.layers)})" if len(self.layers) > 1 else ""
-        inferred = f" (matched by shape: {self.inferred})" if self.inferred else ""
+        inferred = f" (matched by {self.inferred})" if self.inferred else ""
         return f"{self.name} = {self.opcode} {self.type}{inner}{others}{inferred}"
 
 
@@ -273,6 +273,8 @@ def hlo_by_layer(model, *example: Any, optimized: bool = True, inference_mode: b
     else:
         operations, unnamed = _stablehlo_operations(text, paths), None
     layers: dict[str, list[HloOperation]] = {p: [] for p in all_paths}
+    if unnamed is not None:
+        operations = _by_weights(operations, unnamed, paths)
     unattributed = []
     for operation in operations:
         for layer in operation.layers:
@@ -310,15 +312,51 @@ def _infer_unnamed(model, layers, every, by_name, example, dims) -> None:
                 if source is None or _dims_of(source.type) != want_in:
                     continue
                 if ins.op_name is None:
-                    match = (f"{ins.opcode} {source.type.split('{')[0]} -> "
+                    match = (f"shape: {ins.opcode} {source.type.split('{')[0]} -> "
                              f"{ins.type.split('{')[0]} without a name")
                     break
                 owner = layer_of(ins.op_name, frozenset(near))
                 if owner:
-                    match = (f"{ins.opcode} {source.type.split('{')[0]} -> "
+                    match = (f"shape: {ins.opcode} {source.type.split('{')[0]} -> "
                              f"{ins.type.split('{')[0]} named after {owner}")
                     break
             if match:
                 ops.append(dataclasses.replace(operation, inferred=match, owner=layer,
                                                layers=operation.layers + (layer,)))
                 break
+
+
+def _by_weights(operations, unnamed, paths: frozenset[str]) -> list[HloOperation]:
+    """An operation XLA left without a name (a convolution it rewrote drops its
+    metadata) belongs to the one layer whose weights it reads: through its operands, and
+    theirs while they are unnamed too, up to the parameters (``params__<path>__<leaf>``)."""
+    every, by_name = unnamed
+    named = {op.name[1:]: bool(op.layers) for op in operations}
+    flat = {re.sub(r"\W", "_", path): path for path in paths}
+
+    def weights(ins, depth: int) -> set[str]:
+        found: set[str] = set()
+        for operand in ins.operands:
+            source = by_name.get((ins.computation, operand))
+            if source is None or named.get(source.name, False):
+                continue
+            if source.opcode == "parameter":
+                parts = [part for part in re.sub(r"\.\d+$", "", source.name).split("__") if part]
+                if len(parts) > 2 and parts[0] == "params":
+                    layer = flat.get("_".join(parts[1:-1])) or flat.get(
+                        re.sub(r"\W", "_", "/".join(parts[1:-1])))
+                    found |= {layer} if layer else set()
+            elif depth:
+                found |= weights(source, depth - 1)
+        return found
+
+    out = []
+    for operation, instructions in every:
+        if not operation.layers and instructions[0].opcode != "parameter":
+            owners = weights(instructions[0], 2)
+            if len(owners) == 1:
+                layer = owners.pop()
+                operation = dataclasses.replace(operation, layers=(layer,), owner=layer,
+                                                inferred=f"the weights it reads: {layer}'s")
+        out.append(operation)
+    return out
