@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup graphviz chromium lint test test-torch soak demo bench docs clean
+.PHONY: setup graphviz chromium lint test test-torch soak demo bench bench-jort docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -85,6 +85,18 @@ $(VENV)/.bench-installed: $(STAMP) setup.cfg
 
 bench: setup $(VENV)/.bench-installed
 	$(PY) benchmarks/run.py
+
+# jaxonnxruntime, the other JAX runtime of ONNX files, pins its own dependencies: it gets
+# its own environment, and benchmarks/bench_onnx_jort.py runs it beside mlaxgraph.
+JORT_VENV ?= .venv-jort
+
+$(JORT_VENV)/.installed:
+	test -x $(JORT_VENV)/bin/python || python3 -m venv $(JORT_VENV)
+	$(JORT_VENV)/bin/python -m pip install --quiet jaxonnxruntime onnx
+	touch $@
+
+bench-jort: setup $(VENV)/.bench-installed $(JORT_VENV)/.installed
+	$(PY) benchmarks/bench_onnx_jort.py --jort $(JORT_VENV)/bin/python
 
 # The documentation site, into site/; any warning (a broken link, a docstring naming a
 # parameter that does not exist, a page left out of the nav) fails the build.
