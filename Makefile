@@ -92,7 +92,7 @@ JORT_VENV ?= .venv-jort
 
 $(JORT_VENV)/.installed:
 	test -x $(JORT_VENV)/bin/python || python3 -m venv $(JORT_VENV)
-	$(JORT_VENV)/bin/python -m pip install --quiet jaxonnxruntime onnx
+	$(JORT_VENV)/bin/python -m pip install --quiet jaxonnxruntime onnx absl-py
 	touch $@
 
 bench-jort: setup $(VENV)/.bench-installed $(JORT_VENV)/.installed

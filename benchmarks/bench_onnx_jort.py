@@ -1,6 +1,7 @@
 """ONNX files on jaxonnxruntime (google/jaxonnxruntime), the other JAX runtime of ONNX, beside
 section 10's mlaxgraph and onnxruntime: the zoo's ResNet-50 (batch 8) and GPT-2 small
-(1 x 128 tokens) written by ``graph.to_onnx``, per call and import + compile time.
+(1 x 128 tokens) written by ``graph.to_onnx`` at the oldest opset each can be written at (19 and 20:
+jaxonnxruntime implements most operators' versions up to about 19), per call and import + compile time.
 
 jaxonnxruntime pins its own dependencies, so it lives in its own environment
 (``make bench-jort`` makes ``.venv-jort``: ``pip install jaxonnxruntime``, which keeps
@@ -66,18 +67,19 @@ def main() -> None:
 
     import mlaxgraph as mg
 
-    cases = [("ResNet-50, batch 8", mg.models.resnet50,
+    # the oldest opset each file can be written at (GPT-2's Gelu is an operator from 20)
+    cases = [("ResNet-50, batch 8", mg.models.resnet50, 19,
               lambda rng: [rng.normal(size=(8, 224, 224, 3)).astype(np.float32)]),
-             ("GPT-2 small, 1 x 128 tokens", mg.models.gpt2,
+             ("GPT-2 small, 1 x 128 tokens", mg.models.gpt2, 20,
               lambda rng: [rng.integers(0, 50257, size=(1, 128)).astype(np.int32)])]
     rng = np.random.default_rng(0)
     folder = pathlib.Path(tempfile.mkdtemp())
     rows = []
-    for name, make, example in cases:
+    for name, make, opset, example in cases:
         graph = make()
         params, state = mg.compile(graph).init(jax.random.key(0))
         path = folder / "model.onnx"
-        graph.to_onnx(path, params, state)
+        graph.to_onnx(path, params, state, opset=opset)
         del params, state
         xs = example(rng)
         inputs = str(folder / "inputs.npz")
