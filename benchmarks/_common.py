@@ -86,3 +86,13 @@ class Run:
         self.steps, self.notes = steps, notes
         self.state = state  # () -> the current training state (for result checks)
         self.aot = None     # (jitted step, () -> its arguments), for the trace/lower/compile split
+
+
+def write_between(path: str, begin: str, end: str, text: str) -> None:
+    """Replace what stands between the markers ``begin`` and ``end`` of the page at
+    ``path`` (a generated table in the docs) by ``text``."""
+    with open(path, encoding="utf-8") as f:
+        head, _, rest = f.read().partition(begin)
+    _, _, tail = rest.partition(end)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{begin}\n{text}\n{end}{tail}")

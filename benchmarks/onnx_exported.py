@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _common import write_between  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import mlaxgraph as mg  # noqa: E402
@@ -182,12 +183,7 @@ def main() -> None:
             f"`nice .venv-torch/bin/python benchmarks/onnx_exported.py --write`.\n\n{table(rows)}")
     print(text)
     if args.write:
-        with open(DOC, encoding="utf-8") as f:
-            doc = f.read()
-        head, _, rest = doc.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        with open(DOC, "w", encoding="utf-8") as f:
-            f.write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        write_between(DOC, BEGIN, END, text)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _common import write_between  # noqa: E402
 import mlaxgraph as mg  # noqa: E402
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "torch.md")
@@ -53,11 +54,7 @@ def main():
     text = "\n".join(lines)
     print(lines[0])
     if args.write:
-        doc = open(DOC).read()
-        head, _, rest = doc.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        with open(DOC, "w") as f:
-            f.write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        write_between(DOC, BEGIN, END, text)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import torch
 import torchvision
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _common import write_between  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
@@ -105,11 +106,7 @@ def main():
     text = table([known[n] for n in order if n in known])
     print(text)
     if args.write:
-        doc = open(DOC).read()
-        head, _, rest = doc.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        with open(DOC, "w") as f:
-            f.write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        write_between(DOC, BEGIN, END, text)
 
 
 if __name__ == "__main__":
