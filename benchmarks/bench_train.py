@@ -822,9 +822,6 @@ def main(argv=None):
         print(f"{g['goal']}: {g['value']:.3f} ({g['where']}) {'met' if g['met'] else 'MISSED'}")
 
 
-if __name__ == "__main__":
-    main()
-
 
 def analysis(res: dict) -> str:
     """For every missed goal: by how much, why (from the measurements above), and what
@@ -1044,3 +1041,7 @@ def why_peers(res: dict) -> str:
             f"the difference is in XLA's buffer assignment (about two 128x256 float32 "
             f"activations of temp), not in what is computed. Not explained further yet.")
     return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
