@@ -324,6 +324,28 @@ def test_bad_prompts_and_lengths_are_clear_errors(gpt2):
         dec.step(params, state, cache, np.array([1]))
 
 
+def test_a_cache_or_generation_past_the_position_table_is_refused_not_nan():
+    """A learned position table of 24 rows: a decoder of more slots, or a generation of
+    more positions, would look positions up past the table (NaN logits, token 0 sampled):
+    both are ShapeErrors naming the table; a generation that fits caps its cache at the
+    table and equals the full forward's greedy continuation."""
+    g = mg.models.gpt2({**GPT2, "n_positions": 24})
+    model = mg.compile(g)
+    params, state = model.init(jax.random.key(3))
+    with pytest.raises(mg.ShapeError, match=r"layer 'arange'.*max_length=32 slots, but the "
+                       r"position table has 24"):
+        mg.decoder(g, max_length=32)
+    prompt = np.arange(1, 9, dtype=np.int32)[None]
+    with pytest.raises(mg.ShapeError, match="need 25 positions, but the model's position "
+                       "table has 24"):
+        mg.generate(model, params, state, prompt, max_new_tokens=17)
+    ids = np.asarray(mg.generate(model, params, state, prompt, max_new_tokens=16))
+    assert ids.shape == (1, 24)
+    for t in range(8, 24):  # each new token is the full forward's argmax at its position
+        logits, _ = model.apply(params, state, ids[:, :t], inference_mode=True)
+        assert ids[0, t] == int(np.argmax(np.asarray(logits)[0, -1]))
+
+
 # --- the command line ----------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import GraphError, node_message
+from ..core.errors import GraphError, ShapeError, node_message
 from ..core.specs import TensorSpec, is_symbolic
 from ..ir.graph import Graph, InputLayer
 from ..ir.node import Node, Value
@@ -149,6 +149,13 @@ class DecodeRule(Rule):
                 return ()  # the attentions reading it attend by position instead
             raise _mixes(node, "a causal mask read by other layers than attention")
         if isinstance(op, Arange) and _is_positions(node, facts.seq):
+            if op.limit is not None and self.max_length > op.limit:
+                # A slot past the position table would look its position up past the
+                # table (NaN logits): refuse the cache now, naming the table.
+                raise ShapeError(node_message(
+                    node.name, op.op_name, f"max_length={self.max_length} slots, but the "
+                    f"position table has {op.limit} (positions 0 .. {op.limit - 1})",
+                    expected=f"max_length of at most {op.limit}", source=node.source))
             positions = facts.extra[0]
             if op.dtype == np.dtype("int32"):
                 return (positions,)
@@ -229,6 +236,21 @@ def _needs(graph: Graph) -> bool:
             or (n.op.subgraph() is not None and _needs(n.op.subgraph()))  # type: ignore[arg-type]
             for n in graph.nodes)
     return memo["needs"]
+
+
+def position_limit(graph: Graph) -> int | None:
+    """The fewest positions a position table of ``graph`` holds (an ``arange`` with a
+    ``limit``, nested blocks included), or None when nothing bounds them."""
+    limits = []
+    for node in graph.nodes:
+        if isinstance(node.op, Arange) and node.op.limit is not None:
+            limits.append(node.op.limit)
+        inner = node.op.subgraph()
+        if inner is not None:
+            found = position_limit(inner)
+            if found is not None:
+                limits.append(found)
+    return min(limits) if limits else None
 
 
 def _is_positions(node: Node, seq: Any) -> bool:

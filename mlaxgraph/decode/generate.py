@@ -17,6 +17,7 @@ from ..compiler.compile import CompiledModel
 from ..core.errors import ConfigError, GraphError, ShapeError
 from ..ir.graph import Graph
 from .decoder import Decoder, _left_pad, bucket_length, decoder
+from .derive import position_limit
 from .sampling import Sampler, as_sampler
 
 __all__ = ["generate", "generate_stream"]
@@ -35,10 +36,18 @@ def _decoder_for(source: Any, prompt: int, new: int) -> Decoder:
     if not isinstance(source, (CompiledModel, Graph)):
         raise GraphError(f"generate takes a CompiledModel, a Graph or an mg.decoder, got "
                          f"{type(source).__name__}")
+    graph = source if isinstance(source, Graph) else source.source_graph
+    limit = position_limit(graph)
+    if limit is not None and prompt + new > limit:
+        raise ShapeError(f"a prompt of {prompt} tokens and max_new_tokens={new} need {prompt + new} "
+                         f"positions, but the model's position table has {limit}",
+                         expected=f"prompt + max_new_tokens of at most {limit}")
     need = bucket_length(prompt, 1 << 62) + new
     length = 256
     while length < need:
         length *= 2
+    if limit is not None:
+        length = min(length, limit)  # the prompt's bucket shrinks to fit (_prepare)
     made = source.memo("decoders") if isinstance(source, Graph) else _DECODERS.setdefault(source, {})
     if length not in made:
         made[length] = decoder(source, max_length=length)
