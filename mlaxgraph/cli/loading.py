@@ -44,7 +44,7 @@ def load_model(spec: str) -> LoadedModel:
     """
     path = pathlib.Path(spec)
     if path.is_dir():
-        raise UsageError(f"{spec} is a folder: give a .mlg or .json file, or module:function")
+        raise UsageError(f"{spec} is a folder: give a .mlg, .json or .onnx file, or module:function")
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".json":
@@ -61,7 +61,7 @@ def load_model(spec: str) -> LoadedModel:
                          f"graph (Graph.to_json), an .onnx model or module:function")
     module_name, colon, attribute = spec.rpartition(":")
     if not colon or not module_name or not attribute:
-        raise UsageError(f"no such file: {spec} (give a .mlg or .json file, or module:function)")
+        raise UsageError(f"no such file: {spec} (give a .mlg, .json or .onnx file, or module:function)")
     target = getattr(_import(module_name), attribute, None) if attribute.isidentifier() else None
     if target is None:
         raise UsageError(f"{module_name} has no attribute {attribute!r}")
