@@ -246,8 +246,8 @@ def test_entry_points_run_the_commands(workdir, launcher):
         assert result.stdout
     missing = run("summary", "missing.mlg")
     assert missing.returncode == 2
-    assert missing.stderr == "mlaxgraph summary: error: no such file: missing.mlg (give a .mlg " \
-                             "or .json file, or module:function)\n"
+    assert missing.stderr == "mlaxgraph summary: error: no such file: missing.mlg (give a .mlg, " \
+                             ".json or .onnx file, or module:function)\n"
     broken = run("summary", "builders.py:build")
     assert broken.returncode == 1 and broken.stderr.count("\n") == 1
     assert "Traceback" not in broken.stderr
