@@ -652,7 +652,7 @@ def markdown(res: dict) -> str:
     # Design variants.
     VARIANT_TEXT = {
         "hand:bn_two_pass": "BatchNorm's batch variance in two passes, `mean((x − mean)²)`, "
-                            "instead of one pass shifted by the first example's mean `k` "
+                            "instead of one pass shifted by the batch's first value `k` of each channel "
                             "(`mean((x − k)²) − mean(x − k)²`; mlaxgraph's `ops.BatchNorm`, and "
                             "the hand-written model)",
         "hand:bn_centered": "BatchNorm normalizing as `(x − mean) · m + bias` (Flax's, Haiku's), "
@@ -1011,9 +1011,10 @@ def why_peers(res: dict) -> str:
             f"(the before form keeps both).",
             f"- **What mlaxgraph took** (hand-written as mlaxgraph now computes: {h('hand')}; "
             f"mlaxgraph: {h('mlaxgraph')}): Keras's affine normalization (the memory) and a "
-            f"one-pass variance shifted by `k`, the first example's mean of each channel "
-            f"(`mean((x − k)²) − mean(x − k)²`, the mean as `k + mean(x − k)`), whose float32 "
-            f"error depends on `|k − mean| / std` (at most `sqrt(batch − 1)`), not on the mean. "
+            f"one-pass variance shifted by `k`, the batch's first value of each channel (a "
+            f"slice, no reduction; `mean((x − k)²) − mean(x − k)²`, the mean as "
+            f"`k + mean(x − k)`), whose float32 error depends on `|k − mean| / std` (at most "
+            f"`sqrt(N − 1)` for N values a channel), not on the mean. "
             f"On XLA's CPU reductions the shift is one full-size elementwise pass (`x − k`) that "
             f"the unshifted form does not need; Flax's unshifted form is the best by hand "
             f"({h('best')}, with HWIO kernels) and is not taken: its error grows as "

@@ -136,7 +136,7 @@ def cnn_forward(params, x, hwio=False):
 
 
 #: BatchNorm formulations (``_batch_norm``'s ``how``): the variance's and the normalization's.
-#:   shifted:   k = the mean of the first example's values of each channel,
+#:   shifted:   k = the batch's first value of each channel (x[0, 0, 0]: a slice),
 #:              mean = k + mean(x - k), var = mean((x - k)^2) - mean(x - k)^2: one pass,
 #:              float32's cancellation depends on |k - mean| / std, not on the mean
 #:              (mlaxgraph's ``ops.BatchNorm``, and the hand-written model)
@@ -157,7 +157,7 @@ def _batch_norm(p, s, x, how=AS_MLAXGRAPH):
     variance, form = how
     axes = (0, 1, 2)
     if variance == "shifted":
-        k = lax.stop_gradient(jnp.mean(x[0], axis=(0, 1)))
+        k = lax.stop_gradient(x[0, 0, 0])  # the batch's first value of each channel
         d = jnp.mean(x - k, axis=axes)
         mean = k + d
         var = jnp.maximum(jnp.mean(jnp.square(x - k), axis=axes) - jnp.square(d), 0.0)
