@@ -663,6 +663,9 @@ def markdown(res: dict) -> str:
         "hand:bn_one_pass": "BatchNorm's variance in one unshifted pass, `mean(x²) − mean²` "
                             "(Flax linen's default `use_fast_variance`, Haiku's): loses "
                             "precision as `(mean / std)²` (docs/performance.md)",
+        "hand:bn_shift_mean": "BatchNorm's one-pass variance shifted by the mean of the first "
+                              "example's values of each channel (a reduction more; mlaxgraph's "
+                              "shift before) instead of the batch's first value",
         "hand:conv_hwio": "conv kernels HWIO (Flax's, Haiku's, Keras's layout) instead of OHWI "
                           "(mlaxgraph's parameter layout, which XLA transposes in the step)",
         "hand:lstm_projected_before": "LSTM input projection of all steps in one matmul before "

@@ -27,6 +27,15 @@ BEGIN = "<!-- make bench: begin (benchmarks/run.py writes what stands between th
 END = "<!-- make bench: end -->"
 
 
+def _found(relative: str) -> str | None:
+    """``relative`` in the checkout or in the one whose environment runs this."""
+    for base in (ROOT, os.path.dirname(sys.prefix)):
+        path = os.path.join(base, relative)
+        if os.path.exists(path):
+            return path
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Command:
     """One script of ``benchmarks/`` and its arguments."""
@@ -36,16 +45,18 @@ class Command:
     quick: tuple[str, ...] | None = None   # the arguments under --quick (None: ``args``)
     venv: str | None = None                # another environment, e.g. ".venv-torch"
     markdown: bool = True                  # its output is Markdown (else shown as text)
+    needs: str | None = None               # another environment its arguments name
 
     def python(self) -> str | None:
-        """The interpreter that runs it: this one, or ``venv``'s where it exists."""
-        if self.venv is None:
-            return sys.executable
-        for base in (ROOT, os.path.dirname(os.path.realpath(sys.executable)) + "/../.."):
-            path = os.path.normpath(os.path.join(base, self.venv, "bin", "python"))
-            if os.path.exists(path):
-                return path
-        return None
+        """The interpreter that runs it: this one, or ``venv``'s where it exists (in the
+        checkout, or beside the environment running this); None where it, or what
+        ``needs`` names, does not exist."""
+        if self.needs is not None and _found(self.needs) is None:
+            return None
+        return sys.executable if self.venv is None else _found(os.path.join(self.venv, "bin", "python"))
+
+    def missing(self) -> str:
+        return f"{self.venv}/bin/python" if self.venv else str(self.needs)
 
     def argv(self, quick: bool) -> list[str]:
         return [os.path.join("benchmarks", self.script)] + list(
@@ -58,6 +69,9 @@ class Section:
     in_process: str | None = None          # run.py's --skip-<name> flag
     commands: tuple[Command, ...] = ()
 
+
+#: jaxonnxruntime's own environment (``make bench-jort`` creates it).
+JORT = _found(".venv-jort/bin/python") or ".venv-jort/bin/python"
 
 SECTIONS: dict[int, Section] = {
     1: Section("Training: mlaxgraph vs hand-written JAX, Flax, Haiku, Equinox and Keras 3",
@@ -83,8 +97,8 @@ SECTIONS: dict[int, Section] = {
     9: Section("The zoo sharded: the Megatron layout on 8 virtual devices", commands=(
         Command("bench_zoo_sharding.py", ("--rounds", "15"), ("--rounds", "2")),)),
     10: Section("ONNX models: mlaxgraph against onnxruntime", in_process="onnx", commands=(
-        Command("bench_onnx_jort.py", ("--calls", "5", "--jort", ".venv-jort/bin/python"),
-                ("--calls", "2", "--jort", ".venv-jort/bin/python")),)),
+        Command("bench_onnx_jort.py", ("--calls", "5", "--jort", JORT), ("--calls", "2", "--jort", JORT),
+                needs=".venv-jort/bin/python"),)),
     11: Section("PyTorch models in: import, compile and per call against torch eager", commands=(
         Command("bench_torch.py", ("--repeats", "10"), ("--repeats", "2"), venv=".venv-torch"),)),
     12: Section("Decoding with the derived key/value cache: GPT-2 small against a hand-written "
@@ -116,7 +130,7 @@ def run_command(cmd: Command, quick: bool) -> str:
     python = cmd.python()
     shown = " ".join(cmd.argv(quick))
     if python is None:
-        return (f"`{shown}`: not run, {cmd.venv}/bin/python does not exist here (the "
+        return (f"`{shown}`: not run, {cmd.missing()} does not exist here (the "
                 f"environment it needs; see the Makefile).")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     interpreter = os.path.relpath(python, ROOT) if python.startswith(ROOT) else python
