@@ -343,7 +343,8 @@ def main(argv=None) -> int:
         # Only some sections: the header and the other goals stay; this run's goals
         # replace the rows of the same goal.
         report = (_merge_goals(old_head, goals).replace(
-            "\n## Goals", f"- Sections {', '.join(map(str, sorted(args.sections)))} regenerated on "
+            "\n## Goals", f"- Section{'s' if len(args.sections) > 1 else ''} "
+            f"{', '.join(map(str, sorted(args.sections)))} regenerated on "
             f"{when} (took {elapsed:.0f} s) by `{command}`; load average at start {load_before}, "
             f"at end {loadavg()}.\n\n## Goals", 1) + body).rstrip("\n") + "\n"
         print(report)
