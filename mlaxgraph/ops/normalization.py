@@ -52,9 +52,10 @@ class BatchNorm(Layer):
     float32's cancellation multiplies the sums' rounding by ``1 + |k - mean|^2 / var``,
     about 2 typically and at most the values per channel ``N`` (a value is at most
     ``sqrt(N - 1)`` standard deviations from its mean), whatever the mean, so a batch
-    whose first values are far outliers is better served by ``"two_pass"``; ``"two_pass"``, ``mean((x - mean)^2)``, a second pass; ``"auto"`` (the
-    default) is ``"shifted"`` for 32- and 64-bit floats and ``"two_pass"`` for 16-bit
-    ones (where the cancellation would cost 2^13 times more). Both normalize as
+    whose first values are far outliers is better served by ``"two_pass"``;
+    ``"two_pass"``, ``mean((x - mean)^2)``, a second pass; ``"auto"`` (the default) is
+    ``"shifted"`` for 32- and 64-bit floats and ``"two_pass"`` for 16-bit ones (where
+    the cancellation would cost 2^13 times more). Both normalize as
     ``x * m + (bias - mean * m)`` with ``m = rsqrt(var + epsilon) * scale``: the backward
     pass keeps ``x``, which the layer before keeps anyway, not ``x - mean``.
     Logical axes (for sharding): all four ``("embed",)``; ``param_axes={"scale": ...,
@@ -182,7 +183,6 @@ class BatchNorm(Layer):
         subtract of the correction and the clamp at zero (the shift is a slice)."""
         (x,) = inputs
         elements, features = size(x), self._features(inputs)
-        reduce = [i for i in range(x.rank) if i != self.axis % x.rank]
         count = 2 * elements + (3 + self.use_scale) * features
         count = count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
         # The statistics (kept in param_dtype) are cast to the input's dtype to be used,
