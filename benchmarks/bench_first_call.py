@@ -20,6 +20,7 @@ Run: ``.venv/bin/python benchmarks/bench_first_call.py [--quick] [--models trans
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib
 import random
@@ -203,17 +204,22 @@ def formulations(trials: int, seed: int = 7) -> dict:
             "ci": bootstrap_median_ci(ratio), "hlo": hlo, "trials": trials}
 
 
-def run(quick: bool = False, models=None, seed: int = 0) -> dict:
+def run(quick: bool = False, models=None, seed: int = 0, hand_variants=(),
+        formulations_too: bool = True) -> dict:
     make, missing = makers()
+    for v in hand_variants:  # hand-written formulations beside the systems (not peers)
+        make[f"hand:{v}"] = functools.partial(make["hand"], variant=v)
+        TITLES[f"hand:{v}"] = f"hand-written, {v}"
     x, y = _data("tiny_mlp")
     for mk in make.values():  # once per process, untimed
         mk("tiny_mlp", x, y, jax.random.key(0)).step()
     models = tuple(models or (S.MODELS + ("tiny_mlp",)))
     out = {"missing": missing, "models": {}}
-    print("   first call: attention formulations", file=sys.stderr, flush=True)
-    out["formulation"] = formulations(3 if quick else 7)
-    f = out["formulation"]
-    print(f"   {f['times']}; ratio {f['ratio']:.3f} {f['ci']}", file=sys.stderr, flush=True)
+    if formulations_too:
+        print("   first call: attention formulations", file=sys.stderr, flush=True)
+        out["formulation"] = formulations(3 if quick else 7)
+        f = out["formulation"]
+        print(f"   {f['times']}; ratio {f['ratio']:.3f} {f['ci']}", file=sys.stderr, flush=True)
     for i, name in enumerate(models):
         trials = (3 if quick else 7) if name != "tiny_mlp" else (5 if quick else 11)
         print(f"   first call: {name} ({trials} rounds)", file=sys.stderr, flush=True)
@@ -228,7 +234,8 @@ def run(quick: bool = False, models=None, seed: int = 0) -> dict:
 
 def markdown(out: dict) -> str:
     lines = []
-    systems = [s for s in SYSTEMS if s not in out["missing"]]
+    systems = [s for s in next(iter(out["models"].values()))["cpu"]] if out["models"] else []
+    systems = sorted(systems, key=lambda s: list(TITLES).index(s))
     rows = []
     for name, res in out["models"].items():
         tot = totals(res)
@@ -283,8 +290,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--models", type=lambda v: tuple(v.split(",")))
+    p.add_argument("--hand-variants", type=lambda v: tuple(v.split(",")), default=(),
+                   help="hand-written formulations (models_hand.VARIANTS, or best) measured "
+                        "beside the systems, e.g. conv_hwio,best")
+    p.add_argument("--no-formulations", action="store_true",
+                   help="skip the attention formulations' compile times")
     args = p.parse_args(argv)
-    out = run(args.quick, args.models)
+    out = run(args.quick, args.models, hand_variants=args.hand_variants,
+              formulations_too=not args.no_formulations)
     print(markdown(out))
     for row in goals(out):
         print(" | ".join(row))

@@ -652,7 +652,7 @@ def markdown(res: dict) -> str:
     # Design variants.
     VARIANT_TEXT = {
         "hand:bn_two_pass": "BatchNorm's batch variance in two passes, `mean((x − mean)²)`, "
-                            "instead of one pass shifted by the first example's mean `k` "
+                            "instead of one pass shifted by the batch's first value `k` of each channel "
                             "(`mean((x − k)²) − mean(x − k)²`; mlaxgraph's `ops.BatchNorm`, and "
                             "the hand-written model)",
         "hand:bn_centered": "BatchNorm normalizing as `(x − mean) · m + bias` (Flax's, Haiku's), "
@@ -663,6 +663,9 @@ def markdown(res: dict) -> str:
         "hand:bn_one_pass": "BatchNorm's variance in one unshifted pass, `mean(x²) − mean²` "
                             "(Flax linen's default `use_fast_variance`, Haiku's): loses "
                             "precision as `(mean / std)²` (docs/performance.md)",
+        "hand:bn_shift_mean": "BatchNorm's one-pass variance shifted by the mean of the first "
+                              "example's values of each channel (a reduction more; mlaxgraph's "
+                              "shift before) instead of the batch's first value",
         "hand:conv_hwio": "conv kernels HWIO (Flax's, Haiku's, Keras's layout) instead of OHWI "
                           "(mlaxgraph's parameter layout, which XLA transposes in the step)",
         "hand:lstm_projected_before": "LSTM input projection of all steps in one matmul before "
@@ -1011,9 +1014,10 @@ def why_peers(res: dict) -> str:
             f"(the before form keeps both).",
             f"- **What mlaxgraph took** (hand-written as mlaxgraph now computes: {h('hand')}; "
             f"mlaxgraph: {h('mlaxgraph')}): Keras's affine normalization (the memory) and a "
-            f"one-pass variance shifted by `k`, the first example's mean of each channel "
-            f"(`mean((x − k)²) − mean(x − k)²`, the mean as `k + mean(x − k)`), whose float32 "
-            f"error depends on `|k − mean| / std` (at most `sqrt(batch − 1)`), not on the mean. "
+            f"one-pass variance shifted by `k`, the batch's first value of each channel (a "
+            f"slice, no reduction; `mean((x − k)²) − mean(x − k)²`, the mean as "
+            f"`k + mean(x − k)`), whose float32 error depends on `|k − mean| / std` (at most "
+            f"`sqrt(N − 1)` for N values a channel), not on the mean. "
             f"On XLA's CPU reductions the shift is one full-size elementwise pass (`x − k`) that "
             f"the unshifted form does not need; Flax's unshifted form is the best by hand "
             f"({h('best')}, with HWIO kernels) and is not taken: its error grows as "
@@ -1038,8 +1042,7 @@ def why_peers(res: dict) -> str:
             f"{_mb(i['equinox']['temp'])}; hand-written and mlaxgraph {_mb(i['hand']['peak'])}, temp "
             f"{_mb(i['hand']['temp'])}): the optimized HLO has the same dots and fusions (its "
             f"kernels are `(out, in)`, so the weight gradient's dot is written in that order); "
-            f"the difference is in XLA's buffer assignment (about two 128x256 float32 "
-            f"activations of temp), not in what is computed. Not explained further yet.")
+            "the difference is one 256x256 float32 buffer (256 KiB) in XLA's buffer assignment, not in what is computed: every system copies the donated hidden kernel `W2` at the start of the step (copy insertion, since the backward pass reads `W2` after its in-place update could have written it), and XLA's CPU scheduler keeps that copy live until `W2`'s Adam update, which it places after the first layer's kernel gradient (784x256, 784 KiB) in the `x @ W` programs and before it in Equinox's, so the two share no offset in Equinox's temp (buffer assignment of `XLA_FLAGS=--xla_dump_to`). What decides the order is the dot's form, not the library: with `(in, out)` kernels, the Dense written `x @ W` (mlaxgraph, hand-written, Flax, Haiku, Keras) or `vmap` of `v @ W` has 1,197,124 bytes of temp, `(W.T @ x.T).T` or `dot_general(W, x).T` (the product computed as `(out, batch)` then transposed, as Equinox's `vmap` of `W @ v` lowers) 938,052, Equinox's exactly. Not adopted: the parameters after one Adam step differ by 2e-10 (summation order) and the transposed form takes 1.010x the step time (95% CI 1.002 – 1.029; `benchmarks/bench_dense_form.py --rounds 25`), and would change every Dense of every model (3-d inputs: a transpose of the activations; its compile time and the other models' steps not measured) for 256 KiB on this one; the memory goal's miss (x1.06 against x1.05) is this schedule. What would close it: the transposed form for 2-d inputs only, measured on every model's step and first call.")
     return "\n".join(out)
 
 

@@ -136,10 +136,12 @@ def cnn_forward(params, x, hwio=False):
 
 
 #: BatchNorm formulations (``_batch_norm``'s ``how``): the variance's and the normalization's.
-#:   shifted:   k = the mean of the first example's values of each channel,
+#:   shifted:   k = the batch's first value of each channel (x[0, 0, 0]: a slice),
 #:              mean = k + mean(x - k), var = mean((x - k)^2) - mean(x - k)^2: one pass,
 #:              float32's cancellation depends on |k - mean| / std, not on the mean
 #:              (mlaxgraph's ``ops.BatchNorm``, and the hand-written model)
+#:   shifted_mean: the same, k = the mean of the first example's values of each channel
+#:              (what mlaxgraph computed before: a reduction more per BatchNorm)
 #:   two_pass:  var = mean((x - mean)^2)                          (a second pass over x)
 #:   one_pass:  var = max(mean(x^2) - mean^2, 0)                  (Flax linen's default, Haiku)
 #:   affine:    y = x * m + (bias - mean * m), m = rsqrt(var + eps) * scale  (mlaxgraph's,
@@ -148,7 +150,8 @@ def cnn_forward(params, x, hwio=False):
 AS_MLAXGRAPH = ("shifted", "affine")
 BN_FORMS = {"bn_two_pass": ("two_pass", "affine"), "bn_centered": ("shifted", "centered"),
             "bn_two_pass_centered": ("two_pass", "centered"),
-            "bn_one_pass": ("one_pass", "affine")}
+            "bn_one_pass": ("one_pass", "affine"),
+            "bn_shift_mean": ("shifted_mean", "affine")}
 
 
 def _batch_norm(p, s, x, how=AS_MLAXGRAPH):
@@ -156,8 +159,9 @@ def _batch_norm(p, s, x, how=AS_MLAXGRAPH):
     ``how``: the formulation (``BN_FORMS``); by default mlaxgraph's."""
     variance, form = how
     axes = (0, 1, 2)
-    if variance == "shifted":
-        k = lax.stop_gradient(jnp.mean(x[0], axis=(0, 1)))
+    if variance.startswith("shifted"):
+        k = lax.stop_gradient(x[0, 0, 0] if variance == "shifted"  # the first value
+                              else jnp.mean(x[0], axis=(0, 1)))  # the first example's mean
         d = jnp.mean(x - k, axis=axes)
         mean = k + d
         var = jnp.maximum(jnp.mean(jnp.square(x - k), axis=axes) - jnp.square(d), 0.0)

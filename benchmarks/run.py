@@ -3,6 +3,14 @@
     make bench                                   # = .venv/bin/python benchmarks/run.py
     .venv/bin/python benchmarks/run.py --quick   # a short run (a few minutes)
     .venv/bin/python benchmarks/run.py --skip-train   # without the training comparison
+    .venv/bin/python benchmarks/run.py --sections 8,13   # only these sections; the others
+                                                         # are kept from RESULTS.md
+
+Every section of RESULTS.md has its benchmark here (``sections.SECTIONS``): the ones below
+run in this process; sections 7 (LoRA), 8 (quantization), 9 (the zoo sharded), 10's
+jaxonnxruntime comparison, 11 (PyTorch models, in ``.venv-torch`` where it exists) and
+13 (ONNX attention) run as their scripts, whose output replaces the generated block of
+the section (``sections.regenerate``).
 
 Benchmarks:
   bench_train           training side by side: mlaxgraph, hand-written JAX, Flax linen,
@@ -55,6 +63,7 @@ import bench_scan_rule
 import bench_see_save
 import bench_surgery
 import bench_train
+import sections as S
 from _common import fmt_time, md_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -96,6 +105,22 @@ def loadavg() -> str:
         return "n/a"
 
 
+def _merge_goals(head: str, goals: list[list[str]]) -> str:
+    """The Goals table of ``head`` with ``goals``' rows in place of those of the same
+    goal (first cell), the new ones after its last row."""
+    lines = head.split("\n")
+    rows = [i for i, line in enumerate(lines) if line.startswith("| ")]
+    for goal in goals:
+        row = md_table(["goal", "measured", "status"], [goal]).split("\n")[-1]
+        same = [i for i in rows if lines[i].startswith(f"| {goal[0]} |")]
+        if same:
+            lines[same[0]] = row
+        elif rows:
+            rows.append(rows[-1] + 1)
+            lines.insert(rows[-1], row)
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="mlaxgraph benchmark suite")
     p.add_argument("--quick", action="store_true", help="a short run: fewer rounds, trials and sizes")
@@ -117,6 +142,13 @@ def main(argv=None) -> int:
                    help="skip decoding (GPT-2 small against a hand-written decoder and the peers)")
     p.add_argument("--skip-first", action="store_true",
                    help="skip the first-call split and the scan rule's sweep")
+    p.add_argument("--sections", type=lambda v: {int(n) for n in v.split(",")},
+                   help="comma-separated numbers of the sections of RESULTS.md to regenerate "
+                        "(default: all); the others, the header and the other goals are kept "
+                        "from the existing file")
+    p.add_argument("--skip-commands", action="store_true",
+                   help="skip the sections run as commands (7, 8, 9, 11, 13, and 10's "
+                        "jaxonnxruntime comparison)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="compile-scale: skip the passes of a size projected to take longer than "
                         "this many seconds (default 60; 'inf' runs all)")
@@ -125,6 +157,13 @@ def main(argv=None) -> int:
     p.add_argument("--output", default=os.path.join(HERE, "RESULTS.md"),
                    help="where to write the Markdown report")
     args = p.parse_args(argv)
+    if args.sections is not None:
+        unknown = args.sections - set(S.SECTIONS)
+        if unknown:
+            p.error(f"no section {sorted(unknown)} in RESULTS.md (known: {sorted(S.SECTIONS)})")
+        for number, section in S.SECTIONS.items():  # a section not asked for is skipped
+            if section.in_process and number not in args.sections:
+                setattr(args, f"skip_{section.in_process}", True)
 
     argv_used = sys.argv[1:] if argv is None else list(argv)
     python = os.path.relpath(sys.executable, os.getcwd()) if sys.executable else "python"
@@ -281,7 +320,38 @@ def main(argv=None) -> int:
                         + bench_scan_rule.markdown(rule))
         loads.append(f"after first call and scan rule: {loadavg()}")
 
+    when = started.strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        with open(args.output, encoding="utf-8") as f:
+            old_head, old_sections = S.split(f.read())
+    except FileNotFoundError:
+        old_head, old_sections = "", {}
+    new_sections = {int(S.HEADING.match(text).group(1)): text.rstrip("\n") + "\n\n"
+                    for text in sections}
+    if not args.skip_commands:
+        for number, section in S.SECTIONS.items():
+            if section.commands and (args.sections is None or number in args.sections):
+                print(f"== section {number}: {section.title} ...", file=sys.stderr, flush=True)
+                new_sections[number] = S.regenerate(
+                    number, new_sections.get(number, old_sections.get(number)), args.quick, when)
+                loads.append(f"after section {number}: {loadavg()}")
+    body = "".join(new_sections.get(n, old_sections.get(n, "")).rstrip("\n") + "\n\n"
+                   for n in sorted(set(new_sections) | set(old_sections)))
+
     elapsed = time.perf_counter() - t_start
+    if args.sections is not None and old_head:
+        # Only some sections: the header and the other goals stay; this run's goals
+        # replace the rows of the same goal.
+        report = (_merge_goals(old_head, goals).replace(
+            "\n## Goals", f"- Section{'s' if len(args.sections) > 1 else ''} "
+            f"{', '.join(map(str, sorted(args.sections)))} regenerated on "
+            f"{when} (took {elapsed:.0f} s) by `{command}`; load average at start {load_before}, "
+            f"at end {loadavg()}.\n\n## Goals", 1) + body).rstrip("\n") + "\n"
+        print(report)
+        with open(args.output, "w") as f:
+            f.write(report)
+        print(f"wrote {os.path.relpath(args.output)}", file=sys.stderr)
+        return 0
     header = [
         "# mlaxgraph benchmark results", "",
         f"- Date: {started.strftime('%Y-%m-%d %H:%M UTC')} (took {elapsed:.0f} s)",
@@ -298,7 +368,7 @@ def main(argv=None) -> int:
     ]
     if goals:
         header += ["## Goals", "", md_table(["goal", "measured", "status"], goals), ""]
-    report = "\n".join(header) + "\n" + "\n\n".join(sections) + "\n"
+    report = ("\n".join(header) + "\n" + body).rstrip("\n") + "\n"
     print(report)
     with open(args.output, "w") as f:
         f.write(report)

@@ -48,11 +48,14 @@ class BatchNorm(Layer):
 
     ``variance`` picks how training computes the batch variance: ``"shifted"``, one
     pass over the input, ``mean((x - k)^2) - (mean - k)^2`` with ``k`` the batch's first
-    value of each channel (float32 loses ``|k - mean|^2 / var`` ulps to cancellation,
-    about one typically and never more than the values per channel, whatever the
-    mean); ``"two_pass"``, ``mean((x - mean)^2)``, a second pass; ``"auto"`` (the
-    default) is ``"shifted"`` for 32- and 64-bit floats and ``"two_pass"`` for 16-bit
-    ones (where the cancellation would cost 2^13 times more). Both normalize as
+    value of each channel (x at index 0 of every reduced axis: a slice, no reduction);
+    float32's cancellation multiplies the sums' rounding by ``1 + |k - mean|^2 / var``,
+    about 2 typically and at most the values per channel ``N`` (a value is at most
+    ``sqrt(N - 1)`` standard deviations from its mean), whatever the mean, so a batch
+    whose first values are far outliers is better served by ``"two_pass"``;
+    ``"two_pass"``, ``mean((x - mean)^2)``, a second pass; ``"auto"`` (the default) is
+    ``"shifted"`` for 32- and 64-bit floats and ``"two_pass"`` for 16-bit ones (where
+    the cancellation would cost 2^13 times more). Both normalize as
     ``x * m + (bias - mean * m)`` with ``m = rsqrt(var + epsilon) * scale``: the backward
     pass keeps ``x``, which the layer before keeps anyway, not ``x - mean``.
     Logical axes (for sharding): all four ``("embed",)``; ``param_axes={"scale": ...,
@@ -133,14 +136,14 @@ class BatchNorm(Layer):
             new_state = state
         else:
             if self.one_pass(x.dtype):
-                # Shifted by k, the mean of the first slice along the first reduced axis
-                # (one example's values of each channel): the variance does not depend
-                # on the shift, float32's cancellation only on its distance from the
-                # mean; the mean is k plus the mean of x - k, from the same pass.
-                first = tuple(0 if i == reduce[0] else slice(None) for i in range(x.ndim))
-                k = lax.stop_gradient(jnp.mean(x[first], axis=tuple(i - 1 for i in reduce[1:]),
-                                               keepdims=True))
-                k = jnp.expand_dims(k, reduce[0])
+                # Shifted by k, the batch's first value of each channel (x at index 0 of
+                # every reduced axis: a slice, no reduction): the variance does not
+                # depend on the shift, float32's cancellation only on its distance from
+                # the mean, at most sqrt(N - 1) standard deviations for N values a
+                # channel (Samuelson's inequality), whatever the mean; the mean is k
+                # plus the mean of x - k, from the same pass.
+                first = tuple(slice(0, 1) if i in reduce else slice(None) for i in range(x.ndim))
+                k = lax.stop_gradient(x[first])
                 xk = x - k
                 shifted = jnp.mean(xk, axis=reduce)
                 mean = k.reshape(-1) + shifted
@@ -176,12 +179,10 @@ class BatchNorm(Layer):
         mean * m`` (per channel: the add, the multiply by the scale, the multiply by the
         mean and the bias's subtract or the negation). In training also the batch mean
         and variance (two means; a subtract and a square per element) and the running
-        statistics' update; one pass adds the shift (a mean over the first slice along
-        the first reduced axis) and, per channel, the mean's add, the square and subtract
-        of the correction and the clamp at zero."""
+        statistics' update; one pass adds, per channel, the mean's add, the square and
+        subtract of the correction and the clamp at zero (the shift is a slice)."""
         (x,) = inputs
         elements, features = size(x), self._features(inputs)
-        reduce = [i for i in range(x.rank) if i != self.axis % x.rank]
         count = 2 * elements + (3 + self.use_scale) * features
         count = count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
         # The statistics (kept in param_dtype) are cast to the input's dtype to be used,
@@ -189,9 +190,8 @@ class BatchNorm(Layer):
         count = count + weight_converts(self.state_specs(inputs), param_dtype, x.dtype)
         if not inference_mode:
             count = count + 4 * elements + (6 + self.unbiased_running_var) * features
-            if self.one_pass(x.dtype):  # and the shift, a mean over one slice
-                first = size([x.shape[i] for i in range(x.rank) if i != reduce[0]])
-                count = count + 4 * features + first
+            if self.one_pass(x.dtype):
+                count = count + 4 * features
             count = count + 2 * upcast_sum(elements, features, x.dtype)  # two means
         return count
 
