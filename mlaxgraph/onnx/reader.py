@@ -28,6 +28,8 @@ from .ops_control import free_names
 from .patterns import match
 from .protos import attribute_value, load_model, require_onnx, tensor_to_array
 from .scopes import nest
+from .weights import Weight as _Weight
+from .weights import weight_view
 
 __all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
 
@@ -36,13 +38,6 @@ __all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
 MIN_OPSET = 6
 #: The operator domains read: ONNX's, and its training domain's optimizers.
 _DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training")
-
-
-class _Weight:
-    """A float initializer: a weight when used as a tensor, a value when static."""
-
-    def __init__(self, name: str, array: np.ndarray):
-        self.name, self.array = name, array
 
 
 def _text(value: Any) -> str:
@@ -161,6 +156,8 @@ class _Reader:
         self.symbolic: list[str] = []
         #: layer name -> (scope path, name within it), for nesting (scopes.nest)
         self.places: dict[str, tuple[tuple[str, ...], str]] = {}
+        #: the layers named after a module (a pattern's Linear ``fc`` of ``/fc/MatMul``)
+        self.modules: set[str] = set()
         self.done: set[int] = set()
         self.consumers: dict[str, list] = {}
         self.outputs = {v.name for v in model.graph.output}
@@ -172,6 +169,7 @@ class _Reader:
         self.params: dict[str, Any] = {}
         self.used: set[str] = set()
         self.materialized: dict[str, Any] = {}
+        self.aliases: dict[str, str] | None = None  # Identity outputs -> their weight (weights.py)
 
     def read(self) -> tuple[Graph, dict, dict]:
         g = self.model.graph
@@ -209,6 +207,8 @@ class _Reader:
         value = self.values[name]
         if not isinstance(value, (_Weight, np.ndarray)):
             return value
+        if isinstance(value, _Weight):
+            name = value.name  # one weight under several names (Identity) is one layer
         if name in self.materialized:
             return self.materialized[name]
         layer_name = _safe_name(name, self.used, "constant")
@@ -249,6 +249,8 @@ class _Reader:
             attrs.update(self.bound(node))
         if node.op_type == "Constant":
             self.values[node.output[0]] = self.constant(attrs, where)
+            return
+        if weight_view(self, node, attrs):
             return
         matched = match(self, node, attrs)
         if matched is not None:
@@ -394,7 +396,7 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
         reader = _Reader(model, folder, dims or {}, layers, sizes)
         graph, params, state = reader.read()
         if blocks:
-            graph, params, state = nest(graph, reader.places, params, state)
+            graph, params, state = nest(graph, reader.places, params, state, reader.modules)
         return graph, params, state
     except RecursionError:
         raise GraphError("the ONNX graph nests too deeply to be read") from None
