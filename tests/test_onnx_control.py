@@ -119,3 +119,42 @@ def test_a_loop_whose_length_depends_on_the_data_is_refused():
     model.graph.initializer.append(helper.make_tensor("trip", TensorProto.INT64, [], [5]))
     with pytest.raises(mg.GraphError, match="Loop with scan outputs.*stop early"):
         mg.from_onnx(model)
+
+
+@pytest.mark.parametrize("rank", [4, 5])
+def test_an_if_with_a_known_condition_is_its_branch(rank):
+    """The condition comes from the rank of the input (known when the graph is built);
+    the branches give different shapes and one computes a shape used downstream (a
+    ``Reshape``'s target), as ONNX's expanded functions (AffineGrid) write."""
+    I64 = TensorProto.INT64
+    shape_then = helper.make_graph(
+        [helper.make_node("Constant", [], ["t"], value=helper.make_tensor("t", I64, [2], [-1, 4]))],
+        "then", [], [helper.make_tensor_value_info("t", I64, [2])])
+    shape_else = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"], end=2),
+         helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", I64, [1], [-1])),
+         helper.make_node("Concat", ["s", "m"], ["e"], axis=0)], "else", [],
+        [helper.make_tensor_value_info("e", I64, [3])])
+    value_then = helper.make_graph([helper.make_node("Relu", ["x"], ["vt"])], "vthen", [],
+                                   [helper.make_tensor_value_info("vt", F, None)])
+    value_else = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["ve"], keepdims=0)],
+                                   "velse", [], [helper.make_tensor_value_info("ve", F, None)])
+    nodes = [helper.make_node("Size", ["dims"], ["n"]),
+             helper.make_node("Equal", ["n", "four"], ["c"]),
+             helper.make_node("If", ["c"], ["target"], then_branch=shape_then,
+                              else_branch=shape_else),
+             helper.make_node("If", ["c"], ["v"], then_branch=value_then, else_branch=value_else),
+             helper.make_node("Reshape", ["x", "target"], ["y"]),
+             helper.make_node("Cast", ["v"], ["z"], to=F)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [2, 3, 4])],
+                   [helper.make_tensor_value_info("y", F, None),
+                    helper.make_tensor_value_info("z", F, None)])
+    model.graph.initializer.extend([
+        helper.make_tensor("dims", I64, [rank], [1] * rank),
+        helper.make_tensor("four", I64, [], [4])])
+    x = np.random.default_rng(1).normal(size=(2, 3, 4)).astype(np.float32)
+    graph = _check(model, {"x": x})
+    assert "onnx.If" not in {n.op.op_name for n in graph.nodes}  # read as the branch
+    assert graph.output_specs[0].shape == ((6, 4) if rank == 4 else (2, 3, 4))
+    assert graph.output_specs[1].shape == ((2, 3, 4) if rank == 4 else ())
+

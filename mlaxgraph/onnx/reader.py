@@ -70,13 +70,21 @@ def static_inputs(model: Any) -> set[str]:
     at the static input positions of the operators (a ``Reshape``'s shape) and,
     through the nodes computing them, the values they are computed from (a ``Shape``
     needs only its input's shape, known when the graph is built)."""
+    return _static_values(model.graph)
+
+
+def _static_values(graph: Any) -> set[str]:
     needed: set[str] = set()
-    for node in reversed(list(model.graph.node)):
+    for node in reversed(list(graph.node)):
         op = TABLE.get(node.op_type)
+        bodies = [a.g for a in node.attribute if a.HasField("g")]
         if node.op_type not in ("Shape", "Size") and any(out in needed for out in node.output):
-            needed.update(i for i in node.input if i)
+            needed.update(i for i in _reads(node) if i)  # a body's reads around it too
         if op is not None:
             needed.update(node.input[p] for p in op.static if p < len(node.input) and node.input[p])
+        for body in bodies:
+            # an If's branch (a Loop's body) setting a shape from a value around it
+            needed.update(_static_values(body) & free_names(body))
     return needed
 
 
@@ -165,6 +173,7 @@ class _Reader:
             for v in n.input:
                 self.consumers.setdefault(v, []).append(n)
         self.opset = _opset(model)
+        self.needed = static_inputs(model)  # the values that set shapes or indices
         self.values: dict[str, Any] = {}
         self.params: dict[str, Any] = {}
         self.used: set[str] = set()
@@ -250,7 +259,7 @@ class _Reader:
         if node.op_type == "Constant":
             self.values[node.output[0]] = self.constant(attrs, where)
             return
-        if weight_view(self, node, attrs):
+        if weight_view(self, node, attrs) or self.inline_branch(node):
             return
         matched = match(self, node, attrs)
         if matched is not None:
@@ -265,10 +274,11 @@ class _Reader:
         present = tuple(bool(v) for v in names)
         args = [self.values[v] if v else None for v in names]
         statics, tensors = [], []
+        static = set(op.static)
         for position, (v, value) in enumerate(zip(names, args)):
             if not v:
                 continue
-            if position in op.static:
+            if position in static:
                 if not isinstance(value, (np.ndarray, _Weight)):
                     raise ShapeError(f"{where}: input {position} ({v!r}) must be known when the "
                                      f"graph is built (it sets a shape or an index), but it is "
@@ -285,13 +295,17 @@ class _Reader:
             self.values[node.output[0]] = folded
             return
         layer_cls = op_class(node.op_type)
-        constant = all(isinstance(self.values[v], np.ndarray) for v in tensors) and not op.random
+        # weights fold too where the result sets a shape or an index (a Loop's trip
+        # count computed from float initializers)
+        fold = (np.ndarray, _Weight) if self.needed & set(node.output) else np.ndarray
+        constant = all(isinstance(self.values[v], fold) for v in tensors) and not op.random
         name = _safe_name(node.name, self.used, node.op_type.lower())
         try:
             layer = layer_cls(attributes=tuple(sorted(attrs.items())), static=tuple(statics),
                               present=present, outputs=n_out, opset=self.opset, name=name)
             if constant:
-                outs = layer.compute([np.asarray(self.values[v]) for v in tensors])
+                outs = layer.compute([np.asarray(getattr(self.values[v], "array", self.values[v]))
+                                      for v in tensors])
                 outs = tuple(np.asarray(o) for o in outs)
             else:
                 result = layer(*[self.tensor(v) for v in tensors])
@@ -309,6 +323,42 @@ class _Reader:
         for out_name, out in zip(node.output, outs):
             if out_name:
                 self.values[out_name] = out
+
+    def inline_branch(self, node: Any) -> bool:
+        """An ``If`` whose condition is known when the graph is built is the branch it
+        picks, read into the graph node by node: its constants fold (a shape it
+        computes sets a shape downstream), and the other branch may give other types
+        and shapes."""
+        if node.op_type != "If" or not node.input or \
+                not isinstance(self.values.get(node.input[0]), np.ndarray):
+            return False
+        cond = np.asarray(self.values[node.input[0]])
+        if cond.size != 1:
+            return False
+        key = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+        branch = next((a.g for a in node.attribute if a.name == key), None)
+        if branch is None:
+            return False
+        made = [o for n in branch.node for o in n.output if o] + [t.name for t in branch.initializer]
+        if any(name in self.values for name in made) or \
+                len(branch.output) != len(node.output):
+            return False  # a branch shadowing a name around it: read as the operator
+        for t in branch.initializer:
+            array = tensor_to_array(t, self.folder)
+            self.values[t.name] = _Weight(t.name, array) if array.dtype.kind == "f" and \
+                array.size > 0 else array
+        for n in branch.node:
+            for v in n.input:
+                self.consumers.setdefault(v, []).append(n)
+        for n in _toposort(list(branch.node), set(self.values)):
+            self.node(n)
+        for out_name, value in zip(node.output, branch.output):
+            if value.name not in self.values:
+                raise GraphError(f"node {_text(node.name) or '(unnamed)'!r} (If): its {key} "
+                                 f"output {value.name!r} is computed by no node")
+            if out_name:
+                self.values[out_name] = self.values[value.name]
+        return True
 
     def bound(self, node: Any) -> dict[str, Any]:
         """The static bound ``sizes`` gives a node of data-dependent output length, by
