@@ -158,3 +158,34 @@ def test_an_if_with_a_known_condition_is_its_branch(rank):
     assert graph.output_specs[0].shape == ((6, 4) if rank == 4 else (2, 3, 4))
     assert graph.output_specs[1].shape == ((2, 3, 4) if rank == 4 else ())
 
+
+
+def test_flex_attention_with_a_score_body_and_grouped_heads():
+    """FlexAttention (ai.onnx.preview): a soft cap on the scores as its score_mod body;
+    4 query heads on 2 key/value heads;
+    against onnx's reference implementation and NumPy."""
+    from onnx.reference import ReferenceEvaluator
+
+    score = helper.make_graph(
+        [helper.make_node("Constant", [], ["cap"], value=helper.make_tensor("c", F, [], [2.0])),
+         helper.make_node("Div", ["s", "cap"], ["d"]), helper.make_node("Tanh", ["d"], ["t"]),
+         helper.make_node("Mul", ["t", "cap"], ["m"])], "soft_cap",
+        [helper.make_tensor_value_info("s", F, None)], [helper.make_tensor_value_info("m", F, None)])
+    node = helper.make_node("FlexAttention", ["q", "k", "v"], ["y"], domain="ai.onnx.preview",
+                            score_mod=score, name="/attn/FlexAttention")
+    model = helper.make_model(
+        helper.make_graph([node], "flex", [helper.make_tensor_value_info(n, F, s) for n, s in
+                                           (("q", [2, 4, 3, 8]), ("k", [2, 2, 5, 8]),
+                                            ("v", [2, 2, 5, 6]))],
+                          [helper.make_tensor_value_info("y", F, None)]),
+        opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("ai.onnx.preview", 1)])
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=s).astype(np.float32) for s in ((2, 4, 3, 8), (2, 2, 5, 8), (2, 2, 5, 6)))
+    graph, params, state = mg.from_onnx(model)
+    ours = np.asarray(mg.compile(graph).apply(params, state, q, k, v)[0])
+    kr, vr = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    s = 2.0 * np.tanh(q @ kr.transpose(0, 1, 3, 2) / np.sqrt(8) / 2.0)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(ours, (p / p.sum(-1, keepdims=True)) @ vr, rtol=1e-5, atol=1e-6)
+    want = ReferenceEvaluator(model).run(None, {"q": q, "k": k, "v": v})[0]
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-6)

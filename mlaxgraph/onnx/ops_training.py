@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .layer import define
+from .layer import DOMAINS, define
 
 
 def _groups(xs, count: int):
@@ -60,3 +60,6 @@ def _adam(a, r, t, *rest):
         new_v.append(v.astype(x.dtype))
         new_h.append(h.astype(x.dtype))
     return tuple(new_x + new_v + new_h)
+
+
+DOMAINS.update(dict.fromkeys(("Adagrad", "Momentum", "Adam"), "ai.onnx.preview.training"))

@@ -36,8 +36,10 @@ __all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
 #: The oldest operator set read (6: the operators' legacy broadcast attributes are
 #: honoured).
 MIN_OPSET = 6
-#: The operator domains read: ONNX's, and its training domain's optimizers.
-_DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training")
+#: The operator domains read: ONNX's, its training domain's optimizers, its preview
+#: domain's FlexAttention and the tensor operators of its classical machine-learning
+#: domain (ops_ml).
+_DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training", "ai.onnx.preview", "ai.onnx.ml")
 
 
 def _text(value: Any) -> str:
