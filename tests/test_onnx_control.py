@@ -189,3 +189,30 @@ def test_flex_attention_with_a_score_body_and_grouped_heads():
     np.testing.assert_allclose(ours, (p / p.sum(-1, keepdims=True)) @ vr, rtol=1e-5, atol=1e-6)
     want = ReferenceEvaluator(model).run(None, {"q": q, "k": k, "v": v})[0]
     np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_against_numpy():
+    """Gradient (ai.onnx.preview.training): d y / d x through a weight and a Tanh, with
+    a zs input held fixed, and d y / d h with respect to an intermediate value."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]),
+             helper.make_node("Add", ["h", "z"], ["s"]),
+             helper.make_node("Tanh", ["s"], ["y"]),
+             helper.make_node("Gradient", ["x", "z"], ["dy_dx", "dy_dz"], xs=["x", "z"], y="y",
+                              domain="ai.onnx.preview.training", name="/grad/Gradient"),
+             helper.make_node("Gradient", ["h"], ["dy_dh"], xs=["h"], y="y",
+                              domain="ai.onnx.preview.training")]
+    graph = helper.make_graph(
+        nodes, "grad", [helper.make_tensor_value_info(n, F, [3]) for n in ("x", "z")],
+        [helper.make_tensor_value_info(n, F, [3]) for n in ("y", "dy_dx", "dy_dz", "dy_dh")],
+        initializer=[helper.make_tensor("w", F, [3], [0.5, -2.0, 3.0])])
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.preview.training", 1)])
+    x, z = np.asarray([0.1, 0.2, -0.3], np.float32), np.asarray([0.3, -0.1, 0.2], np.float32)
+    g, params, state = mg.from_onnx(model)
+    y, dx, dz, dh = (np.asarray(o) for o in mg.compile(g).apply(params, state, x, z)[0])
+    w = np.asarray([0.5, -2.0, 3.0], np.float32)
+    slope = 1 - np.tanh(x * w + z) ** 2
+    np.testing.assert_allclose(y, np.tanh(x * w + z), rtol=1e-6)
+    np.testing.assert_allclose(dx, slope * w, rtol=1e-5)
+    np.testing.assert_allclose(dz, slope, rtol=1e-5)
+    np.testing.assert_allclose(dh, slope, rtol=1e-5)

@@ -24,7 +24,8 @@ from ..ops.param import Param
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
 from .ops_bounded import BOUNDED, check_sizes, read_sizes
-from .ops_control import free_names
+from .ops_training import with_body
+from .order import _reads, _toposort, static_inputs
 from .patterns import match
 from .protos import attribute_value, load_model, require_onnx, tensor_to_array
 from .scopes import nest
@@ -67,29 +68,6 @@ def scope_of(raw: Any) -> tuple[tuple[str, ...], str]:
     return tuple(parts[:-1]), parts[-1]
 
 
-def static_inputs(model: Any) -> set[str]:
-    """The names of the values that must be constants when the graph is built: those
-    at the static input positions of the operators (a ``Reshape``'s shape) and,
-    through the nodes computing them, the values they are computed from (a ``Shape``
-    needs only its input's shape, known when the graph is built)."""
-    return _static_values(model.graph)
-
-
-def _static_values(graph: Any) -> set[str]:
-    needed: set[str] = set()
-    for node in reversed(list(graph.node)):
-        op = TABLE.get(node.op_type)
-        bodies = [a.g for a in node.attribute if a.HasField("g")]
-        if node.op_type not in ("Shape", "Size") and any(out in needed for out in node.output):
-            needed.update(i for i in _reads(node) if i)  # a body's reads around it too
-        if op is not None:
-            needed.update(node.input[p] for p in op.static if p < len(node.input) and node.input[p])
-        for body in bodies:
-            # an If's branch (a Loop's body) setting a shape from a value around it
-            needed.update(_static_values(body) & free_names(body))
-    return needed
-
-
 def _opset(model: Any) -> int:
     onnx = require_onnx()
     versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
@@ -120,41 +98,6 @@ def _input_shape(value: Any, dims: Mapping[str, int]) -> tuple:
             name = name if not name[0].isdigit() else f"d_{name}"
             shape.append(int(dims[name]) if name in dims else as_dim(name))
     return tuple(shape)
-
-
-def _reads(node: Any) -> list[str]:
-    """The values a node reads: its inputs, and those its bodies read from around them."""
-    bodies = [a.g for a in node.attribute if a.HasField("g")]
-    return list(node.input) + (sorted(set().union(*(free_names(g) for g in bodies))) if bodies else [])
-
-
-def _toposort(nodes: list, known: set[str]) -> list:
-    producers = {out: i for i, n in enumerate(nodes) for out in n.output if out}
-    order, state = [], [0] * len(nodes)
-    for start in range(len(nodes)):
-        stack = [(start, 0)]
-        while stack:
-            i, k = stack.pop()
-            if k == 0:
-                if state[i] == 2:
-                    continue
-                if state[i] == 1:
-                    raise GraphError(f"the ONNX graph has a cycle through node "
-                                     f"{nodes[i].name or nodes[i].op_type!r} ({nodes[i].op_type})")
-                state[i] = 1
-            deps = [producers[v] for v in _reads(nodes[i]) if v in producers and v not in known]
-            if k < len(deps):
-                stack.append((i, k + 1))
-                if state[deps[k]] != 2:
-                    if state[deps[k]] == 1:
-                        raise GraphError(f"the ONNX graph has a cycle through node "
-                                         f"{nodes[i].name or nodes[i].op_type!r} "
-                                         f"({nodes[i].op_type})")
-                    stack.append((deps[k], 0))
-                continue
-            state[i] = 2
-            order.append(nodes[i])
-    return order
 
 
 class _Reader:
@@ -203,7 +146,9 @@ class _Reader:
             self.values[value.name] = x
             inputs.append(x)
         check_sizes(self.sizes, [(_text(n.name), n.output[:1], n.op_type) for n in g.node])
-        for node in _toposort(list(g.node), set(self.values)):
+        # a Gradient node gets the part of the graph it differentiates as its body
+        nodes = [with_body(g, n) if n.op_type == "Gradient" else n for n in g.node]
+        for node in _toposort(nodes, set(self.values)):
             self.node(node)
         outputs = []
         for value in g.output:
