@@ -27,21 +27,13 @@ from .ops_bounded import BOUNDED, check_sizes, read_sizes
 from .ops_training import with_body
 from .order import _reads, _toposort, static_inputs
 from .patterns import match
-from .protos import attribute_value, load_model, require_onnx, tensor_to_array
+from .protos import attribute_value, load_model, tensor_to_array
 from .scopes import nest
+from .versions import _DOMAINS, MIN_OPSET, _opset
 from .weights import Weight as _Weight
 from .weights import weight_view
 
 __all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
-
-#: The oldest operator set read (6: the operators' legacy broadcast attributes are
-#: honoured).
-MIN_OPSET = 6
-#: The operator domains read: ONNX's, its training domain's optimizers, its preview
-#: domain's FlexAttention and the tensor operators of its classical machine-learning
-#: domain (ops_ml).
-_DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training", "ai.onnx.preview", "ai.onnx.ml")
-
 
 def _text(value: Any) -> str:
     """A string field of the proto (protobuf hands back bytes for invalid UTF-8)."""
@@ -66,21 +58,6 @@ def scope_of(raw: Any) -> tuple[tuple[str, ...], str]:
     if len(parts) < 2:
         return (), ""
     return tuple(parts[:-1]), parts[-1]
-
-
-def _opset(model: Any) -> int:
-    onnx = require_onnx()
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    newest = onnx.defs.onnx_opset_version()
-    if not versions:
-        if any(o.domain in _DOMAINS for o in model.opset_import):
-            return newest  # a model of the training domain alone
-        raise SerializationError("the model imports no version of the ONNX operator set")
-    version = int(versions[0])
-    if not MIN_OPSET <= version <= newest:
-        raise SerializationError(f"the model's ONNX operator set is {version}; mlaxgraph "
-                                 f"reads {MIN_OPSET} to {newest}")
-    return version
 
 
 def _input_shape(value: Any, dims: Mapping[str, int]) -> tuple:
