@@ -99,6 +99,28 @@ def test_scan_backwards_along_an_axis():
     _check(model, {"acc": np.zeros(2, np.float32), "x": rng.normal(size=(2, 5)).astype(np.float32)})
 
 
+def test_a_scan_body_reading_a_constant_axis_around_it():
+    """The body unsqueezes each column along an axis computed outside it (a Constant
+    and a Neg: a constant of the graph), as ONNX's expanded LinearAttention writes."""
+    I64 = TensorProto.INT64
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["col", "axis"], ["u"]),
+         helper.make_node("Add", ["acc_in", "col"], ["acc_out"])], "body",
+        [helper.make_tensor_value_info("acc_in", F, [2]), helper.make_tensor_value_info("col", F, [2])],
+        [helper.make_tensor_value_info("acc_out", F, [2]), helper.make_tensor_value_info("u", F, [2, 1])])
+    model = _model([helper.make_node("Constant", [], ["one"], value=helper.make_tensor("c", I64, [1], [1])),
+                    helper.make_node("Neg", ["one"], ["axis"]),
+                    helper.make_node("Scan", ["acc", "x"], ["total", "cols"], body=body,
+                                     num_scan_inputs=1, scan_input_axes=[1])],
+                   [helper.make_tensor_value_info("acc", F, [2]),
+                    helper.make_tensor_value_info("x", F, [2, 5])],
+                   [helper.make_tensor_value_info("total", F, [2]),
+                    helper.make_tensor_value_info("cols", F, [5, 2, 1])])
+    x = np.random.default_rng(4).normal(size=(2, 5)).astype(np.float32)
+    graph = _check(model, {"acc": np.zeros(2, np.float32), "x": x})
+    assert graph.output_specs[1].shape == (5, 2, 1)
+
+
 def test_a_loop_whose_length_depends_on_the_data_is_refused():
     body = helper.make_graph(
         [helper.make_node("Less", ["v_in", "ten"], ["cond_out"]),

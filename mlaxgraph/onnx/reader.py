@@ -199,6 +199,9 @@ class _Reader:
         args = [self.values[v] if v else None for v in names]
         statics, tensors = [], []
         static = set(op.static)
+        # small constants a body reads around it stay constants in it (an axis, a shape)
+        static.update(p for p in range(len(node.input), len(names))
+                      if isinstance(args[p], np.ndarray) and args[p].size <= 256)
         for position, (v, value) in enumerate(zip(names, args)):
             if not v:
                 continue
