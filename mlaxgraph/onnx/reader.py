@@ -200,8 +200,8 @@ class _Reader:
         statics, tensors = [], []
         static = set(op.static)
         # small constants a body reads around it stay constants in it (an axis, a shape)
-        static.update(p for p in range(len(node.input), len(names))
-                      if isinstance(args[p], np.ndarray) and args[p].size <= 256)
+        static.update(p for p, value in enumerate(args) if p >= len(node.input)
+                      and isinstance(value, np.ndarray) and value.size <= 256)
         for position, (v, value) in enumerate(zip(names, args)):
             if not v:
                 continue
