@@ -4,7 +4,7 @@ onnxruntime (needs the torch-test extra, which brings onnx and onnxruntime into
 
     nice .venv-torch/bin/python benchmarks/onnx_exported.py [--folder DIR] [--only NAME ...] [--write]
 
-torchvision's ResNet-18 and MobileNet V3 small (1 x 3 x 224 x 224) and Hugging Face's
+torchvision's ResNet-18, ResNet-50 and MobileNet V3 small (1 x 3 x 224 x 224) and Hugging Face's
 GPT-2 and BERT from small random configs (2 x 16 tokens), random weights (seed 0), eval
 mode, are written as ONNX files by torch's TorchScript exporter (opset 17; the files are
 not committed: ``--folder``, a temporary one by default). Each is read with
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common, when imported by a test
 from _common import write_between  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
@@ -40,6 +41,11 @@ BEGIN, END = "<!-- exported models table: begin -->", "<!-- exported models tabl
 def _resnet18():
     import torchvision
     return torchvision.models.resnet18(), (torch.randn(1, 3, 224, 224),), ["input"], ["logits"]
+
+
+def _resnet50():
+    import torchvision
+    return torchvision.models.resnet50(), (torch.randn(1, 3, 224, 224),), ["input"], ["logits"]
 
 
 def _mobilenet_v3_small():
@@ -78,7 +84,7 @@ def _bert():
         ["input_ids"], ["last_hidden_state"]
 
 
-MODELS = {"resnet18": _resnet18, "mobilenet_v3_small": _mobilenet_v3_small, "gpt2": _gpt2,
+MODELS = {"resnet18": _resnet18, "resnet50": _resnet50, "mobilenet_v3_small": _mobilenet_v3_small, "gpt2": _gpt2,
           "bert": _bert}
 
 

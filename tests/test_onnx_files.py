@@ -155,6 +155,33 @@ def test_a_data_dependent_shape_is_named():
         mg.from_onnx(model)
 
 
+def test_older_operator_sets():
+    """Opset 1's Not and Transpose are as at opset 6: read (against NumPy); Relu
+    changed at opset 6 (its consumed_inputs went), opset 4's Reshape
+    takes its shape as an attribute, changed at opset 5: refused, naming it."""
+    x = helper.make_tensor_value_info("x", TensorProto.BOOL, [2, 3])
+    v = helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 3])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Not", ["x"], ["y"]), helper.make_node("Transpose", ["v"], ["r"])],
+        "old", [x, v], [helper.make_tensor_value_info("y", TensorProto.BOOL, [2, 3]),
+                        helper.make_tensor_value_info("r", TensorProto.FLOAT, [3, 2])]),
+        opset_imports=[helper.make_opsetid("", 1)])
+    graph, params, state = mg.from_onnx(model)
+    xs, vs = RNG.random((2, 3)) > 0.5, RNG.normal(size=(2, 3)).astype(np.float32)
+    (y, r), _ = mg.compile(graph).apply(params, state, xs, vs)
+    np.testing.assert_array_equal(y, ~xs)
+    np.testing.assert_array_equal(r, vs.T)
+    model.graph.node.append(helper.make_node("Relu", ["v"], ["relu"], name="/act/Relu"))
+    with pytest.raises(mg.SerializationError, match=r"set is 1; node '/act/Relu' \(Relu\)"):
+        mg.from_onnx(model)
+    del model.graph.node[-1]
+    model.opset_import[0].version = 4
+    model.graph.node.append(helper.make_node("Reshape", ["v"], ["s"], shape=[3, 2],
+                                             name="/flat/Reshape"))
+    with pytest.raises(mg.SerializationError, match=r"set is 4; node '/flat/Reshape' \(Reshape\)"):
+        mg.from_onnx(model)
+
+
 def test_damaged_files_raise_only_mlaxgraph_errors(tmp_path):
     data = small_model().SerializeToString()
     rng = random.Random(26)

@@ -266,9 +266,9 @@ def check_shared_weights(layer, specs: tuple[TensorSpec, ...], source: SourceInf
             source=source))
 
 
-def _as_tensors(value: Any, what: str) -> tuple[SymbolicTensor, ...]:
+def _as_tensors(value: Any, what: str, empty: bool = False) -> tuple[SymbolicTensor, ...]:
     items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    if not items:
+    if not items and not empty:
         raise GraphError(f"a graph needs at least one {what[:-1]}")
     for item in items:
         if not isinstance(item, SymbolicTensor):
@@ -280,7 +280,7 @@ def trace_graph(inputs: Any, outputs: Any):
     """Walks back from ``outputs`` to ``inputs``; returns (nodes, input names, output values)."""
     from .graph import InputLayer  # lazy: graph.py, where the Input op lives, imports this module
 
-    in_tensors = _as_tensors(inputs, "inputs")
+    in_tensors = _as_tensors(inputs, "inputs", empty=True)
     out_tensors = _as_tensors(outputs, "outputs")
     input_calls: list[Call] = []
     for t in in_tensors:

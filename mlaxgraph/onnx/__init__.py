@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (they fill the op table)
     ops_bounded,
     ops_control,
     ops_math,
+    ops_ml,
     ops_nn,
     ops_quant,
     ops_recurrent,

@@ -28,7 +28,7 @@ from ..core.specs import TensorSpec
 from ..ops.base import Layer
 from ..ops.foreign import Family, ForeignOp, OpDef
 
-__all__ = ["OpDef", "Attrs", "OnnxOp", "Constant", "TABLE", "define", "op_class",
+__all__ = ["OpDef", "Attrs", "OnnxOp", "Constant", "TABLE", "DOMAINS", "define", "op_class",
            "encode_array", "decode_array", "ONNX_OPS"]
 
 
@@ -148,6 +148,9 @@ TABLE: dict[str, OpDef] = FAMILY.table
 define = FAMILY.define
 #: The layer class of an ONNX operator (``onnx.<Op>``), made once.
 op_class = FAMILY.op_class
+#: The operators of other domains than ONNX's own, by name: ``to_onnx`` writes them
+#: in their domain (``ai.onnx.ml``'s Binarizer, the training domain's Adam).
+DOMAINS: dict[str, str] = {}
 
 
 @register("onnx.constant")

@@ -8,6 +8,9 @@ them after the node's own, their names in the attribute ``__outer__``).
 ``Loop``'s trip count and condition are static inputs: with scan outputs the number
 of iterations sets their length, so a body that may stop early (its condition output
 other than its condition input passed through) is refused when it has scan outputs.
+
+``FlexAttention`` (ONNX's ``ai.onnx.preview`` domain) is attention whose scores and
+probabilities pass through bodies of the same kind (``score_mod``, ``prob_mod``).
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core.errors import GraphError, MlaxGraphError, SerializationError
-from .dtypes import int64
-from .layer import define
+from .dtypes import int64, to_dtype
+from .layer import DOMAINS, define
 
 __all__ = ["free_names"]
 
@@ -199,3 +202,36 @@ def _scan(a, *inputs):
     ys = [y[::-1] if d else y for y, d in zip(ys, out_dirs)]
     ys = [jnp.moveaxis(y, 0, ax % y.ndim) for y, ax in zip(ys, out_axes)]
     return tuple(final) + tuple(ys)
+
+
+@define("FlexAttention", dtypes="float", flops="input")
+def _flex_attention(a, q, k, v, *outers):
+    """``softmax(score_mod(q k^T scale)) -> prob_mod -> @ v`` on ``(batch, heads, seq,
+    head)`` tensors, each key/value head shared by a contiguous group of query heads;
+    the scores in ``softmax_precision`` (float32 for narrower inputs), q and k each
+    scaled by the square root of ``scale`` (default ``1 / sqrt(head)``) first."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise GraphError(f"FlexAttention takes rank-4 query, key and value; got ranks "
+                         f"{q.ndim}, {k.ndim}, {v.ndim}")
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+    scale = a.get("scale")
+    root = jnp.asarray(np.sqrt(np.float32(1 / np.sqrt(q.shape[-1]) if scale is None else scale)),
+                       q.dtype)
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q * root, k * root,
+                        precision=jax.lax.Precision.HIGHEST)
+    precision = a.get("softmax_precision")
+    wide = (to_dtype(precision) if precision is not None else
+            jnp.promote_types(q.dtype, jnp.float32))
+    scores = scores.astype(wide)
+    if "score_mod" in a:
+        scores = _run(a, "score_mod", [scores], list(outers))[0].astype(wide)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if "prob_mod" in a:
+        probs = _run(a, "prob_mod", [probs], list(outers))[0].astype(wide)
+    out = jnp.einsum("bhqk,bhkd->bhqd", probs, v.astype(wide), precision=jax.lax.Precision.HIGHEST)
+    return out.astype(v.dtype)
+
+
+DOMAINS["FlexAttention"] = "ai.onnx.preview"

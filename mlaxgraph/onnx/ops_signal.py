@@ -1,6 +1,8 @@
-"""The ``onnx`` family's rotary embeddings and Fourier transforms: RotaryEmbedding
+"""The ``onnx`` family's rotary embeddings and signal processing: RotaryEmbedding
 (interleaved or split halves, a partial rotary dim, position ids), DFT (real or
-complex input, forward or inverse, one-sided), STFT."""
+complex input, forward or inverse, one-sided), STFT, the windows (Hann, Hamming,
+Blackman) and MelWeightMatrix. The windows and the mel matrix have only static
+inputs: they are constants of the graph, computed when it is built."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core.errors import ShapeError
-from .dtypes import canonical
+from .dtypes import canonical, to_dtype
 from .layer import define
 
 
@@ -84,6 +86,54 @@ def _stft(a, x, step, window=None, length=None):
     if a.get("onesided", 1):
         out = out[..., :n // 2 + 1]
     return jnp.stack([out.real, out.imag], axis=-1).astype(x.dtype)
+
+
+def _window(a, size, terms):
+    """``sum_k c_k cos(2 pi k n / N)`` for ``n < size``, ``N = size`` (periodic, the
+    default) or ``size - 1`` (symmetric), in the type ``output_datatype`` names."""
+    n = int(np.asarray(size).reshape(-1)[0])
+    span = n if a.get("periodic", 1) else n - 1
+    phase = 2 * np.pi * np.arange(n, dtype=np.float64) / span if span else np.zeros(n)
+    out = sum(c * np.cos(k * phase) for k, c in enumerate(terms))
+    return jnp.asarray(out.astype(to_dtype(a.get("output_datatype", 1))))
+
+
+@define("HannWindow", static=(0,), flops="none")
+def _hann(a, size):
+    return _window(a, size, (0.5, -0.5))
+
+
+@define("HammingWindow", static=(0,), flops="none")
+def _hamming(a, size):
+    return _window(a, size, (25 / 46, -21 / 46))
+
+
+@define("BlackmanWindow", static=(0,), flops="none")
+def _blackman(a, size):
+    return _window(a, size, (0.42, -0.5, 0.08))
+
+
+@define("MelWeightMatrix", static=(0, 1, 2, 3, 4), flops="none")
+def _mel(a, mel_bins, dft_length, sample_rate, low, high):
+    """Triangular filters of peak 1, ``(dft_length // 2 + 1, mel_bins)``: ``mel_bins
+    + 2`` edges spaced evenly in mel (``2595 log10(1 + f / 700)``) from ``low`` by
+    ``(mel(high) - mel(low)) / (mel_bins + 2)``, each edge on the spectrum's bin
+    ``floor((dft_length + 1) f / sample_rate)``; filter i rises from edge i to edge
+    i + 1 and falls to edge i + 2."""
+    m, length = (int(np.asarray(v).reshape(-1)[0]) for v in (mel_bins, dft_length))
+    rate, lo, hi = (float(np.asarray(v).reshape(-1)[0]) for v in (sample_rate, low, high))
+    mel = [2595 * np.log10(1 + f / 700) for f in (lo, hi)]
+    edges_mel = mel[0] + np.arange(m + 2) * (mel[1] - mel[0]) / (m + 2)
+    hertz = 700 * (10 ** (edges_mel / 2595) - 1)
+    edges = np.floor((length + 1) * hertz / rate).astype(np.int64)
+    left, center, right = edges[:-2], edges[1:-1], edges[2:]
+    j = np.arange(length // 2 + 1)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rise = np.where(center > left, (j - left) / (center - left), 1.0)
+        fall = (right - j) / (right - center)
+    out = np.where((j >= left) & (j <= center) & ((center > left) | (j == center)), rise, 0.0)
+    out = np.where((j >= center) & (j < right), fall, out)
+    return jnp.asarray(out.astype(to_dtype(a.get("output_datatype", 1))))
 
 
 def _heads(x, heads: int):

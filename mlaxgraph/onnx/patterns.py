@@ -29,7 +29,7 @@ __all__ = ["match"]
 
 
 def _weight(reader: Any, name: str, rank: int | None = None) -> np.ndarray | None:
-    from .reader import _Weight
+    from .weights import Weight as _Weight
 
     value = reader.values.get(name) if name else None
     if not isinstance(value, _Weight) or value.array.dtype.kind != "f":
@@ -49,6 +49,7 @@ def _layer_name(reader: Any, node: Any, fallback: str) -> str:
     scope, _ = scope_of(node.name)
     if scope:
         reader.places[name] = (scope[:-1], scope[-1])
+        reader.modules.add(name)
     return name
 
 

@@ -24,26 +24,16 @@ from ..ops.param import Param
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
 from .ops_bounded import BOUNDED, check_sizes, read_sizes
-from .ops_control import free_names
+from .ops_training import with_body
+from .order import _reads, _toposort, static_inputs
 from .patterns import match
-from .protos import attribute_value, load_model, require_onnx, tensor_to_array
+from .protos import attribute_value, load_model, tensor_to_array
 from .scopes import nest
+from .versions import _DOMAINS, MIN_OPSET, _opset
+from .weights import Weight as _Weight
+from .weights import weight_view
 
 __all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
-
-#: The oldest operator set read (6: the operators' legacy broadcast attributes are
-#: honoured).
-MIN_OPSET = 6
-#: The operator domains read: ONNX's, and its training domain's optimizers.
-_DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training")
-
-
-class _Weight:
-    """A float initializer: a weight when used as a tensor, a value when static."""
-
-    def __init__(self, name: str, array: np.ndarray):
-        self.name, self.array = name, array
-
 
 def _text(value: Any) -> str:
     """A string field of the proto (protobuf hands back bytes for invalid UTF-8)."""
@@ -70,36 +60,6 @@ def scope_of(raw: Any) -> tuple[tuple[str, ...], str]:
     return tuple(parts[:-1]), parts[-1]
 
 
-def static_inputs(model: Any) -> set[str]:
-    """The names of the values that must be constants when the graph is built: those
-    at the static input positions of the operators (a ``Reshape``'s shape) and,
-    through the nodes computing them, the values they are computed from (a ``Shape``
-    needs only its input's shape, known when the graph is built)."""
-    needed: set[str] = set()
-    for node in reversed(list(model.graph.node)):
-        op = TABLE.get(node.op_type)
-        if node.op_type not in ("Shape", "Size") and any(out in needed for out in node.output):
-            needed.update(i for i in node.input if i)
-        if op is not None:
-            needed.update(node.input[p] for p in op.static if p < len(node.input) and node.input[p])
-    return needed
-
-
-def _opset(model: Any) -> int:
-    onnx = require_onnx()
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    newest = onnx.defs.onnx_opset_version()
-    if not versions:
-        if any(o.domain in _DOMAINS for o in model.opset_import):
-            return newest  # a model of the training domain alone
-        raise SerializationError("the model imports no version of the ONNX operator set")
-    version = int(versions[0])
-    if not MIN_OPSET <= version <= newest:
-        raise SerializationError(f"the model's ONNX operator set is {version}; mlaxgraph "
-                                 f"reads {MIN_OPSET} to {newest}")
-    return version
-
-
 def _input_shape(value: Any, dims: Mapping[str, int]) -> tuple:
     kind = value.type.WhichOneof("value")
     if kind != "tensor_type":
@@ -117,41 +77,6 @@ def _input_shape(value: Any, dims: Mapping[str, int]) -> tuple:
     return tuple(shape)
 
 
-def _reads(node: Any) -> list[str]:
-    """The values a node reads: its inputs, and those its bodies read from around them."""
-    bodies = [a.g for a in node.attribute if a.HasField("g")]
-    return list(node.input) + (sorted(set().union(*(free_names(g) for g in bodies))) if bodies else [])
-
-
-def _toposort(nodes: list, known: set[str]) -> list:
-    producers = {out: i for i, n in enumerate(nodes) for out in n.output if out}
-    order, state = [], [0] * len(nodes)
-    for start in range(len(nodes)):
-        stack = [(start, 0)]
-        while stack:
-            i, k = stack.pop()
-            if k == 0:
-                if state[i] == 2:
-                    continue
-                if state[i] == 1:
-                    raise GraphError(f"the ONNX graph has a cycle through node "
-                                     f"{nodes[i].name or nodes[i].op_type!r} ({nodes[i].op_type})")
-                state[i] = 1
-            deps = [producers[v] for v in _reads(nodes[i]) if v in producers and v not in known]
-            if k < len(deps):
-                stack.append((i, k + 1))
-                if state[deps[k]] != 2:
-                    if state[deps[k]] == 1:
-                        raise GraphError(f"the ONNX graph has a cycle through node "
-                                         f"{nodes[i].name or nodes[i].op_type!r} "
-                                         f"({nodes[i].op_type})")
-                    stack.append((deps[k], 0))
-                continue
-            state[i] = 2
-            order.append(nodes[i])
-    return order
-
-
 class _Reader:
     def __init__(self, model: Any, folder: str | None, dims: Mapping[str, int], layers: bool,
                  sizes: Mapping[str, Any] | None = None):
@@ -161,6 +86,8 @@ class _Reader:
         self.symbolic: list[str] = []
         #: layer name -> (scope path, name within it), for nesting (scopes.nest)
         self.places: dict[str, tuple[tuple[str, ...], str]] = {}
+        #: the layers named after a module (a pattern's Linear ``fc`` of ``/fc/MatMul``)
+        self.modules: set[str] = set()
         self.done: set[int] = set()
         self.consumers: dict[str, list] = {}
         self.outputs = {v.name for v in model.graph.output}
@@ -168,10 +95,12 @@ class _Reader:
             for v in n.input:
                 self.consumers.setdefault(v, []).append(n)
         self.opset = _opset(model)
+        self.needed = static_inputs(model)  # the values that set shapes or indices
         self.values: dict[str, Any] = {}
         self.params: dict[str, Any] = {}
         self.used: set[str] = set()
         self.materialized: dict[str, Any] = {}
+        self.aliases: dict[str, str] | None = None  # Identity outputs -> their weight (weights.py)
 
     def read(self) -> tuple[Graph, dict, dict]:
         g = self.model.graph
@@ -194,7 +123,9 @@ class _Reader:
             self.values[value.name] = x
             inputs.append(x)
         check_sizes(self.sizes, [(_text(n.name), n.output[:1], n.op_type) for n in g.node])
-        for node in _toposort(list(g.node), set(self.values)):
+        # a Gradient node gets the part of the graph it differentiates as its body
+        nodes = [with_body(g, n) if n.op_type == "Gradient" else n for n in g.node]
+        for node in _toposort(nodes, set(self.values)):
             self.node(node)
         outputs = []
         for value in g.output:
@@ -209,6 +140,8 @@ class _Reader:
         value = self.values[name]
         if not isinstance(value, (_Weight, np.ndarray)):
             return value
+        if isinstance(value, _Weight):
+            name = value.name  # one weight under several names (Identity) is one layer
         if name in self.materialized:
             return self.materialized[name]
         layer_name = _safe_name(name, self.used, "constant")
@@ -250,6 +183,8 @@ class _Reader:
         if node.op_type == "Constant":
             self.values[node.output[0]] = self.constant(attrs, where)
             return
+        if weight_view(self, node, attrs) or self.inline_branch(node):
+            return
         matched = match(self, node, attrs)
         if matched is not None:
             for out_name, out in zip(*matched):
@@ -263,10 +198,14 @@ class _Reader:
         present = tuple(bool(v) for v in names)
         args = [self.values[v] if v else None for v in names]
         statics, tensors = [], []
+        static = set(op.static)
+        # small constants a body reads around it stay constants in it (an axis, a shape)
+        static.update(p for p, value in enumerate(args) if p >= len(node.input)
+                      and isinstance(value, np.ndarray) and value.size <= 256)
         for position, (v, value) in enumerate(zip(names, args)):
             if not v:
                 continue
-            if position in op.static:
+            if position in static:
                 if not isinstance(value, (np.ndarray, _Weight)):
                     raise ShapeError(f"{where}: input {position} ({v!r}) must be known when the "
                                      f"graph is built (it sets a shape or an index), but it is "
@@ -283,13 +222,17 @@ class _Reader:
             self.values[node.output[0]] = folded
             return
         layer_cls = op_class(node.op_type)
-        constant = all(isinstance(self.values[v], np.ndarray) for v in tensors) and not op.random
+        # weights fold too where the result sets a shape or an index (a Loop's trip
+        # count computed from float initializers)
+        fold = (np.ndarray, _Weight) if self.needed & set(node.output) else np.ndarray
+        constant = all(isinstance(self.values[v], fold) for v in tensors) and not op.random
         name = _safe_name(node.name, self.used, node.op_type.lower())
         try:
             layer = layer_cls(attributes=tuple(sorted(attrs.items())), static=tuple(statics),
                               present=present, outputs=n_out, opset=self.opset, name=name)
             if constant:
-                outs = layer.compute([np.asarray(self.values[v]) for v in tensors])
+                outs = layer.compute([np.asarray(getattr(self.values[v], "array", self.values[v]))
+                                      for v in tensors])
                 outs = tuple(np.asarray(o) for o in outs)
             else:
                 result = layer(*[self.tensor(v) for v in tensors])
@@ -307,6 +250,42 @@ class _Reader:
         for out_name, out in zip(node.output, outs):
             if out_name:
                 self.values[out_name] = out
+
+    def inline_branch(self, node: Any) -> bool:
+        """An ``If`` whose condition is known when the graph is built is the branch it
+        picks, read into the graph node by node: its constants fold (a shape it
+        computes sets a shape downstream), and the other branch may give other types
+        and shapes."""
+        if node.op_type != "If" or not node.input or \
+                not isinstance(self.values.get(node.input[0]), np.ndarray):
+            return False
+        cond = np.asarray(self.values[node.input[0]])
+        if cond.size != 1:
+            return False
+        key = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+        branch = next((a.g for a in node.attribute if a.name == key), None)
+        if branch is None:
+            return False
+        made = [o for n in branch.node for o in n.output if o] + [t.name for t in branch.initializer]
+        if any(name in self.values for name in made) or \
+                len(branch.output) != len(node.output):
+            return False  # a branch shadowing a name around it: read as the operator
+        for t in branch.initializer:
+            array = tensor_to_array(t, self.folder)
+            self.values[t.name] = _Weight(t.name, array) if array.dtype.kind == "f" and \
+                array.size > 0 else array
+        for n in branch.node:
+            for v in n.input:
+                self.consumers.setdefault(v, []).append(n)
+        for n in _toposort(list(branch.node), set(self.values)):
+            self.node(n)
+        for out_name, value in zip(node.output, branch.output):
+            if value.name not in self.values:
+                raise GraphError(f"node {_text(node.name) or '(unnamed)'!r} (If): its {key} "
+                                 f"output {value.name!r} is computed by no node")
+            if out_name:
+                self.values[out_name] = self.values[value.name]
+        return True
 
     def bound(self, node: Any) -> dict[str, Any]:
         """The static bound ``sizes`` gives a node of data-dependent output length, by
@@ -394,7 +373,7 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
         reader = _Reader(model, folder, dims or {}, layers, sizes)
         graph, params, state = reader.read()
         if blocks:
-            graph, params, state = nest(graph, reader.places, params, state)
+            graph, params, state = nest(graph, reader.places, params, state, reader.modules)
         return graph, params, state
     except RecursionError:
         raise GraphError("the ONNX graph nests too deeply to be read") from None

@@ -6,7 +6,10 @@ The graph read flat is replayed level by level: the nodes of one scope (``layer1
 become a graph, called as a block named after the scope, its inputs the values the
 scope reads from outside and its outputs those read outside it; its weights nest
 under its name (``params["layer1"]["layer1.0"]["conv1"]["kernel"]``). A scope holding
-a single node is not a block: the node takes the scope's name. A weight or constant
+a single operation is not a block: the operation takes the scope's name; a scope
+holding a single layer named after a module inside it (a ``Sequential`` around one
+``Conv``: ``/downsample/downsample.0/Conv``) is a block holding that layer, so each
+module the exporter named is drawn. A weight or constant
 moves into the scope of the nodes reading it when they share one. When the scopes
 do not nest (a scope that reads a value computed from its own output outside it),
 the graph stays flat.
@@ -15,7 +18,7 @@ the graph stays flat.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..ir.graph import Graph, Input
@@ -46,8 +49,8 @@ def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
 
 class _Nester:
     def __init__(self, graph: Graph, places: Mapping[str, tuple[tuple[str, ...], str]],
-                 params: Mapping, state: Mapping):
-        self.graph, self.places = graph, dict(places)
+                 params: Mapping, state: Mapping, modules: frozenset[str] = frozenset()):
+        self.graph, self.places, self.modules = graph, dict(places), modules
         self.flat_params, self.flat_state = params, state
         self.params: dict = {}
         self.state: dict = {}
@@ -119,11 +122,13 @@ class _Nester:
                 groups[key].append(node)
             else:
                 order.append(("node", node))
-        # a group of one node (and the weights it alone reads) is that node, named
-        # after the scope
+        # a group of one operation (and the weights it alone reads) is that operation,
+        # named after the scope; a group of one layer named after a module of its own
+        # (downsample.0 in downsample) stays a block
         for key in list(groups):
             compute = [n for n in groups[key] if n.op.op_name not in _CARRIERS]
-            if len(compute) == 1 and all(len(self.place(n)[0]) == depth + 1 for n in groups[key]):
+            if len(compute) == 1 and all(len(self.place(n)[0]) == depth + 1 for n in groups[key]) \
+                    and (compute[0].name not in self.modules or self.place(compute[0])[1] == key):
                 node = compute[0]
                 for n in groups[key]:
                     if n is node:
@@ -217,13 +222,14 @@ class _Nester:
 
 
 def nest(graph: Graph, places: Mapping[str, tuple[tuple[str, ...], str]], params: Mapping,
-         state: Mapping) -> tuple[Graph, dict, dict]:
+         state: Mapping, modules: Iterable[str] = ()) -> tuple[Graph, dict, dict]:
     """The graph with its nodes grouped into nested blocks by ``places`` (node name ->
     (scope path, name within it)), and its weights nested to match; the graph as it
-    is when the scopes do not nest or there are none."""
+    is when the scopes do not nest or there are none. ``modules``: the nodes whose
+    name within their scope is a module's (a layer a pattern made)."""
     if not any(scope for scope, _ in places.values()):
         return graph, dict(params), dict(state)
     try:
-        return _Nester(graph, places, params, state).run()
+        return _Nester(graph, places, params, state, frozenset(modules)).run()
     except _Cycle:
         return graph, dict(params), dict(state)

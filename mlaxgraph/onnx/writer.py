@@ -20,7 +20,7 @@ from ..core.errors import SerializationError
 from ..core.specs import is_symbolic
 from ..ir.graph import Graph
 from .dtypes import to_code
-from .layer import OnnxOp, decode_array
+from .layer import DOMAINS, OnnxOp, decode_array
 from .ops_bounded import BOUNDED
 from .protos import require_onnx
 from .writer_rules import RULES, write_bounded
@@ -41,6 +41,8 @@ class _Writer:
         self.input_specs: list = []
         #: symbolic dim name -> (graph input, axis) holding it, for sizes written as Shape
         self.dims: dict[str, tuple[str, int]] = {}
+        #: the operator domains other than ONNX's the nodes written use
+        self.domains: set[str] = set()
 
     def fresh(self, base: str) -> str:
         name, n = base, 1
@@ -63,7 +65,11 @@ class _Writer:
         a layer is written as)."""
         outs = [self.fresh(f"{path}:{i}" if outputs > 1 else path) for i in range(outputs)]
         name = f"/{path}/{op_type}"
+        domain = DOMAINS.get(op_type, "")
+        if domain:
+            self.domains.add(domain)
         self.nodes.append(self.onnx.helper.make_node(op_type, inputs, outs, name=name,
+                                                     domain=domain or None,
                                                      **{k: v for k, v in attrs.items()
                                                         if v is not None}))
         return outs
@@ -171,8 +177,12 @@ def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mappi
         writer.nodes, graph.name, [_value_info(onnx, n, s) for n, s in zip(inputs, graph.input_specs)],
         [_value_info(onnx, n, s) for n, s in zip(out_names, graph.output_specs)],
         initializer=writer.initializers)
+    domains = [onnx.helper.make_opsetid(d, onnx.defs.onnx_opset_version() if d == "" else
+                                        max(onnx.defs.get_schema(n.op_type, domain=d).since_version
+                                            for n in writer.nodes if n.domain == d))
+               for d in sorted(writer.domains)]
     model = onnx.helper.make_model(body, producer_name="mlaxgraph",
-                                   opset_imports=[onnx.helper.make_opsetid("", opset)])
+                                   opset_imports=[onnx.helper.make_opsetid("", opset)] + domains)
     model.ir_version = min(model.ir_version, 10)
     if path is not None:
         data = model.SerializeToString()

@@ -21,8 +21,12 @@ _INT64, _INT32 = "tensor(int64)", "tensor(int32)"
 def _allowed(onnx: Any, op_type: str, opset: int, outputs: bool) -> list[set[str]] | None:
     """The type strings each input (or output) of the operator's schema allows; the
     last formal parameter repeats (variadic). None for an operator without schema."""
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, "")
+    from .layer import DOMAINS
+
+    domain = DOMAINS.get(op_type, "")
+    try:  # another domain's operator: its newest schema (its versions are not ONNX's)
+        schema = (onnx.defs.get_schema(op_type, domain=domain) if domain else
+                  onnx.defs.get_schema(op_type, opset, ""))
     except Exception:  # noqa: BLE001  (no schema in this onnx: nothing to reconcile)
         return None
     constraints = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
