@@ -96,7 +96,32 @@ def test_scan_backwards_along_an_axis():
                    [helper.make_tensor_value_info("total", F, [2]),
                     helper.make_tensor_value_info("steps", F, [2, 5])])
     rng = np.random.default_rng(1)
-    _check(model, {"acc": np.zeros(2, np.float32), "x": rng.normal(size=(2, 5)).astype(np.float32)})
+    feeds = {"acc": np.zeros(2, np.float32), "x": rng.normal(size=(2, 5)).astype(np.float32)}
+    graph = _check(model, feeds)
+    # a body reading nothing around it is written back as it was read: onnxruntime runs
+    # the written file to the same values
+    _, params, state = mg.from_onnx(model)
+    written = graph.to_onnx(None, params, state)
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(written.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    for ours, theirs in zip(got, expected):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_to_onnx_refuses_a_body_reading_values_around_it():
+    nodes = [helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["z"], then_branch=_branch("then", "Add", 1),
+                              else_branch=_branch("else", "Mul", 2))]
+    model = _model(nodes, [helper.make_tensor_value_info(n, F, shape)
+                           for n, shape in (("s", []), ("x", [2, 3]), ("y", [2, 3]))],
+                   [helper.make_tensor_value_info("z", F, [2, 3])])
+    model.graph.initializer.append(helper.make_tensor("zero", F, [], [0.0]))
+    graph, params, state = mg.from_onnx(model)
+    with pytest.raises(mg.SerializationError, match=r"layer 'if' \(op onnx.If\) has a body "
+                       r"that reads values of the graph around it \(x, y\)"):
+        graph.to_onnx(None, params, state)
 
 
 def test_a_scan_body_reading_a_constant_axis_around_it():

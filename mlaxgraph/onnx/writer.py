@@ -100,6 +100,14 @@ class _Writer:
               path: str) -> list[str]:
         op = node.op
         if isinstance(op, OnnxOp):
+            inner = dict(op.attributes)
+            if inner.get("__outer__") or "__body__" in inner:
+                # Its body reads values around it by the names of the file it came from
+                # (or is a body the reader made): the node would not be valid ONNX.
+                raise SerializationError(
+                    f"layer {node.name!r} (op {op.op_name}) has a body that reads values of "
+                    f"the graph around it ({', '.join(inner.get('__outer__', ())) or 'a gradient'}); "
+                    f"to_onnx cannot write such a body")
             full, dtypes, it = [], [], iter(zip(args, self.input_specs))
             statics = dict(op.static)
             for position, given in enumerate(op.present or (True,) * (len(args) + len(statics))):
@@ -131,6 +139,12 @@ def _attr(value: Any) -> Any:
         from onnx import numpy_helper
 
         return numpy_helper.from_array(decode_array(value))
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "graph":
+        from onnx import GraphProto  # a body (If, Loop, Scan), as it was read
+
+        body = GraphProto()
+        body.ParseFromString(bytes.fromhex(value[1]))
+        return body
     return list(value) if isinstance(value, tuple) else value
 
 
