@@ -6,8 +6,9 @@ The model: GPT-2 small (``mg.models.gpt2()``: 12 layers, n_embd 768, 12 heads, v
 decoder (``HandGPT2`` below) reads the same params dict and keeps the same cache
 layout: per layer ``key`` and ``value`` of ``(batch, max_length, heads, head_dim)``,
 written with ``lax.dynamic_update_slice`` at the cache index, attention over all
-``max_length`` slots masked by slot (``slot <= index`` and the slot filled), positions
-from the mask; its step is ``jax.jit`` with the cache donated, as ``dec.step``'s.
+``max_length`` slots masked by slot (``slot <= index`` and the slot filled; a step's
+as products and sums over the cache, a prefill's as dot products, as
+``ops.CachedAttention`` computes them), positions from the mask; its step is ``jax.jit`` with the cache donated, as ``dec.step``'s.
 
 Measured:
 
@@ -82,7 +83,9 @@ def _gelu(x):
 
 
 class HandGPT2:
-    """GPT-2 prefill and step over a key/value cache, written by hand in JAX."""
+    """GPT-2 prefill and step over a key/value cache, written by hand in JAX: a prefill's
+    attention as dot products, a step's (one token) as products and sums over the cache
+    in its layout, as ``ops.CachedAttention`` computes them."""
 
     def __init__(self, n_layer: int, n_head: int, max_length: int):
         self.n_layer, self.n_head, self.max_length = n_layer, n_head, max_length
@@ -112,10 +115,16 @@ class HandGPT2:
             cv = jax.lax.dynamic_update_slice(cv, v, (0, index, 0, 0))
             new.append((ck, cv))
             q = q / math.sqrt(q.shape[-1])
-            scores = jnp.einsum("bqhk,bshk->bhqs", q, ck)
-            scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
-            w = jax.nn.softmax(scores, axis=-1)
-            att = jnp.einsum("bhqs,bshk->bqhk", w, cv)
+            if seq == 1:  # a step: products and sums over the cache in its layout
+                scores = jnp.sum(q[:, 0, None] * ck, -1)  # (batch, slots, heads)
+                scores = jnp.where(allowed[:, 0, 0, :, None], scores, jnp.finfo(jnp.float32).min)
+                w = jax.nn.softmax(scores, axis=1)
+                att = jnp.sum(w[..., None] * cv, 1)[:, None]
+            else:
+                scores = jnp.einsum("bqhk,bshk->bhqs", q, ck)
+                scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+                w = jax.nn.softmax(scores, axis=-1)
+                att = jnp.einsum("bhqs,bshk->bqhk", w, cv)
             x = x + jnp.einsum("bqhk,hko->bqo", att, a["out"]["kernel"]) + a["out"]["bias"]
             h = _layer_norm(x, b["ln_2"])
             m = _gelu(h @ b["mlp.c_fc"]["kernel"] + b["mlp.c_fc"]["bias"])
@@ -329,7 +338,7 @@ def peers(model, graph, quick: bool, rounds: int | None = None, torch_python: st
     for leaf in os.listdir(folder):
         os.remove(os.path.join(folder, leaf))
     os.rmdir(folder)
-    hand = HandGPT2(12, 12, 256)  # the cache generate makes for these lengths: 256 slots
+    hand = HandGPT2(12, 12, 128)  # the cache generate makes for these lengths: 128 slots
     hand_generate = jax.jit(hand.generate, static_argnums=(2,))
     table, same, goals = [], {}, {}
     try:

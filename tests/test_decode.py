@@ -412,8 +412,12 @@ def test_cli_generate_bad_input(llama_folder, capsys):
 
 
 @pytest.mark.parametrize("policy", [None, mg.Policy(compute_dtype="bfloat16")], ids=["f32", "bf16"])
-def test_cached_attention_flops_rule_matches_xla(policy):
-    dec = mg.decoder(mg.compile(mg.models.llama(LLAMA), policy=policy), max_length=16)
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["summed_step", "dotted_step"])
+def test_cached_attention_flops_rule_matches_xla(policy, kv_heads):
+    # 4 query heads over 2 key/value heads: a step sums; 8 over 1: past MAX_GROUP_SUMMED
+    config = dict(LLAMA, num_key_value_heads=kv_heads, num_attention_heads=4 * (3 - kv_heads))
+    assert (config["num_attention_heads"] // kv_heads > ops.cached_attention.MAX_GROUP_SUMMED) == (kv_heads == 1)
+    dec = mg.decoder(mg.compile(mg.models.llama(config), policy=policy), max_length=16)
     for seq in (1, 5):
         table = dec.model(3).cost_table(batch=3, seq=seq, inference_mode=True)
         for row in table:

@@ -30,6 +30,13 @@ __all__ = ["CachedAttention", "CACHE_AXES"]
 #: heads shards the cache with them.
 CACHE_AXES = ("batch", "cache_length", "heads", "kv")
 
+#: A step's attention (one token) is products and sums over the cache when each
+#: key/value head serves at most this many query heads (one pass over the cache each),
+#: dot products otherwise: on XLA's CPU backend, at batch 8 and 256 slots, 12 layers,
+#: the sums took 0.16x the dots' CPU time with 12 heads of their own, 0.53x with 4 query
+#: heads per key/value head, 1.06x with 8 (benchmarks/RESULTS.md, section 12).
+MAX_GROUP_SUMMED = 4
+
 
 def _batch(value, layer) -> int | str:
     if isinstance(value, str) and value:
@@ -173,7 +180,8 @@ class CachedAttention(Layer):
         if self.sliding_window is not None:  # slots are positions apart (padding is on the left)
             causal = causal & (at - slots[None, :] < self.sliding_window)
         allowed = jnp.logical_and(cache_mask[:, None, :], causal[None])  # (batch, seq, slots)
-        attend = self._attend_one if q.shape[1] == 1 else self._attend_many
+        one = q.shape[1] == 1 and self.num_heads // self.kv_heads <= MAX_GROUP_SUMMED
+        attend = self._attend_one if one else self._attend_many
         attended = attend(q, keys.astype(x.dtype), values.astype(x.dtype), allowed, softmax_dtype)
         out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
         if self.attention().has_out_bias:
@@ -217,7 +225,8 @@ class CachedAttention(Layer):
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """The projections, the rotary embedding (one table for q and k), the scaling of
         q, the two attention products over the whole cache (dots for a prefill; for a
-        step, products and sums in the softmax's dtype), the mask by slot (a compare per
+        step, products and sums in the softmax's dtype unless ``MAX_GROUP_SUMMED`` is
+        passed), the mask by slot (a compare per
         token and slot, an and per row, token and slot, the select), the softmax (and
         its converts in another dtype), the output projection, and the clamps of the
         cache index by the two ``dynamic_update_slice``. The cache is taken in
@@ -235,7 +244,8 @@ class CachedAttention(Layer):
         bias = 1 if self.use_bias else 0
         count = (2 * d + bias) * per_query + 2 * (2 * d + bias) * per_key + per_query
         count = count + 2 * 2 * scores * self.head_dim + 4 * scores - batch * heads * seq
-        one = dim_max(0, 2 - seq)  # 1 for a step (one token), else 0
+        summed = heads // self.kv_heads <= MAX_GROUP_SUMMED
+        one = dim_max(0, 2 - seq) if summed else 0  # 1 for a step summed (one token), else 0
         # a step's products and sums: a sum of n terms is n - 1 adds
         count = count - one * batch * heads * (length + self.head_dim)
         if np.dtype(x.dtype).itemsize < 4:  # the scores widened and weights narrowed; a
