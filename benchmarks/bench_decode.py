@@ -8,7 +8,8 @@ layout: per layer ``key`` and ``value`` of ``(batch, max_length, heads, head_dim
 written with ``lax.dynamic_update_slice`` at the cache index, attention over all
 ``max_length`` slots masked by slot (``slot <= index`` and the slot filled; a step's
 as products and sums over the cache, a prefill's as dot products, as
-``ops.CachedAttention`` computes them), positions from the mask; its step is ``jax.jit`` with the cache donated, as ``dec.step``'s.
+``ops.CachedAttention`` computes them), positions from the mask; its step is
+``jax.jit`` with the cache donated, as ``dec.step``'s.
 
 Measured:
 
@@ -395,7 +396,7 @@ def _agreement(a: np.ndarray, b: np.ndarray) -> str:
 
 
 def run(quick: bool = False, peer_rounds: int | None = None, torch_python: str | None = None,
-        keras_python: str | None = None, skip_own: bool = False) -> dict:
+        keras_python: str | None = None, skip_own: bool = False, skip_peers: bool = False) -> dict:
     g = mg.models.gpt2()
     model = mg.compile(g)
     res: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -404,7 +405,8 @@ def run(quick: bool = False, peer_rounds: int | None = None, torch_python: str |
         params, state = model.init(jax.random.key(0))
         res["own"] = own(model, params, state, quick)
         del params, state
-    res["peers"] = peers(model, g, quick, peer_rounds, torch_python, keras_python)
+    if not skip_peers:
+        res["peers"] = peers(model, g, quick, peer_rounds, torch_python, keras_python)
     res["load_end"] = os.getloadavg()
     return res
 
@@ -426,7 +428,7 @@ def goals(res: dict) -> list[list[str]]:
                     str(own_["recompiles"]), "**met**" if own_["recompiles"] == 0 else "**MISSED**"])
         out.append(["decode: cache memory <= physical size + 1%", f"x{own_['cache_ratio']:.4f}",
                     "**met**" if own_["cache_ratio"] <= 1.01 else "**MISSED**"])
-    peer_goals = res["peers"]["goals"]
+    peer_goals = res["peers"]["goals"] if "peers" in res else {}
     for name, label in (("torch", "PyTorch `transformers.generate`"),
                         ("keras_hub", "keras_hub `GPT2CausalLM.generate` (JAX)")):
         cells = [(b, peer_goals.get(f"{name}, batch {b}")) for b in (1, 8)]
@@ -452,6 +454,8 @@ def markdown(res: dict) -> str:
         c = own_["checks"]
         parts.append(f"Prefill logits max |mg - hand| (batch 1, 8): {c[0]:.2e}, {c[1]:.2e}; greedy "
                      f"tokens equal (batch 1, 8): {c[2]}, {c[3]}.\n\n" + "\n".join(f"- {x}" for x in own_["lines"]))
+    if "peers" not in res:
+        return "\n\n".join(parts)
     p = res["peers"]
     versions = "; ".join(f"{k}: " + ", ".join(f"{a} {b}" for a, b in v.items()) for k, v in p["versions"].items())
     parts.append(f"Whole generate, greedy, {PEER_PROMPT}-token prompt, {PEER_NEW} new tokens, "
@@ -469,11 +473,13 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--peer-rounds", type=int, help="rounds of the peers' comparison (5; quick 2)")
     parser.add_argument("--peers-only", action="store_true", help="only the peers' comparison")
+    parser.add_argument("--own-only", action="store_true", help="no peers' comparison")
     parser.add_argument("--torch-python", help="the interpreter with torch and transformers")
     parser.add_argument("--keras-python", help="the interpreter with keras_hub (JAX backend)")
     args = parser.parse_args()
     print(f"jax {jax.__version__}, devices {jax.devices()}")
-    res = run(args.quick, args.peer_rounds, args.torch_python, args.keras_python, skip_own=args.peers_only)
+    res = run(args.quick, args.peer_rounds, args.torch_python, args.keras_python, skip_own=args.peers_only,
+              skip_peers=args.own_only)
     print(markdown(res))
     print()
     print(md_table(["goal", "measured", "status"], goals(res)))
