@@ -141,7 +141,12 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
 
     def loop(params, state, ids, mask, new, key, eos, pad):
         dec.compile_count += 1  # runs when traced only
-        logits, cache = prefill(params, state, dec.empty_cache(batch), ids, mask)
+        if padded > 1:  # the prompt's last token (left padding: every row's) through a step,
+            # so that the head runs on one position, not on the whole bucket
+            _, cache = prefill(params, state, dec.empty_cache(batch), ids[:, :-1], mask[:, :-1])
+            logits, cache = step(params, state, cache, ids[:, -1:])
+        else:
+            logits, cache = prefill(params, state, dec.empty_cache(batch), ids, mask)
         token = sample(logits[:, -1], jax.random.fold_in(key, 0))
         done = token == eos
         tokens = jnp.full((batch, room), pad, jnp.int32).at[:, 0].set(token)
