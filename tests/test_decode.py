@@ -2,6 +2,7 @@
 generation against a NumPy KV-cache decoder written here, left padding, samplers,
 recompiles and bad input."""
 
+import importlib
 import inspect
 import json
 
@@ -247,6 +248,19 @@ def test_prompts_of_one_bucket_do_not_recompile(gpt2):
     assert dec.compile_count == before
 
 
+def test_generate_sizes_its_cache_to_the_bucket_and_new_tokens(gpt2):
+    model, params, state, _ = gpt2
+    made = importlib.import_module("mlaxgraph.decode.generate")._DECODERS
+    mg.generate(model, params, state, np.ones((1, 16), np.int32), max_new_tokens=64)
+    assert sorted(made[model]) == [128]  # the 64-token bucket and 64 new tokens
+    counts = []
+    for length in np.linspace(5, 60, 10).astype(int):
+        out = mg.generate(model, params, state, np.ones((2, length), np.int32), max_new_tokens=128)
+        assert out.shape == (2, length + 128)
+        counts.append(made[model][256].compile_count)
+    assert sorted(made[model]) == [128, 256] and counts == [1] * 10  # one compile, then none
+
+
 def test_the_cache_is_state_of_the_decoding_graph():
     g = mg.models.llama(LLAMA)
     dec = mg.decoder(g, max_length=64)
@@ -398,8 +412,12 @@ def test_cli_generate_bad_input(llama_folder, capsys):
 
 
 @pytest.mark.parametrize("policy", [None, mg.Policy(compute_dtype="bfloat16")], ids=["f32", "bf16"])
-def test_cached_attention_flops_rule_matches_xla(policy):
-    dec = mg.decoder(mg.compile(mg.models.llama(LLAMA), policy=policy), max_length=16)
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["summed_step", "dotted_step"])
+def test_cached_attention_flops_rule_matches_xla(policy, kv_heads):
+    # 4 query heads over 2 key/value heads: a step sums; 8 over 1: past MAX_GROUP_SUMMED
+    config = dict(LLAMA, num_key_value_heads=kv_heads, num_attention_heads=4 * (3 - kv_heads))
+    assert (config["num_attention_heads"] // kv_heads > ops.cached_attention.MAX_GROUP_SUMMED) == (kv_heads == 1)
+    dec = mg.decoder(mg.compile(mg.models.llama(config), policy=policy), max_length=16)
     for seq in (1, 5):
         table = dec.model(3).cost_table(batch=3, seq=seq, inference_mode=True)
         for row in table:
@@ -419,3 +437,31 @@ def test_lora_adapted_attention_asks_for_merging_and_merged_decodes(gpt2):
     want, _ = mg.compile(adapted).apply(adapted_params, state, ids, inference_mode=True)
     got = _prefill_and_steps(mg.decoder(merged, max_length=80), merged_params, state, ids, 3)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_token_attention_equals_numpy(dtype):
+    """A step's attention (products and sums over the cache) against float64 NumPy, with
+    grouped-query heads (3 query heads per key/value head), masked slots and a window."""
+    op = ops.CachedAttention(6, 8, 16, max_length=12, batch=2, num_kv_heads=2, sliding_window=5)
+    rng = np.random.default_rng(0)
+    q, keys, values = (rng.normal(size=s) for s in [(2, 1, 6, 8), (2, 12, 2, 8), (2, 12, 2, 8)])
+    index = 7
+    mask = np.ones((2, 12), bool)
+    mask[1, :4] = False  # a left-padded row
+    slots = np.arange(12)
+    allowed = mask & (slots <= index) & (index - slots < 5)  # (batch, slots)
+    as_jax = [jnp.asarray(a, dtype) for a in (q, keys, values)]
+    got = op._attend_one(*as_jax, jnp.asarray(allowed)[:, None], jnp.float32)
+    grouped = np.asarray(as_jax[0], np.float64).reshape(2, 2, 3, 8)
+    k64, v64 = (np.asarray(a, np.float64) for a in as_jax[1:])
+    scores = np.einsum("bngk,bsnk->bngs", grouped, k64)
+    scores = np.where(allowed[:, None, None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    want = np.einsum("bngs,bsnk->bngk", weights, v64).reshape(2, 1, 6, 8)
+    assert got.dtype == jnp.dtype(dtype) and got.shape == (2, 1, 6, 8)
+    tol = 1e-5 if dtype == "float32" else 3e-2
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=tol, rtol=tol)
+    many = op._attend_many(*as_jax, jnp.asarray(allowed)[:, None], jnp.float32)
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(many, np.float64), atol=tol, rtol=tol)

@@ -16,7 +16,7 @@ import numpy as np
 from ..compiler.compile import CompiledModel
 from ..core.errors import ConfigError, GraphError, ShapeError
 from ..ir.graph import Graph
-from .decoder import Decoder, _left_pad, bucket_length, decoder
+from .decoder import MIN_BUCKET, Decoder, _left_pad, bucket_length, decoder
 from .derive import position_limit
 from .sampling import Sampler, as_sampler
 
@@ -29,8 +29,9 @@ _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _decoder_for(source: Any, prompt: int, new: int) -> Decoder:
     """The decoder itself, or one made for the model with room for the prompt's bucket
-    and the new tokens (a power of two of at least 256 slots, so that nearby lengths
-    share it)."""
+    and the new tokens: the smallest power of two holding both (128 slots for a prompt
+    of up to 64 tokens and up to 64 new ones), so that the prompts of one bucket share
+    it and a step attends over few unused slots."""
     if isinstance(source, Decoder):
         return source
     if not isinstance(source, (CompiledModel, Graph)):
@@ -43,7 +44,7 @@ def _decoder_for(source: Any, prompt: int, new: int) -> Decoder:
                          f"positions, but the model's position table has {limit}",
                          expected=f"prompt + max_new_tokens of at most {limit}")
     need = bucket_length(prompt, 1 << 62) + new
-    length = 256
+    length = MIN_BUCKET
     while length < need:
         length *= 2
     if limit is not None:
@@ -140,7 +141,12 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
 
     def loop(params, state, ids, mask, new, key, eos, pad):
         dec.compile_count += 1  # runs when traced only
-        logits, cache = prefill(params, state, dec.empty_cache(batch), ids, mask)
+        if padded > 1:  # the prompt's last token (left padding: every row's) through a step,
+            # so that the head runs on one position, not on the whole bucket
+            _, cache = prefill(params, state, dec.empty_cache(batch), ids[:, :-1], mask[:, :-1])
+            logits, cache = step(params, state, cache, ids[:, -1:])
+        else:
+            logits, cache = prefill(params, state, dec.empty_cache(batch), ids, mask)
         token = sample(logits[:, -1], jax.random.fold_in(key, 0))
         done = token == eos
         tokens = jnp.full((batch, room), pad, jnp.int32).at[:, 0].set(token)

@@ -19,7 +19,7 @@ from ..core.specs import ParamSpec, is_symbolic, shape_str
 from . import initializers
 from .attention import MultiHeadAttention
 from .base import Layer, cast_params, expect_float, field, to_param_axes
-from .flops import size, weight_converts
+from .flops import dim_max, size, weight_converts
 from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base, to_rope_scaling
 
 __all__ = ["CachedAttention", "CACHE_AXES"]
@@ -29,6 +29,13 @@ __all__ = ["CachedAttention", "CACHE_AXES"]
 #: included, e.g. the zoo Llama's ``"kv_heads"``), so a rule sharding the key/value
 #: heads shards the cache with them.
 CACHE_AXES = ("batch", "cache_length", "heads", "kv")
+
+#: A step's attention (one token) is products and sums over the cache when each
+#: key/value head serves at most this many query heads (one pass over the cache each),
+#: dot products otherwise: on XLA's CPU backend, at batch 8 and 256 slots, 12 layers,
+#: the sums took 0.16x the dots' CPU time with 12 heads of their own, 0.53x with 4 query
+#: heads per key/value head, 1.06x with 8 (benchmarks/RESULTS.md, section 12).
+MAX_GROUP_SUMMED = 4
 
 
 def _batch(value, layer) -> int | str:
@@ -166,31 +173,60 @@ class CachedAttention(Layer):
         keys = lax.dynamic_update_slice(state["key"], k.astype(state["key"].dtype), at)
         values = lax.dynamic_update_slice(state["value"], v.astype(state["value"].dtype), at)
         q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), q.dtype)
-        group = self.num_heads // self.kv_heads
         softmax_dtype = q.dtype if jnp.finfo(q.dtype).bits > 32 else jnp.float32
-        batch, seq = q.shape[:2]
-        grouped = q.reshape((batch, seq, self.kv_heads, group, self.head_dim))
-        scores = jnp.einsum("bqngk,bsnk->bngqs", grouped, keys.astype(x.dtype))
-        scores = scores.reshape((batch, self.num_heads, seq, self.max_length)).astype(softmax_dtype)
         slots = jnp.arange(self.max_length, dtype=jnp.int32)
-        at = index + jnp.arange(seq, dtype=jnp.int32)[:, None]  # each token's slot
+        at = index + jnp.arange(q.shape[1], dtype=jnp.int32)[:, None]  # each token's slot
         causal = slots[None, :] <= at
         if self.sliding_window is not None:  # slots are positions apart (padding is on the left)
             causal = causal & (at - slots[None, :] < self.sliding_window)
-        mask = jnp.logical_and(cache_mask[:, None, None, :], causal[None, None])
-        scores = jnp.where(mask, scores, jnp.finfo(softmax_dtype).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-        weights = weights.reshape((batch, self.kv_heads, group, seq, self.max_length))
-        attended = jnp.einsum("bngqs,bsnk->bqngk", weights, values.astype(x.dtype))
-        attended = attended.reshape((batch, seq, self.num_heads, self.head_dim))
+        allowed = jnp.logical_and(cache_mask[:, None, :], causal[None])  # (batch, seq, slots)
+        one = q.shape[1] == 1 and self.num_heads // self.kv_heads <= MAX_GROUP_SUMMED
+        attend = self._attend_one if one else self._attend_many
+        attended = attend(q, keys.astype(x.dtype), values.astype(x.dtype), allowed, softmax_dtype)
         out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
         if self.attention().has_out_bias:
             out = out + p["out"]["bias"]
         return (out,), {"key": keys, "value": values}
 
+    def _attend_many(self, q, keys, values, allowed, softmax_dtype):
+        """Attention of ``seq`` tokens (a prefill): dot products over the whole cache,
+        heads grouped by key/value head as ``MultiHeadAttention``'s."""
+        batch, seq = q.shape[:2]
+        group = self.num_heads // self.kv_heads
+        grouped = q.reshape((batch, seq, self.kv_heads, group, self.head_dim))
+        scores = jnp.einsum("bqngk,bsnk->bngqs", grouped, keys)
+        scores = scores.reshape((batch, self.num_heads, seq, self.max_length)).astype(softmax_dtype)
+        scores = jnp.where(allowed[:, None], scores, jnp.finfo(softmax_dtype).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+        weights = weights.reshape((batch, self.kv_heads, group, seq, self.max_length))
+        attended = jnp.einsum("bngqs,bsnk->bqngk", weights, values)
+        return attended.reshape((batch, seq, self.num_heads, self.head_dim))
+
+    def _attend_one(self, q, keys, values, allowed, softmax_dtype):
+        """Attention of one token (a decoding step) as products and sums over the cache
+        in its own layout, ``(batch, slots, kv_heads, head_dim)``: ``scores = sum_k q *
+        key`` and ``out = sum_s p * value`` each read the cache once (per query head of
+        a key/value head), where dot products over it have XLA's CPU backend transpose
+        each layer's cache at every step. Sums accumulate in the softmax's dtype."""
+        batch = q.shape[0]
+        group = self.num_heads // self.kv_heads
+        grouped = q.reshape((batch, self.kv_heads, group, self.head_dim))
+        allowed = allowed[:, 0, :, None]  # (batch, slots, 1)
+        low = jnp.finfo(softmax_dtype).min
+        heads = []
+        for g in range(group):  # a broadcast group axis runs several times slower on CPU
+            scores = jnp.sum(grouped[:, None, :, g] * keys, axis=-1, dtype=softmax_dtype)  # b s n
+            weights = jax.nn.softmax(jnp.where(allowed, scores, low), axis=1).astype(q.dtype)
+            attended = jnp.sum(weights[..., None] * values, axis=1, dtype=softmax_dtype)  # b n k
+            heads.append(attended.astype(q.dtype))
+        attended = jnp.stack(heads, axis=2)  # (batch, kv_heads, group, head_dim)
+        return attended.reshape((batch, 1, self.num_heads, self.head_dim))
+
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """The projections, the rotary embedding (one table for q and k), the scaling of
-        q, the two attention dots over the whole cache, the mask by slot (a compare per
+        q, the two attention products over the whole cache (dots for a prefill; for a
+        step, products and sums in the softmax's dtype unless ``MAX_GROUP_SUMMED`` is
+        passed), the mask by slot (a compare per
         token and slot, an and per row, token and slot, the select), the softmax (and
         its converts in another dtype), the output projection, and the clamps of the
         cache index by the two ``dynamic_update_slice``. The cache is taken in
@@ -208,8 +244,13 @@ class CachedAttention(Layer):
         bias = 1 if self.use_bias else 0
         count = (2 * d + bias) * per_query + 2 * (2 * d + bias) * per_key + per_query
         count = count + 2 * 2 * scores * self.head_dim + 4 * scores - batch * heads * seq
-        if np.dtype(x.dtype).itemsize < 4:
-            count = count + 2 * scores
+        summed = heads // self.kv_heads <= MAX_GROUP_SUMMED
+        one = dim_max(0, 2 - seq) if summed else 0  # 1 for a step summed (one token), else 0
+        # a step's products and sums: a sum of n terms is n - 1 adds
+        count = count - one * batch * heads * (length + self.head_dim)
+        if np.dtype(x.dtype).itemsize < 4:  # the scores widened and weights narrowed; a
+            # step's products widened for the sums and its outputs narrowed instead
+            count = count + 2 * scores + one * (2 * scores * self.head_dim - scores + per_query)
         count = count + scores + seq * length + batch * seq * length + 6  # mask, clamps
         if np.dtype(param_dtype) != x.dtype:  # the cache converted both ways
             count = count + 2 * per_key + 2 * batch * length * self.kv_heads * self.head_dim
