@@ -29,6 +29,7 @@ from ..ops.quantize import SCHEMES, Quantize, quantize_weight, range_scale
 from ..ops.quantized import QuantizedConv, QuantizedLinear
 from ..ops.quantized_attention import QuantizedMultiHeadAttention
 from ..ops.quantized_embedding import QuantizedEmbedding
+from .gptq import gptq_params, hessians
 
 __all__ = ["quantize", "quantize_weights", "QUANTIZABLE", "QUANTIZED_OPS", "ONE_SIGNED"]
 
@@ -230,7 +231,8 @@ def _one_signed(rewrite: Rewrite, x: Any) -> bool:
 
 
 def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = None, *,
-                     calibration: Iterable | None = None) -> tuple[dict, dict]:
+                     calibration: Iterable | None = None, method: str = "absmax",
+                     static_scales: bool | None = None) -> tuple[dict, dict]:
     """The weights of quantized graph ``qgraph`` (what ``mg.quantize`` made) from the
     float model's ``(params, state)``: each quantized layer's float weight quantized
     by absmax (the largest magnitude of each output channel, row or group maps to the
@@ -239,15 +241,27 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
     Returns ``(qparams, qstate)``; ``mg.compile(qgraph).apply(qparams, qstate, ...)``
     runs the quantized model (``qstate`` holds each ``Quantize`` node's ``scale``).
 
-    ``calibration``: None (each ``Quantize`` node computes its scale at each call:
-    its state ``scale`` is 0), or an iterable of a few input batches, each what
-    ``apply`` takes after ``(params, state)`` (an array, or a tuple of arrays for
-    several inputs). Then each ``Quantize`` node (int8 and float8 schemes) gets a
-    static scale: the largest ``|x|`` its input reaches over all the batches, over
-    127 (448 for float8), one per node (an asymmetric node: the range ``[low, high]``
-    its per-call scales cover over the batches, over 255, and its zero point), run as
-    the quantized model with per-call scales (``inference_mode=True``). A static scale makes the quantization the same
-    for every batch; values beyond the calibrated range clip.
+    ``calibration``: None, or an iterable of a few input batches, each what ``apply``
+    takes after ``(params, state)`` (an array, or a tuple of arrays for several
+    inputs); the quantized model runs on them in inference mode.
+
+    ``method``: ``"absmax"`` (each weight rounded to the nearest value) or ``"gptq"``
+    (needs ``calibration``): the weights of each Linear, attention projection and tied
+    head are rounded one input row at a time, each rounding's error on the layer's
+    output moved onto the rows not rounded yet, as the Hessian ``X^T X`` of the inputs
+    the layer reads over the calibration batches says (GPTQ, ``mlaxgraph/adapters/
+    gptq.py``): the same format, bytes and scales as absmax, a smaller error on the
+    layer's outputs for inputs like the calibration's. Conv layers and embedding
+    lookups keep absmax rounding.
+
+    ``static_scales``: whether each ``Quantize`` node (int8 and float8 schemes) gets a
+    static scale from ``calibration`` (the largest ``|x|`` its input reaches over all
+    the batches, over 127 (448 for float8), one per node; an asymmetric node: the
+    range ``[low, high]`` its per-call scales cover over the batches, over 255, and its
+    zero point) instead of computing one at each call (state ``scale`` 0). None: static
+    when ``calibration`` is given with ``method="absmax"``, per call with ``"gptq"``. A
+    static scale makes the quantization the same for every batch; values beyond the
+    calibrated range clip.
 
     Example:
       >>> import jax, mlaxgraph as mg
@@ -270,8 +284,34 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
                                     or not isinstance(calibration, Iterable)):
         raise ConfigError(f"quantize_weights: calibration takes an iterable of input batches "
                           f"(as apply takes them), got {type(calibration).__name__}")
+    if method not in ("absmax", "gptq"):
+        raise ConfigError(f"quantize_weights: method must be 'absmax' or 'gptq', got {method!r}")
+    if static_scales not in (None, True, False):
+        raise ConfigError(f"quantize_weights: static_scales must be a bool or None, got "
+                          f"{static_scales!r}")
+    if calibration is None and (method == "gptq" or static_scales):
+        raise ConfigError(f"quantize_weights: {'method=' + repr(method) if method == 'gptq' else 'static_scales=True'} "
+                          f"needs calibration=batches (a few input batches)")
+    batches = None if calibration is None else list(calibration)
+    if static_scales is None:
+        static_scales = batches is not None and method == "absmax"
     qgraph = unfold_scans(qgraph)
     expected, expected_state = jax.eval_shape(compile(qgraph).init_fn, jax.random.key(0))
+    out, state, casts = _weights(qgraph, params, state, expected, {})
+    _check(qgraph.name, None, state, expected_state, "state")
+    if method == "gptq":
+        out, _, _ = _weights(qgraph, params, state, expected,
+                             hessians(qgraph, out, state, batches or ()))
+    if static_scales:
+        state = _calibrated(qgraph, out, dict(state), batches or (), casts)
+    return out, dict(state)
+
+
+def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
+             found: Mapping[str, Any]) -> tuple[dict, dict, list[str]]:
+    """``(qparams, state, the Quantize nodes' paths)``: the float weights quantized
+    (by GPTQ where ``found`` has the layer's Hessians), the state with per-call scales
+    for the Quantize nodes it lacks."""
     out: dict = {}
     casts: list[str] = []
     for path, node in layer_paths(qgraph):
@@ -296,17 +336,14 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
                 path, node.op.op_name, "params have no weights for this layer (give the float "
                 "model's params, unscanned: model.unstack_weights gives them)")) from None
         if isinstance(node.op, tuple(QUANTIZED_OPS.values())) and not _stored(given, want):
-            given = _quantized(path, node, given, want)
+            given = _quantized(path, node, given, want, found.get(path))
         if isinstance(want, Mapping) and "kernel_sum" in want and "kernel_sum" not in given:
             # the column sums a zero point's correction reads, from the int8 kernel
             given = {**given, "kernel_sum": jnp.sum(jnp.asarray(given["kernel"]), axis=0,
                                                     dtype=jnp.int32)}
         _check(path, node, given, want)
         out = set_in(out, keys, dict(given))
-    _check(qgraph.name, None, state, expected_state, "state")
-    if calibration is not None:
-        state = _calibrated(qgraph, out, dict(state), calibration, casts)
-    return out, dict(state)
+    return out, dict(state), casts
 
 
 def _calibrated(qgraph: Graph, params: dict, state: dict, batches: Iterable,
@@ -360,7 +397,8 @@ def _stored(given: Mapping, want: Mapping) -> bool:
                if np.dtype(w.dtype).itemsize == 1 or k.endswith("_scale"))
 
 
-def _quantized(path: str, node: Node, given: Mapping, want: Mapping) -> dict:
+def _quantized(path: str, node: Node, given: Mapping, want: Mapping,
+               found: Mapping[str, Any] | None) -> dict:
     op: Any = node.op
     weight = "embedding" if isinstance(op, QuantizedEmbedding) else "kernel"
     floats = [leaf for key, leaf in leaf_paths(given).items() if key.endswith(weight)]
@@ -369,7 +407,8 @@ def _quantized(path: str, node: Node, given: Mapping, want: Mapping) -> dict:
                                       f"params have no float {weight!r} for this layer to "
                                       f"quantize"))
     try:
-        return quantize_params(op, dict(given))
+        rounded = None if found is None else gptq_params(op, dict(given), found)
+        return quantize_params(op, dict(given)) if rounded is None else rounded
     except (TypeError, ValueError) as e:
         raise GraphError(node_message(path, op.op_name,
                                       f"its float {weight!r} is not this layer's: {e}")) from None
