@@ -4,7 +4,9 @@ and what XLA CPU makes of the int8 dot.
 
 For each scheme (``int8``, ``int8`` with static activation scales calibrated on
 ``CALIBRATION`` other random prompts (``quantize_weights(..., calibration=...)``),
-``int8_weight_only``, ``int4_weight_only`` with groups of 128 and of 32, ``float8``;
+``int8`` and ``int8_weight_only`` with GPTQ rounding (``method="gptq"``) from
+``GPTQ_BATCHES`` batches of ``GPTQ_BATCH`` other random prompts (per-call activation
+scales), ``int8_weight_only``, ``int4_weight_only`` with groups of 128 and of 32, ``float8``;
 default targets: every Linear, Embedding and attention):
 
   bytes      the cost table's ``weight_bytes`` (every weight as stored) over float32's
@@ -35,7 +37,9 @@ import jax.numpy as jnp
 import mlaxgraph as mg
 
 PROMPTS, LENGTH, REPEATS, CALIBRATION = 4, 32, 15, 4
-SCHEMES = [("int8", {}), ("int8", {"calibrated": True}), ("int8_weight_only", {}),
+GPTQ_BATCHES, GPTQ_BATCH = 4, 32  # 4,096 tokens, none of them in the prompts measured
+SCHEMES = [("int8", {}), ("int8", {"calibrated": True}), ("int8", {"gptq": True}),
+           ("int8_weight_only", {}), ("int8_weight_only", {"gptq": True}),
            ("int4_weight_only", {}), ("int4_weight_only", {"group_size": 32}), ("float8", {})]
 
 
@@ -58,15 +62,22 @@ def main() -> None:
     calibration = [jax.random.randint(jax.random.key(10 + i), (1, LENGTH), 0, 50257)
                    for i in range(CALIBRATION)]
     for scheme, kw in SCHEMES:
-        name = scheme + "".join(f" (group {v})" if k == "group_size" else " (calibrated)"
+        name = scheme + "".join(f" (group {v})" if k == "group_size" else f" ({k})"
                                 for k, v in kw.items())
         if sys.argv[1:] and not name.startswith(tuple(sys.argv[1:])):
             continue
-        calibrated = kw.pop("calibrated", False)
+        calibrated, gptq = kw.pop("calibrated", False), kw.pop("gptq", False)
         qg = mg.quantize(g, scheme, **kw)
         qmodel = mg.compile(qg)
-        qp, qs = mg.quantize_weights(qg, params, state,
-                                     calibration=calibration if calibrated else None)
+        start = time.perf_counter()
+        if gptq:
+            batches = [jax.random.randint(jax.random.key(100 + i), (GPTQ_BATCH, LENGTH), 0,
+                                          50257) for i in range(GPTQ_BATCHES)]
+            qp, qs = mg.quantize_weights(qg, params, state, calibration=batches, method="gptq")
+        else:
+            qp, qs = mg.quantize_weights(qg, params, state,
+                                         calibration=calibration if calibrated else None)
+        made = time.perf_counter() - start
         stored = qmodel.cost_table(batch=1, seq=LENGTH, xla=False).weight_bytes
         logits = qmodel.apply(qp, qs, prompts, inference_mode=True)[0]
         err = float(jnp.linalg.norm(logits - ref) / jnp.linalg.norm(ref))
@@ -80,7 +91,8 @@ def main() -> None:
             times_f.append(_timed(lambda: model.apply(params, state, one, inference_mode=True)[0]))
         q_med, f_med = statistics.median(times_q), statistics.median(times_f)
         print(f"{name:28s} {stored / base:8.3f} {err:9.4f} {agree:7.3f} "
-              f"{q_med / f_med:9.2f}  ({q_med * 1e3:.1f} ms vs {f_med * 1e3:.1f} ms)")
+              f"{q_med / f_med:9.2f}  ({q_med * 1e3:.1f} ms vs {f_med * 1e3:.1f} ms; "
+              f"quantize_weights {made:.1f} s)")
         if scheme in ("int8", "int8_weight_only", "float8"):
             hlo = qmodel.hlo_by_layer(one, inference_mode=True)
             print(f"  optimized HLO of h.0/mlp.c_fc ({scheme}):")

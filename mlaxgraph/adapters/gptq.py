@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg.lapack
 
 from ..compiler.compile import compile
 from ..core.errors import ConfigError
@@ -40,8 +41,9 @@ __all__ = ["gptq_round", "gptq_weight", "hessians", "gptq_params", "DAMP", "BLOC
 
 #: The damping added to the Hessian's diagonal, a share of its mean.
 DAMP = 0.01
-#: Rows rounded between two updates of the rest (the same result; fewer passes).
-BLOCK = 128
+#: Rows rounded between two updates of the rest (the same result; the rows of a
+#: block are updated row by row, the rest once per block).
+BLOCK = 32
 _INPUT, _KV = ".gptq_input", ".gptq_kv_input"
 
 
@@ -69,7 +71,7 @@ def gptq_round(w: Any, hessian: Any, scale: Any, scheme: str, *, damp: float = D
     order = np.argsort(-diag, kind="stable")
     w, s, h = w[order], s[order], h[order][:, order]
     h[np.diag_indices(n)] += damp * float(np.mean(diag))
-    u = np.linalg.cholesky(np.linalg.inv(h)).T
+    u = _inverse_cholesky(h)
     rounder = _rounder(scheme)
     q = np.empty_like(w)
     for start in range(0, n, block):
@@ -85,6 +87,16 @@ def gptq_round(w: Any, hessian: Any, scale: Any, scheme: str, *, damp: float = D
     out = np.empty_like(q)
     out[order] = q
     return out
+
+
+def _inverse_cholesky(h: np.ndarray) -> np.ndarray:
+    """The upper Cholesky factor ``U`` of ``h^-1`` (``h^-1 = U^T U``) without forming
+    ``h^-1``: with ``J`` the reversal and ``J h J = L L^T``, ``U = J L^-1 J``."""
+    lower = np.linalg.cholesky(h[::-1, ::-1])
+    inverse, info = scipy.linalg.lapack.dtrtri(lower, lower=1)
+    if info:
+        raise np.linalg.LinAlgError(f"the Cholesky factor is singular (LAPACK info {info})")
+    return np.ascontiguousarray(inverse[::-1, ::-1])
 
 
 def _rounder(scheme: str):
