@@ -6,10 +6,11 @@ error ``||logits_q - logits_f32|| / ||logits_f32||`` and next-token agreement):
   layers     the relative error of the residual stream after each block (captured with
              ``capture=`` on the float and the int8 model)
   simulated  the float model with fake-quantized weights (``round(w / s) * s``: per
-             output channel, or per group of G inputs) and activations (``intervene=``
-             on the outputs feeding the quantized layers: symmetric per token, or
-             asymmetric with a zero point), to compare choices ``mg.quantize`` does not
-             all offer
+             output channel, or per group of G inputs; or float weights) and
+             activations (``intervene=`` on the outputs feeding the quantized layers:
+             symmetric per token, its range clipped to a share of ``max |x|``, or
+             asymmetric with a zero point), to compare choices ``mg.quantize`` does
+             not all offer
 
 Run: ``PYTHONPATH=. nice .venv/bin/python benchmarks/analyze_int8_error.py``.
 """
@@ -71,11 +72,20 @@ def main() -> None:
               {"sym": ln1 + ln2 + ["ln_f"], "asym": act}),
              ("per channel, every input asymmetric", None, {"asym": ln1 + ln2 + act + ["ln_f"]}),
              ("wte float, GELU output asymmetric", "skip wte",
-              {"sym": ln1 + ln2, "asym": act})]
+              {"sym": ln1 + ln2, "asym": act}),
+             ("weights float, inputs as int8 quantizes them", "float",
+              {"sym": ln1 + ln2 + ["ln_f"], "asym": act}),
+             ("weights float, inputs clipped at 0.95 max|x|", "float",
+              {"sym095": ln1 + ln2 + ["ln_f"], "asym": act}),
+             ("weights float, inputs clipped at 0.9 max|x|", "float",
+              {"sym09": ln1 + ln2 + ["ln_f"], "asym": act})]
     for name, group, acts in cases:
-        fake = _fake_weights(params, None if group == "skip wte" else group,
-                             skip=("wte",) if group == "skip wte" else ())
+        fake = params if group == "float" else _fake_weights(
+            params, None if group == "skip wte" else group,
+            skip=("wte",) if group == "skip wte" else ())
         intervene = {n: _symmetric for n in acts.get("sym", ())}
+        intervene.update({n: _clipped for n in acts.get("sym09", ())})
+        intervene.update({n: _clipped_095 for n in acts.get("sym095", ())})
         intervene.update({n: _asymmetric for n in acts.get("asym", ())})
         report(name, model.apply(fake, state, prompts, inference_mode=True,
                                  intervene=intervene)[0])
@@ -111,6 +121,16 @@ def _fake_weights(params, group, skip=()):
 def _symmetric(x):
     s = jnp.max(jnp.abs(x), -1, keepdims=True) / 127
     return jnp.round(x / s) * s
+
+
+def _clipped(x, ratio=0.9):
+    """Symmetric per token with the range clipped to ``ratio`` of ``max |x|``."""
+    s = ratio * jnp.max(jnp.abs(x), -1, keepdims=True) / 127
+    return jnp.clip(jnp.round(x / s), -127, 127) * s
+
+
+def _clipped_095(x):
+    return _clipped(x, 0.95)
 
 
 def _asymmetric(x):

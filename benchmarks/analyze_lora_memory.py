@@ -14,8 +14,16 @@ frozen product removes them.
    backward contracts the kernel's output dim directly (``dot_general(w, g)`` and a
    transpose of the small result), and the scan unrolled; each variant's gradients
    are checked equal to the plain one's.
+3. Whether the two kernels' slices are live at once, and whether ordering them lets
+   one die before the next is made: the temporaries with neither frozen product,
+   with one, with the other, with both; then both products ordered after their input
+   by ``lax.optimization_barrier`` (``(h, k1)`` and ``(u, k2)`` through one barrier
+   each), the stacked kernels indexed inside the body after a barrier on ``(h,
+   index)``, and a ``custom_vjp`` product that slices the closed-over stack itself
+   after a barrier, forward and backward (its residual the loop-invariant stack).
 
-Run: ``PYTHONPATH=. nice .venv/bin/python benchmarks/analyze_lora_memory.py``.
+Run: ``PYTHONPATH=. nice .venv/bin/python benchmarks/analyze_lora_memory.py
+[--ordering]`` (``--ordering``: part 3 alone).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from collections import Counter
 import _common  # noqa: F401  (sys.path, JAX_PLATFORMS)
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
@@ -129,6 +138,92 @@ def toy() -> None:
                   f"the plain scan's: {same}")
 
 
+def ordering() -> None:
+    blocks, d, f, t = 12, 768, 3072, 64
+    w1 = jax.random.normal(jax.random.key(0), (blocks, d, f)) * 0.02
+    w2 = jax.random.normal(jax.random.key(1), (blocks, f, d)) * 0.02
+    a = jax.random.normal(jax.random.key(2), (blocks, d, 8)) * 0.02
+    b = jax.random.normal(jax.random.key(3), (blocks, 8, f)) * 0.02
+    x = jax.random.normal(jax.random.key(4), (t, d))
+    barrier = lax.optimization_barrier
+
+    def temporaries(loss):
+        fn = jax.jit(jax.grad(loss))
+        return fn.lower((a, b), (w1, w2), x).compile().memory_analysis().temp_size_in_bytes, \
+            fn((a, b), (w1, w2), x)
+
+    def uses(first, second):
+        def loss(adapters, weights, v):
+            def body(h, p):
+                (k1, k2), (la, lb) = p
+                z = (h @ k1 if first else 0) + (h @ la) @ lb
+                u = jax.nn.gelu(z)
+                return h + (u @ k2 if second else u[:, :d] * 0.1), None
+            return jnp.sum(lax.scan(body, v, (weights, adapters))[0] ** 2)
+        return loss
+
+    for first, second in ((False, False), (True, False), (False, True)):
+        temp, _ = temporaries(uses(first, second))
+        print(f"ordering, frozen products: first {first!s:5s} second {second!s:5s}: "
+              f"temporaries {temp / 1e6:6.1f} MB")
+
+    def ordered(adapters, weights, v):
+        def body(h, p):
+            (k1, k2), (la, lb) = p
+            h, k1 = barrier((h, k1))
+            u = jax.nn.gelu(h @ k1 + (h @ la) @ lb)
+            u, k2 = barrier((u, k2))
+            return h + u @ k2, None
+        return jnp.sum(lax.scan(body, v, (weights, adapters))[0] ** 2)
+
+    def indexed(adapters, weights, v):
+        def body(h, p):
+            (la, lb), i = p
+            h, j = barrier((h, i))
+            u = jax.nn.gelu(h @ lax.dynamic_index_in_dim(weights[0], j, keepdims=False)
+                            + (h @ la) @ lb)
+            u, j = barrier((u, i))
+            return h + u @ lax.dynamic_index_in_dim(weights[1], j, keepdims=False), None
+        return jnp.sum(lax.scan(body, v, (adapters, jnp.arange(blocks)))[0] ** 2)
+
+    @jax.custom_vjp
+    def sliced(h, stack, i):
+        h, j = barrier((h, i))
+        return h @ lax.dynamic_index_in_dim(stack, j, keepdims=False)
+
+    def sliced_fwd(h, stack, i):
+        return sliced(h, stack, i), (stack, i)
+
+    def sliced_bwd(res, g):
+        stack, i = res
+        g, j = barrier((g, i))
+        k = lax.dynamic_index_in_dim(stack, j, keepdims=False)
+        return g @ k.T, jnp.zeros_like(stack), np.zeros(i.shape, jax.dtypes.float0)
+
+    sliced.defvjp(sliced_fwd, sliced_bwd)
+
+    def custom(adapters, weights, v):
+        def body(h, p):
+            (la, lb), i = p
+            u = jax.nn.gelu(sliced(h, weights[0], i) + (h @ la) @ lb)
+            return h + sliced(u, weights[1], i), None
+        return jnp.sum(lax.scan(body, v, (adapters, jnp.arange(blocks)))[0] ** 2)
+
+    ref = None
+    for name, loss in (("both, as the layers do", uses(True, True)),
+                       ("barrier on (h, k1), (u, k2)", ordered),
+                       ("stack indexed after a barrier", indexed),
+                       ("custom_vjp slicing after a barrier", custom)):
+        temp, grads = temporaries(loss)
+        ref = grads if ref is None else ref
+        same = all(bool(jnp.allclose(p, q, rtol=1e-5, atol=1e-7))
+                   for p, q in zip(jax.tree.leaves(grads), jax.tree.leaves(ref)))
+        print(f"ordering, {name:36s}: temporaries {temp / 1e6:6.1f} MB; gradients equal: {same}")
+
+
 if __name__ == "__main__":
-    gpt2_loop_buffers()
-    toy()
+    import sys
+    if "--ordering" not in sys.argv[1:]:
+        gpt2_loop_buffers()
+        toy()
+    ordering()

@@ -4,6 +4,7 @@ of rewrite, turning layers into their quantized forms."""
 
 from .lora import lora, lora_params
 from .merge import merge_lora
-from .quantize import quantize, quantize_weights
+from .quantize import quantize
+from .quantized_weights import quantize_weights
 
 __all__ = ["lora", "lora_params", "merge_lora", "quantize", "quantize_weights"]

@@ -1,0 +1,252 @@
+"""The weights of a quantized graph: ``mg.quantize_weights`` makes them from the float
+model's (absmax, or GPTQ from calibration batches: ``gptq.py``) and, from calibration
+batches, the ``Quantize`` nodes' static scales."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..compiler.compile import compile
+from ..compiler.program import get_in, leaf_paths, set_in
+from ..core.errors import ConfigError, GraphError, node_message
+from ..ir.graph import Graph
+from ..ir.node import Node
+from ..ir.scan import unfold_scans
+from ..ir.surgery import layer_paths
+from ..ops.quantize import Quantize, quantize_weight, range_scale
+from ..ops.quantized import QuantizedConv
+from ..ops.quantized_embedding import QuantizedEmbedding
+from .gptq import gptq_params, hessians
+from .quantize import QUANTIZED_OPS
+
+__all__ = ["quantize_weights", "quantize_params"]
+
+
+def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = None, *,
+                     calibration: Iterable | None = None, method: str = "absmax",
+                     static_scales: bool | None = None) -> tuple[dict, dict]:
+    """The weights of quantized graph ``qgraph`` (what ``mg.quantize`` made) from the
+    float model's ``(params, state)``: each quantized layer's float weight quantized
+    by absmax (the largest magnitude of each output channel, row or group maps to the
+    scheme's largest value), every other weight as it is. ``params`` are the float
+    graph's, unscanned (``model.unstack_weights`` gives them from a scanned model's).
+    Returns ``(qparams, qstate)``; ``mg.compile(qgraph).apply(qparams, qstate, ...)``
+    runs the quantized model (``qstate`` holds each ``Quantize`` node's ``scale``).
+
+    ``calibration``: None, or an iterable of a few input batches, each what ``apply``
+    takes after ``(params, state)`` (an array, or a tuple of arrays for several
+    inputs); the quantized model runs on them in inference mode.
+
+    ``method``: ``"absmax"`` (each weight rounded to the nearest value) or ``"gptq"``
+    (needs ``calibration``): the weights of each Linear, attention projection and tied
+    head are rounded one input row at a time, each rounding's error on the layer's
+    output moved onto the rows not rounded yet, as the Hessian ``X^T X`` of the inputs
+    the layer reads over the calibration batches says (GPTQ, ``mlaxgraph/adapters/
+    gptq.py``): the same format, bytes and scales as absmax, a smaller error on the
+    layer's outputs for inputs like the calibration's. Conv layers and embedding
+    lookups keep absmax rounding.
+
+    ``static_scales``: whether each ``Quantize`` node (int8 and float8 schemes) gets a
+    static scale from ``calibration`` (the largest ``|x|`` its input reaches over all
+    the batches, over 127 (448 for float8), one per node; an asymmetric node: the
+    range ``[low, high]`` its per-call scales cover over the batches, over 255, and its
+    zero point) instead of computing one at each call (state ``scale`` 0). None: static
+    when ``calibration`` is given with ``method="absmax"``, per call with ``"gptq"``. A
+    static scale makes the quantization the same for every batch; values beyond the
+    calibrated range clip.
+
+    Example:
+      >>> import jax, mlaxgraph as mg
+      >>> from mlaxgraph import ops
+      >>> x = mg.Input(("batch", 8), name="x")
+      >>> g = mg.Graph(x, ops.Linear(16, name="fc")(x))
+      >>> params, state = mg.compile(g).init(jax.random.key(0))
+      >>> qg = mg.quantize(g, "int8")
+      >>> qparams, qstate = mg.quantize_weights(qg, params, state)
+      >>> jax.tree.map(lambda w: (w.dtype.name, w.shape), qparams)
+      {'fc': {'bias': ('float32', (16,)), 'kernel': ('int8', (8, 16)), 'kernel_scale': ('float32', (16,))}}
+    """
+    if not isinstance(qgraph, Graph):
+        raise GraphError(f"quantize_weights works on a Graph, got {type(qgraph).__name__}")
+    if not isinstance(params, Mapping):
+        raise GraphError(f"quantize_weights takes params (nested dicts), got "
+                         f"{type(params).__name__}")
+    state = {} if state is None else state
+    if calibration is not None and (isinstance(calibration, (str, bytes, Mapping))
+                                    or not isinstance(calibration, Iterable)):
+        raise ConfigError(f"quantize_weights: calibration takes an iterable of input batches "
+                          f"(as apply takes them), got {type(calibration).__name__}")
+    if method not in ("absmax", "gptq"):
+        raise ConfigError(f"quantize_weights: method must be 'absmax' or 'gptq', got {method!r}")
+    if static_scales not in (None, True, False):
+        raise ConfigError(f"quantize_weights: static_scales must be a bool or None, got "
+                          f"{static_scales!r}")
+    if calibration is None and (method == "gptq" or static_scales):
+        raise ConfigError(f"quantize_weights: {'method=' + repr(method) if method == 'gptq' else 'static_scales=True'} "
+                          f"needs calibration=batches (a few input batches)")
+    batches = None if calibration is None else list(calibration)
+    if static_scales is None:
+        static_scales = batches is not None and method == "absmax"
+    qgraph = unfold_scans(qgraph)
+    expected, expected_state = jax.eval_shape(compile(qgraph).init_fn, jax.random.key(0))
+    out, state, casts = _weights(qgraph, params, state, expected, {})
+    _check(qgraph.name, None, state, expected_state, "state")
+    if method == "gptq":
+        out, _, _ = _weights(qgraph, params, state, expected,
+                             hessians(qgraph, out, state, batches or ()))
+    if static_scales:
+        state = _calibrated(qgraph, out, dict(state), batches or (), casts)
+    return out, dict(state)
+
+
+def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
+             found: Mapping[str, Any]) -> tuple[dict, dict, list[str]]:
+    """``(qparams, state, the Quantize nodes' paths)``: the float weights quantized
+    (by GPTQ where ``found`` has the layer's Hessians), the state with per-call scales
+    for the Quantize nodes it lacks."""
+    out: dict = {}
+    casts: list[str] = []
+    for path, node in layer_paths(qgraph):
+        keys = tuple(path.split("/"))
+        if isinstance(node.op, Quantize):
+            casts.append(path)
+            try:
+                get_in(state, keys)
+            except (KeyError, TypeError):  # a float model's state: per-call scales
+                fresh = {"scale": jnp.zeros((), jnp.float32)}
+                if node.op.zero_point:
+                    fresh["zero"] = jnp.zeros((), jnp.int32)
+                state = set_in(state, keys, fresh)
+        try:
+            want = get_in(expected, keys)
+        except (KeyError, TypeError):
+            continue  # a layer without weights
+        try:
+            given = get_in(params, keys)
+        except (KeyError, TypeError):
+            raise GraphError(node_message(
+                path, node.op.op_name, "params have no weights for this layer (give the float "
+                "model's params, unscanned: model.unstack_weights gives them)")) from None
+        if isinstance(node.op, tuple(QUANTIZED_OPS.values())) and not _stored(given, want):
+            given = _quantized(path, node, given, want, found.get(path))
+        if isinstance(want, Mapping) and "kernel_sum" in want and "kernel_sum" not in given:
+            # the column sums a zero point's correction reads, from the int8 kernel
+            given = {**given, "kernel_sum": jnp.sum(jnp.asarray(given["kernel"]), axis=0,
+                                                    dtype=jnp.int32)}
+        _check(path, node, given, want)
+        out = set_in(out, keys, dict(given))
+    return out, dict(state), casts
+
+
+def _calibrated(qgraph: Graph, params: dict, state: dict, batches: Iterable,
+                casts: list[str]) -> dict:
+    """``state`` with each ``Quantize`` node's static scale from ``batches``: the
+    largest per-call scale it makes over them (the largest ``|x|`` times ``1 / 127``,
+    as the per-call scale is computed, so the same float32)."""
+    if not casts:
+        raise ConfigError(f"quantize_weights: calibration sets the scales of Quantize nodes "
+                          f"and graph {qgraph.name!r} has none (the 'int8' and 'float8' "
+                          f"schemes make them)")
+    for path in casts:  # calibrate from per-call scales, whatever the state held
+        keys = tuple(path.split("/"))
+        state = set_in(state, keys, {**get_in(state, keys), "scale": jnp.zeros((), jnp.float32)})
+    apply = compile(qgraph).apply
+    largest: dict[str, jax.Array] = {}
+    lowest: dict[str, jax.Array] = {}
+    for batch in batches:
+        inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        _, _, captured = apply(params, state, *inputs, inference_mode=True, capture=casts)
+        for path in casts:
+            out = captured[path]
+            scale = out[1].astype(jnp.float32)
+            if len(out) == 3:  # asymmetric: the range [low, high] each scale covers
+                zero = out[2].astype(jnp.float32)
+                top, bottom = jnp.max((127 - zero) * scale), jnp.min((-128 - zero) * scale)
+                lowest[path] = bottom if path not in lowest else jnp.minimum(lowest[path],
+                                                                            bottom)
+            else:
+                top = jnp.max(scale)
+            largest[path] = top if path not in largest else jnp.maximum(largest[path], top)
+    if not largest:
+        raise ConfigError("quantize_weights: calibration gave no batch; pass a few input "
+                          "batches (or calibration=None for per-call scales)")
+    for path in casts:
+        keys = tuple(path.split("/"))
+        if path in lowest:
+            scale, zero = range_scale(jnp.stack([lowest[path], largest[path]]), (0,))
+            state = set_in(state, keys, {"scale": scale[0], "zero": zero[0]})
+        else:
+            state = set_in(state, keys, {"scale": largest[path]})
+    return state
+
+
+def _stored(given: Mapping, want: Mapping) -> bool:
+    """Whether ``given`` holds stored (already quantized) weights: its values and
+    scales have the quantized layer's dtypes."""
+    have = leaf_paths(given)
+    return all(k in have and np.dtype(have[k].dtype) == np.dtype(w.dtype)
+               for k, w in leaf_paths(want).items()
+               if np.dtype(w.dtype).itemsize == 1 or k.endswith("_scale"))
+
+
+def _quantized(path: str, node: Node, given: Mapping, want: Mapping,
+               found: Mapping[str, Any] | None) -> dict:
+    op: Any = node.op
+    weight = "embedding" if isinstance(op, QuantizedEmbedding) else "kernel"
+    floats = [leaf for key, leaf in leaf_paths(given).items() if key.endswith(weight)]
+    if not floats or not all(np.issubdtype(np.dtype(leaf.dtype), np.floating) for leaf in floats):
+        raise GraphError(node_message(path, op.op_name,
+                                      f"params have no float {weight!r} for this layer to "
+                                      f"quantize"))
+    try:
+        rounded = None if found is None else gptq_params(op, dict(given), found)
+        return quantize_params(op, dict(given)) if rounded is None else rounded
+    except (TypeError, ValueError) as e:
+        raise GraphError(node_message(path, op.op_name,
+                                      f"its float {weight!r} is not this layer's: {e}")) from None
+
+
+def _check(path: str, node: Node | None, given: Any, want: Any, what: str = "params") -> None:
+    """``given`` has the keys, shapes and dtypes of ``want`` (eval_shape's structs)."""
+    op_name = node.op.op_name if node is not None else "graph"
+    if isinstance(want, Mapping):
+        if not isinstance(given, Mapping) or set(given) != set(want):
+            have = sorted(given) if isinstance(given, Mapping) else type(given).__name__
+            raise GraphError(node_message(path, op_name, f"{what} hold {have}, the quantized "
+                                                         f"layer needs {sorted(want)}"))
+        for key in want:
+            _check(f"{path}/{key}", node, given[key], want[key], what)
+        return
+    if tuple(given.shape) != tuple(want.shape) or np.dtype(given.dtype) != np.dtype(want.dtype):
+        raise GraphError(node_message(
+            path, op_name, f"weight is {np.dtype(given.dtype).name}{list(given.shape)}, the "
+                           f"quantized graph needs {np.dtype(want.dtype).name}{list(want.shape)}"))
+
+
+def quantize_params(op: Any, params: dict) -> dict:
+    """The stored weights of quantized layer ``op`` from its float layer's ``params``
+    (``kernel`` / ``embedding`` float, ``bias``): absmax scales, as ``op.scheme``
+    says. The float weight must have the float layer's shape."""
+    if hasattr(op, "quantized_params"):  # a layer of several kernels knows their layout
+        return op.quantized_params(params)
+    if isinstance(op, QuantizedEmbedding):
+        w = params["embedding"]
+        values, scale = quantize_weight(w, op.scheme, reduce=(1,), axis=1, group=op.group_size)
+        return {"embedding": values, "embedding_scale": scale}
+    w = params["kernel"]
+    if isinstance(op, QuantizedConv):
+        out_axis, in_axis = 0, op._in_axis() % w.ndim
+    else:
+        out_axis, in_axis = w.ndim - 1, 0
+    reduce = tuple(i for i in range(w.ndim) if i != out_axis)
+    values, scale = quantize_weight(w, op.scheme, reduce=reduce, axis=in_axis,
+                                    group=op.group_size)
+    out = {"kernel": values, "kernel_scale": scale}
+    if "bias" in params:
+        out["bias"] = params["bias"]
+    return out
