@@ -6,8 +6,9 @@ the name of its value or nothing (``Opt``). The sequence operators move names ar
 graph is built, negative ones counted from the end as ONNX defines them), count them
 (``SequenceLength``: a constant) or become the tensor operators they stand for:
 ``ConcatFromSequence`` a ``Concat`` (of ``Unsqueeze`` s with ``new_axis=1``),
-``SplitToSequence`` a ``Split`` (and ``Squeeze`` s with ``keepdims=0``), each
-``SequenceMap`` its body read once per element. A sequence whose pieces depend on
+``SplitToSequence`` a ``Split`` (and ``Squeeze`` s with ``keepdims=0``); a
+``SequenceMap`` and a ``Loop`` carrying a sequence are their bodies read once per
+element or iteration (``sequence_bodies``). A sequence whose pieces depend on
 values computed at run time (a split by a tensor the graph computes) knows only its
 length; reading a piece of it is an ``mg.ShapeError`` naming the node.
 """
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import GraphError, ShapeError
-from .protos import require_onnx, tensor_to_array
+from .protos import require_onnx
 
 __all__ = ["Seq", "Opt", "read_sequence", "STATIC", "STRUCTURAL", "OPS", "check_tensors",
            "flatten", "regroup"]
@@ -129,6 +130,12 @@ def read_sequence(reader: Any, node: Any, attrs: dict, where: str) -> bool:
     if op == "Identity" and node.input and isinstance(values.get(node.input[0]), (Seq, Opt)):
         values[out] = values[node.input[0]]
         return True
+    if op == "Loop" and any(isinstance(values.get(v), (Seq, Opt)) for v in node.input[2:]) or \
+            op == "Loop" and any(n.op_type in OPS for a in node.attribute if a.name == "body"
+                                 for n in a.g.node):
+        from .sequence_bodies import unroll
+        unroll(reader, node, where)
+        return True
     if op not in OPS:
         return False
     if op == "SequenceEmpty":
@@ -157,7 +164,8 @@ def read_sequence(reader: Any, node: Any, attrs: dict, where: str) -> bool:
     elif op == "SplitToSequence":
         _split(reader, node, attrs, where)
     elif op == "SequenceMap":
-        _map(reader, node, attrs, where)
+        from .sequence_bodies import sequence_map
+        sequence_map(reader, node, where)
     else:
         _optional(reader, node, where)
     return True
@@ -253,58 +261,6 @@ def _optional(reader: Any, node: Any, where: str) -> None:
             raise GraphError(f"{where} reads the element of an empty optional ({given!r})")
         value = values[value.name]
     values[out] = value
-
-
-def _map(reader: Any, node: Any, attrs: dict, where: str) -> None:
-    """``SequenceMap``: its body read once per element, node by node, into the graph."""
-    from .order import _toposort
-
-    body = next((a.g for a in node.attribute if a.name == "body"), None)
-    if body is None:
-        raise GraphError(f"{where} has no body")
-    first = _sequence(reader, node.input[0], where).items(where)
-    extra = []
-    for v in node.input[1:]:
-        value = reader.values[v]
-        extra.append(_sequence(reader, v, where).items(where) if isinstance(value, Seq)
-                     else None)
-    for names in extra:
-        if names is not None and len(names) != len(first):
-            raise ShapeError(f"{where}: its sequences have different lengths")
-    if len(body.input) != len(node.input) or len(body.output) != len(node.output):
-        raise GraphError(f"{where}: its body takes {len(body.input)} inputs and gives "
-                         f"{len(body.output)} outputs; the node has {len(node.input)} and "
-                         f"{len(node.output)}")
-    local = [v.name for v in body.input] + [t.name for t in body.initializer] + \
-        [o for n in body.node for o in n.output if o]
-    saved = {name: reader.values[name] for name in local if name in reader.values}
-    outs: list[list[str]] = [[] for _ in node.output]
-    nodes = _toposort(list(body.node), set(reader.values) | {v.name for v in body.input})
-    for n in body.node:
-        for v in n.input:
-            reader.consumers.setdefault(v, []).append(n)
-    for i in range(len(first)):
-        for formal, v, names in zip(body.input, node.input, [first] + extra):
-            reader.values[formal.name] = reader.values[names[i] if names is not None else v]
-        for t in body.initializer:
-            reader.values[t.name] = tensor_to_array(t, reader.folder)
-        for n in nodes:
-            reader.node(n)
-        for k, (value, out) in enumerate(zip(body.output, node.output)):
-            if value.name not in reader.values:
-                raise GraphError(f"{where}: its body output {value.name!r} is computed by no "
-                                 f"node")
-            reader.values[f"{out}__{i}"] = reader.values[value.name]
-            outs[k].append(f"{out}__{i}")
-        for name in local:  # the next element reads the body afresh
-            reader.materialized.pop(name, None)
-        reader.done.difference_update(id(n) for n in body.node)
-    for name in local:
-        reader.values.pop(name, None)
-    reader.values.update(saved)
-    for out, names in zip(node.output, outs):
-        if out:
-            reader.values[out] = Seq(names)
 
 
 def flatten(reader: Any, name: str) -> tuple[list[str], Any]:
