@@ -43,6 +43,11 @@ def _xyz():
     return feeds, infos
 
 
+def _seq_info(name):
+    return helper.make_value_info(name, helper.make_sequence_type_proto(
+        helper.make_tensor_type_proto(F, None)))
+
+
 def _int(name, value):
     return helper.make_tensor(name, I64, [], [value])
 
@@ -169,3 +174,33 @@ def test_sequence_map_and_optionals_against_onnxruntime():
     outputs = [helper.make_tensor_value_info(n, t, None) for n, t in
                (("cat", F), ("dims", I64), ("has", TensorProto.BOOL), ("got", F))]
     _check(_model(nodes, infos, outputs, opset=18), feeds)
+
+
+def test_a_loop_carrying_a_sequence_is_read_per_iteration():
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    i_in = helper.make_tensor_value_info("i", I64, [])
+    c_in = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    s_in = _seq_info("s")
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["row"], axis=0),
+         helper.make_node("Mul", ["row", "row"], ["sq"]),
+         helper.make_node("SequenceInsert", ["s", "sq", "zero"], ["s_out"]),
+         helper.make_node("Identity", ["c"], ["c_out"]),
+         helper.make_node("Neg", ["row"], ["scan"])],
+        "body", [i_in, c_in, s_in],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         _seq_info("s_out"),
+         helper.make_tensor_value_info("scan", F, None)])
+    nodes = [helper.make_node("SequenceEmpty", [], ["e"], dtype=F),
+             helper.make_node("Loop", ["n", "", "e"], ["seq", "scans"], body=body),
+             helper.make_node("ConcatFromSequence", ["seq"], ["out"], axis=0, new_axis=1)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [4, 3])],
+                   [helper.make_tensor_value_info("out", F, None),
+                    helper.make_tensor_value_info("scans", F, None)],
+                   [_int("n", 3), _int("zero", 0)])
+    _check(model, {"x": x})
+    runtime = _model(nodes, [helper.make_tensor_value_info("x", F, [4, 3]),
+                             helper.make_tensor_value_info("n", I64, [])],
+                     [helper.make_tensor_value_info("out", F, None)], [_int("zero", 0)])
+    with pytest.raises(mg.ShapeError, match=r"\(Loop\): its trip count \('n'\)"):
+        mg.from_onnx(runtime)
