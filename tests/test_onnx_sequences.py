@@ -204,3 +204,21 @@ def test_a_loop_carrying_a_sequence_is_read_per_iteration():
                      [helper.make_tensor_value_info("out", F, None)], [_int("zero", 0)])
     with pytest.raises(mg.ShapeError, match=r"\(Loop\): its trip count \('n'\)"):
         mg.from_onnx(runtime)
+
+
+def test_the_backend_takes_a_sequence_input_as_its_tensors():
+    rng = np.random.default_rng(2)
+    xs = [rng.normal(size=(2, 3)).astype(np.float32) for _ in range(3)]
+    seq = helper.make_value_info("xs", helper.make_sequence_type_proto(
+        helper.make_tensor_type_proto(F, ["rows", 3])))
+    nodes = [helper.make_node("SequenceAt", ["xs", "p"], ["a"]),
+             helper.make_node("ConcatFromSequence", ["xs"], ["b"], axis=0)]
+    model = _model(nodes, [seq, helper.make_tensor_value_info("p", I64, [])],
+                   [helper.make_tensor_value_info("a", F, [2, 3]),
+                    helper.make_tensor_value_info("b", F, [6, 3])])
+    rep = MlaxGraphBackend.prepare(model)
+    a, b = rep.run([xs, np.asarray(-1)])
+    np.testing.assert_array_equal(a, xs[-1])
+    np.testing.assert_array_equal(b, np.concatenate(xs, axis=0))
+    with pytest.raises(mg.GraphError, match="another length"):
+        rep.run([xs[:2], np.asarray(-1)])

@@ -35,6 +35,8 @@ class MlaxGraphRep(BackendRep):
     def __init__(self, model: Any):
         self.model = model
         self.compiled: Any = None
+        self.fed: list[str] = []
+        self.names: set[str] = set()
 
     def _specialize(self, inputs: list) -> Any:
         from onnx import numpy_helper
@@ -61,6 +63,7 @@ class MlaxGraphRep(BackendRep):
                 shape.dim.add().dim_value = int(d)
             keep.append(value)
             self.fed.append(value.name)
+        self.names = {v.name for v, _ in tensors}
         inits = [v for v in graph.input if v.name in initialized]
         model = _with(model, inits + keep, nodes)
         graph_, params, state, layout = read_model(model)
@@ -74,13 +77,15 @@ class MlaxGraphRep(BackendRep):
             if self.compiled is None:
                 self.compiled = self._specialize(inputs)
             model, params, state, layout = self.compiled
-            values: list = []
             initialized = {t.name for t in self.model.graph.initializer}
             feeds = [v for v in self.model.graph.input if v.name not in initialized]
             flat: dict = {}
             for i, (value, x) in enumerate(zip(feeds, inputs)):
                 for info, array in _expand(value, x, [], [], i):
                     flat[info.name] = array
+            if set(flat) != self.names:
+                raise GraphError("a sequence input has another length than at the first "
+                                 "call, which the model was compiled for")
             values = [np.asarray(flat[name]) for name in self.fed]
             out, _ = model.apply(params, state, *values, inference_mode=True)
         outs = out if isinstance(out, tuple) else (out,)
