@@ -70,6 +70,10 @@ def _read(data: str, opset: int, outer: tuple, specs: tuple) -> tuple:
     helper = onnx.helper
     body = onnx.GraphProto()
     body.CopyFrom(_parse(data))
+    if any(v.type.WhichOneof("value") not in ("tensor_type", None) for v in body.output):
+        raise GraphError("an If/Loop/Scan body giving a sequence or an optional is read only "
+                         "where it is picked when the graph is built (an If's condition "
+                         "known then)")
     names = [v.name for v in body.input] + list(outer) + ["__unused__"]
     del body.input[:]
     for name, (shape, dtype, known) in zip(names, specs + (((), "float32", None),)):

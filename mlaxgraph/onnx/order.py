@@ -12,6 +12,7 @@ from typing import Any
 from ..core.errors import GraphError
 from .layer import TABLE
 from .ops_control import free_names
+from .sequences import OPS, STATIC, STRUCTURAL
 
 __all__ = ["static_inputs"]
 
@@ -29,10 +30,14 @@ def _static_values(graph: Any) -> set[str]:
     for node in reversed(list(graph.node)):
         op = TABLE.get(node.op_type)
         bodies = [a.g for a in node.attribute if a.HasField("g")]
-        if node.op_type not in ("Shape", "Size") and any(out in needed for out in node.output):
+        structural = node.op_type in ("Shape", "Size") + STRUCTURAL
+        if not structural and any(out in needed for out in node.output):
             needed.update(i for i in _reads(node) if i)  # a body's reads around it too
-        if op is not None:
-            needed.update(node.input[p] for p in op.static if p < len(node.input) and node.input[p])
+        static = op.static if op is not None else STATIC.get(node.op_type, ())
+        needed.update(node.input[p] for p in static if p < len(node.input) and node.input[p])
+        if node.op_type == "If" and node.input and any(n.op_type in OPS for b in bodies
+                                                        for n in b.node):
+            needed.add(node.input[0])  # a branch making a sequence is read when picked
         for body in bodies:
             # an If's branch (a Loop's body) setting a shape from a value around it
             needed.update(_static_values(body) & free_names(body))

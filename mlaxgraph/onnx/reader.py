@@ -29,11 +29,12 @@ from .order import _reads, _toposort, static_inputs
 from .patterns import match
 from .protos import attribute_value, load_model, tensor_to_array
 from .scopes import nest
+from .sequences import check_tensors, flatten, read_sequence
 from .versions import _DOMAINS, MIN_OPSET, _opset
 from .weights import Weight as _Weight
 from .weights import weight_view
 
-__all__ = ["from_onnx", "static_inputs", "MIN_OPSET"]
+__all__ = ["from_onnx", "read_model", "static_inputs", "MIN_OPSET"]
 
 def _text(value: Any) -> str:
     """A string field of the proto (protobuf hands back bytes for invalid UTF-8)."""
@@ -128,10 +129,13 @@ class _Reader:
         for node in _toposort(nodes, set(self.values)):
             self.node(node)
         outputs = []
+        self.layout: list = []  # a sequence output is its tensors (sequences.flatten)
         for value in g.output:
             if value.name not in self.values:
                 raise GraphError(f"graph output {value.name!r} is computed by no node")
-            outputs.append(self.tensor(value.name))
+            names, layout = flatten(self, value.name)
+            outputs += [self.tensor(v) for v in names]
+            self.layout.append(layout)
         name = _safe_name(g.name or "onnx", set(), "onnx")
         return Graph(inputs=inputs, outputs=outputs, name=name), self.params, self.state
 
@@ -183,8 +187,10 @@ class _Reader:
         if node.op_type == "Constant":
             self.values[node.output[0]] = self.constant(attrs, where)
             return
-        if weight_view(self, node, attrs) or self.inline_branch(node):
+        if read_sequence(self, node, attrs, where) or weight_view(self, node, attrs) or \
+                self.inline_branch(node):
             return
+        check_tensors(self, node, names, where)
         matched = match(self, node, attrs)
         if matched is not None:
             for out_name, out in zip(*matched):
@@ -351,6 +357,9 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
       initializer a node reads, ``params[layer]["kernel"]`` ... for the layers the
       patterns made) and its state (a ``BatchNorm``'s statistics). A ``BatchNorm``
       computes as ONNX's inference form with ``apply(..., inference_mode=True)``.
+      ONNX sequences whose structure is known when the graph is built are read as
+      their tensors (``mlaxgraph.onnx.sequences``): a graph output that is a sequence
+      is one graph output per tensor, in order; an empty optional output is none.
 
     Raises:
       mg.SerializationError: the file is not a valid ONNX model or its data is
@@ -368,13 +377,20 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
       >>> graph.output_specs
       (f32[batch,4],)
     """
+    return read_model(source, dims=dims, layers=layers, blocks=blocks, sizes=sizes)[:3]
+
+
+def read_model(source: Any, *, dims: Mapping[str, int] | None = None, layers: bool = True,
+               blocks: bool = True, sizes: Mapping[str, Any] | None = None) -> tuple:
+    """``from_onnx``'s ``(graph, params, state)`` and the layout of the ONNX outputs
+    over the graph's (``sequences.regroup`` gathers a sequence output's tensors back)."""
     model, folder = load_model(source)
     try:
         reader = _Reader(model, folder, dims or {}, layers, sizes)
         graph, params, state = reader.read()
         if blocks:
             graph, params, state = nest(graph, reader.places, params, state, reader.modules)
-        return graph, params, state
+        return graph, params, state, reader.layout
     except RecursionError:
         raise GraphError("the ONNX graph nests too deeply to be read") from None
     except MlaxGraphError:
