@@ -574,6 +574,12 @@ def test_bad_input_is_named():
     params, state = mg.compile(_linear(features=12)).init(jax.random.key(0))
     with pytest.raises(mg.GraphError, match=r"layer 'fc/bias'.*float32\[12\].*float32\[24\]"):
         mg.quantize_weights(q, params, state)
+    # an adapted model's weights given for the base graph: its adapters would be dropped
+    adapted = mg.lora(g, "fc", rank=2)
+    ap, astate = mg.compile(adapted).init(jax.random.key(1))
+    with pytest.raises(mg.GraphError, match=r"no layer of graph .* reads: 'fc\.lora_A/kernel', "
+                                            r"'fc\.lora_B/kernel'.*mg\.merge_lora"):
+        mg.quantize_weights(q, ap, astate)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int8_weight_only", "int4_weight_only", "float8"])

@@ -96,6 +96,7 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
     expected, expected_state = jax.eval_shape(compile(qgraph).init_fn, jax.random.key(0))
     out, state, casts = _weights(qgraph, params, state, expected, {})
     _check(qgraph.name, None, state, expected_state, "state")
+    _check_unread(qgraph, params, out)
     if method == "gptq":
         out, _, _ = _weights(qgraph, params, state, expected,
                              hessians(qgraph, out, state, batches or ()))
@@ -141,6 +142,21 @@ def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
         _check(path, node, given, want)
         out = set_in(out, keys, dict(given))
     return out, dict(state), casts
+
+
+def _check_unread(qgraph: Graph, params: Mapping, out: Mapping) -> None:
+    """Every weight in ``params`` belongs to a layer of ``qgraph``: weights of layers
+    the quantized graph lacks (a LoRA adapter's, another model's) would be dropped."""
+    layers = {path.rsplit("/", 1)[0] for path in leaf_paths(out)}
+    unread = [path for path in leaf_paths(params)
+              if not any(path.startswith(layer + "/") for layer in layers)]
+    if unread:
+        shown = ", ".join(repr(p) for p in unread[:4]) + (f" and {len(unread) - 4} more"
+                                                          if len(unread) > 4 else "")
+        raise GraphError(f"quantize_weights: params hold weights that no layer of graph "
+                         f"{qgraph.name!r} reads: {shown}. Quantize the graph those layers "
+                         f"belong to (for LoRA adapters: mg.quantize the adapted graph, or "
+                         f"fold them in first with mg.merge_lora)")
 
 
 def _calibrated(qgraph: Graph, params: dict, state: dict, batches: Iterable,
