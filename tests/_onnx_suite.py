@@ -77,8 +77,20 @@ class Cases:
         return None
 
 
+#: why a case fails where its error alone does not say (the docs table's words)
+EXPLAINED = {
+    "test_training_dropout": "random masks: the reference's own draws",
+    "test_dft_inverse": "float32 rounding (2e-6 of 54) where the reference is float64 0",
+    "test_loop16_seq_none": "the runner cannot compare a sequence holding a 0-d tensor",
+}
+
+
 def reason(trace: str) -> str:
     """One line naming the error class and its first line."""
+    if "Unable to compare expected type" in trace and "len() of unsized object" in trace:
+        # onnx's assert_similar_outputs calls len() on each element of a sequence output,
+        # which fails on a 0-d element whatever the backend returned
+        return "runner: onnx's Runner cannot compare a sequence output holding a 0-d tensor"
     lines = [line for line in trace.strip().splitlines() if line and not line.startswith(" ")]
     last = lines[-1] if lines else trace.strip()[-200:]
     for line in lines:
@@ -122,7 +134,8 @@ def main(write: bool) -> int:
         if r is None:
             row[0] += 1
         else:
-            row[2][_short(reason(r))] += 1
+            why = next((w for prefix, w in EXPLAINED.items() if name.startswith(prefix)), None)
+            row[2][why or _short(reason(r))] += 1
     lines = [_BEGIN, "",
              f"{passed} of {len(results)} node cases pass ({100 * passed / len(results):.1f}%), "
              f"onnx {_onnx_version()}, in {seconds:.0f} s on 2 CPU cores.", "",
@@ -176,6 +189,8 @@ def _short(text: str) -> str:
         return "operator not implemented"
     if "must be known when the graph is built" in text:
         return "a shape computed at run time"
+    if "(string) has no JAX dtype" in text:
+        return "strings (no JAX dtype)"
     if text.startswith("AssertionError"):
         return "numbers or dtype differ"
     return text.split(":")[0][:60]
