@@ -7,7 +7,7 @@ decoder (``HandGPT2`` below) reads the same params dict and keeps the same cache
 layout: per layer ``key`` and ``value`` of ``(batch, max_length, heads, head_dim)``,
 written with ``lax.dynamic_update_slice`` at the cache index, attention over all
 ``max_length`` slots masked by slot (``slot <= index`` and the slot filled; a step's
-as products and sums over the cache, a prefill's as dot products, as
+of several rows as products and sums over the cache, a prefill's and one row's as dot products, as
 ``ops.CachedAttention`` computes them), positions from the mask; its step is
 ``jax.jit`` with the cache donated, as ``dec.step``'s.
 
@@ -85,8 +85,8 @@ def _gelu(x):
 
 class HandGPT2:
     """GPT-2 prefill and step over a key/value cache, written by hand in JAX: a prefill's
-    attention as dot products, a step's (one token) as products and sums over the cache
-    in its layout, as ``ops.CachedAttention`` computes them."""
+    attention as dot products, a step's (one token, several rows) as products and sums
+    over the cache in its layout, as ``ops.CachedAttention`` computes them."""
 
     def __init__(self, n_layer: int, n_head: int, max_length: int):
         self.n_layer, self.n_head, self.max_length = n_layer, n_head, max_length
@@ -116,7 +116,7 @@ class HandGPT2:
             cv = jax.lax.dynamic_update_slice(cv, v, (0, index, 0, 0))
             new.append((ck, cv))
             q = q / math.sqrt(q.shape[-1])
-            if seq == 1:  # a step: products and sums over the cache in its layout
+            if seq == 1 and ids.shape[0] > 1:  # a step of several rows: products and sums
                 scores = jnp.sum(q[:, 0, None] * ck, -1)  # (batch, slots, heads)
                 scores = jnp.where(allowed[:, 0, 0, :, None], scores, jnp.finfo(jnp.float32).min)
                 w = jax.nn.softmax(scores, axis=1)

@@ -414,12 +414,13 @@ def test_cli_generate_bad_input(llama_folder, capsys):
 @pytest.mark.parametrize("policy", [None, mg.Policy(compute_dtype="bfloat16")], ids=["f32", "bf16"])
 @pytest.mark.parametrize("kv_heads", [2, 1], ids=["summed_step", "dotted_step"])
 def test_cached_attention_flops_rule_matches_xla(policy, kv_heads):
-    # 4 query heads over 2 key/value heads: a step sums; 8 over 1: past MAX_GROUP_SUMMED
+    # 4 query heads over 2 key/value heads: a step of several rows sums (one row: dots);
+    # 8 over 1: past MAX_GROUP_SUMMED
     config = dict(LLAMA, num_key_value_heads=kv_heads, num_attention_heads=4 * (3 - kv_heads))
     assert (config["num_attention_heads"] // kv_heads > ops.cached_attention.MAX_GROUP_SUMMED) == (kv_heads == 1)
     dec = mg.decoder(mg.compile(mg.models.llama(config), policy=policy), max_length=16)
-    for seq in (1, 5):
-        table = dec.model(3).cost_table(batch=3, seq=seq, inference_mode=True)
+    for batch, seq in ((3, 1), (1, 1), (3, 5)):
+        table = dec.model(batch).cost_table(batch=batch, seq=seq, inference_mode=True)
         for row in table:
             if row.op == "cached_attention":
                 # exact for a step; a prefill: XLA also counts the add of the cache index

@@ -34,7 +34,9 @@ CACHE_AXES = ("batch", "cache_length", "heads", "kv")
 #: key/value head serves at most this many query heads (one pass over the cache each),
 #: dot products otherwise: on XLA's CPU backend, at batch 8 and 256 slots, 12 layers,
 #: the sums took 0.16x the dots' CPU time with 12 heads of their own, 0.53x with 4 query
-#: heads per key/value head, 1.06x with 8 (benchmarks/RESULTS.md, section 12).
+#: heads per key/value head, 1.06x with 8 (benchmarks/RESULTS.md, section 12). A step
+#: of one row keeps the dots: on a quiet machine the sums took 1.43x their time at batch
+#: 1 (128 slots; 0.97x to 0.99x at batch 2 to 8).
 MAX_GROUP_SUMMED = 4
 
 
@@ -180,13 +182,24 @@ class CachedAttention(Layer):
         if self.sliding_window is not None:  # slots are positions apart (padding is on the left)
             causal = causal & (at - slots[None, :] < self.sliding_window)
         allowed = jnp.logical_and(cache_mask[:, None, :], causal[None])  # (batch, seq, slots)
-        one = q.shape[1] == 1 and self.num_heads // self.kv_heads <= MAX_GROUP_SUMMED
-        attend = self._attend_one if one else self._attend_many
+        batch, seq = q.shape[:2]
+        if is_symbolic(batch) and not is_symbolic(seq):
+            batch = 2  # an exported step of any batch sums, as for several rows
+        summed = not is_symbolic(seq) and bool(self._summed_step(batch, seq))
+        attend = self._attend_one if summed else self._attend_many
         attended = attend(q, keys.astype(x.dtype), values.astype(x.dtype), allowed, softmax_dtype)
         out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
         if self.attention().has_out_bias:
             out = out + p["out"]["bias"]
         return (out,), {"key": keys, "value": values}
+
+    def _summed_step(self, batch, seq):
+        """1 where the attention is products and sums over the cache (a step: one
+        token, more than one row, at most ``MAX_GROUP_SUMMED`` query heads per key/value
+        head), else 0 (dot products); symbolic in a symbolic ``batch`` or ``seq``."""
+        if self.num_heads // self.kv_heads > MAX_GROUP_SUMMED:
+            return 0
+        return dim_max(0, 2 - seq) * (1 - dim_max(0, 2 - batch))
 
     def _attend_many(self, q, keys, values, allowed, softmax_dtype):
         """Attention of ``seq`` tokens (a prefill): dot products over the whole cache,
@@ -244,8 +257,7 @@ class CachedAttention(Layer):
         bias = 1 if self.use_bias else 0
         count = (2 * d + bias) * per_query + 2 * (2 * d + bias) * per_key + per_query
         count = count + 2 * 2 * scores * self.head_dim + 4 * scores - batch * heads * seq
-        summed = heads // self.kv_heads <= MAX_GROUP_SUMMED
-        one = dim_max(0, 2 - seq) if summed else 0  # 1 for a step summed (one token), else 0
+        one = self._summed_step(batch, seq)  # 1 for a step summed, else 0
         # a step's products and sums: a sum of n terms is n - 1 adds
         count = count - one * batch * heads * (length + self.head_dim)
         if np.dtype(x.dtype).itemsize < 4:  # the scores widened and weights narrowed; a
