@@ -170,6 +170,24 @@ def test_greedy_generation_is_token_exact_against_a_numpy_decoder(gpt2):
         assert out[row].tolist() == tokens
 
 
+@pytest.mark.parametrize("lengths", [(60, 21), (40, 1), (17, 16)],
+                         ids=["first_piece_from_column_0", "three_pieces", "two_and_one"])
+def test_a_prefill_in_pieces_is_token_exact_against_a_numpy_decoder(gpt2, lengths):
+    # generate's prefill runs the pieces of PREFILL_CHUNK tokens holding a token; rows of
+    # other lengths, left-padded in the 64-token bucket, each against the NumPy decoder
+    model, params, state, _ = gpt2
+    rows = [np.asarray(jax.random.randint(jax.random.key(n), (n,), 0, 96)) for n in lengths]
+    width = max(lengths)
+    ids = np.array([[0] * (width - len(r)) + r.tolist() for r in rows], np.int32)
+    mask = np.array([[0] * (width - len(r)) + [1] * len(r) for r in rows], np.int32)
+    out = np.asarray(mg.generate(model, params, state, ids, attention_mask=mask, max_new_tokens=4))
+    reference = NumpyGPT2(params, GPT2["n_layer"])
+    for row, prompt in enumerate(rows):
+        tokens, margin = reference.generate(prompt.tolist(), 4)
+        assert margin > 1e-3, "ill-posed: a near-tie between the two top logits"
+        assert out[row, width - len(prompt):].tolist() == tokens
+
+
 def test_left_padded_rows_equal_each_row_generated_alone():
     g = mg.models.llama(LLAMA)
     model = mg.compile(g)

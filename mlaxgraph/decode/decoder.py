@@ -176,6 +176,20 @@ class Decoder:
 
         return prefill
 
+    def chunk_fn(self, batch: int | str):
+        """The pure ``chunk(params, state, layers, input_ids, positions, index,
+        cache_mask) -> layers``: ``seq`` tokens of a prompt at slots ``index ..``, at the
+        given positions, attending to the slots ``cache_mask`` marks (a prefill in
+        pieces: ``mg.generate`` runs only the pieces holding tokens)."""
+        model = self.model(batch)
+        paths = [path for path, _, _ in _cache_steps(model.program)]
+
+        def chunk(params, state, layers, input_ids, positions, index, cache_mask):
+            return _run(model, paths, params, state, layers, input_ids, positions, index,
+                        cache_mask)[1]
+
+        return chunk
+
     def step_fn(self, batch: int | str):
         """The pure ``step(params, state, cache, token_ids (batch, seq)) -> (logits,
         cache)``: the tokens written at the cache's next slots."""

@@ -22,6 +22,10 @@ from .sampling import Sampler, as_sampler
 
 __all__ = ["generate", "generate_stream"]
 
+#: The tokens of a prompt's piece in ``generate``'s prefill (only the pieces holding a
+#: token of some row run).
+PREFILL_CHUNK = 16
+
 #: Decoders made for a model by ``generate`` (by max_length), kept while the model lives
 #: (for a graph, in the graph's memo).
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -136,15 +140,39 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
     fn = dec._jitted.get(memo_key)
     if fn is not None:
         return fn
-    prefill, step = dec.prefill_fn(batch), dec.step_fn(batch)
+    prefill, step, chunk = dec.prefill_fn(batch), dec.step_fn(batch), dec.chunk_fn(batch)
     room = dec.max_length - padded
+
+    def prompt(params, state, ids, mask):
+        """The cache after the prompt less its last token, in chunks of ``PREFILL_CHUNK``
+        tokens: only those holding a token of some row run (the rows are left-padded
+        to the bucket, so the tokens are the last ``longest`` columns; a 16-token
+        prompt in a 64-token bucket runs one chunk, not 63 positions). A first chunk
+        reaching before column 0 starts at 0 and computes again the slots of the next
+        one, which writes the same keys and values."""
+        prefix, size = padded - 1, min(PREFILL_CHUNK, padded - 1)
+        cache = dec.empty_cache(batch)
+        mask = mask.astype(bool)
+        cache_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, 0))
+        positions = jnp.where(mask, jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 1)
+        longest = jnp.max(jnp.sum(mask, axis=1, dtype=jnp.int32))
+        chunks = (longest - 1 + size - 1) // size
+
+        def piece(i, layers):
+            start = jnp.maximum(0, prefix - (chunks - i) * size)
+            return chunk(params, state, layers, jax.lax.dynamic_slice(ids, (0, start), (batch, size)),
+                         jax.lax.dynamic_slice(positions, (0, start), (batch, size)), start,
+                         cache_mask)
+
+        layers = jax.lax.fori_loop(0, chunks, piece, cache.layers)
+        return type(cache)(layers, jnp.asarray(prefix, jnp.int32),
+                           jnp.sum(mask[:, :-1], axis=1, dtype=jnp.int32), cache_mask, 0)
 
     def loop(params, state, ids, mask, new, key, eos, pad):
         dec.compile_count += 1  # runs when traced only
         if padded > 1:  # the prompt's last token (left padding: every row's) through a step,
             # so that the head runs on one position, not on the whole bucket
-            _, cache = prefill(params, state, dec.empty_cache(batch), ids[:, :-1], mask[:, :-1])
-            logits, cache = step(params, state, cache, ids[:, -1:])
+            logits, cache = step(params, state, prompt(params, state, ids, mask), ids[:, -1:])
         else:
             logits, cache = prefill(params, state, dec.empty_cache(batch), ids, mask)
         token = sample(logits[:, -1], jax.random.fold_in(key, 0))
