@@ -164,8 +164,7 @@ class Decoder:
 
         def prefill(params, state, cache, input_ids, attention_mask):
             mask = attention_mask.astype(bool)
-            positions = jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1
-            positions = jnp.where(mask, positions, 1).astype(jnp.int32)
+            positions = prompt_positions(mask)
             seq = input_ids.shape[1]
             cache_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, 0))
             logits, layers = _run(model, paths, params, state, cache.layers, input_ids, positions,
@@ -294,6 +293,13 @@ def _left_pad(ids: jax.Array, mask: jax.Array, length: int) -> tuple[jax.Array, 
     if pad == 0:
         return ids, mask
     return (jnp.pad(ids, ((0, 0), (pad, 0))), jnp.pad(mask, ((0, 0), (pad, 0))))
+
+
+def prompt_positions(mask: jax.Array) -> jax.Array:
+    """int32 positions of a left-padded prompt's tokens from its bool mask: counted from
+    each row's first token, as Hugging Face's ``generate`` does; padding gets 1 (any row
+    of the position table: its keys are masked out)."""
+    return jnp.where(mask, jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 1)
 
 
 def _run(model: CompiledModel, paths, params, state, layers, ids, positions, index, cache_mask):

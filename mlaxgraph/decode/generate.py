@@ -16,7 +16,7 @@ import numpy as np
 from ..compiler.compile import CompiledModel
 from ..core.errors import ConfigError, GraphError, ShapeError
 from ..ir.graph import Graph
-from .decoder import MIN_BUCKET, Decoder, _left_pad, bucket_length, decoder
+from .decoder import MIN_BUCKET, Cache, Decoder, _left_pad, bucket_length, decoder, prompt_positions
 from .derive import position_limit
 from .sampling import Sampler, as_sampler
 
@@ -154,7 +154,7 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
         cache = dec.empty_cache(batch)
         mask = mask.astype(bool)
         cache_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, 0))
-        positions = jnp.where(mask, jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 1)
+        positions = prompt_positions(mask)
         longest = jnp.max(jnp.sum(mask, axis=1, dtype=jnp.int32))
         chunks = (longest - 1 + size - 1) // size
 
@@ -165,8 +165,8 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
                          cache_mask)
 
         layers = jax.lax.fori_loop(0, chunks, piece, cache.layers)
-        return type(cache)(layers, jnp.asarray(prefix, jnp.int32),
-                           jnp.sum(mask[:, :-1], axis=1, dtype=jnp.int32), cache_mask, 0)
+        return Cache(layers, jnp.asarray(prefix, jnp.int32),
+                     jnp.sum(mask[:, :-1], axis=1, dtype=jnp.int32), cache_mask, 0)
 
     def loop(params, state, ids, mask, new, key, eos, pad):
         dec.compile_count += 1  # runs when traced only
