@@ -66,9 +66,9 @@ def check_tensors(reader: Any, node: Any, names: list[str], where: str) -> None:
         if isinstance(value, (Seq, Opt)):
             kind = "sequence" if isinstance(value, Seq) else "optional"
             raise GraphError(f"{where} reads the {kind} {v!r} as a tensor; sequences and "
-                             f"optionals are read by their own operators, an Identity, and "
-                             f"an If whose condition is known when the graph is built (a "
-                             f"Loop carrying one is not supported)")
+                             f"optionals are read by their own operators, an Identity, a "
+                             f"SequenceMap, and an If or a Loop whose condition and trip "
+                             f"count are known when the graph is built")
 
 
 def _position(reader: Any, node: Any, index: int, where: str, size: int, insert: bool,
