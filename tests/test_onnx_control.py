@@ -8,27 +8,12 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from _onnx_models import check_against_ort, onnx_model
 from onnx import TensorProto, helper
 
 import mlaxgraph as mg
 
 F = TensorProto.FLOAT
-
-
-def _model(nodes, inputs, outputs, opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def _check(model, feeds):
-    expected = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"]).run(None, feeds)
-    graph, params, state = mg.from_onnx(model)
-    out, _ = mg.compile(graph).apply(params, state, *feeds.values(), inference_mode=True)
-    out = out if isinstance(out, tuple) else (out,)
-    for ours, theirs in zip(out, expected):
-        np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6, atol=1e-6)
-    return graph
 
 
 def _branch(name, op, value):
@@ -44,13 +29,13 @@ def test_if_with_a_computed_condition_and_outer_values(sign, tmp_path):
              helper.make_node("If", ["c"], ["z"], then_branch=_branch("then", "Add", 1),
                               else_branch=_branch("else", "Mul", 2))]
     zero = helper.make_tensor("zero", F, [], [0.0])
-    model = _model(nodes, [helper.make_tensor_value_info("x", F, [2, 3]),
+    model = onnx_model(nodes, [helper.make_tensor_value_info("x", F, [2, 3]),
                            helper.make_tensor_value_info("y", F, [2, 3])],
                    [helper.make_tensor_value_info("z", F, [2, 3])])
     model.graph.initializer.append(zero)
     rng = np.random.default_rng(0)
     x = np.abs(rng.normal(size=(2, 3))).astype(np.float32) * sign
-    graph = _check(model, {"x": x, "y": rng.normal(size=(2, 3)).astype(np.float32)})
+    graph = check_against_ort(model, {"x": x, "y": rng.normal(size=(2, 3)).astype(np.float32)})
     assert graph.node("if").op.op_name == "onnx.If"
     # the bodies are hyperparameters like others: the graph saves and loads
     _, params, state = mg.from_onnx(model)
@@ -71,13 +56,13 @@ def test_loop_that_stops_early():
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
          helper.make_tensor_value_info("v_out", F, [3])],
         initializer=[helper.make_tensor("two", F, [], [2.0])])
-    model = _model([helper.make_node("Loop", ["trip", "go", "v"], ["v_final"], body=body)],
+    model = onnx_model([helper.make_node("Loop", ["trip", "go", "v"], ["v_final"], body=body)],
                    [helper.make_tensor_value_info("v", F, [3]),
                     helper.make_tensor_value_info("limit", F, [])],
                    [helper.make_tensor_value_info("v_final", F, [3])])
     model.graph.initializer.extend([helper.make_tensor("trip", TensorProto.INT64, [], [10]),
                                     helper.make_tensor("go", TensorProto.BOOL, [], [True])])
-    _check(model, {"v": np.float32([0.5, 1.0, 0.25]), "limit": np.array(40.0, np.float32)})
+    check_against_ort(model, {"v": np.float32([0.5, 1.0, 0.25]), "limit": np.array(40.0, np.float32)})
 
 
 def test_scan_backwards_along_an_axis():
@@ -88,7 +73,7 @@ def test_scan_backwards_along_an_axis():
         "body",
         [helper.make_tensor_value_info("acc_in", F, [2]), helper.make_tensor_value_info("col", F, [2])],
         [helper.make_tensor_value_info("acc_out", F, [2]), helper.make_tensor_value_info("step", F, [2])])
-    model = _model([helper.make_node("Scan", ["acc", "x"], ["total", "steps"], body=body,
+    model = onnx_model([helper.make_node("Scan", ["acc", "x"], ["total", "steps"], body=body,
                                      num_scan_inputs=1, scan_input_axes=[1],
                                      scan_input_directions=[1], scan_output_axes=[1])],
                    [helper.make_tensor_value_info("acc", F, [2]),
@@ -97,7 +82,7 @@ def test_scan_backwards_along_an_axis():
                     helper.make_tensor_value_info("steps", F, [2, 5])])
     rng = np.random.default_rng(1)
     feeds = {"acc": np.zeros(2, np.float32), "x": rng.normal(size=(2, 5)).astype(np.float32)}
-    graph = _check(model, feeds)
+    graph = check_against_ort(model, feeds)
     # a body reading nothing around it is written back as it was read: onnxruntime runs
     # the written file to the same values
     _, params, state = mg.from_onnx(model)
@@ -114,7 +99,7 @@ def test_to_onnx_refuses_a_body_reading_values_around_it():
     nodes = [helper.make_node("Greater", ["s", "zero"], ["c"]),
              helper.make_node("If", ["c"], ["z"], then_branch=_branch("then", "Add", 1),
                               else_branch=_branch("else", "Mul", 2))]
-    model = _model(nodes, [helper.make_tensor_value_info(n, F, shape)
+    model = onnx_model(nodes, [helper.make_tensor_value_info(n, F, shape)
                            for n, shape in (("s", []), ("x", [2, 3]), ("y", [2, 3]))],
                    [helper.make_tensor_value_info("z", F, [2, 3])])
     model.graph.initializer.append(helper.make_tensor("zero", F, [], [0.0]))
@@ -133,7 +118,7 @@ def test_a_scan_body_reading_a_constant_axis_around_it():
          helper.make_node("Add", ["acc_in", "col"], ["acc_out"])], "body",
         [helper.make_tensor_value_info("acc_in", F, [2]), helper.make_tensor_value_info("col", F, [2])],
         [helper.make_tensor_value_info("acc_out", F, [2]), helper.make_tensor_value_info("u", F, [2, 1])])
-    model = _model([helper.make_node("Constant", [], ["one"], value=helper.make_tensor("c", I64, [1], [1])),
+    model = onnx_model([helper.make_node("Constant", [], ["one"], value=helper.make_tensor("c", I64, [1], [1])),
                     helper.make_node("Neg", ["one"], ["axis"]),
                     helper.make_node("Scan", ["acc", "x"], ["total", "cols"], body=body,
                                      num_scan_inputs=1, scan_input_axes=[1])],
@@ -142,7 +127,7 @@ def test_a_scan_body_reading_a_constant_axis_around_it():
                    [helper.make_tensor_value_info("total", F, [2]),
                     helper.make_tensor_value_info("cols", F, [5, 2, 1])])
     x = np.random.default_rng(4).normal(size=(2, 5)).astype(np.float32)
-    graph = _check(model, {"acc": np.zeros(2, np.float32), "x": x})
+    graph = check_against_ort(model, {"acc": np.zeros(2, np.float32), "x": x})
     assert graph.output_specs[1].shape == (5, 2, 1)
 
 
@@ -159,7 +144,7 @@ def test_a_loop_whose_length_depends_on_the_data_is_refused():
          helper.make_tensor_value_info("v_out", F, []),
          helper.make_tensor_value_info("row", F, [])],
         initializer=[helper.make_tensor("ten", F, [], [10.0])])
-    model = _model([helper.make_node("Loop", ["trip", "", "v"], ["v_final", "rows"], body=body)],
+    model = onnx_model([helper.make_node("Loop", ["trip", "", "v"], ["v_final", "rows"], body=body)],
                    [helper.make_tensor_value_info("v", F, [])],
                    [helper.make_tensor_value_info("v_final", F, []),
                     helper.make_tensor_value_info("rows", F, [None])])
@@ -193,14 +178,14 @@ def test_an_if_with_a_known_condition_is_its_branch(rank):
              helper.make_node("If", ["c"], ["v"], then_branch=value_then, else_branch=value_else),
              helper.make_node("Reshape", ["x", "target"], ["y"]),
              helper.make_node("Cast", ["v"], ["z"], to=F)]
-    model = _model(nodes, [helper.make_tensor_value_info("x", F, [2, 3, 4])],
+    model = onnx_model(nodes, [helper.make_tensor_value_info("x", F, [2, 3, 4])],
                    [helper.make_tensor_value_info("y", F, None),
                     helper.make_tensor_value_info("z", F, None)])
     model.graph.initializer.extend([
         helper.make_tensor("dims", I64, [rank], [1] * rank),
         helper.make_tensor("four", I64, [], [4])])
     x = np.random.default_rng(1).normal(size=(2, 3, 4)).astype(np.float32)
-    graph = _check(model, {"x": x})
+    graph = check_against_ort(model, {"x": x})
     assert "onnx.If" not in {n.op.op_name for n in graph.nodes}  # read as the branch
     assert graph.output_specs[0].shape == ((6, 4) if rank == 4 else (2, 3, 4))
     assert graph.output_specs[1].shape == ((2, 3, 4) if rank == 4 else ())

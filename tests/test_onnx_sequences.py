@@ -9,30 +9,13 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from _onnx_models import check_against_ort, onnx_model
 from onnx import TensorProto, helper
 
 import mlaxgraph as mg
 from mlaxgraph.onnx.backend import MlaxGraphBackend
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def _check(model, feeds):
-    expected = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"]).run(None, feeds)
-    graph, params, state = mg.from_onnx(model)
-    out, _ = mg.compile(graph).apply(params, state, *feeds.values(), inference_mode=True)
-    out = out if isinstance(out, tuple) else (out,)
-    assert len(out) == len(expected)
-    for ours, theirs in zip(out, expected):
-        assert np.asarray(ours).shape == theirs.shape
-        np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6, atol=1e-6)
-    return graph
 
 
 def _xyz():
@@ -60,10 +43,10 @@ def test_insert_erase_at_with_negative_positions(insert_at, erase_at, at):
              helper.make_node("SequenceErase", ["s2", "p_erase"], ["s3"]),
              helper.make_node("SequenceAt", ["s3", "p_at"], ["out"]),
              helper.make_node("SequenceLength", ["s3"], ["n"])]
-    model = _model(nodes, infos, [helper.make_tensor_value_info("out", F, None),
+    model = onnx_model(nodes, infos, [helper.make_tensor_value_info("out", F, None),
                                   helper.make_tensor_value_info("n", I64, [])],
                    [_int("p_insert", insert_at), _int("p_erase", erase_at), _int("p_at", at)])
-    _check(model, feeds)
+    check_against_ort(model, feeds)
 
 
 @pytest.mark.parametrize("axis,new_axis", [(1, 0), (-1, 0), (0, 1), (-1, 1)])
@@ -77,7 +60,7 @@ def test_concat_and_stack_from_a_sequence(axis, new_axis):
              helper.make_node("SequenceInsert", ["s2", "c", "front"], ["s3"]),
              helper.make_node("ConcatFromSequence", ["s3"], ["out"], axis=axis,
                               new_axis=new_axis)]
-    _check(_model(nodes, infos, [helper.make_tensor_value_info("out", F, None)],
+    check_against_ort(onnx_model(nodes, infos, [helper.make_tensor_value_info("out", F, None)],
                   [_int("front", 0)]), feeds)
 
 
@@ -93,18 +76,18 @@ def test_split_to_sequence(split, keepdims, opset):
              helper.make_node("SequenceLength", ["s"], ["n"]),
              helper.make_node("ConcatFromSequence", ["s"], ["back"], axis=0,
                               new_axis=1 - keepdims)]
-    model = _model(nodes, [helper.make_tensor_value_info("x", F, [6, 4])],
+    model = onnx_model(nodes, [helper.make_tensor_value_info("x", F, [6, 4])],
                    [helper.make_tensor_value_info(n, t, None) for n, t in
                     (("piece", F), ("n", I64), ("back", F))],
                    inits + [_int("last", -1)], opset=opset)
-    _check(model, {"x": x})
+    check_against_ort(model, {"x": x})
 
 
 def test_a_sequence_output_is_a_list_from_the_backend():
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     nodes = [helper.make_node("SplitToSequence", ["x"], ["s"], axis=1, keepdims=0),
              helper.make_node("SequenceErase", ["s", "first"], ["t"])]
-    model = _model(nodes, [helper.make_tensor_value_info("x", F, [3, 4])],
+    model = onnx_model(nodes, [helper.make_tensor_value_info("x", F, [3, 4])],
                    [helper.make_tensor_value_info("t", F, None)], [_int("first", 0)])
     model.graph.output[0].type.CopyFrom(helper.make_sequence_type_proto(
         helper.make_tensor_type_proto(F, None)))
@@ -122,7 +105,7 @@ def test_a_position_computed_at_run_time_is_refused_by_name():
     feeds, infos = _xyz()
     nodes = [helper.make_node("SequenceConstruct", ["x", "y"], ["s"]),
              helper.make_node("SequenceAt", ["s", "p"], ["out"], name="pick")]
-    model = _model(nodes, infos[:2] + [helper.make_tensor_value_info("p", I64, [])],
+    model = onnx_model(nodes, infos[:2] + [helper.make_tensor_value_info("p", I64, [])],
                    [helper.make_tensor_value_info("out", F, None)])
     with pytest.raises(mg.ShapeError, match=r"node 'pick' \(SequenceAt\).*position"):
         mg.from_onnx(model)
@@ -133,7 +116,7 @@ def test_the_pieces_of_a_split_by_a_runtime_tensor_are_refused_its_length_is_kno
     sizes = helper.make_tensor_value_info("sizes", I64, [3])
     length = [helper.make_node("SplitToSequence", ["x", "sizes"], ["s"], name="cut"),
               helper.make_node("SequenceLength", ["s"], ["n"])]
-    graph, params, state = mg.from_onnx(_model(length, [x, sizes], [
+    graph, params, state = mg.from_onnx(onnx_model(length, [x, sizes], [
         helper.make_tensor_value_info("n", I64, [])]))
     out, _ = mg.compile(graph).apply(params, state, np.zeros((6, 4), np.float32),
                                      np.asarray([1, 2, 3]))
@@ -141,7 +124,7 @@ def test_the_pieces_of_a_split_by_a_runtime_tensor_are_refused_its_length_is_kno
     pieces = length[:1] + [helper.make_node("SequenceAt", ["s", "zero"], ["p"], name="at")]
     with pytest.raises(mg.ShapeError, match=r"node 'at' \(SequenceAt\).*node 'cut' "
                                             r"\(SplitToSequence\)"):
-        mg.from_onnx(_model(pieces, [x, sizes], [helper.make_tensor_value_info("p", F, None)],
+        mg.from_onnx(onnx_model(pieces, [x, sizes], [helper.make_tensor_value_info("p", F, None)],
                             [_int("zero", 0)]))
 
 
@@ -150,10 +133,10 @@ def test_a_sequence_read_as_a_tensor_and_bad_positions_are_graph_errors():
     relu = [helper.make_node("SequenceConstruct", ["x", "y"], ["s"]),
             helper.make_node("Relu", ["s"], ["out"], name="act")]
     with pytest.raises(mg.GraphError, match=r"node 'act' \(Relu\) reads the sequence 's'"):
-        mg.from_onnx(_model(relu, infos[:2], [helper.make_tensor_value_info("out", F, None)]))
+        mg.from_onnx(onnx_model(relu, infos[:2], [helper.make_tensor_value_info("out", F, None)]))
     far = [relu[0], helper.make_node("SequenceAt", ["s", "p"], ["out"], name="far")]
     with pytest.raises(mg.ShapeError, match=r"node 'far' \(SequenceAt\): position -3 is out"):
-        mg.from_onnx(_model(far, infos[:2], [helper.make_tensor_value_info("out", F, None)],
+        mg.from_onnx(onnx_model(far, infos[:2], [helper.make_tensor_value_info("out", F, None)],
                             [_int("p", -3)]))
 
 
@@ -173,7 +156,7 @@ def test_sequence_map_and_optionals_against_onnxruntime():
              helper.make_node("OptionalGetElement", ["o"], ["got"])]
     outputs = [helper.make_tensor_value_info(n, t, None) for n, t in
                (("cat", F), ("dims", I64), ("has", TensorProto.BOOL), ("got", F))]
-    _check(_model(nodes, infos, outputs, opset=18), feeds)
+    check_against_ort(onnx_model(nodes, infos, outputs, opset=18), feeds)
 
 
 def test_a_loop_carrying_a_sequence_is_read_per_iteration():
@@ -194,12 +177,12 @@ def test_a_loop_carrying_a_sequence_is_read_per_iteration():
     nodes = [helper.make_node("SequenceEmpty", [], ["e"], dtype=F),
              helper.make_node("Loop", ["n", "", "e"], ["seq", "scans"], body=body),
              helper.make_node("ConcatFromSequence", ["seq"], ["out"], axis=0, new_axis=1)]
-    model = _model(nodes, [helper.make_tensor_value_info("x", F, [4, 3])],
+    model = onnx_model(nodes, [helper.make_tensor_value_info("x", F, [4, 3])],
                    [helper.make_tensor_value_info("out", F, None),
                     helper.make_tensor_value_info("scans", F, None)],
                    [_int("n", 3), _int("zero", 0)])
-    _check(model, {"x": x})
-    runtime = _model(nodes, [helper.make_tensor_value_info("x", F, [4, 3]),
+    check_against_ort(model, {"x": x})
+    runtime = onnx_model(nodes, [helper.make_tensor_value_info("x", F, [4, 3]),
                              helper.make_tensor_value_info("n", I64, [])],
                      [helper.make_tensor_value_info("out", F, None)], [_int("zero", 0)])
     with pytest.raises(mg.ShapeError, match=r"\(Loop\): its trip count \('n'\)"):
@@ -213,7 +196,7 @@ def test_the_backend_takes_a_sequence_input_as_its_tensors():
         helper.make_tensor_type_proto(F, ["rows", 3])))
     nodes = [helper.make_node("SequenceAt", ["xs", "p"], ["a"]),
              helper.make_node("ConcatFromSequence", ["xs"], ["b"], axis=0)]
-    model = _model(nodes, [seq, helper.make_tensor_value_info("p", I64, [])],
+    model = onnx_model(nodes, [seq, helper.make_tensor_value_info("p", I64, [])],
                    [helper.make_tensor_value_info("a", F, [2, 3]),
                     helper.make_tensor_value_info("b", F, [6, 3])])
     rep = MlaxGraphBackend.prepare(model)

@@ -9,28 +9,13 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
+from _onnx_models import check_against_ort, onnx_model  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import mlaxgraph as mg  # noqa: E402
 
 F = TensorProto.FLOAT
-
-
-def _model(nodes, inputs, outputs, opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def _check(model, feeds):
-    expected = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"]).run(None, feeds)
-    graph, params, state = mg.from_onnx(model)
-    out, _ = mg.compile(graph).apply(params, state, *feeds.values(), inference_mode=True)
-    out = out if isinstance(out, tuple) else (out,)
-    for ours, theirs in zip(out, expected):
-        np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6, atol=1e-6)
-    return graph
 
 
 def test_a_model_without_inputs():
@@ -51,14 +36,14 @@ def test_a_model_without_inputs():
              helper.make_node("Div", ["span", "step"], ["q"]),
              helper.make_node("Cast", ["q"], ["trips"], to=I64),
              helper.make_node("Loop", ["trips", "", "start"], ["total"], body=body)]
-    model = _model(nodes, [], [helper.make_tensor_value_info("w", F, None),
+    model = onnx_model(nodes, [], [helper.make_tensor_value_info("w", F, None),
                                helper.make_tensor_value_info("r", F, None),
                                helper.make_tensor_value_info("total", F, None)])
     model.graph.initializer.extend([
         helper.make_tensor("size", TensorProto.INT32, [], [7]),
         helper.make_tensor("start", F, [], [1.0]), helper.make_tensor("limit", F, [], [4.0]),
         helper.make_tensor("step", F, [], [0.5])])
-    graph = _check(model, {})
+    graph = check_against_ort(model, {})
     assert graph.inputs == ()
     out, _ = mg.compile(graph).apply(*mg.from_onnx(model)[1:])
     np.testing.assert_allclose(out[0], np.hanning(7), atol=1e-6)
@@ -69,7 +54,7 @@ def test_a_model_without_inputs():
 @pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
 @pytest.mark.parametrize("periodic", [0, 1])
 def test_windows(op, periodic):
-    model = _model([helper.make_node(op, ["size"], ["w"], periodic=periodic,
+    model = onnx_model([helper.make_node(op, ["size"], ["w"], periodic=periodic,
                                      output_datatype=TensorProto.DOUBLE)],
                    [], [helper.make_tensor_value_info("w", TensorProto.DOUBLE, None)])
     model.graph.initializer.append(helper.make_tensor("size", TensorProto.INT64, [], [10]))
@@ -85,7 +70,7 @@ def test_windows(op, periodic):
 @pytest.mark.parametrize("args", [(8, 64, 8000, 0.0, 4000.0), (5, 31, 16000, 300.0, 6000.0)])
 def test_mel_weight_matrix_against_the_reference(args):
     names = ["bins", "length", "rate", "low", "high"]
-    model = _model([helper.make_node("MelWeightMatrix", names, ["m"])], [],
+    model = onnx_model([helper.make_node("MelWeightMatrix", names, ["m"])], [],
                    [helper.make_tensor_value_info("m", F, None)])
     for name, value in zip(names, args):
         code = F if isinstance(value, float) else TensorProto.INT64
