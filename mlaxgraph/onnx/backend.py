@@ -34,6 +34,9 @@ class MlaxGraphRep(BackendRep):
 
     def __init__(self, model: Any):
         self.model = model
+        initialized = {t.name for t in model.graph.initializer}
+        #: the graph inputs a call gives, in order (those without an initializer)
+        self.feeds = [v for v in model.graph.input if v.name not in initialized]
         self.compiled: Any = None
         self.fed: list[str] = []
         self.names: set[str] = set()
@@ -45,10 +48,9 @@ class MlaxGraphRep(BackendRep):
         model.CopyFrom(self.model)
         graph = model.graph
         initialized = {t.name for t in graph.initializer}
-        feeds = [v for v in graph.input if v.name not in initialized]
         tensors: list = []  # (value info, array): sequences and optionals as their tensors
         nodes: list = []
-        for i, (value, x) in enumerate(zip(feeds, inputs)):
+        for i, (value, x) in enumerate(zip(self.feeds, inputs)):
             _expand(value, x, tensors, nodes, i)
         nodes.reverse()  # an optional's node after its value's
         needed = static_inputs(_with(model, [v for v, _ in tensors], nodes))
@@ -77,10 +79,8 @@ class MlaxGraphRep(BackendRep):
             if self.compiled is None:
                 self.compiled = self._specialize(inputs)
             model, params, state, layout = self.compiled
-            initialized = {t.name for t in self.model.graph.initializer}
-            feeds = [v for v in self.model.graph.input if v.name not in initialized]
             flat: dict = {}
-            for i, (value, x) in enumerate(zip(feeds, inputs)):
+            for i, (value, x) in enumerate(zip(self.feeds, inputs)):
                 for info, array in _expand(value, x, [], [], i):
                     flat[info.name] = array
             if set(flat) != self.names:
