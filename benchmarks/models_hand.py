@@ -151,7 +151,8 @@ AS_MLAXGRAPH = ("shifted", "affine")
 BN_FORMS = {"bn_two_pass": ("two_pass", "affine"), "bn_centered": ("shifted", "centered"),
             "bn_two_pass_centered": ("two_pass", "centered"),
             "bn_one_pass": ("one_pass", "affine"),
-            "bn_shift_mean": ("shifted_mean", "affine")}
+            "bn_shift_mean": ("shifted_mean", "affine"),
+            "bn_shift_running": ("shifted_running", "affine")}
 
 
 def _batch_norm(p, s, x, how=AS_MLAXGRAPH):
@@ -161,6 +162,7 @@ def _batch_norm(p, s, x, how=AS_MLAXGRAPH):
     axes = (0, 1, 2)
     if variance.startswith("shifted"):
         k = lax.stop_gradient(x[0, 0, 0] if variance == "shifted"  # the first value
+                              else s["mean"] if variance == "shifted_running"  # running mean
                               else jnp.mean(x[0], axis=(0, 1)))  # the first example's mean
         d = jnp.mean(x - k, axis=axes)
         mean = k + d
