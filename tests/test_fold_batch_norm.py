@@ -225,7 +225,10 @@ def test_scanned_params_are_refused_then_folded_unstacked_and_stacked_again(resn
     with pytest.raises(mg.GraphError, match=r"scanned model's, stacked under "
                                             r"'layer1.0..layer1.1'.*unstack_weights"):
         mg.fold_batch_norm(g, sparams, sstate)
-    folded, fparams, fstate = mg.fold_batch_norm(g, *scanned.unstack_weights(sparams, sstate))
+    unstacked = scanned.unstack_weights(sparams, sstate)
+    folded, fparams, fstate = mg.fold_batch_norm(g, *unstacked)
+    # The compiled model's graph (its runs folded into scans) folds to the same graph.
+    assert mg.fold_batch_norm(scanned.graph, *unstacked)[0] == folded
     again = mg.compile(folded, scan_blocks="always")
     stacked, stacked_state = again.stack_weights(fparams, fstate)
     assert "layer1.0..layer1.1" in stacked and stacked_state == {}
