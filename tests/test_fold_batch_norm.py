@@ -326,7 +326,7 @@ def test_bad_input_is_a_graph_error_naming_the_layer(resnet):
                                             r"are another graph's"):
         mg.fold_batch_norm(g, wider, state)
     no_stats = dict(state, **{"layer2.1": {"bn1": state["layer2.1"]["bn1"]}})
-    with pytest.raises(mg.GraphError, match=r"state have no entry for layer 'layer2.1/bn2'; "
+    with pytest.raises(mg.GraphError, match=r"state has no entry for layer 'layer2.1/bn2'; "
                                             r"give the graph's own params and state"):
         mg.fold_batch_norm(g, params, no_stats)
     no_block = {k: v for k, v in params.items() if k != "layer3.0"}

@@ -172,14 +172,15 @@ def _weights(level: Mapping, graph: Graph, name: str, specs: Mapping[str, ParamS
     if not specs:
         return {}
     entry = level.get(name)
+    have = "have" if what == "params" else "has"
     if not isinstance(entry, Mapping):
-        raise GraphError(f"fold_batch_norm: {what} have no entry for layer {path!r}; "
+        raise GraphError(f"fold_batch_norm: {what} {have} no entry for layer {path!r}; "
                          f"{_hint(level, graph)}")
     out = {}
     for key, spec in specs.items():
         value = entry.get(key)
         if value is None:
-            raise GraphError(f"fold_batch_norm: {what} of layer {path!r} have no {key!r}; "
+            raise GraphError(f"fold_batch_norm: {what} of layer {path!r} {have} no {key!r}; "
                              f"{_hint(level, graph)}")
         if tuple(getattr(value, "shape", ())) != tuple(spec.shape):
             raise GraphError(f"fold_batch_norm: {what} {path}/{key} has shape "
