@@ -8,9 +8,9 @@
 
 Every section of RESULTS.md has its benchmark here (``sections.SECTIONS``): the ones below
 run in this process; sections 7 (LoRA), 8 (quantization), 9 (the zoo sharded), 10's
-jaxonnxruntime comparison, 11 (PyTorch models, in ``.venv-torch`` where it exists) and
-13 (ONNX attention) run as their scripts, whose output replaces the generated block of
-the section (``sections.regenerate``).
+jaxonnxruntime comparison, 11 (PyTorch models, in ``.venv-torch`` where it exists), 13
+(ONNX attention) and 15 (BatchNorm folded at inference) run as their scripts, whose
+output replaces the generated block of the section (``sections.regenerate``).
 
 Benchmarks:
   bench_train           training side by side: mlaxgraph, hand-written JAX, Flax linen,
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
                         "(default: all); the others, the header and the other goals are kept "
                         "from the existing file")
     p.add_argument("--skip-commands", action="store_true",
-                   help="skip the sections run as commands (7, 8, 9, 11, 13, and 10's "
+                   help="skip the sections run as commands (7, 8, 9, 11, 13, 15, and 10's "
                         "jaxonnxruntime comparison)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="compile-scale: skip the passes of a size projected to take longer than "

@@ -107,6 +107,8 @@ SECTIONS: dict[int, Section] = {
                 "Attention + RotaryEmbedding (opset 23)", commands=(
                     Command("bench_onnx_attention.py", (), ("--quick",)),)),
     14: Section("The first call, split; when to scan", in_process="first"),
+    15: Section("BatchNorm folded into convolutions at inference", commands=(
+        Command("bench_fold.py", ("--rounds", "15"), ("--quick",)),)),
 }
 
 

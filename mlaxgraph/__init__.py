@@ -15,7 +15,7 @@ Example:
 """
 
 from . import aten, models, ops, train
-from .adapters import lora, lora_params, merge_lora, quantize, quantize_weights
+from .adapters import fold_batch_norm, lora, lora_params, merge_lora, quantize, quantize_weights
 from .analysis.cost import CostTable, LayerCost
 from .analysis.hlo.by_layer import HloByLayer, HloOperation
 from .analysis.policy_comparison import PolicyComparison, compare_policies
@@ -26,6 +26,7 @@ from .core.errors import (
     CheckError,
     ConfigError,
     DTypeError,
+    FoldWarning,
     GraphError,
     MlaxGraphError,
     SerializationError,
@@ -47,12 +48,12 @@ from .train import Trainer
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
-    "ShardingError", "ConfigError", "CheckError", "UnverifiedFileWarning",
+    "ShardingError", "ConfigError", "CheckError", "UnverifiedFileWarning", "FoldWarning",
     "TensorSpec", "Graph", "Input", "Sequential", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",
     "PolicyComparison", "compare_policies", "show", "diff_html", "train", "Trainer", "models",
-    "lora", "lora_params", "merge_lora", "lora_from_peft", "quantize", "quantize_weights",
+    "lora", "lora_params", "merge_lora", "fold_batch_norm", "lora_from_peft", "quantize", "quantize_weights",
     "from_onnx", "aten", "from_torch",
     "decoder", "Decoder", "generate", "generate_stream", "sampling",
     "__version__",

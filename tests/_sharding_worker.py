@@ -3,7 +3,8 @@ in a process started with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``
 test_sharding_devices.py, twice at once: ``mlp,transformer`` and ``cnn``, one per
 core). It runs the example graphs MODELS compiled without a mesh (on one device: the
 references) and on three meshes; the run with the MLP also checks the optimizer
-state, init's HLO, the collectives, bad annotations and a checkpoint. It writes every
+state, init's HLO, the collectives, bad annotations and a checkpoint, the run with the
+CNN ``mg.fold_batch_norm`` on a mesh. It writes every
 number to OUT/results-MODELS.npz and every finding to OUT/report-MODELS.json, which
 the tests compare. Nothing runs on import."""
 
@@ -109,6 +110,23 @@ def main(out_dir: str, names: tuple[str, ...]) -> None:
         report[f"trainer_specs/{name}"] = jax.tree.map(lambda s: spec_entries(s.spec),
                                                        record["init_shardings"])
         lap(f"trainer/{name}")
+
+    if "cnn" in names:
+        # BatchNorm folded on the 2x4 mesh (statistics from a training-mode call): each
+        # weight placed as the folded model's own init places it, new biases included;
+        # its outputs at inference are the unfolded model's.
+        model, init = models["cnn", "both"], records["cnn", "both"]["init"]
+        x, _ = cases.data("cnn")
+        _, stats = model.apply(init["params"], init["state"], x, rng=jax.random.key(1))
+        folded, fparams, fstate = mg.fold_batch_norm(cases.graph("cnn"), init["params"], stats)
+        fmodel = mg.compile(folded, mesh=meshes["both"], rules=cases.RULES)
+        arrays["fold/cnn/unfolded"] = np.asarray(model.apply(init["params"], stats, x,
+                                                             inference_mode=True)[0])
+        arrays["fold/cnn/folded"] = np.asarray(fmodel.apply(fparams, fstate, x,
+                                                            inference_mode=True)[0])
+        report["fold"] = {"folded": shards_of(fparams), "state": shards_of(fstate),
+                          "planned": shards_of(fmodel.init(jax.random.key(0))[0])}
+        lap("fold")
 
     if "mlp" not in names:
         return write(out_dir, part_names, arrays, report)

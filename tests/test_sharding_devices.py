@@ -8,7 +8,7 @@ CPU device) cannot have: worker processes run with virtual CPU devices and repor
   pass in training mode (dropout, batch statistics), three steps of a plain jitted
   optax SGD step, three steps of ``mg.train.Trainer`` (2x4); where init put every
   shard; the collectives XLA inserted; bad annotations; an orbax checkpoint saved on
-  one mesh and restored onto another.
+  one mesh and restored onto another; the CNN's BatchNorms folded on the 2x4 mesh.
 - ``_multiprocess_worker.py`` x 2 (2 devices each) train the MLP together through
   ``jax.distributed`` on localhost, each feeding half of every batch.
 
@@ -238,6 +238,15 @@ def _trimmed(spec: list) -> list:
     while spec and spec[-1] is None:
         spec.pop()
     return spec
+
+
+def test_batch_norm_folds_on_a_mesh_keeping_each_weight_where_init_puts_it(eight):
+    report, results = eight
+    fold = report["fold"]
+    assert fold["folded"] == fold["planned"] and fold["state"] == {}
+    assert fold["folded"]["res1/conv_a/bias"]["spec"] == ["model"]   # a new bias, split as its kernel
+    np.testing.assert_allclose(results["fold/cnn/folded"], results["fold/cnn/unfolded"],
+                               rtol=RTOL, atol=ATOL)
 
 
 def test_optimizer_state_follows_the_params_once_constrained(eight):

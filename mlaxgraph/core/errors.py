@@ -23,6 +23,7 @@ __all__ = [
     "ShardingError",
     "ConfigError",
     "UnverifiedFileWarning",
+    "FoldWarning",
     "CheckError",
     "SourceInfo",
     "capture_source",
@@ -81,6 +82,12 @@ class UnverifiedFileWarning(UserWarning):
     """A file written before mlaxgraph's files carried checksums was loaded: its bytes
     could not be checked. Saving it again adds them. Turn it into an error with
     ``warnings.simplefilter("error", mg.UnverifiedFileWarning)``."""
+
+
+class FoldWarning(UserWarning):
+    """``mg.fold_batch_norm`` kept BatchNorms it could not fold into the layer before
+    them; the message lists each with the reason. Turn it into an error with
+    ``warnings.simplefilter("error", mg.FoldWarning)``."""
 
 
 @dataclasses.dataclass(frozen=True)
