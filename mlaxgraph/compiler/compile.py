@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -106,11 +106,19 @@ class CompiledModel:
         self.init = ModelInit(init, self.init_fn)
         self.checks = checks
 
-        def tapped(taps: Taps):
+        def tapped(taps: Taps, functions: tuple) -> Callable:
             plan_taps(program, taps)  # names every pattern that matches nothing, now
+
+            def run_tapped(params, state, *inputs, tap_values=(), rng=None,
+                           inference_mode: bool = False):
+                # the intervention functions read their floats and arrays as traced values
+                bound = taps.bound(functions, tap_values)
+                return make_apply(program, sharding, checks=checks, taps=bound)(
+                    params, state, *inputs, rng=rng, inference_mode=inference_mode)
+
             if checks:
-                return checked(make_apply(program, sharding, checks=True, taps=taps))
-            return jax.jit(make_apply(program, sharding, taps=taps), static_argnames=("inference_mode",))
+                return checked(run_tapped)
+            return jax.jit(run_tapped, static_argnames=("inference_mode",))
 
         if checks:  # the checks are traced only here: checks=False costs nothing
             plain = checked(make_apply(program, sharding, checks=True))

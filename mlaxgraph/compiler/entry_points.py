@@ -2,8 +2,10 @@
 keywords users pass (``reuse=``, ``capture=``, ``intervene=``), each checked by name.
 
 ``apply`` without taps is the plain jitted function; with ``capture`` or ``intervene``
-it is another jitted function, made once per set of taps and kept (the taps are
-static: patterns and functions, compared by identity). ``init(key, reuse=(params,
+it is another jitted function, made once per set of taps and kept: the patterns and
+each function's code are static, the floats and arrays the functions read are traced
+arguments (``mlaxgraph.compiler.tap_functions``), so a function reused after a value
+it reads changed sees the new value, and a sweep does not compile again. ``init(key, reuse=(params,
 state))`` draws every weight, then keeps each one ``reuse`` has at the same path with
 the same shape and dtype.
 """
@@ -32,12 +34,15 @@ _APPLY_SIGNATURE = ("apply(params, state, *inputs, rng=None, inference_mode=Fals
 _JIT_ATTRIBUTES = ("lower", "trace", "eval_shape", "_cache_size", "clear_cache")
 
 
-def model_apply(plain: Callable, make: Callable[[Taps], Callable]) -> Callable:
+def model_apply(plain: Callable, make: Callable[[Taps, tuple], Callable]) -> Callable:
     """``apply(params, state, *inputs, rng=None, inference_mode=False, capture=None,
     intervene=None)``: ``(outputs, new_state)``, or ``(outputs, new_state, captured)``
     with ``capture``. A plain function (not a bound method: it is on every call's path)
     carrying the jitted function's ``lower``, ``trace`` and ``eval_shape``."""
-    tapped: dict[Taps, Callable] = {}
+    # by the taps' key: patterns, and each function's code and the values it reads
+    # other than floats and arrays (mlaxgraph.compiler.tap_functions)
+    tapped: dict[Any, Callable] = {}
+    concrete: set = set()
 
     def tapped_call(params, state, *inputs, rng=None, inference_mode: bool = False,
                     capture: Any = None, intervene: Any = None, **unknown: Any):
@@ -47,11 +52,25 @@ def model_apply(plain: Callable, make: Callable[[Taps], Callable]) -> Callable:
         taps = Taps.of(capture, intervene)
         if taps is None:
             return plain(params, state, *inputs, rng=rng, inference_mode=inference_mode)
-        fn = tapped.get(taps)
+        functions = taps.functions()
+        key = taps.key(functions)
+        if key in concrete:  # Python control flow on a float it reads: floats as constants
+            functions = taps.functions(concrete=True)
+            key = taps.key(functions)
+        values = tuple(f.values for f in functions)
+        fn = tapped.get(key)
         if fn is None:
-            fn = tapped[taps] = make(taps)
-        outputs, new_state, captured = fn(params, state, *inputs, rng=rng,
-                                          inference_mode=inference_mode)
+            fn = tapped[key] = make(taps, functions)
+        try:
+            result = fn(params, state, *inputs, tap_values=values, rng=rng,
+                        inference_mode=inference_mode)
+        except jax.errors.ConcretizationTypeError:
+            if not any(values):
+                raise
+            concrete.add(key)
+            return tapped_call(params, state, *inputs, rng=rng, inference_mode=inference_mode,
+                               capture=capture, intervene=intervene)
+        outputs, new_state, captured = result
         if not taps.capture:
             return outputs, new_state
         return outputs, new_state, captured

@@ -154,8 +154,9 @@ def checked(apply: Callable) -> Callable:
     run_checked = jax.jit(checkify.checkify(apply, errors=checkify.user_checks),
                           static_argnames=("inference_mode",))
 
-    def apply_checked(params, state, *inputs, rng=None, inference_mode: bool = False):
-        error, result = run_checked(params, state, *inputs, rng=rng, inference_mode=inference_mode)
+    def apply_checked(params, state, *inputs, rng=None, inference_mode: bool = False, **more):
+        error, result = run_checked(params, state, *inputs, rng=rng, inference_mode=inference_mode,
+                                    **more)
         message = error.get()
         if message is not None:
             # checkify appends where the check was traced; the message names the layer.

@@ -15,7 +15,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import jax
@@ -27,6 +27,7 @@ from ..ir.graph import InputLayer
 from ..ir.scan import Scan
 from ..ir.surgery import is_pattern, path_matcher
 from .program import Program, Ref, ScanStep, Step
+from .tap_functions import TapFunction, tap_function
 
 __all__ = ["Taps", "TapPlan", "plan_taps", "tap_paths"]
 
@@ -64,6 +65,21 @@ class Taps:
             return None
         return Taps(patterns, changes)
 
+    def functions(self, concrete: bool = False) -> tuple[TapFunction, ...]:
+        """The intervention functions split into what decides the compiled function
+        and the floats and arrays they read (``mlaxgraph.compiler.tap_functions``)."""
+        return tuple(tap_function(fn, concrete) for _, fn in self.intervene)
+
+    def key(self, functions: tuple[TapFunction, ...]) -> Hashable:
+        """What decides ``apply``'s compiled function for these taps."""
+        return (self.capture, tuple((p, f.key) for (p, _), f in zip(self.intervene, functions)))
+
+    def bound(self, functions: tuple[TapFunction, ...], values: tuple) -> Taps:
+        """These taps with each function reading ``values`` (traced, inside the jitted
+        function) instead of what it read when split."""
+        return Taps(self.capture, tuple((p, f.rebuild(v)) for (p, _), f, v
+                                        in zip(self.intervene, functions, values)))
+
 
 def _entries(program: Program, expand: Callable[[str], tuple[str, ...]]):
     """(concrete paths, one per iteration; the refs of the node's outputs) of every
@@ -91,7 +107,6 @@ def _block_paths(step: ScanStep) -> Callable[[str], tuple[str, ...]]:
     return lambda path: tuple(f"{name}/{path[cut:]}" for name in step.blocks)
 
 
-@functools.cache
 def _takes_path(fn: Callable) -> bool:
     try:
         parameters = inspect.signature(fn).parameters.values()
