@@ -3,9 +3,10 @@
 ``Graph.select`` names layers by path (``h.3/attn``, as in params); ``Graph.replace``,
 ``insert_after``, ``insert_before`` and ``remove`` build the new layers with the
 user's function on symbolic tensors standing for the old layer's inputs (or output),
-and splice them in with one ``rewrite``. A path inside a block changes that block
-call alone: the other calls keep the very same graph, so runs of equal blocks still
-fold into one scan.
+and splice them in with one ``rewrite``. The function is called once per selected
+layer, equal blocks included (blocks it changes alike stay equal graphs, so their
+runs still fold into one scan). A path inside a block changes that block call alone:
+the other calls keep the very same graph.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def surgery(graph: Graph, action: str, selection: Any, fn: Any) -> Graph:
     targets = frozenset(tuple(path.split("/")) for path in paths)
     rule = _Surgery(action, fn, targets, source)
     try:
-        result = rewrite(graph, rule, memo={})  # equal blocks changed once, nothing kept after
+        result = rewrite(graph, rule, memo={})  # nothing kept after
     except MlaxGraphError as e:
         where = f" at {source}" if source is not None else ""
         raise type(e)(f"{action}({selection!r}){where} breaks the graph:\n{e}") from None
@@ -192,6 +193,9 @@ class _Surgery(Rule):
     fn: Any
     targets: frozenset[tuple[str, ...]]
     source: SourceInfo | None = dataclasses.field(compare=False, hash=False)
+    #: the path of the block being rewritten: equal blocks are rewritten (and the
+    #: user's function called) once each, not once for all (the rewriter's memo)
+    block: tuple[str, ...] = ()
 
     def _hit(self, node: Node) -> bool:
         return (node.layer,) in self.targets or (node.name,) in self.targets
@@ -199,7 +203,8 @@ class _Surgery(Rule):
     def nested(self, node: Node) -> Rule | None:
         inner = frozenset(t[1:] for t in self.targets
                           if len(t) > 1 and t[0] in (node.name, node.layer))
-        return _Surgery(self.action, self.fn, inner, self.source) if inner else None
+        return (_Surgery(self.action, self.fn, inner, self.source, (*self.block, node.name))
+                if inner else None)
 
     def visit(self, node: Node, rewrite: Rewrite):
         if not self._hit(node):
