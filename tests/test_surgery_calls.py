@@ -30,3 +30,10 @@ def test_the_function_is_called_once_per_selected_layer_of_equal_blocks(gpt2):
     same = g.insert_after("h.*/attn", lambda y: ops.tanh(y))
     names = [n.name for n in mg.compile(same, scan_blocks="always").graph.nodes]
     assert "h.0..h.3" in names
+
+
+def test_remove_refuses_a_layer_of_several_inputs(gpt2):
+    g, _, _ = gpt2
+    with pytest.raises(mg.GraphError, match=r"in block 'h.0': layer 'add' \(op add\): remove takes "
+                       r"out a layer of one input.*reads 2.*replace\('h.0/add', lambda layer, \*xs: xs\[0\]\)"):
+        g.remove("h.0/add")

@@ -225,6 +225,15 @@ class _Surgery(Rule):
                        self.source, what="replace's function", keep_name=True)
 
     def _remove(self, node: Node, rewrite: Rewrite):
+        if len(node.inputs) > 1:
+            ins = ", ".join(str(rewrite.spec(v)) for v in node.inputs)
+            raise GraphError(node_message(
+                node.name, node.op.op_name,
+                f"remove takes out a layer of one input (its readers read that input), and "
+                f"this one reads {len(node.inputs)}: removing it would drop the others and what "
+                f"computes them. To keep one of them, replace the layer: "
+                f"replace({'/'.join((*self.block, node.name))!r}, lambda layer, *xs: xs[0])",
+                got=f"inputs {ins}", source=self.source))
         if not node.inputs or len(node.outputs) != 1 or rewrite.spec(node.inputs[0]) != node.outputs[0]:
             ins = ", ".join(str(rewrite.spec(v)) for v in node.inputs) or "no inputs"
             raise ShapeError(node_message(
