@@ -76,3 +76,11 @@ def test_python_control_flow_on_a_float_it_reads_still_works(model):
         out, _ = m.apply(params, state, IDS, inference_mode=True,
                          intervene={"ln_f": lambda v: v * 2.0 if a > 0.5 else v})  # noqa: B023
         np.testing.assert_allclose(out, factor * plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_list_the_function_appends_to_stays_the_callers(model):
+    m, params, state, _ = model
+    calls = []
+    m.apply(params, state, IDS, inference_mode=True,
+            intervene={"ln_f": lambda v: calls.append(v.shape) or v * 2.0})
+    assert calls == [(2, 8, 32)]

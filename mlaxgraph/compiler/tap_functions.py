@@ -72,6 +72,8 @@ def _lifted(leaf: Any, concrete: bool) -> bool:
 def _static(leaf: Any) -> Hashable:
     if leaf is None or isinstance(leaf, (bool, int, float, complex, str, bytes, np.generic)):
         return (type(leaf), leaf)
+    if isinstance(leaf, (dict, list, tuple)):
+        return _split(leaf, True)[0]  # a dict key that is a tuple
     if isinstance(leaf, np.ndarray):
         return (np.ndarray, leaf.shape, leaf.dtype.str, leaf.tobytes())
     return _Same(leaf)
@@ -126,6 +128,34 @@ def _cell(cell: Any) -> Any:
         return _EMPTY
 
 
+def _split(value: Any, concrete: bool) -> tuple[Hashable, list, Callable[[Any], Any]]:
+    """(key, the floats and arrays inside ``value``, a function of an iterator over new
+    ones giving ``value`` with them). Dicts, lists and tuples holding none are kept as
+    they are (the very object: a list the function appends to stays the caller's)."""
+    if _lifted(value, concrete):
+        return "traced", [value], lambda it: next(it)
+    if type(value) in (dict, list, tuple) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+        keys = list(value) if isinstance(value, dict) else list(range(len(value)))
+        items = [value[k] for k in keys]
+        parts = [_split(item, concrete) for item in items]
+        leaves = [leaf for _, found, _ in parts for leaf in found]
+        key: Hashable = (type(value), tuple(_static(k) for k in keys) if isinstance(value, dict)
+                         else len(keys), tuple(k for k, _, _ in parts))
+        if not leaves:
+            return key, [], lambda it: value
+
+        def rebuild(it: Any) -> Any:
+            new = [make(it) for _, _, make in parts]
+            if isinstance(value, dict):
+                return dict(zip(keys, new))
+            if isinstance(value, list):
+                return new
+            return type(value)(*new) if hasattr(value, "_fields") else tuple(new)
+
+        return key, leaves, rebuild
+    return _static(value), [], lambda it: value
+
+
 def tap_function(fn: Callable, concrete: bool = False) -> TapFunction:
     """``fn`` split into its key and traced values; ``concrete`` keeps floats as
     constants (keyed by value) for code whose Python control flow reads them."""
@@ -134,18 +164,12 @@ def tap_function(fn: Callable, concrete: bool = False) -> TapFunction:
         return TapFunction(fn, _Same(fn), (), lambda values: fn)
     head, env, make = found
     try:
-        leaves, treedef = jax.tree_util.tree_flatten(env)
-    except Exception:  # keys that do not sort, say: keyed by identity
+        key, leaves, rebuild_env = _split(env, concrete)
+        hash(key)
+    except TypeError:  # a value that cannot be a key: the function by identity
         return TapFunction(fn, _Same(fn), (), lambda values: fn)
-    lifted = [_lifted(leaf, concrete) for leaf in leaves]
-    # a traced value's shape and dtype are the jitted function's own business
-    key = (head, concrete, treedef,
-           tuple("traced" if lift else _static(leaf) for leaf, lift in zip(leaves, lifted)))
-    values = tuple(leaf for leaf, lift in zip(leaves, lifted) if lift)
 
     def rebuild(new: tuple) -> Callable:
-        it = iter(new)
-        merged = [next(it) if lift else leaf for leaf, lift in zip(leaves, lifted)]
-        return make(jax.tree_util.tree_unflatten(treedef, merged))
+        return make(rebuild_env(iter(new)))
 
-    return TapFunction(fn, key, values, rebuild)
+    return TapFunction(fn, (head, concrete, key), tuple(leaves), rebuild)
