@@ -174,3 +174,22 @@ def test_taps_on_a_mesh_give_the_numbers_without_one(base):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     for path, value in want_captured.items():
         np.testing.assert_allclose(captured[path], value, rtol=1e-6, atol=1e-6)
+
+
+def test_an_attention_with_an_adapter_on_its_output_taps_as_one_output(base):
+    g, params, state = base
+    lora = mg.compile(mg.lora(g, "h.*/attn/out", rank=2))
+    p, s = lora.init(jax.random.key(1), reuse=(params, state))
+    rng = np.random.default_rng(0)  # a nonzero adapter: B starts at zero
+    p["h.0"]["attn.out.lora_B"]["kernel"] = jnp.asarray(rng.normal(size=(2, 32)), jnp.float32)
+    _, _, got = lora.apply(p, s, IDS, inference_mode=True, capture=["h.0/attn", "h.0/add", "drop"])
+    # the block adds the attention's output (through an inference-mode dropout) to its input
+    np.testing.assert_allclose(got["h.0/attn"], np.asarray(got["h.0/add"]) - np.asarray(got["drop"]),
+                               rtol=1e-5, atol=1e-5)
+    calls = []
+    lora.apply(p, s, IDS, inference_mode=True,
+               intervene={"h.0/attn": lambda v: calls.append(v.shape) or jnp.zeros_like(v)})
+    assert calls == [(2, 8, 32)]
+    _, _, ablated = lora.apply(p, s, IDS, inference_mode=True, capture=["h.0/add", "drop"],
+                               intervene={"h.0/attn": jnp.zeros_like})
+    np.testing.assert_array_equal(ablated["h.0/add"], ablated["drop"])  # the adapter's part too

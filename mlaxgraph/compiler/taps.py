@@ -88,7 +88,22 @@ def _entries(program: Program, expand: Callable[[str], tuple[str, ...]]):
         node = program.nodes.get(path)
         if node is None or isinstance(node.op, (InputLayer, Scan)):
             continue
-        yield expand(path), refs
+        yield expand(path), _layer_output(program, path, node.op, refs)
+
+
+#: The node ``mg.lora`` adds after an attention whose output projection it adapts:
+#: the attention's output with the adapter's delta (the op's second output, the
+#: attended values, feeds the adapter).
+_OUT_ADAPTER_SUM = ".out.lora"
+
+
+def _layer_output(program: Program, path: str, op: Any, refs: tuple[Ref, ...]) -> tuple[Ref, ...]:
+    """What a layer's path taps: its outputs; for an attention with an adapter on its
+    output projection, the attention's output as its readers read it (the adapter's
+    sum, where it is), not the op's two outputs."""
+    if "out" not in getattr(op, "adapters", ()):
+        return refs
+    return program.values.get(path + _OUT_ADAPTER_SUM, refs[:1])
 
 
 def tap_paths(program: Program) -> list[str]:
