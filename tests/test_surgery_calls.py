@@ -37,3 +37,37 @@ def test_remove_refuses_a_layer_of_several_inputs(gpt2):
     with pytest.raises(mg.GraphError, match=r"in block 'h.0': layer 'add' \(op add\): remove takes "
                        r"out a layer of one input.*reads 2.*replace\('h.0/add', lambda layer, \*xs: xs\[0\]\)"):
         g.remove("h.0/add")
+
+
+def test_a_layers_path_names_its_own_call_not_the_tied_heads(gpt2):
+    g, _, _ = gpt2
+    seen = []
+
+    def lookup(layer, ids):
+        seen.append(ids.dtype)
+        return ops.Embedding(64, 32, name="wte_new")(ids)
+
+    g2 = g.replace("wte", lookup)
+    assert seen == [np.dtype("int32")]  # the lookup's call only
+    assert [(n.name, n.layer) for n in g2.nodes if "wte" in n.name] == [("wte_new", "wte_new"),
+                                                                         ("wte@1", "wte")]
+    with pytest.raises(mg.GraphError, match=r"layer 'wte' is also called as 'wte@1' \(sharing its "
+                       r"weights\).*\['wte', 'wte@1'\].*name=\.\.\."):
+        g.replace("wte", lambda layer, ids: ops.Embedding(64, 32)(ids))
+
+
+def test_surgery_takes_block_paths_and_further_calls_as_capture_does(gpt2):
+    g, params, state = gpt2
+    probed = g.insert_after("h.*", lambda y: ops.LayerNorm(name="probe")(y))
+    assert [n.name for n in probed.nodes][6:10] == ["h.0", "probe", "h.1", "probe_1"]
+    # the last block's output zeroed: ln_f gives its bias, the tied head bias @ wte.T
+    zeroed = g.insert_after("h.3", lambda y: y * 0.0)
+    out, _ = mg.compile(zeroed).apply(params, state, IDS, inference_mode=True)
+    want = np.asarray(params["ln_f"]["bias"]) @ np.asarray(params["wte"]["embedding"]).T
+    np.testing.assert_allclose(out, np.broadcast_to(want, out.shape), rtol=1e-5, atol=1e-5)
+    # the tied head's call by its own path
+    head = g.insert_after("wte@1", lambda logits: ops.softmax(logits))
+    plain, _ = mg.compile(g).apply(params, state, IDS, inference_mode=True)
+    probs, _ = mg.compile(head).apply(params, state, IDS, inference_mode=True)
+    e = np.exp(np.asarray(plain) - np.asarray(plain).max(-1, keepdims=True))
+    np.testing.assert_allclose(probs, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)

@@ -27,7 +27,7 @@ from .rewrite import Rewrite, Rule, rewrite
 from .scan import unfold_scans
 from .verify import verify
 
-__all__ = ["select", "surgery", "layer_paths", "path_matcher", "resolve_selection"]
+__all__ = ["select", "surgery", "layer_paths", "shared_call_paths", "path_matcher", "resolve_selection"]
 
 _GLOB = re.compile(r"\*\*|\*|\?|\[[^\]]*\]|[^*?\[]+")
 
@@ -80,6 +80,21 @@ def layer_paths(graph: Graph, prefix: str = "") -> Iterator[tuple[str, Node]]:
             yield from layer_paths(inner, f"{prefix}{name}/")
 
 
+def shared_call_paths(graph: Graph, prefix: str = "") -> Iterator[tuple[str, Node]]:
+    """Every further call of a layer (sharing its weights: GPT-2's tied head ``wte@1``)
+    with its path: the calls ``layer_paths`` lists under their layer's name."""
+    for node in graph.nodes:
+        inner = node.op.subgraph()
+        if inner is None:
+            if node.shares_weights:
+                yield prefix + node.name, node
+            continue
+        if node.shares_weights:
+            continue
+        for name in getattr(node.op, "names", None) or (node.name,):
+            yield from shared_call_paths(inner, f"{prefix}{name}/")
+
+
 def block_paths(graph: Graph, prefix: str = "") -> Iterator[tuple[str, Node]]:
     """Every block call with its path (the nodes ``layer_paths`` goes through)."""
     for node in graph.nodes:
@@ -121,9 +136,11 @@ def select(graph: Graph, pattern: str | None = None, *, op: Any = None,
     return found
 
 
-def resolve_selection(graph: Graph, selection: Any, action: str) -> list[str]:
+def resolve_selection(graph: Graph, selection: Any, action: str, calls: bool = False) -> list[str]:
     """The layer paths a selection names (a pattern, a path or a list of paths); an
-    empty selection or a path that is not a layer is an error listing near names."""
+    empty selection or a path that is not a layer is an error listing near names.
+    With ``calls`` (surgery, which acts on calls), also a block's path and a further
+    call of a layer (``wte@1``); a pattern that matches no layer matches those."""
     what = f"{action}({selection!r})"
     if isinstance(selection, str):
         items = [selection]
@@ -137,21 +154,26 @@ def resolve_selection(graph: Graph, selection: Any, action: str) -> list[str]:
                          f"graph.select(...) lists the layers a pattern matches")
     known = [path for path, _ in layer_paths(graph)]
     known_set = set(known)
+    blocks = [path for path, _ in block_paths(graph)]
+    others = blocks + [path for path, _ in shared_call_paths(graph)] if calls else []
     paths: list[str] = []
     for item in items:
         if is_pattern(item):
             matched = select(graph, item)
+            if not matched and others:
+                matches = path_matcher(item)
+                matched = [path for path in others if matches(path)]
             if not matched:
-                raise GraphError(f"{what}: pattern {item!r} matches no layer of graph "
-                                 f"{graph.name!r}{_near(item, known)}")
+                kind = "layer, block or call" if calls else "layer"
+                raise GraphError(f"{what}: pattern {item!r} matches no {kind} of graph "
+                                 f"{graph.name!r}{_near(item, known + others)}")
             paths.extend(matched)
-        elif item in known_set:
+        elif item in known_set or item in others:
             paths.append(item)
         else:
-            blocks = {path for path, _ in block_paths(graph)}
             problem = (f"{item!r} is a block, not a layer: select its layers ({item}/*)"
                        if item in blocks else f"graph {graph.name!r} has no layer {item!r}")
-            raise GraphError(f"{what}: {problem}{_near(item, known)}")
+            raise GraphError(f"{what}: {problem}{_near(item, known + others)}")
     return list(dict.fromkeys(paths))
 
 
@@ -170,16 +192,44 @@ def surgery(graph: Graph, action: str, selection: Any, fn: Any) -> Graph:
     if action != "remove" and not callable(fn):
         raise GraphError(f"{action} takes a function building the new layers, got {fn!r}")
     graph = _unfold(graph)
-    paths = resolve_selection(graph, selection, action)
+    paths = resolve_selection(graph, selection, action, calls=True)
     targets = frozenset(tuple(path.split("/")) for path in paths)
     rule = _Surgery(action, fn, targets, source)
+    where = f" at {source}" if source is not None else ""
     try:
         result = rewrite(graph, rule, memo={})  # nothing kept after
     except MlaxGraphError as e:
-        where = f" at {source}" if source is not None else ""
         raise type(e)(f"{action}({selection!r}){where} breaks the graph:\n{e}") from None
-    verify(result)
+    try:
+        verify(result)
+    except GraphError as e:
+        untouched = _untouched_calls(graph, paths)
+        if not untouched:
+            raise
+        raise GraphError(
+            f"{action}({selection!r}){where}: {_calls_text(untouched)}, which {action} leaves "
+            f"as {'it is' if len(untouched) == 1 else 'they are'}, and the new layer under that "
+            f"name holds another op. Select the calls together "
+            f"({sorted({*paths, *(c for c, _ in untouched)})!r}; the function gets each "
+            f"call's inputs) or give the new layer a name of its own (name=...), which unties "
+            f"the other calls from it\n{e}") from None
     return result
+
+
+def _untouched_calls(graph: Graph, paths: list[str]) -> list[tuple[str, str]]:
+    """(path, layer path) of the further calls of a selected layer not selected."""
+    chosen = set(paths)
+    found = []
+    for path, node in shared_call_paths(graph):
+        layer = path.rsplit("/", 1)[0] + "/" + node.layer if "/" in path else node.layer
+        if layer in chosen and path not in chosen:
+            found.append((path, layer))
+    return found
+
+
+def _calls_text(calls: list[tuple[str, str]]) -> str:
+    return "; ".join(f"layer {layer!r} is also called as {path!r} (sharing its weights)"
+                     for path, layer in calls)
 
 
 def _unfold(graph: Graph) -> Graph:
@@ -198,7 +248,8 @@ class _Surgery(Rule):
     block: tuple[str, ...] = ()
 
     def _hit(self, node: Node) -> bool:
-        return (node.layer,) in self.targets or (node.name,) in self.targets
+        # a path names one call: a layer called again (a tied head, wte@1) by its own
+        return (node.name,) in self.targets
 
     def nested(self, node: Node) -> Rule | None:
         inner = frozenset(t[1:] for t in self.targets
