@@ -71,3 +71,15 @@ def test_surgery_takes_block_paths_and_further_calls_as_capture_does(gpt2):
     probs, _ = mg.compile(head).apply(params, state, IDS, inference_mode=True)
     e = np.exp(np.asarray(plain) - np.asarray(plain).max(-1, keepdims=True))
     np.testing.assert_allclose(probs, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_a_function_of_the_wrong_signature_is_an_error_stating_the_expected_one(gpt2):
+    g, _, _ = gpt2
+    with pytest.raises(mg.GraphError, match=r"replace calls its function as fn\(layer, x\) at "
+                       r"'h.0/mlp.act'.*<lambda>\(x\): too many positional arguments"):
+        g.replace("h.0/mlp.act", lambda x: ops.relu(x))
+    with pytest.raises(mg.GraphError, match=r"insert_before calls its function as fn\(x0, x1\) at "
+                       r"'h.0/add' \(a layer of 2 inputs"):
+        g.insert_before("h.0/add", lambda x: x)
+    with pytest.raises(mg.GraphError, match=r"insert_after calls its function as fn\(y\) at 'ln_f'"):
+        g.insert_after("ln_f", lambda: None)

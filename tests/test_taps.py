@@ -193,3 +193,22 @@ def test_an_attention_with_an_adapter_on_its_output_taps_as_one_output(base):
     _, _, ablated = lora.apply(p, s, IDS, inference_mode=True, capture=["h.0/add", "drop"],
                                intervene={"h.0/attn": jnp.zeros_like})
     np.testing.assert_array_equal(ablated["h.0/add"], ablated["drop"])  # the adapter's part too
+
+
+def test_wrong_signatures_of_interventions_and_losses_are_named_errors(base):
+    import optax
+
+    g, params, state = base
+    model = mg.compile(g)
+    with pytest.raises(mg.GraphError, match=r"intervene at 'h.0/attn': the function is called as "
+                       r"fn\(value\) or fn\(value, path\).*missing a required argument: 'q'"):
+        model.apply(params, state, IDS, inference_mode=True, intervene={"h.0/attn": lambda v, p, q: v})
+
+    def two(logits, targets):
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(-1)
+
+    with pytest.raises(mg.GraphError, match=r"loss\(outputs, targets, captured\).*two\(logits, "
+                       r"targets\): too many positional arguments"):
+        mg.train.Trainer(model, optax.adam(1e-3), loss=two, capture="h.0/attn")
+    with pytest.raises(mg.GraphError, match=r"loss\(outputs, targets\).*needs Trainer\(capture=...\)"):
+        mg.train.Trainer(model, optax.adam(1e-3), loss=lambda o, t, c: two(o, t))

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core.errors import DTypeError, GraphError, ShapeError
+from ..core.signatures import call_problem
 from ..ir.graph import InputLayer
 from ..ir.scan import Scan
 from ..ir.surgery import is_pattern, path_matcher
@@ -58,6 +59,10 @@ class Taps:
         elif isinstance(intervene, Mapping) and all(isinstance(k, str) and callable(f)
                                                     for k, f in intervene.items()):
             changes = tuple(intervene.items())
+            for pattern, fn in changes:
+                if call_problem(fn, 1) is not None and call_problem(fn, 2) is not None:
+                    raise GraphError(f"intervene at {pattern!r}: the function is called as "
+                                     f"fn(value) or fn(value, path), and {call_problem(fn, 2)}")
         else:
             raise GraphError(f"intervene takes a dict of path or pattern -> function of the "
                              f"output (fn(value) or fn(value, path)), got {intervene!r}")

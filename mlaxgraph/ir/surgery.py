@@ -19,6 +19,7 @@ from typing import Any
 
 from ..core.errors import GraphError, MlaxGraphError, ShapeError, SourceInfo, capture_source, node_message
 from ..core.registry import registered_ops
+from ..core.signatures import call_problem
 from ..core.specs import TensorSpec
 from .builder import Call, SymbolicTensor, trace_graph
 from .graph import Graph, InputLayer
@@ -262,6 +263,7 @@ class _Surgery(Rule):
             return None
         if self.action == "remove":
             return self._remove(node, rewrite)
+        self._check_signature(node)
         if self.action == "insert_after":
             kept = rewrite.keep(node)
             outputs = [kept.value(i) for i in range(len(kept.outputs))]
@@ -274,6 +276,25 @@ class _Surgery(Rule):
             return node.replace(inputs=tuple(new_inputs))
         return _splice(rewrite, node, list(node.inputs), lambda *xs: self.fn(node.op, *xs),
                        self.source, what="replace's function", keep_name=True)
+
+    def _check_signature(self, node: Node) -> None:
+        names = [f"x{i}" if len(node.inputs) > 1 else "x" for i in range(len(node.inputs))]
+        if self.action == "replace":
+            count, form = 1 + len(node.inputs), f"fn(layer, {', '.join(names)})"
+        elif self.action == "insert_before":
+            count, form = len(node.inputs), f"fn({', '.join(names)})"
+        else:
+            count = len(node.outputs)
+            form = "fn(y)" if count == 1 else f"fn({', '.join(f'y{i}' for i in range(count))})"
+        problem = call_problem(self.fn, count)
+        if problem is not None:
+            path = "/".join((*self.block, node.name))
+            raise GraphError(node_message(
+                node.name, node.op.op_name,
+                f"{self.action} calls its function as {form} at {path!r} (a layer of "
+                f"{len(node.inputs)} input{'s' if len(node.inputs) != 1 else ''} and "
+                f"{len(node.outputs)} output{'s' if len(node.outputs) != 1 else ''}), and "
+                f"{problem}", source=self.source))
 
     def _remove(self, node: Node, rewrite: Rewrite):
         if len(node.inputs) > 1:

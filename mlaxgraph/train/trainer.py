@@ -19,6 +19,7 @@ import optax
 from ..compiler.program import leaf_paths
 from ..compiler.taps import Taps
 from ..core.errors import GraphError
+from ..core.signatures import call_problem
 from ..ir.surgery import path_matcher
 from .fit import fit
 from .loss_scale import DynamicLossScale, all_finite
@@ -172,6 +173,8 @@ class Trainer:
                              f"is a function (outputs, targets, captured) -> losses, got {loss!r}")
         self._apply_fn = model.apply_fn if self._taps is None else model.tapped_apply_fn(self._taps)
         self.loss_fn = resolve_loss(loss)
+        if callable(loss):
+            self._check_loss_signature(loss)
         self._loss_name = loss if isinstance(loss, str) else None
         self._output_name = ", ".join(v.node for v in model.graph.outputs)
         self.metric_fns = resolve_metrics(metrics)
@@ -187,6 +190,18 @@ class Trainer:
         self.train_step = jax.jit(self.step_fn, donate_argnums=0)
         self.train_steps = jax.jit(self.steps_fn, donate_argnums=0)
         self.eval_step = jax.jit(self.eval_fn)
+
+    def _check_loss_signature(self, loss: Callable) -> None:
+        if self._captures:
+            form = "loss(outputs, targets, captured) -> per-example losses (with capture=...)"
+            problem = call_problem(loss, 3)
+        else:
+            form = "loss(outputs, targets) -> per-example losses"
+            problem = call_problem(loss, 2)
+            if problem is not None and call_problem(loss, 3) is None:
+                form += "; a loss reading captured outputs needs Trainer(capture=...)"
+        if problem is not None:
+            raise GraphError(f"Trainer(loss=...): the loss is called as {form}, and {problem}")
 
     def _initial_loss_scale(self, loss_scale: Any) -> DynamicLossScale | None:
         if isinstance(loss_scale, DynamicLossScale) or loss_scale is None:
