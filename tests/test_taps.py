@@ -212,3 +212,14 @@ def test_wrong_signatures_of_interventions_and_losses_are_named_errors(base):
         mg.train.Trainer(model, optax.adam(1e-3), loss=two, capture="h.0/attn")
     with pytest.raises(mg.GraphError, match=r"loss\(outputs, targets\).*needs Trainer\(capture=...\)"):
         mg.train.Trainer(model, optax.adam(1e-3), loss=lambda o, t, c: two(o, t))
+
+
+def test_a_numpy_function_as_an_intervention_is_a_named_error(base):
+    g, params, state = base
+    model = mg.compile(g)
+    with pytest.raises(mg.GraphError, match=r"intervene at 'h.0/attn'.*\(negative\).*use jax.numpy "
+                       r"\(jnp.negative for np.negative\)"):
+        model.apply(params, state, IDS, inference_mode=True, intervene={"h.0/attn": np.negative})
+    with pytest.raises(mg.GraphError, match=r"intervene at 'h.1/attn'.*\(<lambda>\).*use jax.numpy"):
+        model.apply(params, state, IDS, inference_mode=True,
+                    intervene={"h.1/attn": lambda v: np.tanh(np.asarray(v))})

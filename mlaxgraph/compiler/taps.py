@@ -140,7 +140,15 @@ def _takes_path(fn: Callable) -> bool:
 
 
 def _call(fn: Callable, value: Any, path: str) -> Any:
-    result = fn(value, path) if _takes_path(fn) else fn(value)
+    try:
+        result = fn(value, path) if _takes_path(fn) else fn(value)
+    except jax.errors.TracerArrayConversionError:
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        numpy = isinstance(fn, np.ufunc) or str(getattr(fn, "__module__", "")).startswith("numpy")
+        example = f"jnp.{name} for np.{name}" if numpy else "jnp.negative for np.negative"
+        raise GraphError(f"intervene at {path!r}: the function ({name}) turned the value into a "
+                         f"NumPy array; it runs inside jax.jit on a traced value, so use "
+                         f"jax.numpy ({example}) and jax.lax, not NumPy") from None
     shape, dtype = getattr(result, "shape", None), getattr(result, "dtype", None)
     if shape is None or tuple(shape) != tuple(value.shape):
         raise ShapeError(f"intervene at {path!r}: the function must return an array of the "
