@@ -83,3 +83,17 @@ def test_a_function_of_the_wrong_signature_is_an_error_stating_the_expected_one(
         g.insert_before("h.0/add", lambda x: x)
     with pytest.raises(mg.GraphError, match=r"insert_after calls its function as fn\(y\) at 'ln_f'"):
         g.insert_after("ln_f", lambda: None)
+
+
+def test_select_takes_a_layer_class_and_names_the_layer_a_predicate_fails_on(gpt2):
+    g, _, _ = gpt2
+    assert g.select("h.0/*", op=ops.Linear) == g.select("h.0/*", op="linear") == [
+        "h.0/mlp.c_fc", "h.0/mlp.c_proj"]
+    assert g.select(op=[ops.LayerNorm, "gelu"])[:3] == ["h.0/ln_1", "h.0/ln_2", "h.0/mlp.act"]
+    with pytest.raises(mg.GraphError, match=r"op=\.\.\.\) takes a registered op name or a layer class"):
+        g.select(op=int)
+    with pytest.raises(mg.GraphError, match=r"raised AttributeError on layer 'arange' \(op arange, "
+                       r"Arange\): .*getattr\(layer, name, None\)"):
+        g.select(where=lambda layer: layer.features > 32)
+    assert g.select(where=lambda layer: getattr(layer, "features", 0) > 32) == [
+        f"h.{i}/mlp.c_fc" for i in range(4)]

@@ -24,6 +24,7 @@ from ..core.specs import TensorSpec
 from .builder import Call, SymbolicTensor, trace_graph
 from .graph import Graph, InputLayer
 from .node import Node, Value
+from .op import Layer
 from .rewrite import Rewrite, Rule, rewrite
 from .scan import unfold_scans
 from .verify import verify
@@ -114,14 +115,22 @@ def select(graph: Graph, pattern: str | None = None, *, op: Any = None,
     if pattern is not None and not isinstance(pattern, str):
         raise GraphError(f"select's pattern is a glob over paths (a str), got {type(pattern).__name__}")
     ops: tuple[str, ...] | None = None
+    classes: tuple[type, ...] = ()
     if op is not None:
-        ops = (op,) if isinstance(op, str) else tuple(op)
+        given = tuple(op) if isinstance(op, (list, tuple, set, frozenset)) else (op,)
+        classes = tuple(c for c in given if isinstance(c, type))
+        ops = tuple(c for c in given if not isinstance(c, type))
         known = registered_ops()
         for name in ops:
             if not isinstance(name, str) or name not in known:
                 close = difflib.get_close_matches(str(name), sorted(known), n=3)
                 hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-                raise GraphError(f"select(op=...): {name!r} is no registered op{hint}")
+                raise GraphError(f"select(op=...): {name!r} is no registered op name (\"linear\") "
+                                 f"nor layer class (ops.Linear){hint}")
+        for cls in classes:
+            if not issubclass(cls, Layer):
+                raise GraphError(f"select(op=...) takes a registered op name or a layer class "
+                                 f"(ops.Linear), got the class {cls.__name__}, which is no layer")
     if where is not None and not callable(where):
         raise GraphError(f"select(where=...) takes a predicate on the layer, got {where!r}")
     matches = path_matcher(pattern) if pattern is not None else None
@@ -129,12 +138,23 @@ def select(graph: Graph, pattern: str | None = None, *, op: Any = None,
     for path, node in layer_paths(graph):
         if matches is not None and not matches(path):
             continue
-        if ops is not None and node.op.op_name not in ops:
+        if ops is not None and node.op.op_name not in ops and not isinstance(node.op, classes):
             continue
-        if where is not None and not where(node.op):
+        if where is not None and not _where(where, path, node):
             continue
         found.append(path)
     return found
+
+
+def _where(where: Callable[[Any], bool], path: str, node: Node) -> bool:
+    try:
+        return bool(where(node.op))
+    except Exception as e:
+        raise GraphError(
+            f"select(where=...): the predicate raised {type(e).__name__} on layer {path!r} (op "
+            f"{node.op.op_name}, {type(node.op).__name__}): {e}. It is called on every layer the "
+            f"pattern and op= leave: narrow them (op=\"linear\") or read attributes with "
+            f"getattr(layer, name, None)") from e
 
 
 def resolve_selection(graph: Graph, selection: Any, action: str, calls: bool = False) -> list[str]:
