@@ -373,7 +373,7 @@ def test_render_checks_the_format(tmp_path):
         g.render(tmp_path / "mlp")
     with pytest.raises(ValueError, match="unknown format 'docx'"):
         g.render(tmp_path / "mlp.docx")
-    with pytest.raises(TypeError, match="unknown rendering option"):
+    with pytest.raises(TypeError, match="unknown option"):
         g.render(tmp_path / "mlp.svg", colour=True)
     assert g.render(tmp_path / "mlp.gv").read_text(encoding="utf-8") == g.to_dot()
 
@@ -483,3 +483,14 @@ def test_labels_name_fonts_the_system_has():
     installed = {name.strip() for line in families.splitlines() for name in line.split(",")}
     first = dot_module.FONTNAME.split(",")[0]
     assert first in installed, f"{first} is not installed (fonts-dejavu-core)"
+
+
+def test_a_typo_d_option_and_an_html_render_are_named_errors():
+    g = mg.models.gpt2({"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 16})
+    with pytest.raises(mg.GraphError, match=r"to_html got an unknown option 'expand_nestd'.*batch=, "
+                       r"seq=.*'expand_nested' is an option of to_dot and render"):
+        g.to_html(expand_nestd=True)
+    with pytest.raises(mg.GraphError, match=r"unknown option 'fodl' \(did you mean 'fold'\?\)"):
+        mg.compile(g).to_html(fodl=False)
+    with pytest.raises(mg.GraphError, match=r"unknown format 'html'.*graph.to_html\(path\)"):
+        g.render("x.html")

@@ -14,7 +14,23 @@ import numpy as np
 from ..core.errors import GraphError
 from ..ir.printer import format_attr, format_node, non_default_attrs
 
-__all__ = ["DEFAULT_OPTIONS", "check_options", "DTYPE_COLORS", "dtype_category", "FONTNAME"]
+__all__ = ["DEFAULT_OPTIONS", "check_options", "unknown_option", "OptionError", "DTYPE_COLORS",
+           "dtype_category", "FONTNAME"]
+
+
+class OptionError(GraphError, TypeError):
+    """A keyword a rendering function does not take (a ``GraphError``, and a
+    ``TypeError`` as Python's own for an unexpected keyword)."""
+
+
+def unknown_option(function: str, name: str, options: list[str], more: str = "") -> OptionError:
+    """The error for ``function(name=...)``, suggesting the near option."""
+    import difflib
+
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return OptionError(f"{function} got an unknown option {name!r}{hint}. It takes "
+                       f"{', '.join(o + '=' for o in options)}{more}")
 
 #: The options of ``graph_to_dot`` (and of ``Graph.to_dot`` / ``Graph.render``).
 DEFAULT_OPTIONS: dict[str, Any] = {
@@ -37,8 +53,7 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
     ``ValueError`` for a bad ``rankdir``."""
     unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
     if unknown:
-        raise TypeError(f"unknown rendering option(s) {', '.join(map(repr, unknown))}; the "
-                        f"options are {', '.join(DEFAULT_OPTIONS)}")
+        raise unknown_option("the drawing (to_dot, render)", unknown[0], list(DEFAULT_OPTIONS))
     merged = {**DEFAULT_OPTIONS, **options}
     rankdir = merged["rankdir"]
     if not isinstance(rankdir, str) or rankdir.upper() not in _RANKDIRS:

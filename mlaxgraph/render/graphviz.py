@@ -16,7 +16,7 @@ import subprocess
 import warnings
 from typing import Any
 
-from ..core.errors import MlaxGraphError
+from ..core.errors import GraphError, MlaxGraphError
 from ..io.weights import write_atomic
 from .dot import graph_to_dot
 
@@ -96,17 +96,20 @@ def render_graph(graph, path: Any, format: str | None = None, *, dpi: float | No
     Raises:
       GraphvizNotFoundError: ``dot`` is not installed (a ``FileNotFoundError``).
       GraphvizError: ``dot`` failed or timed out (a ``RuntimeError``).
-      ValueError: no format could be told from the arguments.
+      GraphError: no format could be told from the arguments (a ``ValueError``).
     """
     path = pathlib.Path(os.fspath(path))
     if format is None:
         format = path.suffix.lstrip(".")
         if not format:
-            raise ValueError(f"cannot tell the format of {str(path)!r}: give the file a "
+            raise GraphError(f"render: cannot tell the format of {str(path)!r}: give the file a "
                              f"suffix or pass format= (one of {', '.join(FORMATS)})")
     format = format.lower().lstrip(".")
     if format not in FORMATS:
-        raise ValueError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}")
+        page = ("; the interactive page is graph.to_html(path)"
+                if format in ("html", "htm") else "")
+        raise GraphError(f"render: unknown format {format!r} (of {str(path)!r}); Graphviz "
+                         f"writes one of {', '.join(FORMATS)}{page}")
     text = graph_to_dot(graph, **options)
     if format in ("dot", "gv"):
         data = text.encode("utf-8")

@@ -11,6 +11,7 @@ page's own script (by its hash) and nothing from the network.
 from __future__ import annotations
 
 import base64
+import difflib
 import functools
 import hashlib
 import html
@@ -24,8 +25,10 @@ from typing import Any
 
 from ...compiler.compile import CompiledModel
 from ...core.errors import GraphError
+from ...core.specs import dim_names
 from ...io.weights import write_atomic
 from ...ir.graph import Graph
+from ..dot_style import DEFAULT_OPTIONS, unknown_option
 from .payload import graph_payload, model_payload
 
 __all__ = ["to_html", "page_html", "payload_of", "embed_json", "notebook_html", "show", "write_page"]
@@ -136,10 +139,28 @@ def to_html(obj, path: Any = None, *, overlay=None, hlo: bool = False, title: st
       **dims: values of symbolic dims (``batch=8``) at which FLOPs and activation bytes
         are evaluated (a dim without one counts as 1, and the legend says so).
     """
+    _check_dims("to_html", obj, dims, ["overlay", "hlo", "title", "fold"])
     text = page_html(payload_of(obj, overlay=overlay, hlo=hlo, title=title, fold=fold, **dims))
     if path is None:
         return text
     return write_page(path, text)
+
+
+def _check_dims(function: str, obj: Any, dims: dict, options: list[str]) -> None:
+    """Each keyword beyond ``options`` must be a symbolic dim of the graph's inputs: a
+    typo'd option is an error suggesting the near name, not a dim binding."""
+    graph = obj.graph if isinstance(obj, CompiledModel) else obj
+    if not isinstance(graph, Graph):
+        return  # the payload names what it takes
+    known = sorted({name for spec in graph.input_specs for name in dim_names(spec.shape)})
+    for name in dims:
+        if name not in known:
+            more = (f" (the last {len(known)} the graph's symbolic dims, as name=int)" if known
+                    else " (the graph has no symbolic dims to bind)")
+            drawing = difflib.get_close_matches(name, list(DEFAULT_OPTIONS), n=1, cutoff=0.6)
+            if drawing:
+                more += f"; {drawing[0]!r} is an option of to_dot and render"
+            raise unknown_option(function, name, options + known, more)
 
 
 def notebook_html(page: str, height: int = 560) -> str:
