@@ -230,6 +230,15 @@ def test_permissions_of_the_replaced_file_are_kept(tmp_path):
 def test_load_of_a_missing_path_is_an_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         mg.load(tmp_path / "nothing.mlg")
+    # an mlaxgraph error too, as from_onnx gives for a missing file; the suffix suggested
+    with pytest.raises(mg.SerializationError, match=r"cannot read the model file '.*nothing.mlg': "
+                       r"no such file or folder"):
+        mg.load(tmp_path / "nothing.mlg")
+    graph = examples.mlp(4, (3,), 2)
+    params, _ = random_weights(graph)
+    mg.save(tmp_path / "m.mlg", graph, params)
+    with pytest.raises(mg.SerializationError, match=r"did you mean '.*m.mlg'\?"):
+        mg.load(tmp_path / "m")
 
 
 # --- atomicity under SIGKILL ------------------------------------------------------------

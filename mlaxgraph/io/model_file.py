@@ -42,7 +42,7 @@ from .weights import (
     write_safetensors,
 )
 
-__all__ = ["save", "load", "expected_weights", "FORMAT", "VERSION"]
+__all__ = ["save", "load", "ModelFileNotFoundError", "expected_weights", "FORMAT", "VERSION"]
 
 #: ``mlaxgraph.format`` in the safetensors metadata.
 FORMAT = "mlaxgraph.model"
@@ -135,6 +135,11 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
     write_atomic(path, lambda f: write_safetensors(f, host, metadata))
 
 
+class ModelFileNotFoundError(SerializationError, FileNotFoundError):
+    """``mg.load`` of a path where nothing is: a ``SerializationError`` (as every
+    error reading a model) and a ``FileNotFoundError`` (as for any file)."""
+
+
 def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dict]:
     """Loads ``(graph, params, state)`` saved by ``mg.save``; params and state are
     nested dicts of ``jax.Array``, as ``init`` returns them.
@@ -154,7 +159,9 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
         changed since it was written (naming what is wrong: the header, the graph's
         field, the array that does not match its checksum, the missing, extra or
         mismatched array).
-      OSError: the path cannot be opened.
+      ModelFileNotFoundError: nothing is at ``path`` (a ``SerializationError``, as
+        ``mg.from_onnx`` raises for a missing file, and a ``FileNotFoundError``).
+      OSError: the path cannot be opened (no permission, say).
 
     Warns:
       UnverifiedFileWarning: the file was written before files carried checksums
@@ -163,6 +170,11 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
     where = os.fspath(path)
     if os.path.isdir(where):
         where = path = _model_file_in(where)
+    elif not os.path.exists(where):
+        near = [f"{where}{suffix}" for suffix in (".mlg",) if os.path.exists(f"{where}{suffix}")]
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ModelFileNotFoundError(f"cannot read the model file {where!r}: no such file or "
+                                     f"folder{hint}")
     with SafetensorsReader(path, verify=verify) as reader:
         meta = reader.metadata()
         for key in _META_KEYS:
