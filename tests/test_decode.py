@@ -590,3 +590,19 @@ def test_one_token_attention_equals_numpy(dtype):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=tol, rtol=tol)
     many = op._attend_many(*as_jax, jnp.asarray(allowed)[:, None], jnp.float32)
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(many, np.float64), atol=tol, rtol=tol)
+
+
+def test_a_model_without_attention_decodes_against_numpy():
+    # nothing reads positions or a cache (a bigram model): the decoding graph takes the
+    # decoder's inputs all the same
+    ids = mg.Input(("batch", "seq"), "int32", name="ids")
+    g = mg.Graph(ids, ops.Linear(20, name="head")(ops.Embedding(20, 8, name="emb")(ids)))
+    model = mg.compile(g)
+    params, state = model.init(jax.random.key(0))
+    dec = mg.decoder(g, max_length=16)
+    assert dec.decode_graph(1).inputs == ("ids", "positions", "cache_index", "cache_mask")
+    tokens = np.array([[3, 7, 1, 12]])
+    got = np.asarray(_prefill_and_steps(dec, params, state, tokens, 2))
+    table, kernel, bias = (np.asarray(a, np.float64) for a in (
+        params["emb"]["embedding"], params["head"]["kernel"], params["head"]["bias"]))
+    np.testing.assert_allclose(got, table[tokens] @ kernel + bias, rtol=1e-5, atol=1e-5)

@@ -210,3 +210,26 @@ def test_weights_of_a_one_operation_module_read_by_an_aten_op():
     assert graph.node("inner").op.graph.node("emb").op.op_name == "aten.embedding.default"
     _, params, state = mg.from_torch(model, (ids,))
     assert set(mg.models.to_state_dict(graph, params, state)) == set(model.state_dict())
+
+
+def test_decoder_on_a_position_wise_module_matches_pytorch():
+    # its eval_mode marker is the identity: the decoder takes the graph, and prefill and
+    # step give PyTorch's logits
+    class Bigram(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(10, 8), nn.Linear(8, 10)
+
+        def forward(self, ids):
+            return self.head(self.emb(ids))
+
+    torch.manual_seed(0)
+    module = Bigram().eval()
+    dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=64)}
+    graph, params, state = mg.from_torch(module, (torch.zeros(2, 4, dtype=torch.long),),
+                                         dynamic_shapes=(dims,))
+    dec = mg.decoder(graph, max_length=16)
+    logits, cache = dec.prefill(params, state, np.array([[1, 2, 3]]))
+    step, _ = dec.step(params, state, cache, np.array([4]))
+    want = module(torch.tensor([[1, 2, 3, 4]]))
+    _close(np.concatenate([np.asarray(logits), np.asarray(step)], axis=1), want)
