@@ -5,6 +5,7 @@ in mlaxgraph on the same inputs and weights."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 
 import jax.numpy as jnp
@@ -233,3 +234,19 @@ def test_decoder_on_a_position_wise_module_matches_pytorch():
     step, _ = dec.step(params, state, cache, np.array([4]))
     want = module(torch.tensor([[1, 2, 3, 4]]))
     _close(np.concatenate([np.asarray(logits), np.asarray(step)], axis=1), want)
+
+
+def test_a_dim_without_bounds_is_symbolic(tmp_path):
+    # torch.export.Dim("batch"), PyTorch's usual form: its range has no max (torch's
+    # int_oo); the folder records none
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3, 4)).eval()
+    dims = ({0: torch.export.Dim("batch")},)
+    graph, params, state = mg.from_torch(module, (torch.zeros(2, 3),), dynamic_shapes=dims)
+    assert str(graph.input_specs[0]) == "f32[batch,3]"
+    x = torch.randn(5, 3)
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(x.numpy()), inference_mode=True)
+    _close(np.asarray(out), module(x))
+    folder = mg.aten.save_program(module, tmp_path / "linear", (torch.zeros(2, 3),), dynamic_shapes=dims)
+    with open(os.path.join(folder, "program.json")) as f:
+        assert json.load(f)["dims"]["batch"][1] is None
