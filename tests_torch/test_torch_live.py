@@ -250,3 +250,22 @@ def test_a_dim_without_bounds_is_symbolic(tmp_path):
     folder = mg.aten.save_program(module, tmp_path / "linear", (torch.zeros(2, 3),), dynamic_shapes=dims)
     with open(os.path.join(folder, "program.json")) as f:
         assert json.load(f)["dims"]["batch"][1] is None
+
+
+def test_gpt2_with_a_symbolic_sequence_length():
+    # the position ids come from aten.arange over the symbolic length: integers, as in
+    # torch, so wpe takes them
+    import transformers
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                                     use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=32)}
+    graph, params, state = mg.from_torch(model, (torch.zeros(2, 8, dtype=torch.long),),
+                                         dynamic_shapes=(dims,))
+    assert str(graph.input_specs[0]) == "i32[batch,seq]"
+    ids = torch.randint(0, 64, (3, 5))
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(ids.numpy().astype(np.int32)),
+                                     inference_mode=True)
+    _close(np.asarray(out), model(ids).logits)
+
