@@ -269,3 +269,25 @@ def test_gpt2_with_a_symbolic_sequence_length():
                                      inference_mode=True)
     _close(np.asarray(out), model(ids).logits)
 
+
+def test_right_padded_rows_make_the_tokens_transformers_makes_left_padded():
+    """transformers' generate is right for left padding only; mg.generate given the
+    same rows padded on the right makes the same new tokens."""
+    transformers = pytest.importorskip("transformers")
+    config = dict(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)).eval()
+    graph = mg.models.gpt2(config)
+    params, state = mg.models.load_state_dict(
+        graph, {k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    rows = [[5, 17, 3, 60, 22, 9, 41], [8, 30, 2]]
+    left = np.array([rows[0], [0] * 4 + rows[1]])
+    left_mask = np.array([[1] * 7, [0] * 4 + [1] * 3])
+    with torch.no_grad():
+        want = theirs.generate(torch.from_numpy(left), attention_mask=torch.from_numpy(left_mask),
+                               max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    right = np.array([rows[0], rows[1] + [0] * 4])
+    right_mask = np.array([[1] * 7, [1] * 3 + [0] * 4])
+    got = mg.generate(mg.compile(graph), params, state, right, attention_mask=right_mask,
+                      max_new_tokens=8)
+    np.testing.assert_array_equal(np.asarray(got)[:, 7:], want.numpy()[:, 7:])
