@@ -248,3 +248,13 @@ def test_the_decoder_reads_the_mode_marker_as_the_identity_it_is():
                                             r"cannot cache this layer: an operator the rewrite "
                                             r"cannot see into .*mg.models.load_state_dict"):
         mg.decoder(graph, max_length=16)
+
+
+def test_a_fixed_batch_error_points_a_torch_user_to_dynamic_shapes():
+    graph, params, state, ref = _load("small_cnn")  # exported with a fixed batch of 2
+    with pytest.raises(mg.ShapeError) as e:
+        mg.compile(graph).apply(params, state, jnp.asarray(ref["input_0"][:1]), inference_mode=True)
+    assert ("mg.from_torch gives an input the example's shape (2, 3, 16, 16) unless "
+            "dynamic_shapes says otherwise" in str(e.value))
+    assert 'dynamic_shapes=({0: torch.export.Dim("batch")},)' in str(e.value)
+    assert "mg.Input" not in str(e.value)
