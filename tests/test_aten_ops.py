@@ -80,6 +80,19 @@ def test_shape_inference_keeps_a_symbolic_batch():
     np.testing.assert_array_equal(np.asarray(got), np.full(5, 12.0))
 
 
+def test_an_arange_over_a_symbolic_size_gives_integers_as_torch():
+    # torch: arange of int bounds (a SymInt size among them) is int64, of a float bound
+    # float32
+    x = mg.Input(("batch", "seq"), "int32")
+    positions = op_class("aten.arange.default")(args=(x.shape[1],))()
+    assert str(positions.spec) == "i32[seq]"
+    assert str(op_class("aten.arange.default")(args=(2.5,))().spec) == "f32[3]"
+    shifted = op_class("aten.add.Tensor")(args=(T, U))(x, positions)
+    model = mg.compile(mg.Graph(x, shifted, name="g"))
+    got, _ = model.apply({}, {}, np.zeros((2, 5), np.int32), inference_mode=True)
+    np.testing.assert_array_equal(np.asarray(got), np.broadcast_to(np.arange(5), (2, 5)))
+
+
 def test_an_op_refusing_its_inputs_is_a_shape_error():
     x = mg.Input((2, 3))
     with pytest.raises(mg.ShapeError, match="aten.view.default cannot take"):

@@ -356,6 +356,112 @@ def test_bad_prompts_and_lengths_are_clear_errors(gpt2):
         dec.step(params, state, cache, np.array([1]))
 
 
+def _reference_logits(reference, prompt):
+    """The NumPy decoder's logits after each token of ``prompt``, the last one's."""
+    cache = [([], []) for _ in range(reference.n_layer)]
+    for position, token in enumerate(prompt):
+        logits = reference.logits(token, position, cache)
+    return logits
+
+
+def test_right_padded_rows_are_token_exact_against_a_numpy_decoder(gpt2):
+    # a tokenizer padding on the right (GPT-2's default): each row's tokens, then its
+    # padding; the rows are aligned to the right before they run
+    model, params, state, _ = gpt2
+    rows = [[5, 17, 3, 60, 22], [8, 30]]
+    ids = np.array([rows[0], rows[1] + [0] * 3], np.int32)
+    mask = np.array([[1] * 5, [1, 1, 0, 0, 0]], np.int32)
+    out = np.asarray(mg.generate(model, params, state, ids, attention_mask=mask, max_new_tokens=5))
+    assert out[:, :5].tolist() == ids.tolist()  # the prompt given back as it came
+    reference = NumpyGPT2(params, GPT2["n_layer"])
+    for row, prompt in enumerate(rows):
+        tokens, margin = reference.generate(prompt, 5)
+        assert margin > 1e-3, "ill-posed: a near-tie between the two top logits"
+        assert out[row, 5:].tolist() == tokens[len(prompt):]
+    streamed = np.stack(list(mg.generate_stream(model, params, state, ids, attention_mask=mask,
+                                                max_new_tokens=5)), 1)
+    assert streamed.tolist() == out[:, 5:].tolist()
+    # prefill: logits[:, -1] is each row's next-token logits
+    logits, _ = mg.decoder(model, max_length=64).prefill(params, state, ids, mask)
+    for row, prompt in enumerate(rows):
+        np.testing.assert_allclose(np.asarray(logits[row, -1]), _reference_logits(reference, prompt),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_prompts_with_no_token_and_masks_of_other_values_are_refused(gpt2):
+    model, params, state, _ = gpt2
+    ids = np.array([[11, 42, 7, 3], [0, 0, 0, 0]])
+    with pytest.raises(mg.ShapeError, match="row 1 of attention_mask marks no token: that prompt "
+                                            "is empty"):
+        mg.generate(model, params, state, ids, attention_mask=np.array([[1] * 4, [0] * 4]),
+                    max_new_tokens=4)
+    with pytest.raises(mg.ShapeError, match="input_ids has no rows"):
+        mg.generate(model, params, state, np.zeros((0, 4), np.int32), max_new_tokens=4)
+    with pytest.raises(mg.ConfigError, match=r"attention_mask must hold 1 \(a token\) and 0 "
+                                             r"\(padding\), got 2"):
+        mg.generate(model, params, state, ids[:1], attention_mask=np.full((1, 4), 2),
+                    max_new_tokens=2)
+
+
+def test_step_checks_its_ids_and_refuses_a_consumed_cache(gpt2):
+    model, params, state, _ = gpt2
+    dec = mg.decoder(model, max_length=128)
+    prompt = np.array([[11, 42, 7, 3]])
+    _, cache = dec.prefill(params, state, prompt)
+    with pytest.raises(mg.ShapeError, match="token id 500 is out of the vocabulary"):
+        dec.step(params, state, cache, np.array([500]))
+    with pytest.raises(mg.ShapeError, match="token_ids must be integer token ids"):
+        dec.step(params, state, cache, np.array([5.7]))
+    logits, after = dec.step(params, state, cache, jnp.array([5]))  # refused calls kept it
+    with pytest.raises(mg.GraphError, match="this cache was consumed by step .*use the one it "
+                                            "returned"):
+        dec.step(params, state, cache, np.array([5]))
+    logits_next, _ = dec.step(params, state, after, np.array([6]))
+    full, _ = model.apply(params, state, np.array([[11, 42, 7, 3, 5, 6]]), inference_mode=True)
+    np.testing.assert_allclose(np.asarray(logits[0, 0]), np.asarray(full[0, 4]), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(logits_next[0, 0]), np.asarray(full[0, 5]),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
+    model, params, state, ids = gpt2
+    free = np.asarray(mg.generate(model, params, state, ids, max_new_tokens=10))
+    stops = [int(free[0, 9]), int(free[1, 7])]  # row 0's fourth new token, row 1's second
+    out = np.asarray(mg.generate(model, params, state, ids, max_new_tokens=10, eos_token_id=stops))
+    for row in range(2):
+        new = free[row, 6:].tolist()
+        stop = min(new.index(s) for s in stops if s in new) + 1
+        assert out[row, 6:6 + stop].tolist() == new[:stop]
+        assert out[row, 6 + stop:].tolist() == [stops[0]] * (10 - stop)  # pad: the first stop
+    streamed = np.stack(list(mg.generate_stream(model, params, state, ids, max_new_tokens=10,
+                                                eos_token_id=stops)), 1)
+    assert streamed.tolist() == out[:, 6:6 + streamed.shape[1]].tolist()
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
+                                 sampler=mg.sampling.TopK(5), key=0),
+     mg.ConfigError, r"key must be one JAX random key, e\.g\. key=jax\.random\.key\(0\), got int 0"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, eos_token_id=1000),
+     mg.ConfigError, r"eos_token_id 1000 is out of the vocabulary: ids must be in \[0, 96\)"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, eos_token_id=[2, "5"]),
+     mg.ConfigError, "eos_token_id must be an int token id, got str '5'"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, eos_token_id=[]),
+     mg.ConfigError, "eos_token_id is an empty list"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, pad_token_id=-3),
+     mg.ConfigError, "pad_token_id -3 is out of the vocabulary"),
+    (lambda m, p, s: mg.decoder(m, max_length=32, cache_dtype="bfloat61"),
+     mg.ConfigError, "cache_dtype must be a float dtype .* got 'bfloat61'"),
+    (lambda m, p, s: mg.decoder(m, max_length=32, cache_dtype="int8"),
+     mg.ConfigError, "cache_dtype must be a float dtype .* got 'int8'"),
+], ids=["int_key", "eos_out_of_vocabulary", "eos_not_int", "eos_empty_list", "pad_out_of_vocabulary",
+        "cache_dtype_typo", "cache_dtype_int"])
+def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error, message):
+    model, params, state, _ = gpt2
+    with pytest.raises(error, match=message):
+        call(model, params, state)
+
+
 def test_a_cache_or_generation_past_the_position_table_is_refused_not_nan():
     """A learned position table of 24 rows: a decoder of more slots, or a generation of
     more positions, would look positions up past the table (NaN logits, token 0 sampled):
@@ -484,3 +590,19 @@ def test_one_token_attention_equals_numpy(dtype):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=tol, rtol=tol)
     many = op._attend_many(*as_jax, jnp.asarray(allowed)[:, None], jnp.float32)
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(many, np.float64), atol=tol, rtol=tol)
+
+
+def test_a_model_without_attention_decodes_against_numpy():
+    # nothing reads positions or a cache (a bigram model): the decoding graph takes the
+    # decoder's inputs all the same
+    ids = mg.Input(("batch", "seq"), "int32", name="ids")
+    g = mg.Graph(ids, ops.Linear(20, name="head")(ops.Embedding(20, 8, name="emb")(ids)))
+    model = mg.compile(g)
+    params, state = model.init(jax.random.key(0))
+    dec = mg.decoder(g, max_length=16)
+    assert dec.decode_graph(1).inputs == ("ids", "positions", "cache_index", "cache_mask")
+    tokens = np.array([[3, 7, 1, 12]])
+    got = np.asarray(_prefill_and_steps(dec, params, state, tokens, 2))
+    table, kernel, bias = (np.asarray(a, np.float64) for a in (
+        params["emb"]["embedding"], params["head"]["kernel"], params["head"]["bias"]))
+    np.testing.assert_allclose(got, table[tokens] @ kernel + bias, rtol=1e-5, atol=1e-5)

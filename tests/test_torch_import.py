@@ -237,3 +237,24 @@ def test_the_program_mode_is_carried_by_the_graph(tmp_path):
     # a saved graph keeps its mode
     mg.save(tmp_path / "train.mlg", train, params, state)
     assert mg.aten.inference_mode(mg.load(tmp_path / "train.mlg")[0]) is False
+
+
+def test_the_decoder_reads_the_mode_marker_as_the_identity_it_is():
+    # the marker is an ops.Identity: the decoder's refusal of the imported transformer
+    # names the first operator it cannot see into, not the marker
+    graph, _, _, _ = _load("tiny_transformer")
+    assert isinstance(graph.node("eval_mode").op, mg.ops.Identity)
+    with pytest.raises(mg.GraphError, match=r"layer 'add' \(op aten.add.Tensor\): the decoder "
+                                            r"cannot cache this layer: an operator the rewrite "
+                                            r"cannot see into .*mg.models.load_state_dict"):
+        mg.decoder(graph, max_length=16)
+
+
+def test_a_fixed_batch_error_points_a_torch_user_to_dynamic_shapes():
+    graph, params, state, ref = _load("small_cnn")  # exported with a fixed batch of 2
+    with pytest.raises(mg.ShapeError) as e:
+        mg.compile(graph).apply(params, state, jnp.asarray(ref["input_0"][:1]), inference_mode=True)
+    assert ("mg.from_torch gives an input the example's shape (2, 3, 16, 16) unless "
+            "dynamic_shapes says otherwise" in str(e.value))
+    assert 'dynamic_shapes=({0: torch.export.Dim("batch")},)' in str(e.value)
+    assert "mg.Input" not in str(e.value)

@@ -5,6 +5,7 @@ in mlaxgraph on the same inputs and weights."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 
 import jax.numpy as jnp
@@ -210,3 +211,83 @@ def test_weights_of_a_one_operation_module_read_by_an_aten_op():
     assert graph.node("inner").op.graph.node("emb").op.op_name == "aten.embedding.default"
     _, params, state = mg.from_torch(model, (ids,))
     assert set(mg.models.to_state_dict(graph, params, state)) == set(model.state_dict())
+
+
+def test_decoder_on_a_position_wise_module_matches_pytorch():
+    # its eval_mode marker is the identity: the decoder takes the graph, and prefill and
+    # step give PyTorch's logits
+    class Bigram(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(10, 8), nn.Linear(8, 10)
+
+        def forward(self, ids):
+            return self.head(self.emb(ids))
+
+    torch.manual_seed(0)
+    module = Bigram().eval()
+    dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=64)}
+    graph, params, state = mg.from_torch(module, (torch.zeros(2, 4, dtype=torch.long),),
+                                         dynamic_shapes=(dims,))
+    dec = mg.decoder(graph, max_length=16)
+    logits, cache = dec.prefill(params, state, np.array([[1, 2, 3]]))
+    step, _ = dec.step(params, state, cache, np.array([4]))
+    want = module(torch.tensor([[1, 2, 3, 4]]))
+    _close(np.concatenate([np.asarray(logits), np.asarray(step)], axis=1), want)
+
+
+def test_a_dim_without_bounds_is_symbolic(tmp_path):
+    # torch.export.Dim("batch"), PyTorch's usual form: its range has no max (torch's
+    # int_oo); the folder records none
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3, 4)).eval()
+    dims = ({0: torch.export.Dim("batch")},)
+    graph, params, state = mg.from_torch(module, (torch.zeros(2, 3),), dynamic_shapes=dims)
+    assert str(graph.input_specs[0]) == "f32[batch,3]"
+    x = torch.randn(5, 3)
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(x.numpy()), inference_mode=True)
+    _close(np.asarray(out), module(x))
+    folder = mg.aten.save_program(module, tmp_path / "linear", (torch.zeros(2, 3),), dynamic_shapes=dims)
+    with open(os.path.join(folder, "program.json")) as f:
+        assert json.load(f)["dims"]["batch"][1] is None
+
+
+def test_gpt2_with_a_symbolic_sequence_length():
+    # the position ids come from aten.arange over the symbolic length: integers, as in
+    # torch, so wpe takes them
+    import transformers
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                                     use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=32)}
+    graph, params, state = mg.from_torch(model, (torch.zeros(2, 8, dtype=torch.long),),
+                                         dynamic_shapes=(dims,))
+    assert str(graph.input_specs[0]) == "i32[batch,seq]"
+    ids = torch.randint(0, 64, (3, 5))
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(ids.numpy().astype(np.int32)),
+                                     inference_mode=True)
+    _close(np.asarray(out), model(ids).logits)
+
+
+def test_right_padded_rows_make_the_tokens_transformers_makes_left_padded():
+    """transformers' generate is right for left padding only; mg.generate given the
+    same rows padded on the right makes the same new tokens."""
+    transformers = pytest.importorskip("transformers")
+    config = dict(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)).eval()
+    graph = mg.models.gpt2(config)
+    params, state = mg.models.load_state_dict(
+        graph, {k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    rows = [[5, 17, 3, 60, 22, 9, 41], [8, 30, 2]]
+    left = np.array([rows[0], [0] * 4 + rows[1]])
+    left_mask = np.array([[1] * 7, [0] * 4 + [1] * 3])
+    with torch.no_grad():
+        want = theirs.generate(torch.from_numpy(left), attention_mask=torch.from_numpy(left_mask),
+                               max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    right = np.array([rows[0], rows[1] + [0] * 4])
+    right_mask = np.array([[1] * 7, [1] * 3 + [0] * 4])
+    got = mg.generate(mg.compile(graph), params, state, right, attention_mask=right_mask,
+                      max_new_tokens=8)
+    np.testing.assert_array_equal(np.asarray(got)[:, 7:], want.numpy()[:, 7:])

@@ -188,6 +188,14 @@ class _Body:
         })
 
 
+def _bound(value: Any) -> int | None:
+    """A range bound of a symbolic dim as an int, or None for an unbounded one: a
+    ``Dim`` without ``max`` has torch's ``int_oo``, which sympy calls finite."""
+    if isinstance(value, (int, np.integer)) or getattr(value, "is_Integer", False):
+        return int(value)
+    return None
+
+
 def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     torch = require_torch()
     if _writes_in_place(program):
@@ -210,8 +218,7 @@ def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     user_outputs = [i for i, o in enumerate(sig.output_specs) if o.kind.name.lower() == "user_output"]
     ranges = {}
     for symbol, r in program.range_constraints.items():
-        lower, upper = r.lower, r.upper
-        ranges[_NAMES.get(str(symbol), str(symbol))] = [int(lower), None if not upper.is_finite else int(upper)]
+        ranges[_NAMES.get(str(symbol), str(symbol))] = [_bound(r.lower) or 0, _bound(r.upper)]
     training = any(str(n["target"]).startswith(("aten._native_batch_norm_legit_functional",
                                                 "aten.native_batch_norm"))
                    or (n["target"] == "aten.batch_norm.default" and n["args"][5] is True)

@@ -26,6 +26,7 @@ from ..core.registry import register
 from ..core.specs import ParamSpec, TensorSpec, is_symbolic, substitute
 from ..ops.base import Layer
 from ..ops.foreign import Family, ForeignOp, OpDef
+from ..ops.tensor import Identity
 
 __all__ = ["OpDef", "AtenOp", "Buffer", "Mode", "TABLE", "define", "op_class", "TENSOR"]
 
@@ -135,24 +136,17 @@ class Buffer(Layer):
 
 @register("aten.mode")
 @dataclasses.dataclass(frozen=True)
-class Mode(Layer):
+class Mode(Identity):
     """The mode the program was exported in, carried by the graph: the identity on the
     program's first input, named ``train_mode`` (``training=True``: the module was in
     train mode, its dropout drawing and its BatchNorm updating statistics; the graph
     computes as the program with ``inference_mode=False``) or ``eval_mode`` (with
-    ``inference_mode=True``). ``mg.aten.inference_mode(graph)`` reads it."""
+    ``inference_mode=True``). ``mg.aten.inference_mode(graph)`` reads it. An
+    ``ops.Identity``, so what takes an identity (the decoder's rewrite: each
+    position from itself) takes it."""
 
     training: bool = False
 
     @property
     def default_name(self) -> str:
         return "train_mode" if self.training else "eval_mode"
-
-    def infer(self, inputs):
-        return (inputs[0],)
-
-    def apply(self, params, state, inputs, *, rng, inference_mode):
-        return (inputs[0],), state
-
-    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        return 0

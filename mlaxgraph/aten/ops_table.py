@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
+from jax import export, lax
 
 from ..ops.flops import size
 from .layer import define
@@ -304,8 +304,9 @@ define("aten.roll.default", flops="none")(lambda x, shifts, dims=(): jnp.roll(x,
 
 @define("aten.arange.default", "aten.arange.start", "aten.arange.start_step", flops="none")
 def _arange(*args, dtype=None, **kw):
-    return jnp.arange(*args, dtype=dtype_of(dtype, jnp.int32 if all(
-        isinstance(a, int) for a in args) else jnp.float32))
+    # integer bounds (ints, or sizes: a symbolic dim is an int) give integers, as torch's
+    integral = all(isinstance(a, (int, np.integer)) or export.is_symbolic_dim(a) for a in args)
+    return jnp.arange(*args, dtype=dtype_of(dtype, jnp.int32 if integral else jnp.float32))
 
 
 @define("aten.full.default", flops="none")

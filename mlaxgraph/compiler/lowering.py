@@ -166,10 +166,12 @@ def checked(apply: Callable) -> Callable:
     return apply_checked
 
 
-def _fixed_batch_hint(dims: tuple, shape: tuple) -> str:
+def _fixed_batch_hint(dims: tuple, shape: tuple, graph) -> str:
     """When the array looks like a batch of what the input describes, or like it with
     another first dim, the input was built with its first dim fixed (``mg.Input((28,
-    28, 1))`` in Keras's habit): say so, with the symbolic form to write instead."""
+    28, 1))`` in Keras's habit): say so, with the symbolic form to write instead (for
+    a graph ``mg.from_torch`` made, marked by its ``aten.mode`` node, the
+    ``dynamic_shapes`` to export with)."""
     if dims and shape[1:] == tuple(dims) and len(shape) == len(dims) + 1:
         symbolic = ("batch", *dims)
     elif (dims and isinstance(dims[0], int) and len(shape) == len(dims)
@@ -177,6 +179,12 @@ def _fixed_batch_hint(dims: tuple, shape: tuple) -> str:
         symbolic = ("batch", *dims[1:])
     else:
         return ""
+    if any(node.op.op_name == "aten.mode" for node in graph.nodes):
+        return (f". The graph's first dim is fixed: mg.from_torch gives an input the example's "
+                f"shape {tuple(dims)} unless dynamic_shapes says otherwise. For any batch size "
+                f"export it with a batched example and a symbolic batch dim: mg.from_torch("
+                f"module, example_args, dynamic_shapes=({{0: torch.export.Dim(\"batch\")}},)) "
+                f"(one dict per input, as torch.export's)")
     form = "(" + ", ".join(f'"{d}"' if isinstance(d, str) else str(d) for d in symbolic) + ")"
     return (f". The graph's first dim is fixed: mg.Input({tuple(dims)}) makes an input of "
             f"exactly that shape, whose first dim {dims[0]} is the batch size (unlike "
@@ -199,7 +207,7 @@ def check_inputs(graph, specs: Sequence[TensorSpec], inputs: Sequence[Any]) -> d
         node = graph.node(name)
         if shape is None or not match_shape(spec.shape, shape, bindings):
             raise ShapeError(node_message(name, "input", "apply got an array of another shape"
-                                          + _fixed_batch_hint(spec.shape, tuple(shape or ())),
+                                          + _fixed_batch_hint(spec.shape, tuple(shape or ()), graph),
                                           got=got, expected=str(spec), source=node.source))
         if np.dtype(dtype) != spec.dtype:
             raise DTypeError(node_message(name, "input", "apply got an array of another dtype "

@@ -15,11 +15,12 @@ from ..compiler.compile import CompiledModel, compile
 from ..compiler.passes.fold_repeated_blocks import repeated_runs
 from ..compiler.policy import Policy
 from ..compiler.program import Program, ScanStep, get_in, set_in
-from ..core.errors import GraphError, ShapeError, ShardingError
+from ..core.errors import ConfigError, GraphError, ShapeError, ShardingError
 from ..ir.graph import Graph
 from ..ops.cached_attention import CachedAttention
 from ..ops.embedding import Embedding
 from .derive import decode_graph
+from .inputs import check_cache, prompt_arrays, step_ids
 
 __all__ = ["Decoder", "Cache", "decoder", "bucket_length"]
 
@@ -102,7 +103,7 @@ class Decoder:
             raise GraphError(f"max_length must be a positive int, got {max_length!r}")
         self.source = source
         self.max_length = int(max_length)
-        self.cache_dtype = None if cache_dtype is None else jnp.dtype(cache_dtype)
+        self.cache_dtype = None if cache_dtype is None else _cache_dtype(cache_dtype)
         self.policy = policy
         self.scan_blocks = scan_blocks
         self.mesh, self.rules = mesh, rules
@@ -228,8 +229,11 @@ class Decoder:
 
         The prompt is left-padded to its bucket (``bucket_length``) so that prompts of
         other lengths reuse the compiled prefill; ``attention_mask`` (1 = token, 0 =
-        padding, as Hugging Face's) marks left padding of its own. Positions count
-        the tokens of each row, as Hugging Face's ``generate`` does. ``room``: the
+        padding, as Hugging Face's) marks padding of its own. A right-padded row is
+        aligned to the right first (its padding moved before its tokens), so the
+        logits are those of the aligned rows: ``logits[:, -1]`` is every row's
+        next-token logits. Positions count the tokens of each row, as Hugging Face's
+        ``generate`` does. ``room``: the
         slots to keep free for ``step`` after the prompt (the bucket shrinks to leave
         them, never below the prompt's length); by default half the cache.
         """
@@ -245,16 +249,14 @@ class Decoder:
     def step(self, params: Any, state: Any, cache: Cache, token_ids: Any):
         """Runs new tokens (``(batch,)`` or ``(batch, n)``) after those in ``cache``:
         ``(logits (batch, n, vocab), cache)``. The cache given is consumed (its
-        buffers are reused)."""
-        if not isinstance(cache, Cache):
-            raise GraphError(f"step takes the cache that prefill or step returned, got "
-                             f"{type(cache).__name__}")
-        ids = jnp.asarray(token_ids, jnp.int32)
-        if ids.ndim == 1:
-            ids = ids[:, None]
-        if ids.ndim != 2 or ids.shape[0] != cache.mask.shape[0]:
-            raise ShapeError(f"token_ids must be (batch,) or (batch, n) with the cache's batch "
-                             f"{cache.mask.shape[0]}, got {tuple(jnp.shape(token_ids))}")
+        buffers are reused): step again from the one returned. Token ids are checked
+        on the host (integers in the vocabulary) unless traced."""
+        check_cache(cache, Cache)
+        return self._advance(params, state, cache, step_ids(token_ids, cache.mask.shape[0],
+                                                            self.vocab_size))
+
+    def _advance(self, params: Any, state: Any, cache: Cache, ids: Any):
+        """``step`` of ids ``(batch, n)`` and a cache already checked (a sampler's)."""
         if cache.filled + ids.shape[1] > self.max_length:
             raise ShapeError(f"the cache is full: {cache.filled} of max_length={self.max_length} "
                              f"slots used, {ids.shape[1]} more asked; make the decoder with a "
@@ -264,28 +266,22 @@ class Decoder:
         return logits, dataclasses.replace(new, filled=cache.filled + ids.shape[1])
 
     def _prompt(self, input_ids: Any, attention_mask: Any) -> tuple[jax.Array, jax.Array]:
-        ids = jnp.asarray(input_ids)
-        if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
-            raise ShapeError(f"input_ids must be integer token ids (batch, seq), got "
-                             f"{ids.dtype}{tuple(ids.shape)}")
-        if ids.shape[1] < 1:
-            raise ShapeError("the prompt is empty: give at least one token per row")
-        if ids.shape[1] > self.max_length:
-            raise ShapeError(f"the prompt has {ids.shape[1]} tokens, more than the decoder's "
-                             f"max_length={self.max_length}")
-        if self.vocab_size is not None and not bool(jnp.all((ids >= 0) & (ids < self.vocab_size))):
-            bad = np.asarray(ids)[(np.asarray(ids) < 0) | (np.asarray(ids) >= self.vocab_size)]
-            raise ShapeError(f"token id {int(bad[0])} is out of the vocabulary: ids must be in "
-                             f"[0, {self.vocab_size})")
-        if attention_mask is None:
-            mask = jnp.ones(ids.shape, bool)
-        else:
-            mask = jnp.asarray(attention_mask)
-            if mask.shape != ids.shape:
-                raise ShapeError(f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, "
-                                 f"got {tuple(mask.shape)}")
-            mask = mask.astype(bool)
-        return ids.astype(jnp.int32), mask
+        """The prompt's int32 ids and bool mask, checked, each row's tokens at its end
+        (``mlaxgraph.decode.inputs.prompt_arrays``)."""
+        ids, mask = prompt_arrays(input_ids, attention_mask, vocab=self.vocab_size,
+                                  max_length=self.max_length)
+        return jnp.asarray(ids), jnp.asarray(mask)
+
+
+def _cache_dtype(value: Any) -> np.dtype:
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise ConfigError(f"cache_dtype must be a float dtype such as 'bfloat16', 'float16' or "
+                          f"'float32' (or None: each attention's compute dtype), got {value!r}")
+    return dtype
 
 
 def _left_pad(ids: jax.Array, mask: jax.Array, length: int) -> tuple[jax.Array, jax.Array]:
@@ -349,6 +345,7 @@ def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None, me
     Raises:
       GraphError: for a graph the rewrite cannot handle (a non-causal attention, a
         layer mixing positions), naming the layer.
+      ConfigError: a ``cache_dtype`` that is not a float dtype.
       ShardingError: rules without a mesh, or rules that do not fit it.
 
     Example:

@@ -42,6 +42,8 @@ from ..ops.creation import Arange
 from ..ops.dropout import Dropout
 from ..ops.elementwise import Binary
 from ..ops.embedding import Embedding
+from ..ops.foreign import ForeignOp
+from ..ops.function import F
 from ..ops.indexing import GetItem
 from ..ops.linear import Linear
 from ..ops.matmul import MatMul
@@ -89,7 +91,8 @@ def decode_graph(graph: Graph, *, max_length: int, batch: int | str) -> Graph:
     if len(graph.inputs) > 1:
         raise GraphError(f"graph {graph.name!r} takes {len(graph.inputs)} inputs; a decoder "
                          f"takes token ids alone (the attention mask is the decoder's)")
-    return rewrite(graph, DecodeRule(int(max_length), batch if isinstance(batch, str) else int(batch)))
+    return rewrite(graph, DecodeRule(int(max_length), batch if isinstance(batch, str) else int(batch),
+                                     root=True))
 
 
 @dataclasses.dataclass
@@ -107,10 +110,13 @@ class _Facts:
 @dataclasses.dataclass(frozen=True)
 class DecodeRule(Rule):
     """The rewrite of ``decode_graph``: one instance per cache size, shared by every
-    graph it descends into (equal blocks are rewritten once)."""
+    graph it descends into (equal blocks are rewritten once). ``root``: the model's
+    own graph, which takes the extra inputs even when nothing in it reads them (a model
+    without attention or positions), as the decoder passes them."""
 
     max_length: int
     batch: int | str
+    root: bool = False
 
     def prepare(self, graph: Graph) -> _Facts:
         first = graph.node(graph.inputs[0]).outputs[0] if graph.inputs else None
@@ -123,10 +129,10 @@ class DecodeRule(Rule):
                 continue
             if any(v in carries for v in node.inputs) or _is_positions(node, first.shape[1]):
                 carries.update(node.value(i) for i in range(len(node.outputs)))
-        return _Facts(carries, first.shape[1], _needs(graph))
+        return _Facts(carries, first.shape[1], self.root or _needs(graph))
 
     def nested(self, node: Node) -> Rule | None:
-        return self
+        return dataclasses.replace(self, root=False) if self.root else self
 
     def inputs(self, names: tuple[str, ...], rewrite: Rewrite) -> tuple[str, ...]:
         facts: _Facts = rewrite.data
@@ -176,6 +182,12 @@ class DecodeRule(Rule):
         original = graph.node(node.name)
         if (any(v in facts.carries for v in original.inputs)
                 and not _position_wise(original, graph, facts.carries)):
+            if isinstance(original.op, (ForeignOp, F)):
+                raise _refuse(original, f"an operator the rewrite cannot see into "
+                              f"({original.op.op_name}): it cannot tell whether each position is "
+                              f"computed from itself alone. A decoding graph is made of "
+                              f"mlaxgraph's layers: for an imported model, build it with "
+                              f"mg.models and load its weights (mg.models.load_state_dict)")
             raise _mixes(original, "its output at one position depends on other positions")
         return None
 

@@ -6,7 +6,7 @@ size, prompt bucket and sampler."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -18,6 +18,7 @@ from ..core.errors import ConfigError, GraphError, ShapeError
 from ..ir.graph import Graph
 from .decoder import MIN_BUCKET, Cache, Decoder, _left_pad, bucket_length, decoder, prompt_positions
 from .derive import position_limit
+from .inputs import check_key, stop_ids, token_id
 from .sampling import Sampler, as_sampler
 
 __all__ = ["generate", "generate_stream"]
@@ -78,16 +79,24 @@ def _prepare(source, input_ids, attention_mask, max_new_tokens, sampler, key, eo
                          f"decoder's max_length={dec.max_length}")
     padded = bucket_length(seq, dec.max_length - new)
     sample = as_sampler(sampler)
+    check_key(key)
     if sample.draws and key is None:
         raise ConfigError(f"the sampler {sample!r} draws at random: pass key=jax.random.key(...)")
-    eos = -1 if eos_token_id is None else int(eos_token_id)
-    pad = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
-    return dec, ids, mask, new, padded, sample, eos, int(pad)
+    stops = stop_ids(eos_token_id, dec.vocab_size)
+    pad = (token_id(pad_token_id, dec.vocab_size, "pad_token_id") if pad_token_id is not None
+           else stops[0] if stops else 0)
+    given = jnp.asarray(np.asarray(input_ids), jnp.int32)  # given back as it came (padding too)
+    return dec, given, ids, mask, new, padded, sample, jnp.asarray(stops or (-1,), jnp.int32), pad
+
+
+def _stopped(token: jax.Array, eos: jax.Array) -> jax.Array:
+    """Whether each row's token is one of the stop tokens ``eos`` (-1: none)."""
+    return jnp.any(token[:, None] == eos[None, :], axis=1)
 
 
 def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
              max_new_tokens: int, attention_mask: Any = None, sampler: Any = "greedy",
-             key: jax.Array | None = None, eos_token_id: int | None = None,
+             key: jax.Array | None = None, eos_token_id: int | Sequence[int] | None = None,
              pad_token_id: int | None = None) -> jax.Array:
     """The prompt followed by up to ``max_new_tokens`` new tokens per row:
     ``int32 (batch, prompt + max_new_tokens)``.
@@ -98,20 +107,28 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
         ``mg.decoder``.
       params: the model's trainable weights (``model.init`` or loaded).
       state: its non-trainable weights.
-      input_ids: int ``(batch, seq)``; rows of different lengths are left-padded and
+      input_ids: int ``(batch, seq)``; rows of different lengths are padded and
         marked by ``attention_mask`` (1 = token, 0 = padding), positions counted from
-        it as Hugging Face's ``generate`` does.
+        it as Hugging Face's ``generate`` does. Left or right padding: a right-padded
+        row is aligned to the right before it runs, so each row generates what it
+        generates alone; the prompt is given back as it came.
       max_new_tokens: the new tokens per row.
       sampler: ``"greedy"``, an ``mg.sampling`` sampler or a list of them.
-      key: the random key of a drawing sampler (step ``i`` uses ``fold_in(key, i)``).
-      eos_token_id: a row stops after it; later tokens of that row are
+      key: the random key of a drawing sampler, ``jax.random.key(...)`` (step ``i``
+        uses ``fold_in(key, i)``).
+      eos_token_id: a stop token, or a list of them (any one ends a row, as Hugging
+        Face's); a row stops after it; later tokens of that row are
         ``pad_token_id``; the loop ends when every row has stopped.
-      pad_token_id: fills stopped rows; by default ``eos_token_id``, else 0.
+      pad_token_id: fills stopped rows; by default the (first) ``eos_token_id``,
+        else 0.
 
     Raises:
-      ShapeError: a prompt longer than the decoder's ``max_length``, ``max_new_tokens``
-        past it, or token ids out of the vocabulary.
-      ConfigError: a bad sampler, or a drawing one without ``key``.
+      ShapeError: no rows, an empty prompt (a row whose mask marks no token), a
+        prompt longer than the decoder's ``max_length``, ``max_new_tokens`` past it,
+        or token ids out of the vocabulary.
+      ConfigError: a bad sampler, a drawing one without ``key``, a key that is not a
+        JAX random key, stop or pad tokens that are not ints in the vocabulary, an
+        ``attention_mask`` holding other values than 0 and 1.
 
     Example:
       >>> import jax, jax.numpy as jnp, mlaxgraph as mg
@@ -121,17 +138,17 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
       >>> mg.generate(model, params, state, jnp.array([[1, 2, 3]]), max_new_tokens=5).shape
       (1, 8)
     """
-    dec, ids, mask, new, padded, sample, eos, pad = _prepare(
+    dec, given, ids, mask, new, padded, sample, eos, pad = _prepare(
         model_or_decoder, input_ids, attention_mask, max_new_tokens, sampler, key, eos_token_id,
         pad_token_id)
     if new == 0:
-        return ids
+        return given
     ids_p, mask_p = _left_pad(ids, mask, padded)
     run = _loop(dec, ids.shape[0], padded, sample)
     tokens = run(params, state, ids_p, mask_p,
                  jnp.asarray(new, jnp.int32), jax.random.key(0) if key is None else key,
-                 jnp.asarray(eos, jnp.int32), jnp.asarray(pad, jnp.int32))
-    return jnp.concatenate([ids, tokens[:, :new]], axis=1)
+                 eos, jnp.asarray(pad, jnp.int32))
+    return jnp.concatenate([given, tokens[:, :new]], axis=1)
 
 
 def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
@@ -176,7 +193,7 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
         else:
             logits, cache = prefill(params, state, dec.empty_cache(batch), ids, mask)
         token = sample(logits[:, -1], jax.random.fold_in(key, 0))
-        done = token == eos
+        done = _stopped(token, eos)
         tokens = jnp.full((batch, room), pad, jnp.int32).at[:, 0].set(token)
 
         def cond(carry):
@@ -189,7 +206,7 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
             token = sample(logits[:, -1], jax.random.fold_in(key, i))
             token = jnp.where(done, pad, token)
             tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
-            return i + 1, token, cache, done | (token == eos), tokens
+            return i + 1, token, cache, done | _stopped(token, eos), tokens
 
         carry = (jnp.asarray(1, jnp.int32), token, cache, done, tokens)
         return jax.lax.while_loop(cond, body, carry)[-1]
@@ -200,7 +217,7 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
 
 def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
                     max_new_tokens: int, attention_mask: Any = None, sampler: Any = "greedy",
-                    key: jax.Array | None = None, eos_token_id: int | None = None,
+                    key: jax.Array | None = None, eos_token_id: int | Sequence[int] | None = None,
                     pad_token_id: int | None = None) -> Iterator[jax.Array]:
     """``generate`` one token at a time: yields each step's new tokens, int32
     ``(batch,)`` (``pad_token_id`` for rows that have stopped), until every row has
@@ -215,7 +232,7 @@ def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: A
       ...                                      max_new_tokens=3)]
       [(1,), (1,), (1,)]
     """
-    dec, ids, mask, new, padded, sample, eos, pad = _prepare(
+    dec, _, ids, mask, new, padded, sample, eos, pad = _prepare(
         model_or_decoder, input_ids, attention_mask, max_new_tokens, sampler, key, eos_token_id,
         pad_token_id)
     if new == 0:
@@ -230,8 +247,8 @@ def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: A
     done = jnp.zeros((ids.shape[0],), bool)
     for i in range(new):
         token = pick(logits, key, jnp.asarray(i, jnp.int32), done, jnp.asarray(pad, jnp.int32))
-        done = done | (token == eos)
+        done = done | _stopped(token, eos)
         yield token
         if i + 1 == new or bool(jnp.all(done)):
             return
-        logits, cache = dec.step(params, state, cache, token)
+        logits, cache = dec._advance(params, state, cache, token[:, None])

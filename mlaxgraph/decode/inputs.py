@@ -1,0 +1,158 @@
+"""The checks of what a caller gives the decoder: prompts and their attention masks,
+the token ids of a step, the stop tokens, the random key and the cache. Each runs on
+the host, once per call, on arrays it can read (nothing is added inside jit); each
+refusal is an ``mg.*Error`` saying what to give instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..core.errors import ConfigError, GraphError, ShapeError
+
+__all__ = ["prompt_arrays", "step_ids", "stop_ids", "token_id", "check_key", "check_cache"]
+
+
+def _describe(value: Any) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{value.dtype}{list(value.shape)}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _integer_ids(value: Any, what: str, form: str) -> np.ndarray:
+    """``value`` read on the host, refused unless it holds integers."""
+    ids = np.asarray(value)
+    if not (np.issubdtype(ids.dtype, np.integer) and ids.dtype != np.bool_):
+        raise ShapeError(f"{what} must be integer token ids {form}, got {_describe(ids)}")
+    return ids
+
+
+def _in_vocabulary(ids: np.ndarray, vocab: int | None, what: str) -> None:
+    if vocab is None or ids.size == 0:
+        return
+    bad = ids[(ids < 0) | (ids >= vocab)]
+    if bad.size:
+        raise ShapeError(f"{what}: token id {int(bad[0])} is out of the vocabulary: ids must be "
+                         f"in [0, {vocab})")
+
+
+def prompt_arrays(input_ids: Any, attention_mask: Any, *, vocab: int | None,
+                  max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """The prompt as int32 ids and a bool mask ``(batch, seq)``, each row's tokens at
+    its end: a right-padded row (padding after its tokens, the default padding side
+    of many tokenizers) is rotated so that its padding comes first, as if it had been
+    left-padded; positions are counted from the mask either way.
+
+    Raises:
+      ShapeError: ids that are not integers ``(batch, seq)``, no row, no column, more
+        tokens than ``max_length``, an id out of the vocabulary, a mask of another
+        shape, or a row whose mask marks no token (an empty prompt).
+      ConfigError: a mask holding other values than 0 and 1.
+    """
+    ids = _integer_ids(input_ids, "input_ids", "(batch, seq)")
+    if ids.ndim != 2:
+        raise ShapeError(f"input_ids must be integer token ids (batch, seq), got {_describe(ids)}")
+    if ids.shape[0] < 1:
+        raise ShapeError(f"input_ids has no rows ({_describe(ids)}): give at least one prompt")
+    if ids.shape[1] < 1:
+        raise ShapeError("the prompt is empty: give at least one token per row")
+    if ids.shape[1] > max_length:
+        raise ShapeError(f"the prompt has {ids.shape[1]} tokens, more than the decoder's "
+                         f"max_length={max_length}")
+    _in_vocabulary(ids, vocab, "input_ids")
+    ids = ids.astype(np.int32)
+    if attention_mask is None:
+        return ids, np.ones(ids.shape, bool)
+    given = np.asarray(attention_mask)
+    if given.shape != ids.shape:
+        raise ShapeError(f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, "
+                         f"got {tuple(given.shape)}")
+    if given.dtype != np.bool_:
+        if not (np.issubdtype(given.dtype, np.number) and np.isin(given, (0, 1)).all()):
+            odd = given[~np.isin(given, (0, 1))] if np.issubdtype(given.dtype, np.number) else given
+            raise ConfigError(f"attention_mask must hold 1 (a token) and 0 (padding), got "
+                              f"{odd.flat[0].item()!r} ({given.dtype})")
+    mask = given.astype(bool)
+    empty = np.flatnonzero(~mask.any(axis=1))
+    if empty.size:
+        raise ShapeError(f"row {int(empty[0])} of attention_mask marks no token: that prompt is "
+                         f"empty; give at least one token per row")
+    trailing = np.argmax(mask[:, ::-1], axis=1)  # the padding after each row's last token
+    if trailing.any():
+        columns = (np.arange(ids.shape[1])[None] - trailing[:, None]) % ids.shape[1]
+        ids = np.take_along_axis(ids, columns, axis=1)
+        mask = np.take_along_axis(mask, columns, axis=1)
+    return ids, mask
+
+
+def step_ids(token_ids: Any, batch: int, vocab: int | None) -> Any:
+    """The token ids of a step as ``(batch, n)``: checked on the host (integers, in
+    the vocabulary) unless they are traced, when only their dtype is checked."""
+    ids: Any
+    if isinstance(token_ids, jax.core.Tracer):
+        ids = token_ids
+        if not np.issubdtype(ids.dtype, np.integer) or ids.dtype == np.bool_:
+            raise ShapeError(f"token_ids must be integer token ids (batch,) or (batch, n), got "
+                             f"{_describe(ids)}")
+    else:
+        ids = _integer_ids(token_ids, "token_ids", "(batch,) or (batch, n)")
+    if ids.ndim == 1:
+        ids = ids[:, None]
+    if ids.ndim != 2 or ids.shape[0] != batch:
+        raise ShapeError(f"token_ids must be (batch,) or (batch, n) with the cache's batch "
+                         f"{batch}, got {tuple(np.shape(token_ids))}")
+    if not isinstance(ids, jax.core.Tracer):
+        _in_vocabulary(ids, vocab, "token_ids")
+        ids = ids.astype(np.int32)
+    return ids
+
+
+def token_id(value: Any, vocab: int | None, what: str) -> int:
+    """One token id given as an argument (``pad_token_id``, an ``eos_token_id``)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{what} must be an int token id, got {_describe(value)}")
+    if vocab is not None and not 0 <= value < vocab:
+        raise ConfigError(f"{what} {int(value)} is out of the vocabulary: ids must be in "
+                          f"[0, {vocab})")
+    return int(value)
+
+
+def stop_ids(eos_token_id: Any, vocab: int | None) -> tuple[int, ...]:
+    """The stop tokens: none for None, one for an int, several for a list (any of them
+    ends a row, as Hugging Face's ``generation_config.eos_token_id`` list does)."""
+    if eos_token_id is None:
+        return ()
+    if isinstance(eos_token_id, (list, tuple, np.ndarray)):
+        items = list(np.asarray(eos_token_id).reshape(-1)) if isinstance(
+            eos_token_id, np.ndarray) else list(eos_token_id)
+        if not items:
+            raise ConfigError("eos_token_id is an empty list: give None for no stop token")
+        return tuple(token_id(v, vocab, "eos_token_id") for v in items)
+    return (token_id(eos_token_id, vocab, "eos_token_id"),)
+
+
+def check_key(key: Any) -> None:
+    """A random key: ``jax.random.key(...)`` (or a legacy ``jax.random.PRNGKey``)."""
+    if key is None:
+        return
+    if isinstance(key, jax.Array):
+        if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.shape == ():
+            return
+        if key.dtype == np.uint32 and key.shape == (2,):
+            return
+    raise ConfigError(f"key must be one JAX random key, e.g. key=jax.random.key(0), got "
+                      f"{_describe(key)}")
+
+
+def check_cache(cache: Any, kind: type) -> None:
+    """A cache ``step`` can run from: one ``prefill`` or ``step`` returned and no
+    ``step`` has consumed yet (its buffers are donated to the next cache)."""
+    if not isinstance(cache, kind):
+        raise GraphError(f"step takes the cache that prefill or step returned, got "
+                         f"{type(cache).__name__}")
+    if any(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted()
+           for x in jax.tree.leaves(cache)):
+        raise GraphError("this cache was consumed by step (its buffers hold the cache step "
+                         "returned): use the one it returned, `logits, cache = dec.step(...)`")
