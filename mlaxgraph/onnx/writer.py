@@ -16,8 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from ..compiler.flatten import flatten
+from ..compiler.interpreter import check_weights
+from ..compiler.program import get_in, set_in
 from ..core.errors import SerializationError
-from ..core.specs import is_symbolic
+from ..core.specs import flatten_specs, is_symbolic
 from ..ir.graph import Graph
 from .dtypes import to_code
 from .layer import DOMAINS, OnnxOp, decode_array
@@ -148,6 +151,28 @@ def _attr(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def _checked_weights(graph: Graph, params: Any, state: Any) -> tuple[Any, Any]:
+    """``params`` and ``state`` checked as ``apply`` checks them (a missing weight, one
+    of another shape: the error naming the layer and the weight), each float weight
+    whose dtype the layer leaves to the policy in the dtype the layer computes in, as
+    ``apply`` casts it (float64 or bfloat16 weights of a float32 graph are float32 in
+    the file, whose operators take one dtype)."""
+    program = flatten(graph)
+    params, state = params or {}, state or {}
+    check_weights(program, params, state)
+    trees = {"params": params, "state": state}
+    for step in program.owners():
+        dtype = np.dtype(step.output_specs[0].dtype)
+        for which, specs in (("params", step.param_specs), ("state", step.state_specs)):
+            for path, spec in flatten_specs(specs):
+                keys = step.weights + tuple(path.split("/"))
+                leaf = get_in(trees[which], keys)
+                if spec.dtype is None and np.dtype(leaf.dtype) != dtype and \
+                        np.issubdtype(dtype, np.floating):
+                    trees[which] = set_in(trees[which], keys, np.asarray(leaf).astype(dtype))
+    return trees["params"], trees["state"]
+
+
 def _value_info(onnx: Any, name: str, spec: Any) -> Any:
     shape = [str(d).replace(" ", "") if is_symbolic(d) else int(d) for d in spec.shape]
     return onnx.helper.make_tensor_value_info(name, to_code(spec.dtype), shape)
@@ -162,6 +187,10 @@ def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mappi
 
     Raises:
       mg.SerializationError: a layer with no ONNX form, named.
+      mg.GraphError / mg.ShapeError / mg.DTypeError: ``params`` or ``state`` lacks a
+        weight of a layer, or holds one of another shape or dtype than the layer
+        takes (``apply``'s check), naming the layer and the weight; nothing is
+        written then.
 
     Example:
       >>> import jax
@@ -181,7 +210,8 @@ def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mappi
         for axis, d in enumerate(spec.shape):
             if is_symbolic(d):
                 writer.dims.setdefault(str(d), (name, axis))
-    outputs = writer.graph(graph, inputs, params or {}, state or {}, "")
+    params, state = _checked_weights(graph, params, state)
+    outputs = writer.graph(graph, inputs, params, state, "")
     out_names = []
     for i, out in enumerate(outputs):
         if out in inputs or out in out_names or any(t.name == out for t in writer.initializers):
