@@ -48,3 +48,25 @@ def test_to_onnx_writes_float64_weights_in_the_graphs_dtype():
         + p["head"]["bias"]
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opset, match", [(5, "operator sets 18 to"), (99, "operator sets 18 to"),
+                                          ("21", "is an int from 18 to"), (True, "got a bool")])
+def test_to_onnx_refuses_opsets_it_does_not_write(opset, match):
+    graph, params, state = _mlp()
+    with pytest.raises(mg.ConfigError, match=match):
+        graph.to_onnx(None, params, state, opset=opset)
+
+
+def test_to_onnx_opset_range_ends_where_onnx_does():
+    graph, params, state = _mlp()
+    newest = onnx.defs.onnx_opset_version()
+    for opset in (18, newest):  # both ends run in onnxruntime as mlaxgraph computes
+        proto = graph.to_onnx(None, params, state, opset=opset)
+        onnx.checker.check_model(proto, full_check=True)
+        x = np.ones((2, 8), np.float32)
+        (got,) = ort.InferenceSession(proto.SerializeToString()).run(None, {"x": x})
+        want, _ = mg.compile(graph).apply(params, state, x)
+        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-6)
+    with pytest.raises(mg.ConfigError, match=f"18 to {newest}"):
+        graph.to_onnx(None, params, state, opset=newest + 1)

@@ -19,19 +19,54 @@ import numpy as np
 from ..compiler.flatten import flatten
 from ..compiler.interpreter import check_weights
 from ..compiler.program import get_in, set_in
-from ..core.errors import SerializationError
+from ..core.errors import ConfigError, SerializationError
 from ..core.specs import flatten_specs, is_symbolic
 from ..ir.graph import Graph
 from .dtypes import to_code
 from .layer import DOMAINS, OnnxOp, decode_array
 from .ops_bounded import BOUNDED
 from .protos import require_onnx
+from .versions import MIN_OPSET
 from .writer_rules import RULES, write_bounded
 from .writer_types import narrow_outputs, widen_inputs
 
-__all__ = ["to_onnx", "DEFAULT_OPSET"]
+__all__ = ["to_onnx", "DEFAULT_OPSET", "MIN_WRITE_OPSET"]
 
 DEFAULT_OPSET = 21
+#: The oldest operator set mlaxgraph's own layers are written in: the forms their
+#: rules write (a reduction's axes as an input, as ``ReduceMean`` takes them from opset
+#: 18) are those of 18 on. A graph of ``onnx`` family layers alone (a file read) is
+#: written from the oldest set read (``MIN_OPSET``); the newest is the newest the
+#: installed ``onnx`` knows.
+MIN_WRITE_OPSET = 18
+#: The layers written in the same form at every opset.
+_ANY_OPSET = ("input", "param", "onnx.constant")
+
+
+def _oldest(graph: Graph) -> int:
+    """The oldest opset ``graph``'s layers can be written in."""
+    for node in graph.nodes:
+        sub = node.op.subgraph()
+        if sub is not None:
+            if _oldest(sub) > MIN_OPSET:
+                return MIN_WRITE_OPSET
+        elif not isinstance(node.op, OnnxOp) and node.op.op_name not in _ANY_OPSET:
+            return MIN_WRITE_OPSET
+    return MIN_OPSET
+
+
+def _check_opset(graph: Graph, opset: Any) -> int:
+    newest, oldest = require_onnx().defs.onnx_opset_version(), _oldest(graph)
+    if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)):
+        raise ConfigError(f"to_onnx(opset={opset!r}): the opset is an int from "
+                          f"{oldest} to {newest}, got a {type(opset).__name__}")
+    if not oldest <= opset <= newest:
+        why = ("" if oldest == MIN_OPSET else
+               f"; mlaxgraph's own layers are written in the forms of {MIN_WRITE_OPSET} on")
+        raise ConfigError(f"to_onnx(opset={opset}): graph {graph.name!r} is written in ONNX "
+                          f"operator sets {oldest} to {newest} (the newest the installed "
+                          f"onnx knows){why}; the default is {DEFAULT_OPSET}")
+    return int(opset)
 
 
 class _Writer:
@@ -187,6 +222,9 @@ def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mappi
 
     Raises:
       mg.SerializationError: a layer with no ONNX form, named.
+      mg.ConfigError: an ``opset`` outside the operator sets written: 18 to the newest
+        the installed ``onnx`` knows (6 on for a graph of ``onnx`` family layers
+        alone, as ``from_onnx`` reads them).
       mg.GraphError / mg.ShapeError / mg.DTypeError: ``params`` or ``state`` lacks a
         weight of a layer, or holds one of another shape or dtype than the layer
         takes (``apply``'s check), naming the layer and the weight; nothing is
@@ -203,7 +241,7 @@ def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mappi
       >>> [node.name for node in proto.graph.node]
       ['/fc/MatMul', '/fc/Add', '/relu/Relu']
     """
-    writer = _Writer(opset)
+    writer = _Writer(_check_opset(graph, opset))
     onnx = writer.onnx
     inputs = [writer.fresh(name) for name in graph.inputs]
     for name, spec in zip(inputs, graph.input_specs):
