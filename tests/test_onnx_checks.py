@@ -70,3 +70,108 @@ def test_to_onnx_opset_range_ends_where_onnx_does():
         np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-6)
     with pytest.raises(mg.ConfigError, match=f"18 to {newest}"):
         graph.to_onnx(None, params, state, opset=newest + 1)
+
+
+def _model(nodes, inits=(), xshape=("N", 3), yshape=("N", 3), ytype=TensorProto.FLOAT,
+           opset=17, xtype=TensorProto.FLOAT):
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", xtype, xshape)],
+                          [helper.make_tensor_value_info("y", ytype, yshape)], list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _refused_by_checker(model):
+    with pytest.raises(Exception) as caught:
+        onnx.checker.check_model(model, full_check=True)
+    assert not isinstance(caught.value, mg.MlaxGraphError)
+
+
+def test_from_onnx_refuses_two_writers_of_a_value():
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="a"),
+                    helper.make_node("Neg", ["x"], ["y"], name="b")])
+    _refused_by_checker(model)
+    with pytest.raises(mg.GraphError, match="node 'b' \\(Neg\\) writes 'y', but node 'a' "
+                                            "\\(Relu\\) writes it too"):
+        mg.from_onnx(model)
+    overwrite = _model([helper.make_node("Relu", ["x"], ["x"], name="c")])
+    with pytest.raises(mg.GraphError, match="node 'c' .* graph input or an initializer"):
+        mg.from_onnx(overwrite)
+
+
+def test_from_onnx_refuses_an_attribute_the_operator_lacks():
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="act", alpha=0.3)])
+    _refused_by_checker(model)
+    with pytest.raises(mg.GraphError, match="node 'act' \\(Relu\\) has the attribute 'alpha'"
+                                            ".*attributes: none"):
+        mg.from_onnx(model)
+    # LeakyRelu has it: read, and equal to onnxruntime
+    leaky = _model([helper.make_node("LeakyRelu", ["x"], ["y"], name="act", alpha=0.3)])
+    graph, params, state = mg.from_onnx(leaky)
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(4, 3)
+    got, _ = mg.compile(graph).apply(params, state, x)
+    (want,) = ort.InferenceSession(leaky.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
+def test_from_onnx_refuses_a_kernel_shape_its_weight_contradicts():
+    weight = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "W")
+    model = _model([helper.make_node("Conv", ["x", "W"], ["y"], name="conv", kernel_shape=[5, 5])],
+                   [weight], ("N", 3, 8, 8), ("N", 4, 6, 6))
+    _refused_by_checker(model)
+    with pytest.raises(mg.ShapeError, match="node 'conv' \\(Conv\\): kernel_shape \\[5, 5\\] "
+                                            "disagrees with its weight 'W'"):
+        mg.from_onnx(model)
+    agreeing = _model([helper.make_node("Conv", ["x", "W"], ["y"], name="conv", kernel_shape=[3, 3])],
+                      [weight], ("N", 3, 8, 8), ("N", 4, 6, 6))
+    assert mg.from_onnx(agreeing)[0].output_specs[0].shape[1:] == (4, 6, 6)
+
+
+def test_from_onnx_asks_for_the_shape_of_an_input_of_unknown_rank():
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], xshape=None, yshape=None)
+    with pytest.raises(mg.ShapeError, match="graph input 'x' has no shape.*shapes=\\{'x'"):
+        mg.from_onnx(model)
+    graph, params, state = mg.from_onnx(model, shapes={"x": ("batch", 3)})
+    assert str(graph.input_specs[0]) == "f32[batch,3]"
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    got, _ = mg.compile(graph).apply(params, state, x)
+    (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_array_equal(np.asarray(got), want)
+    # shapes= must name an input and agree with a declared shape
+    declared = _model([helper.make_node("Relu", ["x"], ["y"])])
+    assert str(mg.from_onnx(declared, shapes={"x": (2, 3)})[0].input_specs[0]) == "f32[2,3]"
+    with pytest.raises(mg.GraphError, match="names 'X', which is no graph input.*near: x"):
+        mg.from_onnx(declared, shapes={"X": (2, 3)})
+    with pytest.raises(mg.ShapeError, match="the shape \\(2, 4\\); the file declares \\('N', 3\\)"):
+        mg.from_onnx(declared, shapes={"x": (2, 4)})
+    with pytest.raises(mg.ShapeError, match="each an int >= 0 or a name"):
+        mg.from_onnx(declared, shapes={"x": (2, -3)})
+
+
+def _matmul(ytype=TensorProto.FLOAT, yshape=("N", 3)):
+    weight = numpy_helper.from_array(np.ones((4, 3), np.float32), "W")
+    return _model([helper.make_node("MatMul", ["x", "W"], ["y"])], [weight], ("N", 4), yshape,
+                  ytype)
+
+
+def test_from_onnx_dims_naming_no_dim_is_an_error_naming_the_near_one():
+    with pytest.raises(mg.GraphError, match="dims=.*names 'n', which is no symbolic dim.*near: N"):
+        mg.from_onnx(_matmul(), dims={"n": 4})
+    assert str(mg.from_onnx(_matmul(), dims={"N": 4})[0].input_specs[0]) == "f32[4,4]"
+
+
+def test_from_onnx_declared_outputs_are_checked_as_onnxruntime_does():
+    # another dtype: onnxruntime refuses the file, and so does from_onnx
+    wrong_type = _matmul(TensorProto.INT64)
+    with pytest.raises(Exception, match="does not match expected type"):
+        ort.InferenceSession(wrong_type.SerializeToString())
+    with pytest.raises(mg.DTypeError, match="graph output 'y' is declared int64, but its nodes "
+                                            "compute float32"):
+        mg.from_onnx(wrong_type)
+    # another shape: onnxruntime warns and runs what the nodes compute; so does from_onnx
+    wrong_shape = _matmul(yshape=("N", 7))
+    (want,) = ort.InferenceSession(wrong_shape.SerializeToString()).run(
+        None, {"x": np.ones((2, 4), np.float32)})
+    with pytest.warns(UserWarning, match="graph output 'y' is declared \\[\\?, 7\\], but its "
+                                         "nodes compute"):
+        graph, params, state = mg.from_onnx(wrong_shape)
+    got, _ = mg.compile(graph).apply(params, state, np.ones((2, 4), np.float32))
+    np.testing.assert_array_equal(np.asarray(got), want)
