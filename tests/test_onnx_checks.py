@@ -175,3 +175,40 @@ def test_from_onnx_declared_outputs_are_checked_as_onnxruntime_does():
         graph, params, state = mg.from_onnx(wrong_shape)
     got, _ = mg.compile(graph).apply(params, state, np.ones((2, 4), np.float32))
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_a_zoo_transformer_reads_back_with_its_symbolic_dims():
+    # to_onnx writes 0 .. seq - 1 as Range(0, Gather(Shape(ids), 1), 1): read back as
+    # ops.arange(seq), the graph keeps batch and seq symbolic and runs at any size
+    graph = mg.models.gpt2({"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 32,
+                            "n_positions": 16})
+    params, state = mg.compile(graph).init(jax.random.key(0))
+    proto = graph.to_onnx(None, params, state)
+    back, params2, state2 = mg.from_onnx(proto)
+    assert [str(s) for s in back.input_specs] == ["i32[batch,seq]"]
+    assert "arange" in {n.op.op_name for n in back.nodes}
+    session = ort.InferenceSession(proto.SerializeToString())
+    model = mg.compile(back)
+    for shape in [(2, 8), (1, 5)]:
+        ids = np.random.default_rng(0).integers(0, 32, shape).astype(np.int32)
+        (want,) = session.run(None, {proto.graph.input[0].name: ids})
+        got, _ = model.apply(params2, state2, ids, inference_mode=True)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-5)
+
+
+def test_a_range_over_shape_arithmetic_keeps_its_symbolic_length():
+    c = lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "st", "en"], ["s1"]),
+             helper.make_node("Squeeze", ["s1", "ax"], ["n"]),
+             helper.make_node("Add", ["n", "one"], ["n1"]),
+             helper.make_node("Range", ["two", "n1", "one"], ["y"])]
+    model = _model(nodes, [c("st", [1]), c("en", [2]), c("ax", [0]), c("one", 1), c("two", 2)],
+                   ("b", "L"), [None], TensorProto.INT64)
+    graph, params, state = mg.from_onnx(model)
+    assert str(graph.output_specs[0]) == "i32[L-1]"
+    for length in (6, 3):
+        x = np.ones((2, length), np.float32)
+        got, _ = mg.compile(graph).apply(params, state, x)
+        (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+        np.testing.assert_array_equal(np.asarray(got), want)

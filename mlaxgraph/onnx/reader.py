@@ -31,6 +31,7 @@ from .protos import attribute_value, load_model, tensor_to_array
 from .scopes import nest
 from .sequences import check_tensors, flatten, read_sequence
 from .signature import check_declared, check_dims, check_shapes, input_shape
+from .symbolic import read_range, track
 from .versions import _DOMAINS, MIN_OPSET, _opset, check_attributes, domain_versions
 from .weights import Weight as _Weight
 from .weights import weight_view
@@ -88,6 +89,8 @@ class _Reader:
         self.used: set[str] = set()
         self.materialized: dict[str, Any] = {}
         self.aliases: dict[str, str] | None = None  # Identity outputs -> their weight (weights.py)
+        #: values known when the graph is built up to its symbolic dims (symbolic.py)
+        self.dimvals: dict[str, np.ndarray] = {}
 
     def read(self) -> tuple[Graph, dict, dict]:
         g = self.model.graph
@@ -117,6 +120,8 @@ class _Reader:
         nodes = [with_body(g, n) if n.op_type == "Gradient" else n for n in g.node]
         for node in _toposort(nodes, set(self.values), set(self.values)):
             self.node(node)
+            track(self, node, {a.name: attribute_value(a, self.folder, node.name)
+                               for a in node.attribute})
         outputs = []
         self.layout: list = []  # a sequence output is its tensors (sequences.flatten)
         for value in g.output:
@@ -184,6 +189,8 @@ class _Reader:
                 self.inline_branch(node):
             return
         check_tensors(self, node, names, where)
+        if read_range(self, node, self.range_name):
+            return
         matched = match(self, node, attrs)
         if matched is not None:
             for out_name, out in zip(*matched):
@@ -249,6 +256,14 @@ class _Reader:
         for out_name, out in zip(node.output, outs):
             if out_name:
                 self.values[out_name] = out
+
+    def range_name(self, node: Any) -> str:
+        """The name of the layer a ``Range`` becomes, in its node's scope."""
+        name = _safe_name(node.name, self.used, "arange")
+        scope, last = scope_of(node.name)
+        if scope:
+            self.places[name] = (scope, last)
+        return name
 
     def inline_branch(self, node: Any) -> bool:
         """An ``If`` whose condition is known when the graph is built is the branch it
