@@ -189,7 +189,7 @@ class _Reader:
                 self.inline_branch(node):
             return
         check_tensors(self, node, names, where)
-        if read_range(self, node, self.range_name):
+        if read_range(self, node):
             return
         matched = match(self, node, attrs)
         if matched is not None:
@@ -256,14 +256,6 @@ class _Reader:
         for out_name, out in zip(node.output, outs):
             if out_name:
                 self.values[out_name] = out
-
-    def range_name(self, node: Any) -> str:
-        """The name of the layer a ``Range`` becomes, in its node's scope."""
-        name = _safe_name(node.name, self.used, "arange")
-        scope, last = scope_of(node.name)
-        if scope:
-            self.places[name] = (scope, last)
-        return name
 
     def inline_branch(self, node: Any) -> bool:
         """An ``If`` whose condition is known when the graph is built is the branch it

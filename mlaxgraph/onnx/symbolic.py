@@ -112,7 +112,18 @@ def track(reader: Any, node: Any, attrs: dict) -> None:
         reader.dimvals[out] = value
 
 
-def read_range(reader: Any, node: Any, make_name: Any) -> bool:
+def _name(reader: Any, node: Any) -> str:
+    """The name of the layer a ``Range`` becomes, in its node's scope."""
+    from .reader import _safe_name, scope_of
+
+    name = _safe_name(node.name, reader.used, "arange")
+    scope, last = scope_of(node.name)
+    if scope:
+        reader.places[name] = (scope, last)
+    return name
+
+
+def read_range(reader: Any, node: Any) -> bool:
     """A ``Range`` of step 1 from a constant start to a length known up to symbolic dims
     as ``ops.arange`` (plus the start); False leaves it to the operator's reading."""
     if node.op_type != "Range" or len(node.input) != 3 or \
@@ -127,6 +138,6 @@ def read_range(reader: Any, node: Any, make_name: Any) -> bool:
     if step != 1 or not isinstance(start, (int, np.integer)) or \
             not isinstance(constant, np.ndarray):
         return False
-    out = Arange(limit - start, dtype=canonical(constant.dtype), name=make_name(node))()
+    out = Arange(limit - start, dtype=canonical(constant.dtype), name=_name(reader, node))()
     reader.values[node.output[0]] = out + int(start) if start else out
     return True
