@@ -187,6 +187,15 @@ def test_a_zoo_transformer_reads_back_with_its_symbolic_dims():
     back, params2, state2 = mg.from_onnx(proto)
     assert [str(s) for s in back.input_specs] == ["i32[batch,seq]"]
     assert "arange" in {n.op.op_name for n in back.nodes}
+    # the tables are Embeddings again, the tied head (one initializer in the file,
+    # read through a Transpose) its attend: the weights keep their paths
+    assert sorted(params2) == sorted(params)
+    assert {k: np.shape(v) for k, v in params2["wte"].items()} == {"embedding": (32, 16)}
+    np.testing.assert_array_equal(np.asarray(params2["wte"]["embedding"]),
+                                  np.asarray(params["wte"]["embedding"]))
+    ops = {n.name: n.op.op_name for n in back.nodes}
+    assert ops["wte"] == ops["wpe"] == ops["wte@1"] == "embedding"
+    assert sum(t.dims == [32, 16] for t in proto.graph.initializer) == 1
     session = ort.InferenceSession(proto.SerializeToString())
     model = mg.compile(back)
     for shape in [(2, 8), (1, 5)]:
@@ -212,3 +221,22 @@ def test_a_range_over_shape_arithmetic_keeps_its_symbolic_length():
         got, _ = mg.compile(graph).apply(params, state, x)
         (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
         np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_a_gather_from_a_table_is_an_embedding():
+    table = np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"], name="/tok/Gather", axis=0)], "m",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 4])],
+        [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    graph, params, state = mg.from_onnx(model)
+    assert [n.op.op_name for n in graph.nodes] == ["input", "embedding"]
+    assert list(params) == ["tok"] and list(params["tok"]) == ["embedding"]
+    ids = np.asarray([[0, 3, 9], [2, 2, 1]])
+    got, _ = mg.compile(graph).apply(params, state, ids.astype(np.int32))
+    (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {"ids": ids})
+    np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(want, table[ids])
+    assert mg.from_onnx(model, layers=False)[0].nodes[-1].op.op_name == "onnx.Gather"

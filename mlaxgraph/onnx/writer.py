@@ -81,6 +81,10 @@ class _Writer:
         self.dims: dict[str, tuple[str, int]] = {}
         #: the operator domains other than ONNX's the nodes written use
         self.domains: set[str] = set()
+        #: the path of the layer whose weights the layer being written reads (a shared
+        #: layer's later calls name the first), and the initializers written per weight
+        self.owner = ""
+        self.shared: dict[str, str] = {}
 
     def fresh(self, base: str) -> str:
         name, n = base, 1
@@ -95,6 +99,14 @@ class _Writer:
         name = self.fresh(base)
         self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
         return name
+
+    def weight(self, key: str, base: str, array: Any) -> str:
+        """The initializer of the owner layer's weight ``key``, written once for all
+        the calls of a shared layer (a tied embedding table)."""
+        full = f"{self.owner}/{key}"
+        if full not in self.shared:
+            self.shared[full] = self.constant(base, array)
+        return self.shared[full]
 
     def node(self, op_type: str, inputs: list[str], path: str, outputs: int = 1,
              part: bool = False, **attrs: Any) -> list[str]:
@@ -126,6 +138,7 @@ class _Writer:
             weights = params.get(node.layer, {}) if isinstance(params, Mapping) else {}
             stats = state.get(node.layer, {}) if isinstance(state, Mapping) else {}
             sub = node.op.subgraph()
+            self.owner = prefix + node.layer
             if sub is not None:
                 outs = self.graph(sub, args, weights, stats, path + "/")
             else:
