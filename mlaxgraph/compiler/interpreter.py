@@ -27,7 +27,7 @@ from .keys import block_keys, step_key
 from .program import Checkpoint, Program, Ref, ScanStep, Scheduled, Step, get_in, set_in
 from .taps import TapPlan, Taps, plan_taps
 
-__all__ = ["run", "walk", "step_key", "Hook", "Taps", "STEP_RULES", "StepRule", "Wrapper"]
+__all__ = ["run", "walk", "check_weights", "step_key", "Hook", "Taps", "STEP_RULES", "StepRule", "Wrapper"]
 
 #: ``hook(path, values) -> values``: sees a graph input (path: its name) or a step's
 #: outputs, inside the step's named scope.
@@ -78,6 +78,15 @@ def _weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
                 got=str(leaf.dtype), expected="a float dtype (the policy's param_dtype)",
                 source=node.source))
     return found
+
+
+def check_weights(program: Program, params: Any, state: Any) -> None:
+    """``apply``'s check of each layer's weights (missing, another shape, a dtype the
+    layer does not take), made for every layer at once without running anything."""
+    for step in program.owners():
+        if not isinstance(step, ScanStep):
+            _weights(step, params, "params")
+            _weights(step, state, "state")
 
 
 def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | None) -> None:

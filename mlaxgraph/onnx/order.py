@@ -7,6 +7,7 @@ as constants."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from ..core.errors import GraphError
@@ -50,8 +51,26 @@ def _reads(node: Any) -> list[str]:
     return list(node.input) + (sorted(set().union(*(free_names(g) for g in bodies))) if bodies else [])
 
 
-def _toposort(nodes: list, known: set[str]) -> list:
-    producers = {out: i for i, n in enumerate(nodes) for out in n.output if out}
+def _where(node: Any) -> str:
+    return f"node {node.name or '(unnamed)'!r} ({node.op_type})"
+
+
+def _toposort(nodes: list, known: set[str], defined: Collection[str] = ()) -> list:
+    """The nodes in an order that reads each value after the node computing it. Each
+    value is assigned once (ONNX's single static assignment): a node writing another
+    node's output or one of ``defined`` (the graph's inputs and initializers) is a
+    ``GraphError`` naming both."""
+    producers: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for out in n.output:
+            if not out:
+                continue
+            if out in producers or out in defined:
+                first = (f"{_where(nodes[producers[out]])} writes it too" if out in producers
+                         else "it is a graph input or an initializer")
+                raise GraphError(f"{_where(n)} writes {out!r}, but {first}; an ONNX graph "
+                                 f"assigns each value once (onnx.checker refuses the file)")
+            producers[out] = i
     order, state = [], [0] * len(nodes)
     for start in range(len(nodes)):
         stack = [(start, 0)]

@@ -8,7 +8,13 @@
 - ``LayerNormalization`` over the last axis with a constant scale (and bias) ->
   ``LayerNorm``;
 - ``BatchNormalization`` in inference form with constant statistics -> ``BatchNorm``
-  (``scale``, ``bias``; state ``mean``, ``var``).
+  (``scale``, ``bias``; state ``mean``, ``var``);
+- ``Gather`` (axis 0) of integer ids from a constant 2-D float table that nothing else
+  reads -> ``Embedding`` (``embedding``); a table read besides only through a
+  ``Transpose`` by ``MatMul`` s (a tied output head, ``to_onnx``'s form of
+  ``embedding.attend``) -> ``Embedding`` and ``embedding.attend`` for the MatMuls.
+  A negative or out-of-range id gives NaN rows, as ``Embedding`` does (ONNX counts a
+  negative index from the end).
 
 Each rule takes a node (and what the reader knows) and returns the layer's outputs,
 or None when the node does not match.
@@ -22,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ops.conv import Conv
+from ..ops.embedding import Embedding
 from ..ops.linear import Linear
 from ..ops.normalization import BatchNorm, LayerNorm
 
@@ -148,9 +155,72 @@ def _batch_norm(reader, node, attrs):
     return node.output, (layer(reader.tensor(node.input[0])),)
 
 
-_ARITY = {"MatMul": 2, "Gemm": 2, "Conv": 2, "LayerNormalization": 2, "BatchNormalization": 5}
+def _ties(reader: Any, node: Any, table: str) -> list | None:
+    """The ``Transpose`` nodes through which MatMuls alone read ``table`` besides
+    ``node`` (a tied head: ``h @ table.T``), or None when anything else reads it."""
+    from .weights import Weight as _Weight
+
+    root = reader.values[table].name if isinstance(reader.values.get(table), _Weight) else table
+    names = {root} | {k for k, v in (reader.aliases or {}).items() if v == root}
+    names |= {n.output[0] for n in reader.model.graph.node
+              if n.op_type == "Identity" and n.input and n.input[0] in names and n.output}
+    if names & reader.outputs:
+        return None
+    ties = []
+    for name in names:
+        for user in reader.consumers.get(name, []):
+            if user is node or (user.op_type == "Identity" and user.output[0] in names):
+                continue
+            perm = [a.ints for a in user.attribute if a.name == "perm"]
+            if user.op_type != "Transpose" or (perm and list(perm[0]) != [1, 0]) or \
+                    user.output[0] in reader.values or user.output[0] in reader.outputs or \
+                    not all(m.op_type == "MatMul" and list(m.input).index(user.output[0]) == 1
+                            for m in reader.consumers.get(user.output[0], [])):
+                return None
+            ties.append(user)
+    return ties
+
+
+class Tied:
+    """A tied head's transposed table (``Transpose`` of an ``Embedding``'s table): the
+    MatMuls reading it are ``embedding.attend``."""
+
+    def __init__(self, layer: Embedding):
+        self.layer = layer
+
+
+def _embedding(reader, node, attrs):
+    table = _weight(reader, node.input[0], 2)
+    ids = reader.values[node.input[1]]
+    if table is None or int(attrs.get("axis", 0)) != 0 or isinstance(ids, np.ndarray) or \
+            not hasattr(ids, "dtype") or not jnp.issubdtype(ids.dtype, jnp.integer):
+        return None
+    ties = _ties(reader, node, node.input[0])
+    if ties is None:
+        return None
+    name = _layer_name(reader, node, "embedding")
+    layer = Embedding(int(table.shape[0]), int(table.shape[1]), dtype=table.dtype, name=name)
+    _store(reader, name, {"embedding": table})
+    out = layer(reader.tensor(node.input[1]))
+    for tie in ties:
+        reader.values[tie.output[0]] = Tied(layer)
+        reader.done.add(id(tie))
+    return node.output, (out,)
+
+
+def _attend(reader, node, attrs):
+    """A MatMul by a tied table's transpose: ``embedding.attend``."""
+    tied = reader.values.get(node.input[1])
+    if not isinstance(tied, Tied):
+        return None
+    return node.output, (tied.layer.attend(reader.tensor(node.input[0])),)
+
+
+_ARITY = {"MatMul": 2, "Gemm": 2, "Conv": 2, "LayerNormalization": 2, "BatchNormalization": 5,
+          "Gather": 2}
 _RULES = {"MatMul": _linear, "Gemm": _linear, "Conv": _conv,
-          "LayerNormalization": _layer_norm, "BatchNormalization": _batch_norm}
+          "LayerNormalization": _layer_norm, "BatchNormalization": _batch_norm,
+          "Gather": _embedding}
 
 
 def match(reader: Any, node: Any, attrs: dict) -> tuple | None:
@@ -161,4 +231,6 @@ def match(reader: Any, node: Any, attrs: dict) -> tuple | None:
         return None
     if not all(v in reader.values for v in node.input if v):
         return None
+    if node.op_type == "MatMul" and isinstance(reader.values.get(node.input[1]), Tied):
+        return _attend(reader, node, attrs)
     return rule(reader, node, attrs)

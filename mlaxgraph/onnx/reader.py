@@ -18,9 +18,9 @@ import jax
 import numpy as np
 
 from ..core.errors import GraphError, MlaxGraphError, SerializationError, ShapeError
-from ..core.specs import as_dim
 from ..ir.graph import Graph, Input
 from ..ops.param import Param
+from .checks import check_kernel_shape
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
 from .ops_bounded import BOUNDED, check_sizes, read_sizes
@@ -30,7 +30,9 @@ from .patterns import match
 from .protos import attribute_value, load_model, tensor_to_array
 from .scopes import nest
 from .sequences import check_tensors, flatten, read_sequence
-from .versions import _DOMAINS, MIN_OPSET, _opset
+from .signature import check_declared, check_dims, check_shapes, input_shape
+from .symbolic import read_range, track
+from .versions import _DOMAINS, MIN_OPSET, _opset, check_attributes, domain_versions
 from .weights import Weight as _Weight
 from .weights import weight_view
 
@@ -61,27 +63,11 @@ def scope_of(raw: Any) -> tuple[tuple[str, ...], str]:
     return tuple(parts[:-1]), parts[-1]
 
 
-def _input_shape(value: Any, dims: Mapping[str, int]) -> tuple:
-    kind = value.type.WhichOneof("value")
-    if kind != "tensor_type":
-        raise SerializationError(f"graph input {value.name!r} is a {kind or 'value without type'}"
-                                 f"; mlaxgraph reads tensors")
-    shape = []
-    for i, d in enumerate(value.type.tensor_type.shape.dim):
-        if d.HasField("dim_value"):
-            shape.append(int(d.dim_value))
-        else:
-            name = d.dim_param if d.HasField("dim_param") else f"{value.name}_{i}"
-            name = re.sub(r"\W", "_", name) or f"d{i}"
-            name = name if not name[0].isdigit() else f"d_{name}"
-            shape.append(int(dims[name]) if name in dims else as_dim(name))
-    return tuple(shape)
-
-
 class _Reader:
     def __init__(self, model: Any, folder: str | None, dims: Mapping[str, int], layers: bool,
-                 sizes: Mapping[str, Any] | None = None):
+                 sizes: Mapping[str, Any] | None = None, shapes: Mapping[str, Any] | None = None):
         self.model, self.folder, self.dims, self.layers = model, folder, dict(dims), layers
+        self.shapes = shapes
         self.sizes = read_sizes(sizes)
         self.state: dict[str, Any] = {}
         self.symbolic: list[str] = []
@@ -96,12 +82,15 @@ class _Reader:
             for v in n.input:
                 self.consumers.setdefault(v, []).append(n)
         self.opset = _opset(model)
+        self.versions = domain_versions(model, self.opset)
         self.needed = static_inputs(model)  # the values that set shapes or indices
         self.values: dict[str, Any] = {}
         self.params: dict[str, Any] = {}
         self.used: set[str] = set()
         self.materialized: dict[str, Any] = {}
         self.aliases: dict[str, str] | None = None  # Identity outputs -> their weight (weights.py)
+        #: values known when the graph is built up to its symbolic dims (symbolic.py)
+        self.dimvals: dict[str, np.ndarray] = {}
 
     def read(self) -> tuple[Graph, dict, dict]:
         g = self.model.graph
@@ -112,22 +101,27 @@ class _Reader:
             else:
                 self.values[t.name] = array
         inputs = []
+        shapes = check_shapes(self.shapes, [v.name for v in g.input if v.name not in self.values])
+        dim_names: set[str] = set()
         for value in g.input:
             if value.name in self.values:
                 continue  # an initializer listed as an input (IR version < 4)
             code = value.type.tensor_type.elem_type
             spec_dtype = canonical(to_dtype(code))
             name = _safe_name(value.name, self.used, "input")
-            x = Input(_input_shape(value, self.dims), spec_dtype, name=name)
+            x = Input(input_shape(value, self.dims, shapes, dim_names), spec_dtype, name=name)
             self.symbolic += [str(d) for d in x.shape
                               if not isinstance(d, int) and str(d) not in self.symbolic]
             self.values[value.name] = x
             inputs.append(x)
+        check_dims(self.dims, dim_names)
         check_sizes(self.sizes, [(_text(n.name), n.output[:1], n.op_type) for n in g.node])
         # a Gradient node gets the part of the graph it differentiates as its body
         nodes = [with_body(g, n) if n.op_type == "Gradient" else n for n in g.node]
-        for node in _toposort(nodes, set(self.values)):
+        for node in _toposort(nodes, set(self.values), set(self.values)):
             self.node(node)
+            track(self, node, {a.name: attribute_value(a, self.folder, node.name)
+                               for a in node.attribute})
         outputs = []
         self.layout: list = []  # a sequence output is its tensors (sequences.flatten)
         for value in g.output:
@@ -136,6 +130,8 @@ class _Reader:
             names, layout = flatten(self, value.name)
             outputs += [self.tensor(v) for v in names]
             self.layout.append(layout)
+            if value.type.WhichOneof("value") == "tensor_type" and len(names) == 1:
+                check_declared(value, outputs[-1])
         name = _safe_name(g.name or "onnx", set(), "onnx")
         return Graph(inputs=inputs, outputs=outputs, name=name), self.params, self.state
 
@@ -180,6 +176,8 @@ class _Reader:
         if node.domain not in _DOMAINS:
             raise GraphError(f"{where}: operators of the domain {node.domain!r} are not "
                              f"supported")
+        check_attributes(node, self.versions, where)
+        check_kernel_shape(node, attrs, self.values, where)
         if not any(node.output):
             raise GraphError(f"{where} has no outputs")
         if node.op_type in BOUNDED:
@@ -191,6 +189,8 @@ class _Reader:
                 self.inline_branch(node):
             return
         check_tensors(self, node, names, where)
+        if read_range(self, node):
+            return
         matched = match(self, node, attrs)
         if matched is not None:
             for out_name, out in zip(*matched):
@@ -329,15 +329,21 @@ class _Reader:
 
 def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
               layers: bool = True, blocks: bool = True,
-              sizes: Mapping[str, Any] | None = None) -> tuple[Graph, dict, dict]:
+              sizes: Mapping[str, Any] | None = None,
+              shapes: Mapping[str, Any] | None = None) -> tuple[Graph, dict, dict]:
     """An ONNX model as ``(graph, params, state)``.
 
     Args:
       source: a path to a ``.onnx`` file (its external data is read from its folder,
         and only from there), its bytes, or an ``onnx.ModelProto``.
-      dims: sizes for the model's symbolic dims (``dim_param``), by name; dims left
-        out stay symbolic. A node whose shape argument depends on a symbolic dim
-        (a ``Reshape`` to a computed shape) needs it bound here.
+      dims: sizes for the symbolic dims (``dim_param``) of the graph inputs, by name;
+        dims left out stay symbolic. A node whose shape argument depends on a symbolic
+        dim (a ``Reshape`` to a computed shape) needs it bound here. A name that is no
+        symbolic dim of the inputs is an ``mg.GraphError`` naming the near ones.
+      shapes: shapes for graph inputs, by the input's name in the file, each dim an
+        int or a name (``{"x": ("batch", 3)}``): needed for an input the file gives no
+        shape (unknown rank); for one it gives a shape, it must agree with it (the
+        same rank, the same fixed sizes; a symbolic dim may be fixed or renamed).
       layers: read the recognisable patterns as mlaxgraph's layers (MatMul + Add of
         constant weights as ``Linear``, ``Conv``, ``LayerNorm``, ``BatchNorm``:
         ``mlaxgraph.onnx.patterns``); False keeps every node an ``onnx`` family op.
@@ -363,8 +369,12 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
 
     Raises:
       mg.SerializationError: the file is not a valid ONNX model or its data is
-        damaged; mg.GraphError: an unsupported operator, a cycle, a missing value;
-        mg.ShapeError / mg.DTypeError: a node that cannot take its inputs.
+        damaged; mg.GraphError: an unsupported operator, a cycle, a missing value, a
+        value two nodes write, an attribute the operator does not have;
+        mg.ShapeError / mg.DTypeError: a node that cannot take its inputs, an input of
+        unknown rank without ``shapes``, a graph output declared of another dtype
+        than its nodes compute (another declared shape is a warning, as in
+        onnxruntime).
 
     Example:
       >>> import mlaxgraph as mg
@@ -377,16 +387,18 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
       >>> graph.output_specs
       (f32[batch,4],)
     """
-    return read_model(source, dims=dims, layers=layers, blocks=blocks, sizes=sizes)[:3]
+    return read_model(source, dims=dims, layers=layers, blocks=blocks, sizes=sizes,
+                      shapes=shapes)[:3]
 
 
 def read_model(source: Any, *, dims: Mapping[str, int] | None = None, layers: bool = True,
-               blocks: bool = True, sizes: Mapping[str, Any] | None = None) -> tuple:
+               blocks: bool = True, sizes: Mapping[str, Any] | None = None,
+               shapes: Mapping[str, Any] | None = None) -> tuple:
     """``from_onnx``'s ``(graph, params, state)`` and the layout of the ONNX outputs
     over the graph's (``sequences.regroup`` gathers a sequence output's tensors back)."""
     model, folder = load_model(source)
     try:
-        reader = _Reader(model, folder, dims or {}, layers, sizes)
+        reader = _Reader(model, folder, dims or {}, layers, sizes, shapes)
         graph, params, state = reader.read()
         if blocks:
             graph, params, state = nest(graph, reader.places, params, state, reader.modules)

@@ -9,7 +9,8 @@ under its name (``params["layer1"]["layer1.0"]["conv1"]["kernel"]``). A scope ho
 a single operation is not a block: the operation takes the scope's name; a scope
 holding a single layer named after a module inside it (a ``Sequential`` around one
 ``Conv``: ``/downsample/downsample.0/Conv``) is a block holding that layer, so each
-module the exporter named is drawn. A weight or constant
+module the exporter named is drawn. A shared layer's later calls (a tied head's
+``embedding.attend``) call the layer its first call made, in the same block. A weight or constant
 moves into the scope of the nodes reading it when they share one. When the scopes
 do not nest (a scope that reads a value computed from its own output outside it),
 the graph stays flat.
@@ -21,8 +22,11 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import jax.numpy as jnp
+
 from ..ir.graph import Graph, Input
 from ..ir.node import Value
+from ..ops.embedding import Embedding
 
 __all__ = ["nest"]
 
@@ -54,6 +58,8 @@ class _Nester:
         self.flat_params, self.flat_state = params, state
         self.params: dict = {}
         self.state: dict = {}
+        #: layer name -> (the layer emitted for its first call, the block path holding it)
+        self.shared: dict[str, tuple[Any, tuple[str, ...]]] = {}
         consumers = graph.consumers()
         # weights and constants move into the scope of all their readers
         for node in graph.nodes:
@@ -172,10 +178,24 @@ class _Nester:
         return result
 
     def emit(self, node, env: dict, path: tuple[str, ...], used: set[str]) -> None:
+        if node.layer in self.shared:
+            # a later call of a shared layer (a tied head: embedding.attend) calls the
+            # layer emitted first, in the same block; across blocks the graph stays flat
+            op, where = self.shared[node.layer]
+            if where != path:
+                raise _Cycle()
+            args = [env[v] for v in node.inputs]
+            attend = isinstance(op, Embedding) and jnp.issubdtype(args[0].dtype, jnp.floating)
+            result = op.attend(*args) if attend else op(*args)
+            outs = result if isinstance(result, tuple) else (result,)
+            for i, out in enumerate(outs):
+                env[Value(node.name, i)] = out
+            return
         _, local = self.place(node)
         name = _fresh(local, used)
         op = dataclasses.replace(node.op, name=name)
         object.__setattr__(op, "_created_at", node.op.__dict__.get("_created_at"))
+        self.shared[node.layer] = (op, path)
         result = op(*[env[v] for v in node.inputs])
         outs = result if isinstance(result, tuple) else (result,)
         for i, out in enumerate(outs):

@@ -5,12 +5,13 @@ holds."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from ..core.errors import SerializationError
+from ..core.errors import GraphError, SerializationError
 from .protos import require_onnx
 
-__all__ = ["MIN_OPSET"]
+__all__ = ["MIN_OPSET", "domain_versions", "check_attributes"]
 
 #: The oldest operator set read (6: the operators' legacy broadcast attributes are
 #: honoured).
@@ -61,3 +62,43 @@ def _older(graph: Any, version: int) -> int:
             for body in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                 _older(body, version)
     return MIN_OPSET
+
+
+def domain_versions(model: Any, opset: int) -> dict[str, int]:
+    """The version of each operator domain the model imports (ONNX's own: ``opset``,
+    as ``_opset`` reads it); a domain it does not import: the newest ``onnx`` knows."""
+    versions = {o.domain: int(o.version) for o in model.opset_import
+                if o.domain not in ("", "ai.onnx")}
+    versions[""] = opset
+    return versions
+
+
+@functools.cache
+def _attributes(op_type: str, domain: str, version: int) -> frozenset[str] | None:
+    """The attribute names of the operator's schema at ``version``; None where
+    ``onnx`` has no schema for it (an operator checked elsewhere)."""
+    defs = require_onnx().defs
+    try:
+        return frozenset(defs.get_schema(op_type, version, domain).attributes)
+    except Exception:  # noqa: BLE001  (onnx.defs.SchemaError: no such operator there)
+        return None
+
+
+def check_attributes(node: Any, versions: dict[str, int], where: str) -> None:
+    """An attribute the operator's schema does not have (``Relu(alpha=...)``) is a
+    ``GraphError`` naming the node and the attributes it has: ``onnx.checker``
+    refuses such a file, and its meaning is unknown."""
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    version = versions.get(domain)
+    if version is None or not node.attribute:
+        return
+    known = _attributes(node.op_type, domain, version)
+    if known is None:
+        return
+    for attr in node.attribute:
+        # ``__body__``: the part of the graph the reader gives a Gradient (with_body)
+        if attr.name not in known and not attr.name.startswith("__"):
+            raise GraphError(f"{where} has the attribute {attr.name!r}, which the operator "
+                             f"{node.op_type} of opset {version} does not have (its "
+                             f"attributes: {', '.join(sorted(known)) or 'none'}); "
+                             f"onnx.checker refuses the file")

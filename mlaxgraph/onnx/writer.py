@@ -16,19 +16,57 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import SerializationError
-from ..core.specs import is_symbolic
+from ..compiler.flatten import flatten
+from ..compiler.interpreter import check_weights
+from ..compiler.program import get_in, set_in
+from ..core.errors import ConfigError, SerializationError
+from ..core.specs import flatten_specs, is_symbolic
 from ..ir.graph import Graph
 from .dtypes import to_code
 from .layer import DOMAINS, OnnxOp, decode_array
 from .ops_bounded import BOUNDED
 from .protos import require_onnx
+from .versions import MIN_OPSET
 from .writer_rules import RULES, write_bounded
 from .writer_types import narrow_outputs, widen_inputs
 
-__all__ = ["to_onnx", "DEFAULT_OPSET"]
+__all__ = ["to_onnx", "DEFAULT_OPSET", "MIN_WRITE_OPSET"]
 
 DEFAULT_OPSET = 21
+#: The oldest operator set mlaxgraph's own layers are written in: the forms their
+#: rules write (a reduction's axes as an input, as ``ReduceMean`` takes them from opset
+#: 18) are those of 18 on. A graph of ``onnx`` family layers alone (a file read) is
+#: written from the oldest set read (``MIN_OPSET``); the newest is the newest the
+#: installed ``onnx`` knows.
+MIN_WRITE_OPSET = 18
+#: The layers written in the same form at every opset.
+_ANY_OPSET = ("input", "param", "onnx.constant")
+
+
+def _oldest(graph: Graph) -> int:
+    """The oldest opset ``graph``'s layers can be written in."""
+    for node in graph.nodes:
+        sub = node.op.subgraph()
+        if sub is not None:
+            if _oldest(sub) > MIN_OPSET:
+                return MIN_WRITE_OPSET
+        elif not isinstance(node.op, OnnxOp) and node.op.op_name not in _ANY_OPSET:
+            return MIN_WRITE_OPSET
+    return MIN_OPSET
+
+
+def _check_opset(graph: Graph, opset: Any) -> int:
+    newest, oldest = require_onnx().defs.onnx_opset_version(), _oldest(graph)
+    if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)):
+        raise ConfigError(f"to_onnx(opset={opset!r}): the opset is an int from "
+                          f"{oldest} to {newest}, got a {type(opset).__name__}")
+    if not oldest <= opset <= newest:
+        why = ("" if oldest == MIN_OPSET else
+               f"; mlaxgraph's own layers are written in the forms of {MIN_WRITE_OPSET} on")
+        raise ConfigError(f"to_onnx(opset={opset}): graph {graph.name!r} is written in ONNX "
+                          f"operator sets {oldest} to {newest} (the newest the installed "
+                          f"onnx knows){why}; the default is {DEFAULT_OPSET}")
+    return int(opset)
 
 
 class _Writer:
@@ -43,6 +81,10 @@ class _Writer:
         self.dims: dict[str, tuple[str, int]] = {}
         #: the operator domains other than ONNX's the nodes written use
         self.domains: set[str] = set()
+        #: the path of the layer whose weights the layer being written reads (a shared
+        #: layer's later calls name the first), and the initializers written per weight
+        self.owner = ""
+        self.shared: dict[str, str] = {}
 
     def fresh(self, base: str) -> str:
         name, n = base, 1
@@ -57,6 +99,14 @@ class _Writer:
         name = self.fresh(base)
         self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
         return name
+
+    def weight(self, key: str, base: str, array: Any) -> str:
+        """The initializer of the owner layer's weight ``key``, written once for all
+        the calls of a shared layer (a tied embedding table)."""
+        full = f"{self.owner}/{key}"
+        if full not in self.shared:
+            self.shared[full] = self.constant(base, array)
+        return self.shared[full]
 
     def node(self, op_type: str, inputs: list[str], path: str, outputs: int = 1,
              part: bool = False, **attrs: Any) -> list[str]:
@@ -88,6 +138,7 @@ class _Writer:
             weights = params.get(node.layer, {}) if isinstance(params, Mapping) else {}
             stats = state.get(node.layer, {}) if isinstance(state, Mapping) else {}
             sub = node.op.subgraph()
+            self.owner = prefix + node.layer
             if sub is not None:
                 outs = self.graph(sub, args, weights, stats, path + "/")
             else:
@@ -148,6 +199,28 @@ def _attr(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def _checked_weights(graph: Graph, params: Any, state: Any) -> tuple[Any, Any]:
+    """``params`` and ``state`` checked as ``apply`` checks them (a missing weight, one
+    of another shape: the error naming the layer and the weight), each float weight
+    whose dtype the layer leaves to the policy in the dtype the layer computes in, as
+    ``apply`` casts it (float64 or bfloat16 weights of a float32 graph are float32 in
+    the file, whose operators take one dtype)."""
+    program = flatten(graph)
+    params, state = params or {}, state or {}
+    check_weights(program, params, state)
+    trees = {"params": params, "state": state}
+    for step in program.owners():
+        dtype = np.dtype(step.output_specs[0].dtype)
+        for which, specs in (("params", step.param_specs), ("state", step.state_specs)):
+            for path, spec in flatten_specs(specs):
+                keys = step.weights + tuple(path.split("/"))
+                leaf = get_in(trees[which], keys)
+                if spec.dtype is None and np.dtype(leaf.dtype) != dtype and \
+                        np.issubdtype(dtype, np.floating):
+                    trees[which] = set_in(trees[which], keys, np.asarray(leaf).astype(dtype))
+    return trees["params"], trees["state"]
+
+
 def _value_info(onnx: Any, name: str, spec: Any) -> Any:
     shape = [str(d).replace(" ", "") if is_symbolic(d) else int(d) for d in spec.shape]
     return onnx.helper.make_tensor_value_info(name, to_code(spec.dtype), shape)
@@ -162,6 +235,13 @@ def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mappi
 
     Raises:
       mg.SerializationError: a layer with no ONNX form, named.
+      mg.ConfigError: an ``opset`` outside the operator sets written: 18 to the newest
+        the installed ``onnx`` knows (6 on for a graph of ``onnx`` family layers
+        alone, as ``from_onnx`` reads them).
+      mg.GraphError / mg.ShapeError / mg.DTypeError: ``params`` or ``state`` lacks a
+        weight of a layer, or holds one of another shape or dtype than the layer
+        takes (``apply``'s check), naming the layer and the weight; nothing is
+        written then.
 
     Example:
       >>> import jax
@@ -174,14 +254,15 @@ def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mappi
       >>> [node.name for node in proto.graph.node]
       ['/fc/MatMul', '/fc/Add', '/relu/Relu']
     """
-    writer = _Writer(opset)
+    writer = _Writer(_check_opset(graph, opset))
     onnx = writer.onnx
     inputs = [writer.fresh(name) for name in graph.inputs]
     for name, spec in zip(inputs, graph.input_specs):
         for axis, d in enumerate(spec.shape):
             if is_symbolic(d):
                 writer.dims.setdefault(str(d), (name, axis))
-    outputs = writer.graph(graph, inputs, params or {}, state or {}, "")
+    params, state = _checked_weights(graph, params, state)
+    outputs = writer.graph(graph, inputs, params, state, "")
     out_names = []
     for i, out in enumerate(outputs):
         if out in inputs or out in out_names or any(t.name == out for t in writer.initializers):

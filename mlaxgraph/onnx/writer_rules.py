@@ -182,10 +182,13 @@ def _batch_norm(w, node, args, weights, stats, path):
 
 
 def _embedding(w, node, args, weights, stats, path):
-    table = np.asarray(weights["embedding"])
-    if w.input_specs[0].is_float:  # embedding.attend(h): h @ table.T, the tied head
-        return w.node("MatMul", [args[0], w.constant(f"{path}.embedding_t", table.T)], path)
-    return w.node("Gather", [w.constant(f"{path}.embedding", table), args[0]], path, axis=0)
+    # one initializer for the lookup and a tied head (embedding.attend(h): h @ table.T,
+    # through a Transpose), as exporters write a tied table; read back as both
+    table = w.weight("embedding", f"{path}.embedding", np.asarray(weights["embedding"]))
+    if w.input_specs[0].is_float:
+        (transposed,) = w.node("Transpose", [table], path, part=True, perm=[1, 0])
+        return w.node("MatMul", [args[0], transposed], path, part=True)
+    return w.node("Gather", [table, args[0]], path, axis=0)
 
 
 def _causal_mask(w, node, args, weights, stats, path):
