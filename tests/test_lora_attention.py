@@ -194,8 +194,8 @@ def test_adapted_attention_reads_its_padding_mask():
 
 def test_adapted_attention_costs_and_displays_like_any_layer(tmp_path):
     """Every place that counts an adapted attention's FLOPs (the cost table, the explorer,
-    the diff page, Model Explorer's file, the memory planner) works on it; the counts
-    agree with XLA's, layer by layer."""
+    the diff page, Model Explorer's file, the memory planner, QLoRA's too) works on it;
+    the counts agree with XLA's, layer by layer."""
     g = _masked_graph()
     g2 = mg.lora(g, "attn/*", rank=2, alpha=4)
     table = mg.compile(g2).cost_table(batch=2)
@@ -209,6 +209,10 @@ def test_adapted_attention_costs_and_displays_like_any_layer(tmp_path):
     assert mg.show(g2, open_browser=False, batch=2)
     assert "attn.qkv" not in mg.diff_html(g, g2) and "attn.query.lora_A" in mg.diff_html(g, g2)
     assert g2.to_model_explorer(tmp_path / "g.json", batch=2)
-    plan = mg.compile(g2, memory_budget="1GB", dims={"batch": 2}).memory_plan()
+    # QLoRA: the planner's gradient step takes the int8 weights along, without gradients.
+    qlora = mg.lora(mg.quantize(g, "int8"), "attn/*", rank=2, alpha=4)
+    plan = mg.compile(qlora, memory_budget="1GB", dims={"batch": 2}).memory_plan()
     full = {o.path: o.recomputed_flops for o in plan.options if o.policy == "full"}
-    assert full["attn"] == next(row.flops for row in table if row.layer == "attn")
+    quantized = mg.compile(qlora).cost_table(batch=2, xla=False)
+    assert full["attn"] == next(row.flops for row in quantized if row.layer == "attn") > 0
+    assert plan.measured_peak > 0
