@@ -9,6 +9,7 @@ import pytest
 
 import mlaxgraph as mg
 from mlaxgraph import ops
+from mlaxgraph.adapters.lora import lora_targets
 
 D, HEADS, KV_HEADS, HEAD_DIM = 16, 4, 2, 4
 
@@ -119,10 +120,23 @@ def test_gpt2_attention_adapters_scan_and_stack():
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("targets, projections", [
+    (["attn", "attn/query"], ("query", "value")),
+    (["attn/query", "attn"], ("query", "value")),
+    (["attn", "attn/out"], ("query", "value", "out")),
+    (["attn/key", "a*"], ("query", "key", "value")),
+])
+def test_targets_naming_one_attention_adapt_what_they_ask_together(targets, projections):
+    assert lora_targets(_graph(), targets) == {"attn": projections}
+    assert mg.lora(_graph(), targets, rank=2).node("attn").op.adapters == projections
+
+
 def test_bad_attention_targets_are_errors():
     g = _graph()
     with pytest.raises(mg.ConfigError, match="choose one form"):
         mg.lora(g, ["attn/qkv", "attn/query"], rank=2)
+    with pytest.raises(mg.ConfigError, match="the attention itself asks for query and value"):
+        mg.lora(g, ["attn", "attn/qkv"], rank=2)
     with pytest.raises(mg.GraphError, match="no layer 'attn/quer'"):
         mg.lora(g, "attn/quer", rank=2)
     g2 = mg.lora(g, "attn", rank=2)

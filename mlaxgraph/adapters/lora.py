@@ -135,7 +135,8 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
     for other layers). ``<attention path>/<projection>`` names one projection
     (``query``, ``key``, ``value``, ``out``, or ``qkv`` for the three fused in one
     adapter); a pattern there (``*``) names query, key, value and out; the attention
-    layer itself its query and value."""
+    layer itself its query and value. A layer named by several targets gets what they
+    ask together (``["attn", "attn/out"]``: query, value and out)."""
     items = [targets] if isinstance(targets, str) else targets
     if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
         raise GraphError(f"lora takes a path, a glob pattern or a list of paths (what "
@@ -157,16 +158,19 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
                 continue
         plain.append(item)
     selection = targets if len(plain) == len(items) else plain  # as the user wrote it
-    for path in resolve_selection(graph, selection, "lora") if plain or not chosen else []:
-        if path not in chosen:
-            chosen[path] = list(DEFAULT_PROJECTIONS) if path in attention else []
+    plain_paths = resolve_selection(graph, selection, "lora") if plain or not chosen else []
+    for path in plain_paths:
+        # What each target asks, together: the attention itself asks its defaults.
+        chosen.setdefault(path, []).extend(DEFAULT_PROJECTIONS if path in attention else ())
     out = {}
     for path, names in chosen.items():
         projections = tuple(p for p in ADAPTABLE if p in names)
         if "qkv" in projections and len(projections) > 1 and set(projections) & {"query", "key", "value"}:
+            itself = "; naming the attention itself asks for query and value" \
+                if path in plain_paths else ""
             raise ConfigError(f"lora: {path!r} is asked for the fused 'qkv' adapter and for "
-                              f"separate ones ({', '.join(p for p in projections if p != 'qkv')}); "
-                              f"choose one form")
+                              f"separate ones ({', '.join(p for p in projections if p != 'qkv')})"
+                              f"{itself}; choose one form")
         out[path] = projections
     return out
 
