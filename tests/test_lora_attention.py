@@ -137,8 +137,14 @@ def test_bad_attention_targets_are_errors():
         mg.lora(g, ["attn/qkv", "attn/query"], rank=2)
     with pytest.raises(mg.ConfigError, match="the attention itself asks for query and value"):
         mg.lora(g, ["attn", "attn/qkv"], rank=2)
-    with pytest.raises(mg.GraphError, match="no layer 'attn/quer'"):
-        mg.lora(g, "attn/quer", rank=2)
+    for wrong, near in (("quer", "; near: attn/query"), ("q_proj", ". PyTorch"),
+                        ("c_attn", ". PyTorch"), ("Out", "; near: attn/out")):
+        with pytest.raises(mg.GraphError) as e:
+            mg.lora(g, f"attn/{wrong}", rank=2)
+        assert str(e.value).startswith(
+            f"lora('attn/{wrong}'): 'attn' names attention (MultiHeadAttention), and "
+            f"{wrong!r} is none of its projections: query, key, value, out, and qkv"), e.value
+        assert near in str(e.value)
     g2 = mg.lora(g, "attn", rank=2)
     with pytest.raises(mg.ConfigError, match="adapters already"):
         mg.lora(g2, "attn/query", rank=2)

@@ -12,6 +12,7 @@ one scan, the adapters stacked along the run like every block weight.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -156,6 +157,8 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
                 for path in layers:
                     chosen.setdefault(path, []).extend(names)
                 continue
+            if layers:  # inside an attention layer there are its projections alone
+                raise GraphError(_no_projection(item, head, tail))
         plain.append(item)
     selection = targets if len(plain) == len(items) else plain  # as the user wrote it
     plain_paths = resolve_selection(graph, selection, "lora") if plain or not chosen else []
@@ -173,6 +176,16 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
                               f"{itself}; choose one form")
         out[path] = projections
     return out
+
+
+def _no_projection(item: str, head: str, tail: str) -> str:
+    """The message for ``<attention>/<tail>`` where ``tail`` names no projection."""
+    close = difflib.get_close_matches(tail.lower(), ADAPTABLE, n=1, cutoff=0.5)
+    near = f"; near: {head}/{close[0]}" if close else ""
+    return (f"lora({item!r}): {head!r} names attention (MultiHeadAttention), and {tail!r} "
+            f"is none of its projections: query, key, value, out, and qkv (the three fused "
+            f"in one adapter, as on GPT-2's c_attn){near}. PyTorch's module names (q_proj, "
+            f"c_attn, ...) are what lora_from_peft reads")
 
 
 def _check_target(path: str, node: Node, source: SourceInfo | None) -> None:
