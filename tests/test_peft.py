@@ -146,6 +146,14 @@ def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
     ("target_modules", ["c_atn"], "names 'c_atn', which is no module.*near names: c_attn"),
     ("target_modules", ["ln_1"], "selects 'h.0.ln_1'.*op layer_norm"),
     ("modules_to_save", ["score"], "modules_to_save names 'score'"),
+    ("rank_pattern", {"c_atn": 2}, "rank_pattern key 'c_atn' matches none of the adapted "
+     "modules.*near names: c_attn"),
+    ("alpha_pattern", {"h.0.attn.c_attn": 2, "h.7.attn.c_attn": 2},
+     "alpha_pattern key 'h.7.attn.c_attn' matches none"),
+    ("rank_pattern", {"c_attn(": 2}, "key 'c_attn\\(' is not a regular expression"),
+    ("exclude_modules", ["c_attn"], r"exclude_modules \('c_attn',\) removes all 2 modules that "
+     r"target_modules \('c_attn',\) selects \(h.0.attn.c_attn, h.1.attn.c_attn\)"),
+    ("exclude_modules", ["c_atn"], "exclude_modules names 'c_atn', which is no module"),
     ("r", 0, "'r' = 0: must be an int"),
     ("lora_dropout", 1.5, "'lora_dropout' = 1.5"),
     ("peft_type", "IA3", "only LoRA"),
@@ -154,6 +162,24 @@ def test_fields_it_cannot_honour_are_named(tmp_path, field, value, words):
     folder = _folder(tmp_path, {"r": 2, "lora_alpha": 4, "target_modules": ["c_attn"], field: value}, {})
     with pytest.raises(mg.ConfigError, match=words):
         mg.lora_from_peft(mg.models.gpt2(GPT2), folder)
+
+
+def test_a_config_dict_is_read_as_its_file(gpt2_adapter):
+    """A dict of the fields (json.load of the file; PEFT's LoraConfig.to_dict() holds
+    target_modules as a set) gives the graph the folder gives."""
+    g, _, _, _, folder = gpt2_adapter
+    fields = json.loads((folder / "adapter_config.json").read_text())
+    assert mg.lora_from_peft(g, fields) == mg.lora_from_peft(g, folder)
+    as_set = {**fields, "target_modules": set(fields["target_modules"]), "rank_pattern": {"wte": 2}}
+    adapted = mg.lora_from_peft(g, as_set)
+    assert adapted.node("wte.lora_A").op.features == 2
+    assert adapted.node("h.0").op.subgraph().node("mlp.c_fc.lora_A").op.features == 4
+    with pytest.raises(mg.ConfigError, match="adapter config .dict.: field 'r' = 0"):
+        mg.lora_from_peft(g, {**fields, "r": 0})
+    with pytest.raises(mg.ConfigError, match="a folder, its adapter_config.json, or a dict"):
+        mg.lora_from_peft(g, 3)
+    with pytest.raises(mg.SerializationError, match="from a PEFT adapter folder"):
+        mg.models.load_state_dict(adapted, {}, adapter=fields)
 
 
 def test_bad_folders_are_errors(gpt2_adapter, tmp_path):

@@ -70,9 +70,15 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
     modules of the graph (``load_state_dict(..., adapter=folder)`` reads their weights).
     Then ``mg.models.load_state_dict(adapted, base, adapter=folder)`` gives the weights.
 
-    A field asking for what LoRA here does not do, an entry of ``target_modules`` or
-    ``modules_to_save`` that names no module, or a target that is not a Linear, Conv,
-    Embedding or attention projection is an ``mg.ConfigError`` naming it.
+    ``folder`` may also be the config itself, a dict of its fields (``json.load`` of
+    the file, or PEFT's ``LoraConfig(...).to_dict()``).
+
+    A field asking for what LoRA here does not do, an entry of ``target_modules``,
+    ``exclude_modules`` or ``modules_to_save`` that names no module, a key of
+    ``rank_pattern`` or ``alpha_pattern`` that matches no adapted module (PEFT would
+    ignore it), an ``exclude_modules`` that leaves nothing to adapt, or a target that is
+    not a Linear, Conv, Embedding or attention projection is an ``mg.ConfigError``
+    naming it.
     """
     if not isinstance(graph, Graph):
         raise GraphError(f"lora_from_peft works on a Graph, got {type(graph).__name__}")
@@ -86,20 +92,27 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
 
     if config.target_modules == "all-linear":
         heads = _outputs(unfold_scans(graph))
-        chosen = [k for k, (path, op) in modules.items()
-                  if ((op in _LINEAR and path not in heads) or op == "attention")
-                  and not _excluded(config, full(k))]
+        wanted = [k for k, (path, op) in modules.items()
+                  if (op in _LINEAR and path not in heads) or op == "attention"]
     else:
-        chosen = [k for k in keys if any(config.targets(name) for name in full(k))]
-        if isinstance(config.target_modules, tuple):
-            for name in config.target_modules:
-                if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
-                    raise ConfigError(f"{config.path}: target_modules names {name!r}, which is no "
-                                      f"module of graph {graph.name!r}{_near(name, keys)}")
+        wanted = [k for k in keys if any(config.selects(n) for n in full(k))]
+        _check_names(config, "target_modules", config.target_modules, keys, full, graph)
+    _check_names(config, "exclude_modules", config.exclude_modules, keys, full, graph)
+    chosen = [k for k in wanted if not any(config.excludes(n) for n in full(k))]
+    if wanted and not chosen:
+        raise ConfigError(f"{config.path}: exclude_modules {config.exclude_modules!r} removes "
+                          f"all {len(wanted)} modules that target_modules "
+                          f"{config.target_modules!r} selects ({', '.join(wanted[:4])}"
+                          f"{', ...' if len(wanted) > 4 else ''}); nothing would be adapted")
     if not chosen:
         raise ConfigError(f"{config.path}: target_modules {config.target_modules!r} matches no "
                           f"module of graph {graph.name!r}; modules such as "
                           f"{', '.join(keys[:6])}")
+    targeted = [full(k)[0] for k in chosen]
+    for field, pattern in config.unmatched_patterns(targeted):
+        raise ConfigError(f"{config.path}: {field} key {pattern!r} matches none of the adapted "
+                          f"modules (as PEFT matches it: the end of a name, at a dot), so it "
+                          f"would be ignored{_near(pattern, chosen)}")
     for name in config.modules_to_save:
         if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
             raise ConfigError(f"{config.path}: modules_to_save names {name!r}, which is no module "
@@ -121,13 +134,15 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
     return adapted
 
 
-def _excluded(config, names: tuple[str, ...]) -> bool:
-    exclude = config.exclude_modules
-    if exclude is None:
-        return False
-    if isinstance(exclude, str):
-        return any(re.fullmatch(exclude, n) is not None for n in names)
-    return any(n == e or n.endswith("." + e) for e in exclude for n in names)
+def _check_names(config, field: str, spec: Any, keys: list[str], full, graph: Graph) -> None:
+    """Each entry of a list of module names (``target_modules``, ``exclude_modules``)
+    names some module of ``graph``: a typo would be ignored otherwise."""
+    if not isinstance(spec, tuple):
+        return
+    for name in spec:
+        if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
+            raise ConfigError(f"{config.path}: {field} names {name!r}, which is no "
+                              f"module of graph {graph.name!r}{_near(name, keys)}")
 
 
 def _near(name: str, keys: list[str]) -> str:

@@ -221,6 +221,10 @@ def _load_from(graph, layout, layers, state_dict, strict, dtype):
 def _load_with_adapter(graph, layout, layers, state_dict, folder, strict, dtype):
     """The base weights from ``state_dict``, then the adapter's (and the modules it
     saves in full) from the PEFT folder."""
+    if not isinstance(folder, (str, os.PathLike)):
+        raise SerializationError(f"load_state_dict(adapter=...) reads the adapter's weights "
+                                 f"from a PEFT adapter folder (its {ADAPTER_WEIGHTS}); got "
+                                 f"{type(folder).__name__}")
     config = read_adapter_config(folder)
     adapters = [layer for layer in layers if layer.adapter]
     if not adapters:
