@@ -35,6 +35,12 @@ def _base(graph, seed=0):
     return mg.models.to_state_dict(graph, params, state)
 
 
+def _zeros(graph):
+    """Params of ``graph``'s shapes, zeros (nothing drawn or compiled)."""
+    shapes = jax.eval_shape(mg.compile(graph).init, jax.random.key(0))[0]
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
 def _apply(graph, params, state, ids):
     out, _ = mg.compile(graph).apply(params, state, ids, inference_mode=True)
     return np.asarray(out)
@@ -207,3 +213,27 @@ def test_bad_folders_are_errors(gpt2_adapter, tmp_path):
         mg.models.load_state_dict(adapted, base, adapter=pickled)
     with pytest.raises(mg.SerializationError, match="has no adapters"):
         mg.models.load_state_dict(g, base, adapter=folder)
+
+
+def test_adapters_with_different_dropouts_are_not_saved_as_one(tmp_path):
+    """PEFT's config has one lora_dropout: different ones are named, not silently
+    written as one; lora_dropout= chooses; an Embedding's adapter has none to count."""
+    g = mg.models.gpt2(GPT2)
+    mixed = mg.lora(mg.lora(g, "h.*/mlp.c_fc", rank=2, dropout=0.1), "h.*/attn/qkv", rank=2,
+                    dropout=0.3)
+    params = _zeros(mixed)
+    with pytest.raises(mg.SerializationError, match=r"different dropouts \(0.1 on transformer"
+                       r".h.0.mlp.c_fc, .*0.3 on transformer.h.0.attn.c_attn.*one lora_dropout"):
+        mg.models.save_adapter(mixed, params, tmp_path / "mixed")
+    assert not (tmp_path / "mixed").exists()
+    mg.models.save_adapter(mixed, params, tmp_path / "chosen", lora_dropout=0.3)
+    config = json.loads((tmp_path / "chosen" / "adapter_config.json").read_text())
+    assert config["lora_dropout"] == 0.3
+    assert mg.lora_from_peft(g, tmp_path / "chosen") == mg.lora(
+        g, ["h.*/mlp.c_fc", "h.*/attn/qkv"], rank=2, dropout=0.3)
+    with pytest.raises(mg.SerializationError, match="lora_dropout must be a number in"):
+        mg.models.save_adapter(mixed, params, tmp_path / "bad", lora_dropout=1.0)
+    one = mg.lora(g, ["wte", "h.*/mlp.c_fc"], rank=2, dropout=0.2)   # wte's adapter: no dropout
+    mg.models.save_adapter(one, _zeros(one), tmp_path / "one")
+    assert json.loads((tmp_path / "one" / "adapter_config.json").read_text())["lora_dropout"] == 0.2
+    assert mg.lora_from_peft(g, tmp_path / "one") == one

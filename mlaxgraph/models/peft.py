@@ -28,6 +28,7 @@ from ..ir.graph import Graph
 from ..ir.scan import unfold_scans
 from ..ir.surgery import layer_paths
 from ..ops.attention import MultiHeadAttention
+from ..ops.embedding import Embedding
 from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
 from .state_dict import to_state_dict
 from .torch_layout import layout_for
@@ -151,23 +152,48 @@ def _near(name: str, keys: list[str]) -> str:
     return f"; near names: {', '.join(close)}" if close else ""
 
 
+def _one_dropout(dropouts: dict[float, list[str]], given: Any) -> float:
+    """The ``lora_dropout`` to write: ``given``, or the adapters' one dropout."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, (int, float)) \
+                or not 0.0 <= given < 1.0:
+            raise SerializationError(f"save_adapter: lora_dropout must be a number in [0, 1), "
+                                     f"got {given!r}")
+        return float(given)
+    if len(dropouts) > 1:
+        listed = "; ".join(f"{rate:g} on {', '.join(keys[:2])}{', ...' if len(keys) > 2 else ''}"
+                           for rate, keys in sorted(dropouts.items()))
+        raise SerializationError(
+            f"save_adapter: the adapters have different dropouts ({listed}), and PEFT's "
+            f"adapter_config.json has one lora_dropout for every module (no per-module "
+            f"pattern); pass lora_dropout= to write one of them (dropout acts in training "
+            f"only), or adapt with one dropout")
+    return next(iter(dropouts), 0.0)
+
+
 def save_adapter(graph: Graph, params: Any, folder: Any, *,
-                 base_model_name_or_path: str | None = None) -> None:
+                 base_model_name_or_path: str | None = None,
+                 lora_dropout: float | None = None) -> None:
     """Writes the LoRA adapters of ``graph`` (made by ``mg.lora`` or
     ``mg.lora_from_peft``) with their weights ``params`` (the adapted graph's, unscanned)
     as a PEFT adapter folder: ``adapter_model.safetensors`` (PEFT's names and layouts,
     each file written atomically) and ``adapter_config.json`` (``target_modules`` the
     adapted modules by full name, ``r`` and ``lora_alpha`` the most common ones and
-    ``rank_pattern``/``alpha_pattern`` the others, ``lora_dropout`` if one is set).
-    ``PeftModel.from_pretrained(model, folder)`` loads it.
+    ``rank_pattern``/``alpha_pattern`` the others, ``lora_dropout`` the adapters'
+    dropout). ``PeftModel.from_pretrained(model, folder)`` loads it.
+
+    PEFT has one ``lora_dropout`` for every module (no per-module pattern, as for ranks
+    and alphas), so adapters with different dropouts are an ``mg.SerializationError``
+    naming them, unless ``lora_dropout=`` gives the one value to write (dropout acts in
+    training only; the weights are written as they are). An Embedding's adapter has no
+    dropout (its input is ids) and does not count.
     """
     layout = layout_for(graph.name)
-    weights = to_state_dict(graph, params, adapter_only=True)
     flat = unfold_scans(graph)
     nodes = dict(layer_paths(flat))
     modules = {path: key for key, (path, _) in peft_modules(graph).items()}
     settings: dict[str, tuple[int, float]] = {}
-    dropout = 0.0
+    dropouts: dict[float, list[str]] = collections.defaultdict(list)
     for path, node in nodes.items():
         if not path.endswith(".lora_A"):
             continue
@@ -180,10 +206,13 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
         scale = nodes[target + ".lora_scale"].op.constant  # type: ignore[attr-defined]
         settings[layout.model_prefix + key] = (rank, float(scale) * rank)
         drop = nodes.get(target + ".lora_dropout")
-        if drop is not None:
-            dropout = float(drop.op.rate)  # type: ignore[attr-defined]
+        if not isinstance(getattr(nodes.get(target), "op", None), Embedding):
+            rate = 0.0 if drop is None else float(drop.op.rate)  # type: ignore[attr-defined]
+            dropouts[rate].append(layout.model_prefix + key)
     if not settings:
         raise SerializationError(f"save_adapter: graph {graph.name!r} has no LoRA adapters")
+    dropout = _one_dropout(dropouts, lora_dropout)
+    weights = to_state_dict(graph, params, adapter_only=True)
     (rank, alpha), _ = collections.Counter(settings.values()).most_common(1)[0]
     config = {
         "peft_type": "LORA", "base_model_name_or_path": base_model_name_or_path,
