@@ -22,7 +22,7 @@ from ..ir.graph import Graph
 from ..ir.node import Node, Value
 from ..ir.rewrite import Rewrite, Rule, rewrite
 from ..ir.scan import unfold_scans
-from ..ir.surgery import is_pattern, layer_paths, path_matcher, resolve_selection
+from ..ir.surgery import is_pattern, layer_paths, path_matcher, resolve_selection, select
 from ..ir.verify import verify
 from ..ops import initializers
 from ..ops.attention import ADAPTABLE, MultiHeadAttention
@@ -142,8 +142,8 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
     if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
         raise GraphError(f"lora takes a path, a glob pattern or a list of paths (what "
                          f"select returns), got {targets!r}")
-    attention = [path for path, node in layer_paths(graph)
-                 if isinstance(node.op, MultiHeadAttention)]
+    known = dict(layer_paths(graph))
+    attention = [path for path, node in known.items() if isinstance(node.op, MultiHeadAttention)]
     chosen: dict[str, list[str]] = {}
     plain = []
     for item in items:
@@ -157,7 +157,8 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
                 for path in layers:
                     chosen.setdefault(path, []).extend(names)
                 continue
-            if layers:  # inside an attention layer there are its projections alone
+            if layers and not (select(graph, item) if is_pattern(item) else item in known):
+                # inside an attention layer there are its projections alone
                 raise GraphError(_no_projection(item, head, tail))
         plain.append(item)
     selection = targets if len(plain) == len(items) else plain  # as the user wrote it
