@@ -114,7 +114,7 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
     chosen = lora_targets(graph, targets)
     nodes = dict(layer_paths(graph))
     for path, projections in chosen.items():
-        _check_target(path, nodes[path], source)
+        _check_target(path, nodes[path], source, nodes)
         op: Any = nodes[path].op
         if isinstance(op, MultiHeadAttention) and (
                 set(op.adapters) & set(projections)
@@ -189,8 +189,19 @@ def _no_projection(item: str, head: str, tail: str) -> str:
             f"c_attn, ...) are what lora_from_peft reads")
 
 
-def _check_target(path: str, node: Node, source: SourceInfo | None) -> None:
+def _check_target(path: str, node: Node, source: SourceInfo | None,
+                  nodes: Mapping[str, Node]) -> None:
     op = node.op
+    if _is_adapter(path):
+        base = path.rsplit(".lora_", 1)[0]
+        owner, _, projection = base.rpartition(".")
+        if base not in nodes and isinstance(getattr(nodes.get(owner), "op", None), MultiHeadAttention):
+            base = f"{owner}/{projection}"
+        raise ConfigError(node_message(
+            path, op.op_name,
+            f"this is a LoRA adapter's own layer, not a layer of the model; select the layer "
+            f"it adapts ({base!r}) or others, leaving out '*.lora_*' (to adapt it again, "
+            f"merge_lora folds the adapters in first)", source=source))
     if op.op_name not in ADAPTED_OPS + QUANTIZED_ADAPTED_OPS:
         raise ConfigError(node_message(
             path, op.op_name,
