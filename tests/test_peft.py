@@ -237,3 +237,35 @@ def test_adapters_with_different_dropouts_are_not_saved_as_one(tmp_path):
     mg.models.save_adapter(one, _zeros(one), tmp_path / "one")
     assert json.loads((tmp_path / "one" / "adapter_config.json").read_text())["lora_dropout"] == 0.2
     assert mg.lora_from_peft(g, tmp_path / "one") == one
+
+
+def test_qlora_reads_the_float_base_and_its_peft_adapter(gpt2_adapter, tmp_path):
+    """A quantized graph reads a float state dict (and a PEFT folder): the float weights,
+    quantized by absmax as NumPy computes it here; its adapters save under the float
+    model's names. Writing the quantized weights as a PyTorch state dict is refused."""
+    g, base, _, weights, folder = gpt2_adapter
+    qlora = mg.lora_from_peft(mg.quantize(g, "int8"), folder)
+    params, state = mg.models.load_state_dict(qlora, base, adapter=folder)
+    w = np.asarray(base["h.1.mlp.c_fc.weight"], np.float32)   # Conv1D: (in, out), as ours
+    scale = np.abs(w).max(axis=0) / 127
+    np.testing.assert_array_equal(np.asarray(params["h.1"]["mlp.c_fc"]["kernel"]),
+                                  np.round(w / scale).astype(np.int8))
+    np.testing.assert_allclose(np.asarray(params["h.1"]["mlp.c_fc"]["kernel_scale"]), scale,
+                               rtol=1e-6)
+    a = weights["base_model.model.transformer.h.0.attn.c_attn.lora_A.weight"]
+    np.testing.assert_allclose(np.asarray(params["h.0"]["attn.qkv.lora_A"]["kernel"]), a.T,
+                               rtol=1e-6)
+    mg.models.save_adapter(qlora, params, tmp_path / "again")
+    written = load_file(str(tmp_path / "again" / "adapter_model.safetensors"))
+    assert sorted(written) == sorted(weights)
+    np.testing.assert_allclose(written["base_model.model.transformer.wte.lora_embedding_A"],
+                               weights["base_model.model.transformer.wte.lora_embedding_A"],
+                               rtol=1e-6)
+    with pytest.raises(mg.SerializationError, match=r"to_state_dict: layer '.*' \(quantize.*"
+                       r"is quantized.*the graph before mg.quantize"):
+        mg.models.to_state_dict(qlora, params, state)
+    # without an adapter: what the float route gives (load float, then quantize_weights)
+    qg = mg.quantize(g, "int8")
+    got = mg.models.load_state_dict(qg, base)
+    jax.tree.map(np.testing.assert_array_equal, got,
+                 mg.quantize_weights(qg, *mg.models.load_state_dict(g, base)))

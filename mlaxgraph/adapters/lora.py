@@ -34,6 +34,7 @@ from ..ops.embedding import Embedding
 from ..ops.embedding import normal as normal_init
 from ..ops.initializers import lora_a_uniform, lora_a_uniform_conv
 from ..ops.linear import Linear
+from ..ops.quantize import Quantize
 
 __all__ = ["lora", "lora_params", "lora_targets", "lora_a_uniform", "lora_a_uniform_conv"]
 
@@ -288,9 +289,11 @@ class _Lora(Rule):
             return self._emit(rewrite, name + suffix, op, inputs)
 
         x = node.inputs[0]
-        if getattr(node.op, "quantizes_inputs", False):
-            # A quantized layer's adapter reads the float input, not its Quantize node's cast.
-            x = next(n for n in reversed(rewrite.nodes) if n.name == x.node).inputs[0]
+        producer = next((n for n in reversed(rewrite.nodes) if n.name == x.node), None)
+        if producer is not None and isinstance(producer.op, Quantize):
+            # A quantized layer's adapter reads the float input, not its Quantize node's
+            # cast (an int8 embedding looking ids up has none: it reads the ids).
+            x = producer.inputs[0]
         if isinstance(node.op, Embedding):
             a = emit(".lora_A", Embedding(node.op.num_embeddings, self.rank, dtype=node.op.dtype,
                                           embedding_init=initializers.zeros,

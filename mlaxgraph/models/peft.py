@@ -31,7 +31,7 @@ from ..ops.attention import MultiHeadAttention
 from ..ops.embedding import Embedding
 from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
 from .state_dict import to_state_dict
-from .torch_layout import layout_for
+from .torch_layout import float_name, layout_for
 
 __all__ = ["lora_from_peft", "save_adapter", "peft_modules"]
 
@@ -42,8 +42,9 @@ _ADAPTABLE = ("linear", "embedding", "conv")
 
 def peft_modules(graph: Graph) -> dict[str, tuple[str, str]]:
     """Each module name of ``graph`` (as PyTorch would name it, without the model
-    class's prefix) -> (the path ``mg.lora`` takes, the op's name); attention layers
-    give one module per projection (``op`` is then ``"attention"``)."""
+    class's prefix) -> (the path ``mg.lora`` takes, the op's name: a quantized layer's
+    float op's); attention layers give one module per projection (``op`` is then
+    ``"attention"``)."""
     layout = layout_for(graph.name)
     out: dict[str, tuple[str, str]] = {}
     for path, node in layer_paths(unfold_scans(graph)):
@@ -51,8 +52,8 @@ def peft_modules(graph: Graph) -> dict[str, tuple[str, str]]:
         if isinstance(node.op, MultiHeadAttention):
             for ours, theirs in layout.attention:
                 out[f"{module}.{theirs}"] = (f"{path}/{ours}", "attention")
-        else:
-            out[module] = (path, node.op.op_name)
+        else:  # a quantized layer (QLoRA) as its float layer: PEFT adapts it alike
+            out[module] = (path, float_name(node.op) or node.op.op_name)
     return out
 
 
