@@ -239,6 +239,16 @@ def test_bad_input_is_an_error_naming_it(gpt2):
         mg.lora(g, "h.*/ln_1", rank=2)
     with pytest.raises(mg.ConfigError, match="adapter already"):
         mg.lora(mg.lora(g, "h.0/mlp.c_fc", rank=2), "h.0/mlp.c_fc", rank=2)
+    adapted = mg.lora(g, ["h.0/mlp.c_fc", "h.0/attn/qkv"], rank=2)
+    for pattern, own, base in (("h.0/mlp.*.lora_A", "h.0/mlp.c_fc.lora_A", "h.0/mlp.c_fc"),
+                               ("h.0/attn.*.lora_B", "h.0/attn.qkv.lora_B", "h.0/attn/qkv")):
+        with pytest.raises(mg.ConfigError) as e:
+            mg.lora(adapted, pattern, rank=2)
+        assert str(e.value).startswith(f"layer {own!r} (op linear): this is a LoRA adapter's own "
+                                       f"layer, not a layer of the model; select the layer it "
+                                       f"adapts ({base!r})"), e.value
+    with pytest.raises(mg.ConfigError, match="'h.0/attn.qkv.lora_A' .* a LoRA adapter's own"):
+        mg.lora(adapted, "**/*.lora_A", rank=2)
 
 
 # --- Conv -------------------------------------------------------------------------------

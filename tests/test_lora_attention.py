@@ -9,6 +9,7 @@ import pytest
 
 import mlaxgraph as mg
 from mlaxgraph import ops
+from mlaxgraph.adapters.lora import lora_targets
 
 D, HEADS, KV_HEADS, HEAD_DIM = 16, 4, 2, 4
 
@@ -119,12 +120,31 @@ def test_gpt2_attention_adapters_scan_and_stack():
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("targets, projections", [
+    (["attn", "attn/query"], ("query", "value")),
+    (["attn/query", "attn"], ("query", "value")),
+    (["attn", "attn/out"], ("query", "value", "out")),
+    (["attn/key", "a*"], ("query", "key", "value")),
+])
+def test_targets_naming_one_attention_adapt_what_they_ask_together(targets, projections):
+    assert lora_targets(_graph(), targets) == {"attn": projections}
+    assert mg.lora(_graph(), targets, rank=2).node("attn").op.adapters == projections
+
+
 def test_bad_attention_targets_are_errors():
     g = _graph()
     with pytest.raises(mg.ConfigError, match="choose one form"):
         mg.lora(g, ["attn/qkv", "attn/query"], rank=2)
-    with pytest.raises(mg.GraphError, match="no layer 'attn/quer'"):
-        mg.lora(g, "attn/quer", rank=2)
+    with pytest.raises(mg.ConfigError, match="the attention itself asks for query and value"):
+        mg.lora(g, ["attn", "attn/qkv"], rank=2)
+    for wrong, near in (("quer", "; near: attn/query"), ("q_proj", ". PyTorch"),
+                        ("c_attn", ". PyTorch"), ("Out", "; near: attn/out")):
+        with pytest.raises(mg.GraphError) as e:
+            mg.lora(g, f"attn/{wrong}", rank=2)
+        assert str(e.value).startswith(
+            f"lora('attn/{wrong}'): 'attn' names attention (MultiHeadAttention), and "
+            f"{wrong!r} is none of its projections: query, key, value, out, and qkv"), e.value
+        assert near in str(e.value)
     g2 = mg.lora(g, "attn", rank=2)
     with pytest.raises(mg.ConfigError, match="adapters already"):
         mg.lora(g2, "attn/query", rank=2)
@@ -151,3 +171,68 @@ def test_scanned_base_weights_are_reused_and_adapted_models_save(tmp_path):
     assert loaded == g2
     out, _ = mg.compile(loaded).apply(lp, ls, ids, inference_mode=True)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def _masked_graph():
+    """Causal grouped-query attention reading a key-padding mask (Hugging Face's
+    ``attention_mask``: 1 attends, 0 is padding)."""
+    x = mg.Input(("batch", 6, D), name="x")
+    mask = mg.Input(("batch", 6), dtype="int32", name="attention_mask")
+    attention = ops.MultiHeadAttention(HEADS, HEAD_DIM, num_kv_heads=KV_HEADS, causal=True,
+                                       name="attn")
+    return mg.Graph([x, mask], ops.Linear(3, name="head")(attention(x, mask=mask)), name="net")
+
+
+def test_adapted_attention_reads_its_padding_mask():
+    """The key-padding mask still applies once adapters feed the attention extra inputs."""
+    g2 = mg.lora(_masked_graph(), "attn", rank=2, alpha=4)
+    params, state = mg.compile(g2).init(jax.random.key(0))
+    params = _random(params, jax.random.key(1))
+    x = np.asarray(jax.random.normal(jax.random.key(2), (2, 6, D)))
+    padding = np.array([[1] * 6, [1, 1, 1, 0, 0, 0]], np.int32)
+    out, _ = mg.compile(g2).apply(params, state, x, padding)
+
+    p = jax.tree.map(lambda w: np.asarray(w, np.float64), params["attn"])
+    for name in ("query", "value"):
+        a = np.asarray(params[f"attn.{name}.lora_A"]["kernel"], np.float64)
+        b = np.asarray(params[f"attn.{name}.lora_B"]["kernel"], np.float64)
+        p[name]["kernel"] = p[name]["kernel"] + (2.0 * a @ b).reshape(p[name]["kernel"].shape)
+    xd = x.astype(np.float64)
+    q, k, v = (np.einsum("bld,dhk->blhk", xd, p[n]["kernel"]) + p[n]["bias"]
+               for n in ("query", "key", "value"))
+    k, v = np.repeat(k, HEADS // KV_HEADS, axis=2), np.repeat(v, HEADS // KV_HEADS, axis=2)
+    scores = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(HEAD_DIM)
+    allowed = np.tril(np.ones((6, 6), bool))[None, None] & (padding[:, None, None, :] == 1)
+    scores = np.where(allowed, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    y = np.einsum("bqhk,hko->bqo", np.einsum("bhqs,bshk->bqhk", weights, v),
+                  p["out"]["kernel"]) + p["out"]["bias"]
+    want = y @ np.asarray(params["head"]["kernel"], np.float64) + np.asarray(params["head"]["bias"])
+    np.testing.assert_allclose(np.asarray(out), want, rtol=2e-4, atol=2e-4)
+
+
+def test_adapted_attention_costs_and_displays_like_any_layer(tmp_path):
+    """Every place that counts an adapted attention's FLOPs (the cost table, the explorer,
+    the diff page, Model Explorer's file, the memory planner, QLoRA's too) works on it;
+    the counts agree with XLA's, layer by layer."""
+    g = _masked_graph()
+    g2 = mg.lora(g, "attn/*", rank=2, alpha=4)
+    table = mg.compile(g2).cost_table(batch=2)
+    assert {row.layer for row in table} >= {"attn", "attn.query.lora_A", "attn.out.lora"}
+    for row in table:
+        assert row.flops == pytest.approx(row.xla_flops, rel=0.05), row
+    assert table.flops == pytest.approx(table.xla_total, rel=0.05)
+    assert "attn.value.lora_A" in g2._repr_html_()
+    g2.to_html(tmp_path / "g.html")
+    assert "attn.key.lora_B" in (tmp_path / "g.html").read_text()
+    assert mg.show(g2, open_browser=False, batch=2)
+    assert "attn.qkv" not in mg.diff_html(g, g2) and "attn.query.lora_A" in mg.diff_html(g, g2)
+    assert g2.to_model_explorer(tmp_path / "g.json", batch=2)
+    # QLoRA: the planner's gradient step takes the int8 weights along, without gradients.
+    qlora = mg.lora(mg.quantize(g, "int8"), "attn/*", rank=2, alpha=4)
+    plan = mg.compile(qlora, memory_budget="1GB", dims={"batch": 2}).memory_plan()
+    full = {o.path: o.recomputed_flops for o in plan.options if o.policy == "full"}
+    quantized = mg.compile(qlora).cost_table(batch=2, xla=False)
+    assert full["attn"] == next(row.flops for row in quantized if row.layer == "attn") > 0
+    assert plan.measured_peak > 0

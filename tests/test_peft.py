@@ -35,6 +35,12 @@ def _base(graph, seed=0):
     return mg.models.to_state_dict(graph, params, state)
 
 
+def _zeros(graph):
+    """Params of ``graph``'s shapes, zeros (nothing drawn or compiled)."""
+    shapes = jax.eval_shape(mg.compile(graph).init, jax.random.key(0))[0]
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
 def _apply(graph, params, state, ids):
     out, _ = mg.compile(graph).apply(params, state, ids, inference_mode=True)
     return np.asarray(out)
@@ -146,6 +152,14 @@ def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
     ("target_modules", ["c_atn"], "names 'c_atn', which is no module.*near names: c_attn"),
     ("target_modules", ["ln_1"], "selects 'h.0.ln_1'.*op layer_norm"),
     ("modules_to_save", ["score"], "modules_to_save names 'score'"),
+    ("rank_pattern", {"c_atn": 2}, "rank_pattern key 'c_atn' matches none of the adapted "
+     "modules.*near names: c_attn"),
+    ("alpha_pattern", {"h.0.attn.c_attn": 2, "h.7.attn.c_attn": 2},
+     "alpha_pattern key 'h.7.attn.c_attn' matches none"),
+    ("rank_pattern", {"c_attn(": 2}, "key 'c_attn\\(' is not a regular expression"),
+    ("exclude_modules", ["c_attn"], r"exclude_modules \('c_attn',\) removes all 2 modules that "
+     r"target_modules \('c_attn',\) selects \(h.0.attn.c_attn, h.1.attn.c_attn\)"),
+    ("exclude_modules", ["c_atn"], "exclude_modules names 'c_atn', which is no module"),
     ("r", 0, "'r' = 0: must be an int"),
     ("lora_dropout", 1.5, "'lora_dropout' = 1.5"),
     ("peft_type", "IA3", "only LoRA"),
@@ -154,6 +168,24 @@ def test_fields_it_cannot_honour_are_named(tmp_path, field, value, words):
     folder = _folder(tmp_path, {"r": 2, "lora_alpha": 4, "target_modules": ["c_attn"], field: value}, {})
     with pytest.raises(mg.ConfigError, match=words):
         mg.lora_from_peft(mg.models.gpt2(GPT2), folder)
+
+
+def test_a_config_dict_is_read_as_its_file(gpt2_adapter):
+    """A dict of the fields (json.load of the file; PEFT's LoraConfig.to_dict() holds
+    target_modules as a set) gives the graph the folder gives."""
+    g, _, _, _, folder = gpt2_adapter
+    fields = json.loads((folder / "adapter_config.json").read_text())
+    assert mg.lora_from_peft(g, fields) == mg.lora_from_peft(g, folder)
+    as_set = {**fields, "target_modules": set(fields["target_modules"]), "rank_pattern": {"wte": 2}}
+    adapted = mg.lora_from_peft(g, as_set)
+    assert adapted.node("wte.lora_A").op.features == 2
+    assert adapted.node("h.0").op.subgraph().node("mlp.c_fc.lora_A").op.features == 4
+    with pytest.raises(mg.ConfigError, match="adapter config .dict.: field 'r' = 0"):
+        mg.lora_from_peft(g, {**fields, "r": 0})
+    with pytest.raises(mg.ConfigError, match="a folder, its adapter_config.json, or a dict"):
+        mg.lora_from_peft(g, 3)
+    with pytest.raises(mg.SerializationError, match="from a PEFT adapter folder"):
+        mg.models.load_state_dict(adapted, {}, adapter=fields)
 
 
 def test_bad_folders_are_errors(gpt2_adapter, tmp_path):
@@ -181,3 +213,59 @@ def test_bad_folders_are_errors(gpt2_adapter, tmp_path):
         mg.models.load_state_dict(adapted, base, adapter=pickled)
     with pytest.raises(mg.SerializationError, match="has no adapters"):
         mg.models.load_state_dict(g, base, adapter=folder)
+
+
+def test_adapters_with_different_dropouts_are_not_saved_as_one(tmp_path):
+    """PEFT's config has one lora_dropout: different ones are named, not silently
+    written as one; lora_dropout= chooses; an Embedding's adapter has none to count."""
+    g = mg.models.gpt2(GPT2)
+    mixed = mg.lora(mg.lora(g, "h.*/mlp.c_fc", rank=2, dropout=0.1), "h.*/attn/qkv", rank=2,
+                    dropout=0.3)
+    params = _zeros(mixed)
+    with pytest.raises(mg.SerializationError, match=r"different dropouts \(0.1 on transformer"
+                       r".h.0.mlp.c_fc, .*0.3 on transformer.h.0.attn.c_attn.*one lora_dropout"):
+        mg.models.save_adapter(mixed, params, tmp_path / "mixed")
+    assert not (tmp_path / "mixed").exists()
+    mg.models.save_adapter(mixed, params, tmp_path / "chosen", lora_dropout=0.3)
+    config = json.loads((tmp_path / "chosen" / "adapter_config.json").read_text())
+    assert config["lora_dropout"] == 0.3
+    assert mg.lora_from_peft(g, tmp_path / "chosen") == mg.lora(
+        g, ["h.*/mlp.c_fc", "h.*/attn/qkv"], rank=2, dropout=0.3)
+    with pytest.raises(mg.SerializationError, match="lora_dropout must be a number in"):
+        mg.models.save_adapter(mixed, params, tmp_path / "bad", lora_dropout=1.0)
+    one = mg.lora(g, ["wte", "h.*/mlp.c_fc"], rank=2, dropout=0.2)   # wte's adapter: no dropout
+    mg.models.save_adapter(one, _zeros(one), tmp_path / "one")
+    assert json.loads((tmp_path / "one" / "adapter_config.json").read_text())["lora_dropout"] == 0.2
+    assert mg.lora_from_peft(g, tmp_path / "one") == one
+
+
+def test_qlora_reads_the_float_base_and_its_peft_adapter(gpt2_adapter, tmp_path):
+    """A quantized graph reads a float state dict (and a PEFT folder): the float weights,
+    quantized by absmax as NumPy computes it here; its adapters save under the float
+    model's names. Writing the quantized weights as a PyTorch state dict is refused."""
+    g, base, _, weights, folder = gpt2_adapter
+    qlora = mg.lora_from_peft(mg.quantize(g, "int8"), folder)
+    params, state = mg.models.load_state_dict(qlora, base, adapter=folder)
+    w = np.asarray(base["h.1.mlp.c_fc.weight"], np.float32)   # Conv1D: (in, out), as ours
+    scale = np.abs(w).max(axis=0) / 127
+    np.testing.assert_array_equal(np.asarray(params["h.1"]["mlp.c_fc"]["kernel"]),
+                                  np.round(w / scale).astype(np.int8))
+    np.testing.assert_allclose(np.asarray(params["h.1"]["mlp.c_fc"]["kernel_scale"]), scale,
+                               rtol=1e-6)
+    a = weights["base_model.model.transformer.h.0.attn.c_attn.lora_A.weight"]
+    np.testing.assert_allclose(np.asarray(params["h.0"]["attn.qkv.lora_A"]["kernel"]), a.T,
+                               rtol=1e-6)
+    mg.models.save_adapter(qlora, params, tmp_path / "again")
+    written = load_file(str(tmp_path / "again" / "adapter_model.safetensors"))
+    assert sorted(written) == sorted(weights)
+    np.testing.assert_allclose(written["base_model.model.transformer.wte.lora_embedding_A"],
+                               weights["base_model.model.transformer.wte.lora_embedding_A"],
+                               rtol=1e-6)
+    with pytest.raises(mg.SerializationError, match=r"to_state_dict: layer '.*' \(quantize.*"
+                       r"is quantized.*the graph before mg.quantize"):
+        mg.models.to_state_dict(qlora, params, state)
+    # without an adapter: what the float route gives (load float, then quantize_weights)
+    qg = mg.quantize(g, "int8")
+    got = mg.models.load_state_dict(qg, base)
+    jax.tree.map(np.testing.assert_array_equal, got,
+                 mg.quantize_weights(qg, *mg.models.load_state_dict(g, base)))

@@ -12,6 +12,7 @@ one scan, the adapters stacked along the run like every block weight.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -21,7 +22,7 @@ from ..ir.graph import Graph
 from ..ir.node import Node, Value
 from ..ir.rewrite import Rewrite, Rule, rewrite
 from ..ir.scan import unfold_scans
-from ..ir.surgery import is_pattern, layer_paths, path_matcher, resolve_selection
+from ..ir.surgery import is_pattern, layer_paths, path_matcher, resolve_selection, select
 from ..ir.verify import verify
 from ..ops import initializers
 from ..ops.attention import ADAPTABLE, MultiHeadAttention
@@ -33,6 +34,7 @@ from ..ops.embedding import Embedding
 from ..ops.embedding import normal as normal_init
 from ..ops.initializers import lora_a_uniform, lora_a_uniform_conv
 from ..ops.linear import Linear
+from ..ops.quantize import Quantize
 
 __all__ = ["lora", "lora_params", "lora_targets", "lora_a_uniform", "lora_a_uniform_conv"]
 
@@ -113,7 +115,7 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
     chosen = lora_targets(graph, targets)
     nodes = dict(layer_paths(graph))
     for path, projections in chosen.items():
-        _check_target(path, nodes[path], source)
+        _check_target(path, nodes[path], source, nodes)
         op: Any = nodes[path].op
         if isinstance(op, MultiHeadAttention) and (
                 set(op.adapters) & set(projections)
@@ -135,13 +137,14 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
     for other layers). ``<attention path>/<projection>`` names one projection
     (``query``, ``key``, ``value``, ``out``, or ``qkv`` for the three fused in one
     adapter); a pattern there (``*``) names query, key, value and out; the attention
-    layer itself its query and value."""
+    layer itself its query and value. A layer named by several targets gets what they
+    ask together (``["attn", "attn/out"]``: query, value and out)."""
     items = [targets] if isinstance(targets, str) else targets
     if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
         raise GraphError(f"lora takes a path, a glob pattern or a list of paths (what "
                          f"select returns), got {targets!r}")
-    attention = [path for path, node in layer_paths(graph)
-                 if isinstance(node.op, MultiHeadAttention)]
+    known = dict(layer_paths(graph))
+    attention = [path for path, node in known.items() if isinstance(node.op, MultiHeadAttention)]
     chosen: dict[str, list[str]] = {}
     plain = []
     for item in items:
@@ -155,24 +158,51 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
                 for path in layers:
                     chosen.setdefault(path, []).extend(names)
                 continue
+            if layers and not (select(graph, item) if is_pattern(item) else item in known):
+                # inside an attention layer there are its projections alone
+                raise GraphError(_no_projection(item, head, tail))
         plain.append(item)
     selection = targets if len(plain) == len(items) else plain  # as the user wrote it
-    for path in resolve_selection(graph, selection, "lora") if plain or not chosen else []:
-        if path not in chosen:
-            chosen[path] = list(DEFAULT_PROJECTIONS) if path in attention else []
+    plain_paths = resolve_selection(graph, selection, "lora") if plain or not chosen else []
+    for path in plain_paths:
+        # What each target asks, together: the attention itself asks its defaults.
+        chosen.setdefault(path, []).extend(DEFAULT_PROJECTIONS if path in attention else ())
     out = {}
     for path, names in chosen.items():
         projections = tuple(p for p in ADAPTABLE if p in names)
         if "qkv" in projections and len(projections) > 1 and set(projections) & {"query", "key", "value"}:
+            itself = "; naming the attention itself asks for query and value" \
+                if path in plain_paths else ""
             raise ConfigError(f"lora: {path!r} is asked for the fused 'qkv' adapter and for "
-                              f"separate ones ({', '.join(p for p in projections if p != 'qkv')}); "
-                              f"choose one form")
+                              f"separate ones ({', '.join(p for p in projections if p != 'qkv')})"
+                              f"{itself}; choose one form")
         out[path] = projections
     return out
 
 
-def _check_target(path: str, node: Node, source: SourceInfo | None) -> None:
+def _no_projection(item: str, head: str, tail: str) -> str:
+    """The message for ``<attention>/<tail>`` where ``tail`` names no projection."""
+    close = difflib.get_close_matches(tail.lower(), ADAPTABLE, n=1, cutoff=0.5)
+    near = f"; near: {head}/{close[0]}" if close else ""
+    return (f"lora({item!r}): {head!r} names attention (MultiHeadAttention), and {tail!r} "
+            f"is none of its projections: query, key, value, out, and qkv (the three fused "
+            f"in one adapter, as on GPT-2's c_attn){near}. PyTorch's module names (q_proj, "
+            f"c_attn, ...) are what lora_from_peft reads")
+
+
+def _check_target(path: str, node: Node, source: SourceInfo | None,
+                  nodes: Mapping[str, Node]) -> None:
     op = node.op
+    if _is_adapter(path):
+        base = path.rsplit(".lora_", 1)[0]
+        owner, _, projection = base.rpartition(".")
+        if base not in nodes and isinstance(getattr(nodes.get(owner), "op", None), MultiHeadAttention):
+            base = f"{owner}/{projection}"
+        raise ConfigError(node_message(
+            path, op.op_name,
+            f"this is a LoRA adapter's own layer, not a layer of the model; select the layer "
+            f"it adapts ({base!r}) or others, leaving out '*.lora_*' (to adapt it again, "
+            f"merge_lora folds the adapters in first)", source=source))
     if op.op_name not in ADAPTED_OPS + QUANTIZED_ADAPTED_OPS:
         raise ConfigError(node_message(
             path, op.op_name,
@@ -259,9 +289,11 @@ class _Lora(Rule):
             return self._emit(rewrite, name + suffix, op, inputs)
 
         x = node.inputs[0]
-        if getattr(node.op, "quantizes_inputs", False):
-            # A quantized layer's adapter reads the float input, not its Quantize node's cast.
-            x = next(n for n in reversed(rewrite.nodes) if n.name == x.node).inputs[0]
+        producer = next((n for n in reversed(rewrite.nodes) if n.name == x.node), None)
+        if producer is not None and isinstance(producer.op, Quantize):
+            # A quantized layer's adapter reads the float input, not its Quantize node's
+            # cast (an int8 embedding looking ids up has none: it reads the ids).
+            x = producer.inputs[0]
         if isinstance(node.op, Embedding):
             a = emit(".lora_A", Embedding(node.op.num_embeddings, self.rank, dtype=node.op.dtype,
                                           embedding_init=initializers.zeros,

@@ -200,11 +200,12 @@ def plan_memory(program: Program, budget: int, dims: Mapping[str, int],
 
 def gradient_step(apply_fn: Callable, params: Any, state: Any, inputs: tuple) -> Callable:
     """The compiled gradient of a loss of the outputs (the mean of their squares)
-    with respect to the params: the step whose peak memory the planner measures."""
+    with respect to the params (a quantized layer's integer weights, as in QLoRA, get
+    empty float0 ones): the step whose peak memory the planner measures."""
 
     def loss(p, s, xs):
         outputs, _ = apply_fn(p, s, *xs, rng=jax.random.key(0))
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         return sum(jnp.mean(jnp.square(o.astype(jnp.float32))) for o in outputs)
 
-    return jax.jit(jax.grad(loss)).lower(params, state, inputs).compile()
+    return jax.jit(jax.grad(loss, allow_int=True)).lower(params, state, inputs).compile()

@@ -28,9 +28,10 @@ from ..ir.graph import Graph
 from ..ir.scan import unfold_scans
 from ..ir.surgery import layer_paths
 from ..ops.attention import MultiHeadAttention
+from ..ops.embedding import Embedding
 from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
 from .state_dict import to_state_dict
-from .torch_layout import layout_for
+from .torch_layout import float_name, layout_for
 
 __all__ = ["lora_from_peft", "save_adapter", "peft_modules"]
 
@@ -41,8 +42,9 @@ _ADAPTABLE = ("linear", "embedding", "conv")
 
 def peft_modules(graph: Graph) -> dict[str, tuple[str, str]]:
     """Each module name of ``graph`` (as PyTorch would name it, without the model
-    class's prefix) -> (the path ``mg.lora`` takes, the op's name); attention layers
-    give one module per projection (``op`` is then ``"attention"``)."""
+    class's prefix) -> (the path ``mg.lora`` takes, the op's name: a quantized layer's
+    float op's); attention layers give one module per projection (``op`` is then
+    ``"attention"``)."""
     layout = layout_for(graph.name)
     out: dict[str, tuple[str, str]] = {}
     for path, node in layer_paths(unfold_scans(graph)):
@@ -50,8 +52,8 @@ def peft_modules(graph: Graph) -> dict[str, tuple[str, str]]:
         if isinstance(node.op, MultiHeadAttention):
             for ours, theirs in layout.attention:
                 out[f"{module}.{theirs}"] = (f"{path}/{ours}", "attention")
-        else:
-            out[module] = (path, node.op.op_name)
+        else:  # a quantized layer (QLoRA) as its float layer: PEFT adapts it alike
+            out[module] = (path, float_name(node.op) or node.op.op_name)
     return out
 
 
@@ -70,9 +72,15 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
     modules of the graph (``load_state_dict(..., adapter=folder)`` reads their weights).
     Then ``mg.models.load_state_dict(adapted, base, adapter=folder)`` gives the weights.
 
-    A field asking for what LoRA here does not do, an entry of ``target_modules`` or
-    ``modules_to_save`` that names no module, or a target that is not a Linear, Conv,
-    Embedding or attention projection is an ``mg.ConfigError`` naming it.
+    ``folder`` may also be the config itself, a dict of its fields (``json.load`` of
+    the file, or PEFT's ``LoraConfig(...).to_dict()``).
+
+    A field asking for what LoRA here does not do, an entry of ``target_modules``,
+    ``exclude_modules`` or ``modules_to_save`` that names no module, a key of
+    ``rank_pattern`` or ``alpha_pattern`` that matches no adapted module (PEFT would
+    ignore it), an ``exclude_modules`` that leaves nothing to adapt, or a target that is
+    not a Linear, Conv, Embedding or attention projection is an ``mg.ConfigError``
+    naming it.
     """
     if not isinstance(graph, Graph):
         raise GraphError(f"lora_from_peft works on a Graph, got {type(graph).__name__}")
@@ -86,20 +94,27 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
 
     if config.target_modules == "all-linear":
         heads = _outputs(unfold_scans(graph))
-        chosen = [k for k, (path, op) in modules.items()
-                  if ((op in _LINEAR and path not in heads) or op == "attention")
-                  and not _excluded(config, full(k))]
+        wanted = [k for k, (path, op) in modules.items()
+                  if (op in _LINEAR and path not in heads) or op == "attention"]
     else:
-        chosen = [k for k in keys if any(config.targets(name) for name in full(k))]
-        if isinstance(config.target_modules, tuple):
-            for name in config.target_modules:
-                if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
-                    raise ConfigError(f"{config.path}: target_modules names {name!r}, which is no "
-                                      f"module of graph {graph.name!r}{_near(name, keys)}")
+        wanted = [k for k in keys if any(config.selects(n) for n in full(k))]
+        _check_names(config, "target_modules", config.target_modules, keys, full, graph)
+    _check_names(config, "exclude_modules", config.exclude_modules, keys, full, graph)
+    chosen = [k for k in wanted if not any(config.excludes(n) for n in full(k))]
+    if wanted and not chosen:
+        raise ConfigError(f"{config.path}: exclude_modules {config.exclude_modules!r} removes "
+                          f"all {len(wanted)} modules that target_modules "
+                          f"{config.target_modules!r} selects ({', '.join(wanted[:4])}"
+                          f"{', ...' if len(wanted) > 4 else ''}); nothing would be adapted")
     if not chosen:
         raise ConfigError(f"{config.path}: target_modules {config.target_modules!r} matches no "
                           f"module of graph {graph.name!r}; modules such as "
                           f"{', '.join(keys[:6])}")
+    targeted = [full(k)[0] for k in chosen]
+    for field, pattern in config.unmatched_patterns(targeted):
+        raise ConfigError(f"{config.path}: {field} key {pattern!r} matches none of the adapted "
+                          f"modules (as PEFT matches it: the end of a name, at a dot), so it "
+                          f"would be ignored{_near(pattern, chosen)}")
     for name in config.modules_to_save:
         if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
             raise ConfigError(f"{config.path}: modules_to_save names {name!r}, which is no module "
@@ -121,13 +136,15 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
     return adapted
 
 
-def _excluded(config, names: tuple[str, ...]) -> bool:
-    exclude = config.exclude_modules
-    if exclude is None:
-        return False
-    if isinstance(exclude, str):
-        return any(re.fullmatch(exclude, n) is not None for n in names)
-    return any(n == e or n.endswith("." + e) for e in exclude for n in names)
+def _check_names(config, field: str, spec: Any, keys: list[str], full, graph: Graph) -> None:
+    """Each entry of a list of module names (``target_modules``, ``exclude_modules``)
+    names some module of ``graph``: a typo would be ignored otherwise."""
+    if not isinstance(spec, tuple):
+        return
+    for name in spec:
+        if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
+            raise ConfigError(f"{config.path}: {field} names {name!r}, which is no "
+                              f"module of graph {graph.name!r}{_near(name, keys)}")
 
 
 def _near(name: str, keys: list[str]) -> str:
@@ -136,23 +153,48 @@ def _near(name: str, keys: list[str]) -> str:
     return f"; near names: {', '.join(close)}" if close else ""
 
 
+def _one_dropout(dropouts: dict[float, list[str]], given: Any) -> float:
+    """The ``lora_dropout`` to write: ``given``, or the adapters' one dropout."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, (int, float)) \
+                or not 0.0 <= given < 1.0:
+            raise SerializationError(f"save_adapter: lora_dropout must be a number in [0, 1), "
+                                     f"got {given!r}")
+        return float(given)
+    if len(dropouts) > 1:
+        listed = "; ".join(f"{rate:g} on {', '.join(keys[:2])}{', ...' if len(keys) > 2 else ''}"
+                           for rate, keys in sorted(dropouts.items()))
+        raise SerializationError(
+            f"save_adapter: the adapters have different dropouts ({listed}), and PEFT's "
+            f"adapter_config.json has one lora_dropout for every module (no per-module "
+            f"pattern); pass lora_dropout= to write one of them (dropout acts in training "
+            f"only), or adapt with one dropout")
+    return next(iter(dropouts), 0.0)
+
+
 def save_adapter(graph: Graph, params: Any, folder: Any, *,
-                 base_model_name_or_path: str | None = None) -> None:
+                 base_model_name_or_path: str | None = None,
+                 lora_dropout: float | None = None) -> None:
     """Writes the LoRA adapters of ``graph`` (made by ``mg.lora`` or
     ``mg.lora_from_peft``) with their weights ``params`` (the adapted graph's, unscanned)
     as a PEFT adapter folder: ``adapter_model.safetensors`` (PEFT's names and layouts,
     each file written atomically) and ``adapter_config.json`` (``target_modules`` the
     adapted modules by full name, ``r`` and ``lora_alpha`` the most common ones and
-    ``rank_pattern``/``alpha_pattern`` the others, ``lora_dropout`` if one is set).
-    ``PeftModel.from_pretrained(model, folder)`` loads it.
+    ``rank_pattern``/``alpha_pattern`` the others, ``lora_dropout`` the adapters'
+    dropout). ``PeftModel.from_pretrained(model, folder)`` loads it.
+
+    PEFT has one ``lora_dropout`` for every module (no per-module pattern, as for ranks
+    and alphas), so adapters with different dropouts are an ``mg.SerializationError``
+    naming them, unless ``lora_dropout=`` gives the one value to write (dropout acts in
+    training only; the weights are written as they are). An Embedding's adapter has no
+    dropout (its input is ids) and does not count.
     """
     layout = layout_for(graph.name)
-    weights = to_state_dict(graph, params, adapter_only=True)
     flat = unfold_scans(graph)
     nodes = dict(layer_paths(flat))
     modules = {path: key for key, (path, _) in peft_modules(graph).items()}
     settings: dict[str, tuple[int, float]] = {}
-    dropout = 0.0
+    dropouts: dict[float, list[str]] = collections.defaultdict(list)
     for path, node in nodes.items():
         if not path.endswith(".lora_A"):
             continue
@@ -165,10 +207,13 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
         scale = nodes[target + ".lora_scale"].op.constant  # type: ignore[attr-defined]
         settings[layout.model_prefix + key] = (rank, float(scale) * rank)
         drop = nodes.get(target + ".lora_dropout")
-        if drop is not None:
-            dropout = float(drop.op.rate)  # type: ignore[attr-defined]
+        if not isinstance(getattr(nodes.get(target), "op", None), Embedding):
+            rate = 0.0 if drop is None else float(drop.op.rate)  # type: ignore[attr-defined]
+            dropouts[rate].append(layout.model_prefix + key)
     if not settings:
         raise SerializationError(f"save_adapter: graph {graph.name!r} has no LoRA adapters")
+    dropout = _one_dropout(dropouts, lora_dropout)
+    weights = to_state_dict(graph, params, adapter_only=True)
     (rank, alpha), _ = collections.Counter(settings.values()).most_common(1)[0]
     config = {
         "peft_type": "LORA", "base_model_name_or_path": base_model_name_or_path,

@@ -82,14 +82,29 @@ class AdapterConfig:
         """Whether PEFT adapts the module ``key`` (``transformer.h.0.attn.c_attn``):
         a string is a regular expression matching the whole key; a list names modules
         by their last names (``c_attn``, or a dotted tail ``attn.c_attn``)."""
-        return _names(self.target_modules, key) and not (
-            self.exclude_modules is not None and _names(self.exclude_modules, key))
+        return self.selects(key) and not self.excludes(key)
+
+    def selects(self, key: str) -> bool:
+        """Whether ``target_modules`` (a regular expression or a list, not
+        ``"all-linear"``) names the module ``key``, ``exclude_modules`` aside."""
+        return _names(self.target_modules, key)
+
+    def excludes(self, key: str) -> bool:
+        """Whether ``exclude_modules`` names the module ``key``."""
+        return self.exclude_modules is not None and _names(self.exclude_modules, key)
 
     def rank_of(self, key: str) -> int:
         return int(_pattern(self.rank_pattern, key, self.r))
 
     def alpha_of(self, key: str) -> float:
         return float(_pattern(self.alpha_pattern, key, self.lora_alpha))
+
+    def unmatched_patterns(self, keys: list[str]) -> list[tuple[str, str]]:
+        """The ``(field, pattern)`` of ``rank_pattern`` and ``alpha_pattern`` that match
+        none of the module names ``keys`` (which PEFT would ignore)."""
+        return [(field, pattern) for field in ("rank_pattern", "alpha_pattern")
+                for pattern in getattr(self, field)
+                if not any(_pattern({pattern: True}, key, False) for key in keys)]
 
     def saves(self, key: str) -> bool:
         """Whether the module ``key`` is one of ``modules_to_save`` (trained in full, its
@@ -150,16 +165,33 @@ def _modules(path: str, name: str, value: Any, *, allow_regex: bool) -> Any:
         except re.error as e:
             raise _field_error(path, name, value, f"not a regular expression ({e})") from None
         return value
-    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+    if isinstance(value, (set, frozenset)):  # PEFT's LoraConfig.to_dict() holds sets
+        value = sorted(value, key=str)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value):
         return tuple(value)
     raise _field_error(path, name, value, "must be a list of module names or a regular expression")
 
 
-def read_adapter_config(folder: str | os.PathLike) -> AdapterConfig:
-    """The LoRA settings in ``folder``'s ``adapter_config.json`` (or that file itself)."""
-    folder = os.fspath(folder)
-    path = os.path.join(folder, ADAPTER_CONFIG) if os.path.isdir(folder) else folder
-    fields = _read_json(path)
+#: What messages call a config given as a dict.
+DICT_CONFIG = "adapter config (dict)"
+
+
+def read_adapter_config(folder: str | os.PathLike | Mapping) -> AdapterConfig:
+    """The LoRA settings in ``folder``'s ``adapter_config.json`` (or that file itself),
+    or in a dict of its fields (``json.load`` of the file, or PEFT's
+    ``LoraConfig.to_dict()``)."""
+    if isinstance(folder, Mapping):
+        path, fields = DICT_CONFIG, dict(folder)
+        if not all(isinstance(k, str) for k in fields):
+            raise ConfigError(f"{path}: its keys are the field names, strings; got "
+                              f"{next(k for k in fields if not isinstance(k, str))!r}")
+    elif isinstance(folder, (str, os.PathLike)):
+        folder = os.fspath(folder)
+        path = os.path.join(folder, ADAPTER_CONFIG) if os.path.isdir(folder) else folder
+        fields = _read_json(path)
+    else:
+        raise ConfigError(f"a PEFT adapter config is a folder, its {ADAPTER_CONFIG}, or a "
+                          f"dict of its fields; got {type(folder).__name__}")
     if not isinstance(fields, dict):
         raise ConfigError(f"{path}: an adapter config is a JSON object, got {type(fields).__name__}")
     peft_type = fields.get("peft_type", "LORA")
@@ -192,6 +224,12 @@ def read_adapter_config(folder: str | os.PathLike) -> AdapterConfig:
             raise _field_error(path, name, value, "must map module patterns to positive numbers")
         if kind is int and not all(isinstance(v, int) for v in value.values()):
             raise _field_error(path, name, value, "ranks must be ints")
+        for key in value:
+            try:
+                re.compile(key)
+            except re.error as e:
+                raise _field_error(path, name, value, f"key {key!r} is not a regular "
+                                   f"expression ({e})") from None
         patterns[name] = value
     for name in ("use_rslora", "fan_in_fan_out"):
         if not isinstance(fields.get(name, False), bool):

@@ -20,14 +20,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..adapters.quantized_weights import quantize_weights
 from ..compiler.flatten import flatten
 from ..compiler.program import Step, get_in, leaf_paths, set_in
 from ..core.errors import SerializationError
+from ..core.registry import lookup
 from ..core.specs import flatten_specs
 from ..ir.graph import Graph
 from .peft_config import ADAPTER_WEIGHTS, read_adapter_config
 from .sources import StateDictSource
-from .torch_layout import TorchLayout, adapter_converter, exporter, importer, layout_for
+from .torch_layout import (
+    TorchLayout,
+    adapter_converter,
+    exporter,
+    float_name,
+    importer,
+    is_quantized,
+    layout_for,
+    quantized_refusal,
+)
 
 __all__ = ["load_state_dict", "to_state_dict"]
 
@@ -53,8 +64,11 @@ class _Layer(NamedTuple):
     adapter: bool                          # a LoRA adapter's (PEFT's names and layouts)
 
 
-def _layers(graph: Graph, layout: TorchLayout) -> list[_Layer]:
-    """Each layer with weights, with its module name and converters."""
+def _layers(graph: Graph, layout: TorchLayout, mode: str) -> list[_Layer]:
+    """Each layer with weights, with its module name and converters. ``mode``:
+    ``"read"`` (a quantized layer's float weights, which ``load_state_dict`` then
+    quantizes; its ``Quantize`` nodes' state comes from ``quantize_weights``), ``"write"``
+    (a quantized layer is an error) or ``"adapters"`` (the LoRA adapters alone)."""
     if not isinstance(graph, Graph):
         raise SerializationError(f"state dicts are read into an mg.Graph (the one the model "
                                  f"was built as), got {type(graph).__name__}")
@@ -69,10 +83,34 @@ def _layers(graph: Graph, layout: TorchLayout) -> list[_Layer]:
         adapter = adapter_converter("/".join(step.weights), module, ops, layout)
         if adapter is not None:
             out.append(_Layer(step, adapter[0], shapes, adapter[1], adapter[2], True))
+        elif mode == "adapters":
+            continue
+        elif is_quantized(step.op):
+            if mode == "write":
+                raise quantized_refusal(step.op, step.path, "to_state_dict")
+            if float_name(step.op) is None:
+                continue  # a Quantize node: quantize_weights gives its state
+            out.append(_float_layer(step, module))
         else:
             out.append(_Layer(step, module, shapes, exporter(step.op, step.path),
                               importer(step.op, step.path), False))
     return out
+
+
+def _float_layer(step: Step, module: str) -> _Layer:
+    """A quantized layer as its float layer (the same hyperparameters), whose weights a
+    state dict holds: their shapes and converters."""
+    op: Any = step.op
+    cls = lookup(float_name(op) or "")
+    names = {f.name for f in dataclasses.fields(cls)}
+    plain = cls(**{k: v for k, v in op.attrs().items() if k in names}, name=op.name)
+    inputs = list(step.input_specs)
+    if op.quantizes_inputs:  # it reads (q, scale) from its Quantize node: the float x
+        inputs = [inputs[0].with_dtype(np.float32)]
+    shapes = {path: tuple(spec.shape) for path, spec in flatten_specs(plain.param_specs(inputs))}
+    export, import_ = exporter(plain, step.path), importer(plain, step.path)
+    return _Layer(step, module, shapes, lambda _, *rest: export(plain, *rest),
+                  lambda _, *rest: import_(plain, *rest), False)
 
 
 def _expected(layers: list, layout: TorchLayout) -> dict[str, tuple[Step, str, tuple[int, ...]]]:
@@ -124,10 +162,9 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
     layout = layout_for(graph.name)
     state = state or {}
     out: dict[str, np.ndarray] = {}
-    layers = _layers(graph, layout)
+    layers = _layers(graph, layout, "adapters" if adapter_only else "write")
     prefix = ""
     if adapter_only:
-        layers = [layer for layer in layers if layer.adapter]
         if not layers:
             raise SerializationError(f"to_state_dict(adapter_only=True): graph {graph.name!r} "
                                      f"has no LoRA adapters (mg.lora adds them)")
@@ -195,6 +232,10 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
         ``modules_to_save``, which replace the base's) from the folder, its names under
         ``base_model.model.``. Every adapter weight must be there, and nothing else.
 
+    A graph ``mg.quantize`` made (QLoRA's base) reads the float weights, which are then
+    quantized as ``mg.quantize_weights`` does (absmax; its ``Quantize`` nodes get
+    per-call scales).
+
     Returns:
       ``(params, state)`` in the graph's own layout, as ``init`` returns them.
 
@@ -203,10 +244,15 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
         or not floating; a tied copy differs from its weight; a file is damaged.
     """
     layout = layout_for(graph.name)
-    layers = _layers(graph, layout)
+    layers = _layers(graph, layout, "read")
     if adapter is not None:
-        return _load_with_adapter(graph, layout, layers, state_dict, adapter, strict, dtype)
-    return _load_from(graph, layout, layers, state_dict, strict, dtype)
+        params, state = _load_with_adapter(graph, layout, layers, state_dict, adapter, strict, dtype)
+    else:
+        params, state = _load_from(graph, layout, layers, state_dict, strict, dtype)
+    if any(is_quantized(step.op) for step in flatten(graph).owners()):
+        # QLoRA: the float weights read, then quantized as mg.quantize_weights does.
+        params, state = quantize_weights(graph, params, state)
+    return params, state
 
 
 def _load_from(graph, layout, layers, state_dict, strict, dtype):
@@ -221,6 +267,10 @@ def _load_from(graph, layout, layers, state_dict, strict, dtype):
 def _load_with_adapter(graph, layout, layers, state_dict, folder, strict, dtype):
     """The base weights from ``state_dict``, then the adapter's (and the modules it
     saves in full) from the PEFT folder."""
+    if not isinstance(folder, (str, os.PathLike)):
+        raise SerializationError(f"load_state_dict(adapter=...) reads the adapter's weights "
+                                 f"from a PEFT adapter folder (its {ADAPTER_WEIGHTS}); got "
+                                 f"{type(folder).__name__}")
     config = read_adapter_config(folder)
     adapters = [layer for layer in layers if layer.adapter]
     if not adapters:

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from ..adapters.quantize import QUANTIZED_OPS
 from ..core.errors import SerializationError
+from ..ops.quantize import Quantize
 
 __all__ = ["TorchLayout", "register_layout", "layout_for", "exporter", "importer", "supported_ops"]
 
@@ -256,6 +258,28 @@ def supported_ops() -> list[str]:
     return sorted(_CONVERTERS)
 
 
+def float_name(op) -> str | None:
+    """The op name of a quantized layer's float layer (``"linear"`` for a
+    ``QuantizedLinear``: its weights' PyTorch layout, read as floats and then quantized);
+    None for any other op."""
+    return next((name for name, cls in QUANTIZED_OPS.items() if isinstance(op, cls)), None)
+
+
+def is_quantized(op) -> bool:
+    """Whether ``op`` is a quantized layer or the ``Quantize`` node of one (what
+    ``mg.quantize`` made): its stored weights have no PyTorch layout."""
+    return float_name(op) is not None or isinstance(op, Quantize)
+
+
+def quantized_refusal(op, path: str, what: str) -> SerializationError:
+    """The error for a quantized layer where float PyTorch weights are written."""
+    scheme = getattr(op, "scheme", None)
+    return SerializationError(
+        f"{what}: layer {path!r} ({op.op_name}{', ' + scheme if scheme else ''}) is quantized, "
+        f"and a PyTorch state dict holds float weights: write the float model's (the graph "
+        f"before mg.quantize), or the LoRA adapters alone (adapter_only=True, save_adapter)")
+
+
 def _converter(op, path: str) -> tuple[Callable, Callable]:
     try:
         return _CONVERTERS[op.op_name]
@@ -319,7 +343,9 @@ def adapter_converter(path: str, module: str, ops: Mapping[str, Any],
     target_module = module[: -len(suffix)]
     owner, _, projection = target.rpartition(".")
     base_op = ops.get(target)
-    if base_op is None and getattr(ops.get(owner), "op_name", None) == "multi_head_attention":
+    owner_op = ops.get(owner)
+    if base_op is None and owner_op is not None and "multi_head_attention" in (
+            owner_op.op_name, float_name(owner_op)):
         names = dict(layout.attention)
         if projection not in names:
             raise SerializationError(
@@ -330,11 +356,12 @@ def adapter_converter(path: str, module: str, ops: Mapping[str, Any],
     if base_op is None:
         return None
     kind = "A" if suffix == ".lora_A" else "B"
-    if base_op.op_name == "embedding":
+    base_name = float_name(base_op) or base_op.op_name   # QLoRA: the float layer's adapter
+    if base_name == "embedding":
         if kind == "A":
             return target_module, _adapter_embedding_a, _adapter_embedding_a_import
         return (target_module, *_adapter_linear("lora_embedding_B"))
-    if base_op.op_name == "conv":
+    if base_name == "conv":
         export, import_ = _conv(transposed=False)
         return f"{target_module}.lora_{kind}", export, import_
     return (f"{target_module}.lora_{kind}", *_adapter_linear("weight"))

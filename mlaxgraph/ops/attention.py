@@ -209,7 +209,7 @@ class MultiHeadAttention(Layer):
 
     def infer(self, inputs):
         q, kv, head_dim = self._dims(inputs)
-        inputs, deltas = self._split(inputs)
+        base, deltas = self._split(inputs)
         for projection, delta in deltas.items():
             source = kv if projection in ("key", "value") else q
             want = source.with_shape(source.shape[:2] + (self.delta_width(projection, head_dim),))
@@ -222,8 +222,8 @@ class MultiHeadAttention(Layer):
                              "have different lengths", expected="self-attention")
         y = q.with_shape(q.shape[:2] + (self.out_features or q.shape[-1],))
         context = (q.with_shape(q.shape[:2] + (self.num_heads * head_dim,)),) if "out" in self.adapters else ()
-        if len(inputs) == 3:
-            mask = inputs[2]
+        if len(base) == 3:
+            mask = base[2]
             target = (q.shape[0], self.num_heads, q.shape[1], kv.shape[1])
             if mask.dtype != np.dtype(bool):
                 raise DTypeError(f"the mask must be boolean (True = attend), got {mask.dtype}",
@@ -273,8 +273,8 @@ class MultiHeadAttention(Layer):
         return (x @ kernel.reshape(d, heads * width)).reshape(x.shape[:-1] + (heads, width))
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
-        inputs, deltas = self._split(inputs)
-        q_in, kv_in = inputs[:2]
+        base, deltas = self._split(inputs)
+        q_in, kv_in = base[:2]
         p = self.float_weights(params, q_in.dtype)
 
         def project(x, w, name):
@@ -301,7 +301,7 @@ class MultiHeadAttention(Layer):
             scores = jnp.einsum("bqngk,bsnk->bngqs", grouped, k)
             scores = scores.reshape((scores.shape[0], self.num_heads) + scores.shape[3:])
         scores = scores.astype(softmax_dtype)
-        mask = self._mask(inputs, scores.shape)
+        mask = self._mask(base, scores.shape)
         if mask is not None:
             scores = jnp.where(mask, scores, jnp.finfo(softmax_dtype).min)
         weights = jax.nn.softmax(scores, axis=-1).astype(q_in.dtype)
@@ -320,13 +320,13 @@ class MultiHeadAttention(Layer):
             return (out, attended.reshape(attended.shape[:2] + (-1,))), state
         return (out,), state
 
-    def _mask(self, inputs, shape):
+    def _mask(self, base, shape):
         """The boolean mask broadcasting to the scores ``(batch, heads, q_len, kv_len)``:
-        the given one and the causal one, combined; None when there is neither."""
+        the given one and the causal one, combined; None when there is neither. ``base``
+        are the inputs without the adapters' (``_split``'s first part)."""
         mask = None
-        inputs, _ = self._split(inputs)
-        if len(inputs) == 3:
-            mask = inputs[2]
+        if len(base) == 3:
+            mask = base[2]
             mask = mask[None, None] if mask.ndim == 2 else mask[:, None] if mask.ndim == 3 else mask
         if self.causal:
             q_len, kv_len = shape[-2:]
@@ -341,7 +341,7 @@ class MultiHeadAttention(Layer):
         attention dots, the mask's select, the softmax (and its converts when it runs in
         another dtype) and the output projection."""
         q, kv, head_dim = self._dims(inputs)
-        inputs, deltas = self._split(inputs)
+        base, deltas = self._split(inputs)
         y = outputs[0]
         batch, q_len, kv_len, heads = q.shape[0], q.shape[1], kv.shape[1], self.num_heads
         per_query = batch * q_len * heads * head_dim  # elements of q after projection
@@ -354,10 +354,10 @@ class MultiHeadAttention(Layer):
         count = count + 4 * scores - batch * heads * q_len  # softmax over kv_len
         if np.dtype(q.dtype).itemsize < 4:
             count = count + 2 * scores  # to float32 for the softmax and back
-        if len(inputs) == 3 or self.causal:
+        if len(base) == 3 or self.causal:
             count = count + scores  # the mask's select
-        if len(inputs) == 3 and self.causal:  # the and of the two masks
-            mask = inputs[2].shape
+        if len(base) == 3 and self.causal:  # the and of the two masks
+            mask = base[2].shape
             mask = (1, 1) + mask if len(mask) == 2 else mask[:1] + (1,) + mask[1:] if len(mask) == 3 else mask
             count = count + size(broadcast_shapes(mask, (1, 1, q_len, kv_len)))
         if self.causal:
