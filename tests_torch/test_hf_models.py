@@ -1,6 +1,6 @@
 """Hugging Face models from random configs (tiny, so the suite stays short) through
 mg.from_torch, against PyTorch's own outputs; their repeated layers fold under
-``scan_blocks=True``. GPT-2 is in test_torch_live.py."""
+``scan_blocks="always"``. GPT-2 is in test_torch_live.py."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_hugging_face_model_matches_and_folds(name):
     out, _ = mg.compile(graph).apply(params, state, *inputs, inference_mode=True)
     np.testing.assert_allclose(np.asarray(_first(out)), expected, rtol=1e-4, atol=1e-4 * scale)
 
-    model = mg.compile(graph, scan_blocks=True)
+    model = mg.compile(graph, scan_blocks="always")
     inner = model.graph if holder is None else model.graph.node(holder).op.graph
     assert inner.node(scan_name).op.op_name == "scan"
     stacked = model.stack_weights(params, state)

@@ -133,11 +133,11 @@ def test_gpt2_random_config_folds_its_blocks():
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
     ids = torch.randint(0, 100, (2, 16))
-    graph, out, _ = _run(model, ids, scan_blocks=True)
+    graph, out, _ = _run(model, ids, scan_blocks="always")
     _close(out, model(ids).logits)
     inner = graph.node("transformer").op.graph
     assert [n.name for n in inner.nodes if n.name.startswith("h.")] == ["h.0", "h.1", "h.2"]
-    scanned = mg.compile(graph, scan_blocks=True).graph.node("transformer").op.graph
+    scanned = mg.compile(graph, scan_blocks="always").graph.node("transformer").op.graph
     assert scanned.node("h.0..h.2").op.op_name == "scan"
     # the state dict's names, the tied head's copy included
     _, params, state = mg.from_torch(model, (ids,))
