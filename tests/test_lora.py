@@ -195,6 +195,42 @@ def test_trainer_trains_only_the_adapters(trainable):
                 jax.tree_util.tree_flatten_with_path(moments)[0]} == adapters
 
 
+def test_training_the_adapters_keeps_the_reused_base_weights():
+    """init(reuse=) shares the base model's arrays; the step donates only what trains,
+    so the base model still runs, and the adapters' step equals optax's by hand."""
+    g, g2 = _linear_graph(rank=2)
+    base = mg.compile(g)
+    params, state = base.init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(5), (6, 8))
+    y = jnp.arange(6) % 3
+    before, _ = base.apply(params, state, x)
+    adapted = mg.compile(g2)
+    p2, s2 = adapted.init(jax.random.key(1), reuse=(params, state))
+    p2 = _randomize_adapters(p2, jax.random.key(3))
+    tx = optax.adam(1e-2)
+    trainer = mg.train.Trainer(adapted, tx, trainable="*/lora_*")
+    ts = trainer.init(jax.random.key(0)).replace(params=p2, state=s2)
+
+    def loss(adapters):  # the reference: jax.grad and optax on the adapters alone
+        logits, _ = adapted.apply_fn({**p2, **adapters}, s2, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    adapters = {k: v for k, v in p2.items() if ".lora_" in k}
+    with jax.numpy_dtype_promotion("standard"):  # optax mixes floats and int counters
+        updates, _ = tx.update(jax.grad(loss)(adapters), tx.init(adapters), adapters)
+    wanted = optax.apply_updates(adapters, updates)
+    ts, _ = trainer.train_step(ts, x, y)
+    kernel = ts.params["fc"]["kernel"]
+    assert kernel is params["fc"]["kernel"] and not kernel.is_deleted()
+    for name, value in wanted.items():
+        np.testing.assert_allclose(ts.params[name]["kernel"], value["kernel"], rtol=1e-5,
+                                   atol=1e-6)
+    ts, _ = trainer.train_steps(ts, x[None], y[None])
+    assert ts.params["head"]["kernel"] is params["head"]["kernel"]
+    after, _ = base.apply(params, state, x)
+    np.testing.assert_array_equal(after, before)
+
+
 def test_trainable_matching_nothing_lists_weight_paths():
     g, _ = _linear_graph(rank=2)
     with pytest.raises(mg.GraphError, match="matches no weight.*such as fc/"):

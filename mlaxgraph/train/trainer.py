@@ -22,6 +22,7 @@ from ..core.errors import GraphError
 from ..core.signatures import call_problem
 from ..ir.surgery import path_matcher
 from .fit import fit
+from .frozen import FrozenStep
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import check_targets, resolve_loss, resolve_metrics
 from .state import TrainState
@@ -126,7 +127,10 @@ class Trainer:
         None (the default) trains every weight.
 
     The jitted functions (the train state is donated: its buffers are reused for the
-    new state, so do not use a state after passing it in):
+    new state, so do not use a state after passing it in; with ``trainable``, the
+    frozen weights and the model's state are not donated: the new train state holds
+    the very frozen arrays given, so the base model's weights that ``init(key,
+    reuse=...)`` shares stay usable):
 
     - ``train_step(ts, inputs, targets) -> (ts, metrics)``: one optimizer step.
     - ``train_steps(ts, inputs, targets) -> (ts, metrics)``: ``k`` steps in one
@@ -187,8 +191,12 @@ class Trainer:
         self._update = _standard_promotion(optimizer.update)
         self.trace_counts: collections.Counter = collections.Counter()
         self.init = jax.jit(self.init_fn)
-        self.train_step = jax.jit(self.step_fn, donate_argnums=0)
-        self.train_steps = jax.jit(self.steps_fn, donate_argnums=0)
+        if self.trainable is None:  # every weight is replaced: the whole state donated
+            self.train_step = jax.jit(self.step_fn, donate_argnums=0)
+            self.train_steps = jax.jit(self.steps_fn, donate_argnums=0)
+        else:  # the frozen weights and the model's state neither donated nor copied
+            self.train_step = FrozenStep(self.step_fn, self.trainable)
+            self.train_steps = FrozenStep(self.steps_fn, self.trainable)
         self.eval_step = jax.jit(self.eval_fn)
 
     def _check_loss_signature(self, loss: Callable) -> None:

@@ -1,0 +1,77 @@
+"""The train step of a model with frozen weights: the step donates what it replaces
+(the weights that train, the optimizer state, the counters) and passes the frozen
+weights and the model's state in without donating them.
+
+A frozen weight is often not the Trainer's own: ``init(key, reuse=(params, state))``
+hands back the base model's very arrays, so donating them would delete the base
+model's weights. Nor does the step return them: an output that is an input not
+donated is a copy, so the frozen weights are put back into the new train state in
+Python, the very arrays given. The model's state (BatchNorm statistics) is not
+donated either: it too may be the base model's, and it is small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from .state import TrainState
+
+__all__ = ["FrozenStep"]
+
+
+def _path(keys: tuple) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in keys)
+
+
+class FrozenStep:
+    """``step(ts, inputs, targets) -> (ts, metrics)`` of a pure ``fn`` with the same
+    signature, jitted so that only the trained part of ``ts`` is donated (see the
+    module's docstring). ``lower`` and ``trace`` take the step's own arguments."""
+
+    def __init__(self, fn: Callable, trainable: frozenset[str]):
+        self._fn = fn
+        self._trainable = trainable
+        self._masks: dict[Any, tuple[bool, ...]] = {}
+        self._jitted = jax.jit(self._inner, static_argnums=(0, 1), donate_argnums=(4,))
+
+    def _mask(self, params: Any, treedef: Any) -> tuple[bool, ...]:
+        mask = self._masks.get(treedef)
+        if mask is None:
+            paths = [_path(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+            mask = self._masks[treedef] = tuple(p in self._trainable for p in paths)
+        return mask
+
+    def _inner(self, treedef: Any, mask: tuple[bool, ...], frozen: list, state: Any,
+               rest: TrainState, *args: Any):
+        trained = iter(rest.params)
+        held = iter(frozen)
+        leaves = [next(trained) if m else next(held) for m in mask]
+        ts = rest.replace(params=jax.tree.unflatten(treedef, leaves), state=state)
+        new, metrics = self._fn(ts, *args)
+        out = jax.tree.leaves(new.params)
+        return new.replace(params=[x for x, m in zip(out, mask) if m]), metrics
+
+    def _split(self, ts: TrainState, args: tuple) -> tuple:
+        leaves, treedef = jax.tree.flatten(ts.params)
+        mask = self._mask(ts.params, treedef)
+        frozen = [x for x, m in zip(leaves, mask) if not m]
+        rest = ts.replace(params=[x for x, m in zip(leaves, mask) if m], state=None)
+        return (treedef, mask, frozen, ts.state, rest, *args), frozen
+
+    def __call__(self, ts: TrainState, *args: Any):
+        arguments, frozen = self._split(ts, args)
+        treedef, mask = arguments[0], arguments[1]
+        new, metrics = self._jitted(*arguments)
+        trained = iter(new.params)
+        held = iter(frozen)
+        leaves = [next(trained) if m else next(held) for m in mask]
+        return new.replace(params=jax.tree.unflatten(treedef, leaves)), metrics
+
+    def lower(self, ts: TrainState, *args: Any):
+        return self._jitted.lower(*self._split(ts, args)[0])
+
+    def trace(self, ts: TrainState, *args: Any):
+        return self._jitted.trace(*self._split(ts, args)[0])
