@@ -15,7 +15,7 @@ from ..core.errors import GraphError, ShardingError
 from ..core.specs import dim_names
 from ..ir.graph import Graph
 from . import stages
-from .entry_points import ModelInit, ReuseReport, model_apply, reuse_report
+from .entry_points import model_apply
 from .flatten import flatten
 from .lowering import checked, make_apply, make_init
 from .memory import gradient_step, parse_bytes, plan_memory
@@ -23,6 +23,7 @@ from .passes import default_passes, run_passes
 from .policy import Policy
 from .program import Program
 from .remat import resolve_remat
+from .reuse import ModelInit, ReuseReport
 from .stacking import stack_weights, unstack_weights
 from .taps import Taps, plan_taps
 
@@ -63,7 +64,7 @@ class CompiledModel:
         what init and apply run, and what the inspection tools walk.
       init: ``init(key, reuse=None) -> (params, state)``, jitted; with ``reuse=(params,
         state)`` every weight whose path, shape and dtype are unchanged is kept from
-        it (``reuse_report`` says which).
+        it (``reuse_report`` says which) and only the others are drawn.
       apply: ``apply(params, state, *inputs, rng=None, inference_mode=False,
         capture=None, intervene=None) -> (outputs, new_state)``, jitted with
         ``inference_mode`` static; with ``capture`` (paths or patterns) it returns
@@ -103,7 +104,8 @@ class CompiledModel:
         else:  # init creates each weight on its devices
             init = jax.jit(self.init_fn, out_shardings=(sharding.params, sharding.state),
                            compiler_options=init_compiler_options())
-        self.init = ModelInit(init, self.init_fn)
+        self.init = ModelInit(init, self.init_fn, program, (policy or Policy()).param_dtype,
+                              sharding, init_compiler_options())
         self.checks = checks
 
         def tapped(taps: Taps, functions: tuple) -> Callable:
@@ -135,8 +137,9 @@ class CompiledModel:
 
     def reuse_report(self, params: Any, state: Any) -> ReuseReport:
         """What ``init(key, reuse=(params, state))`` would keep, draw new and drop, by
-        weight path (nothing is drawn: the shapes come from the program)."""
-        return reuse_report(jax.eval_shape(self.init_fn, jax.random.key(0)), (params, state))
+        weight path (nothing is drawn: the shapes come from the program); weights given
+        one block at a time for a model that scans them are compared stacked."""
+        return self.init.report((params, state))
 
     # The lowered forms are in compiler/stages.py, the cost table and HLO by layer in
     # mlaxgraph.analysis, the export artifact in mlaxgraph.io; these are their entry points.

@@ -1,29 +1,25 @@
-"""The compiled model's ``init`` and ``apply``: the jitted functions behind the
-keywords users pass (``reuse=``, ``capture=``, ``intervene=``), each checked by name.
+"""The compiled model's ``apply``: the jitted functions behind the keywords users pass
+(``capture=``, ``intervene=``), each checked by name (``init``'s ``reuse=`` is in
+``reuse.py``).
 
 ``apply`` without taps is the plain jitted function; with ``capture`` or ``intervene``
 it is another jitted function, made once per set of taps and kept: the patterns and
 each function's code are static, the floats and arrays the functions read are traced
 arguments (``mlaxgraph.compiler.tap_functions``), so a function reused after a value
-it reads changed sees the new value, and a sweep does not compile again. ``init(key, reuse=(params,
-state))`` draws every weight, then keeps each one ``reuse`` has at the same path with
-the same shape and dtype.
+it reads changed sees the new value, and a sweep does not compile again.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 
 from ..core.errors import GraphError
-from .program import leaf_paths
 from .taps import Taps
 
-__all__ = ["model_apply", "ModelInit", "ReuseReport", "reuse_report"]
+__all__ = ["model_apply"]
 
 _PLAIN = frozenset(("rng", "inference_mode"))
 _APPLY_SIGNATURE = ("apply(params, state, *inputs, rng=None, inference_mode=False, "
@@ -88,96 +84,3 @@ def model_apply(plain: Callable, make: Callable[[Taps, tuple], Callable]) -> Cal
     apply._plain = plain  # type: ignore[attr-defined]  # the jitted function, for benchmarks
     apply.__doc__ = model_apply.__doc__
     return apply
-
-
-@dataclasses.dataclass(frozen=True)
-class ReuseReport:
-    """What ``init(key, reuse=...)`` keeps: weight paths (``h.0/attn/qkv/kernel``;
-    state entries under ``state/``) kept from ``reuse``, drawn new (absent there, or
-    of another shape or dtype: ``changed`` lists those), and in ``reuse`` but not in
-    the model (dropped)."""
-
-    kept: tuple[str, ...]
-    new: tuple[str, ...]
-    changed: tuple[str, ...]
-    dropped: tuple[str, ...]
-
-    def __str__(self) -> str:
-        lines = [f"kept {len(self.kept)}, new {len(self.new)} ({len(self.changed)} of another "
-                 f"shape or dtype), dropped {len(self.dropped)}"]
-        for label, paths in (("new", self.new), ("dropped", self.dropped)):
-            for path in paths:
-                mark = " (shape or dtype changed)" if path in self.changed else ""
-                lines.append(f"  {label}: {path}{mark}")
-        return "\n".join(lines)
-
-
-def _same(a: Any, b: Any) -> bool:
-    return (tuple(getattr(a, "shape", ())) == tuple(getattr(b, "shape", ()))
-            and np.dtype(getattr(a, "dtype", None)) == np.dtype(getattr(b, "dtype", None)))
-
-
-def _check_reuse(reuse: Any) -> tuple[Mapping, Mapping]:
-    if (not isinstance(reuse, (tuple, list)) or len(reuse) != 2
-            or not all(isinstance(t, Mapping) for t in reuse)):
-        raise GraphError(f"reuse takes (params, state) as init or mg.load gave them, got "
-                         f"{type(reuse).__name__}")
-    return reuse[0], reuse[1]
-
-
-def reuse_report(fresh: tuple[Any, Any], reuse: Any) -> ReuseReport:
-    """Compares the weights a model draws (arrays or shape structs) with ``reuse``."""
-    params, state = _check_reuse(reuse)
-    kept: list[str] = []
-    new: list[str] = []
-    changed: list[str] = []
-    dropped: list[str] = []
-    for prefix, mine, theirs in (("", fresh[0], params), ("state/", fresh[1], state)):
-        ours, old = leaf_paths(mine), leaf_paths(theirs)
-        for path, leaf in ours.items():
-            if path in old and _same(leaf, old[path]):
-                kept.append(prefix + path)
-            else:
-                new.append(prefix + path)
-                if path in old:
-                    changed.append(prefix + path)
-        dropped.extend(prefix + path for path in old if path not in ours)
-    return ReuseReport(tuple(kept), tuple(new), tuple(changed), tuple(dropped))
-
-
-def _merge(fresh: Any, old: Any) -> Any:
-    if isinstance(fresh, Mapping):
-        old_map = old if isinstance(old, Mapping) else {}
-        return {key: _merge(value, old_map.get(key)) for key, value in fresh.items()}
-    if old is not None and not isinstance(old, Mapping) and _same(fresh, old):
-        sharding = getattr(fresh, "sharding", None)
-        if sharding is not None and getattr(old, "sharding", None) != sharding:
-            return jax.device_put(old, sharding)  # where this model keeps the weight
-        return old
-    return fresh
-
-
-class ModelInit:
-    """``init(key, reuse=None) -> (params, state)``: with ``reuse=(params, state)``,
-    every weight whose path, shape and dtype are unchanged is taken from it (the very
-    arrays), the others drawn as ``init`` draws them. The plain jitted function's
-    attributes (``lower``, ``trace``) are its own."""
-
-    def __init__(self, plain: Callable, pure: Callable):
-        self._plain = plain
-        self._pure = pure  # the function before jit: inside a transformation (eval_shape)
-
-    def __call__(self, key: jax.Array, reuse: Any = None, **unknown: Any):
-        if unknown:
-            raise GraphError(f"init got unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
-                             f"{', '.join(map(repr, unknown))}; it takes init(key, reuse=None)")
-        # init is compiled with its own XLA options, which only a top-level jit takes.
-        traced = isinstance(key, jax.core.Tracer)
-        params, state = (self._pure if traced else self._plain)(key)
-        if reuse is None:
-            return params, state
-        old_params, old_state = _check_reuse(reuse)
-        return _merge(params, old_params), _merge(state, old_state)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._plain, name)

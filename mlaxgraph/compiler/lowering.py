@@ -28,11 +28,12 @@ if TYPE_CHECKING:
 __all__ = ["make_init", "make_apply", "checked", "check_inputs"]
 
 
-def make_init(program: Program, param_dtype: Any,
-              sharding: ShardingPlan | None = None) -> Callable[[jax.Array], tuple[dict, dict]]:
+def make_init(program: Program, param_dtype: Any, sharding: ShardingPlan | None = None,
+              only: frozenset[str] | None = None) -> Callable[[jax.Array], tuple[dict, dict]]:
     """A pure ``init(key) -> (params, state)``: each weight from its own key, derived
     from ``key`` by the names of its layer's path and its own (so adding a layer does
-    not change the others' initial values).
+    not change the others' initial values). With ``only`` (weight paths, state
+    entries under ``state/``), those weights alone, the values ``init`` gives them.
 
     Weights of one shape and initializer are drawn together, in one loop over their
     keys (the same values as one call each), and a scan's blocks in one call vmapped
@@ -40,7 +41,7 @@ def make_init(program: Program, param_dtype: Any,
     with their number."""
 
     def init(key: jax.Array) -> tuple[dict, dict]:
-        params, state = _init_program(program, key, np.dtype(param_dtype))
+        params, state = _init_program(program, key, np.dtype(param_dtype), only)
         if sharding is not None:
             params, state = sharding.constrain_weights(params, state)
         return params, state
@@ -48,15 +49,30 @@ def make_init(program: Program, param_dtype: Any,
     return init
 
 
-def _init_program(program: Program, key: jax.Array, param_dtype: np.dtype) -> tuple[dict, dict]:
+def _within(only: frozenset[str] | None, weights: tuple[str, ...]) -> frozenset[str] | None:
+    """The paths of ``only`` under layer (or scan) ``weights``, relative to it."""
+    if only is None:
+        return None
+    inside = set()
+    for prefix, mark in (("/".join(weights) + "/", ""), ("state/" + "/".join(weights) + "/", "state/")):
+        inside.update(mark + path[len(prefix):] for path in only if path.startswith(prefix))
+    return frozenset(inside)
+
+
+def _init_program(program: Program, key: jax.Array, param_dtype: np.dtype,
+                  only: frozenset[str] | None = None) -> tuple[dict, dict]:
     # (tree, step weights, weight path, the name its key folds in, spec) of every weight, then
     # drawn by groups of one initializer and shape.
     leaves = []
     trees: dict[str, dict] = {"params": {}, "state": {}}
     for step in program.owners():
         if isinstance(step, ScanStep):
+            inside = _within(only, step.weights)
+            if inside is not None and not inside:
+                continue
             base = step_key(key, step.weights[:-1])
-            p, s = jax.vmap(lambda one, body=step.body: _init_program(body, one, param_dtype))(
+            p, s = jax.vmap(lambda one, body=step.body, inside=inside:
+                            _init_program(body, one, param_dtype, inside))(
                 block_keys(base, step.blocks))
             if p:
                 trees["params"] = set_in(trees["params"], step.weights, p)
@@ -66,6 +82,8 @@ def _init_program(program: Program, key: jax.Array, param_dtype: np.dtype) -> tu
         for which, specs, prefix in (("params", step.param_specs, ""),
                                      ("state", step.state_specs, "state/")):
             for path, spec in flatten_specs(specs):
+                if only is not None and prefix + "/".join(step.weights + (path,)) not in only:
+                    continue
                 leaves.append((which, step.weights, path, prefix + path, spec))
                 # The tree's order is the layers' (the values come by groups).
                 trees[which] = set_in(trees[which], step.weights + tuple(path.split("/")), None)

@@ -1,0 +1,98 @@
+"""init(key, reuse=(params, state)): only the new weights drawn (the values init gives
+them), the kept ones the very arrays; weights given one block at a time stacked for a
+scanning model; reuse keeping nothing, float weights for a quantized layer and arrays
+deleted by a donation are errors naming the weight."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph.compiler.lowering import make_init
+
+CONFIG = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 16}
+IDS = (np.arange(16, dtype=np.int32).reshape(2, 8) * 7) % 64
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    g = mg.models.gpt2(CONFIG)
+    model = mg.compile(g)
+    params, state = model.init(jax.random.key(0))
+    return g, model, params, state
+
+
+def _paths(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {p: v for k, w in tree.items() for p, v in _paths(w, f"{prefix}{k}/").items()}
+    return {prefix[:-1]: tree}
+
+
+def test_only_the_new_weights_are_drawn_with_the_values_init_gives_them(gpt2):
+    g, _, params, state = gpt2
+    adapted = mg.compile(mg.lora(g, "h.*/attn/qkv", rank=4))
+    new = frozenset(adapted.reuse_report(params, state).new)
+    assert len(new) == 4
+    # The restricted init holds those weights alone.
+    drawn = jax.eval_shape(make_init(adapted.program, np.float32, only=new), jax.random.key(0))
+    assert set(_paths(drawn[0])) == new and not _paths(drawn[1])
+    p2, _ = adapted.init(jax.random.key(1), reuse=(params, state))
+    full, _ = adapted.init(jax.random.key(1))
+    got, want, old = _paths(p2), _paths(full), _paths(params)
+    assert list(got) == list(want)  # the model's own order
+    for path, value in got.items():
+        if path in new:
+            np.testing.assert_array_equal(value, want[path])
+        else:
+            assert value is old[path]
+
+
+def test_weights_of_the_graphs_own_layout_are_stacked_for_a_scanning_model(gpt2):
+    g, model, params, state = gpt2
+    scanned = mg.compile(mg.lora(g, "h.*/mlp.c_fc", rank=4), scan_blocks="always")
+    report = scanned.reuse_report(params, state)
+    assert (len(report.kept), report.new, report.dropped) == (
+        len(_paths(scanned.stack_weights(params)[0])),
+        ("h.0..h.1/mlp.c_fc.lora_A/kernel", "h.0..h.1/mlp.c_fc.lora_B/kernel"), ())
+    p2, s2 = scanned.init(jax.random.key(1), reuse=(params, state))
+    np.testing.assert_array_equal(p2["h.0..h.1"]["mlp.c_fc"]["kernel"],
+                                  np.stack([params["h.0"]["mlp.c_fc"]["kernel"],
+                                            params["h.1"]["mlp.c_fc"]["kernel"]]))
+    # B starts at zero: the adapted model computes the base model's outputs.
+    want, _ = model.apply(params, state, IDS, inference_mode=True)
+    out, _ = scanned.apply(p2, s2, IDS, inference_mode=True)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_reuse_that_keeps_nothing_is_an_error_naming_a_weight(gpt2):
+    g, _, _, _ = gpt2
+    other = mg.models.gpt2({**CONFIG, "n_embd": 48})
+    params, state = mg.compile(other).init(jax.random.key(0))
+    with pytest.raises(mg.GraphError, match=r"keeps no weight of the 36 in reuse: 36 are of "
+                                            r"another shape or dtype \(such as h\.0/.*float32"):
+        mg.compile(g).init(jax.random.key(1), reuse=(params, state))
+    scanned = mg.compile(other, scan_blocks="always")
+    stacked, stacked_state = scanned.init(jax.random.key(0))
+    with pytest.raises(mg.GraphError, match=r"scanned layout.*unstack_weights"):
+        mg.compile(mg.models.gpt2({**CONFIG, "n_embd": 64})).init(
+            jax.random.key(1), reuse=(stacked, stacked_state))
+
+
+def test_float_weights_for_a_quantized_graph_are_an_error(gpt2):
+    g, _, params, state = gpt2
+    qlora = mg.compile(mg.lora(mg.quantize(g, "int8"), "h.*/mlp.c_fc", rank=4))
+    with pytest.raises(mg.GraphError, match=r"weight .*kernel is int8.* \(a quantized layer's "
+                                            r"stored weight\) and float32.*mg\.quantize_weights"):
+        qlora.init(jax.random.key(1), reuse=(params, state))
+
+
+def test_reusing_arrays_a_train_step_deleted_names_the_weight(gpt2):
+    g, _, params, state = gpt2
+    model = mg.compile(g)
+    trainer = mg.train.Trainer(model, optax.sgd(0.1))
+    copy = jax.tree.map(lambda w: w + 0, params)
+    trainer.train_step(trainer.init(jax.random.key(0)).replace(params=copy, state=state),
+                       IDS, IDS)
+    with pytest.raises(mg.GraphError, match=r"weight h\.0/.* of reuse was deleted"):
+        model.init(jax.random.key(1), reuse=(copy, state))
