@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from ..core.errors import GraphError
+from ..core.specs import trains
 from .lowering import make_init
 from .program import Program, leaf_paths
 from .stacking import stack_weights
@@ -85,7 +86,7 @@ def _check_report(report: ReuseReport, ours: Mapping[str, Any], old: Mapping[str
     what it has, is an error."""
     for path in report.changed:
         want, given = ours[path], old[path]
-        if (np.dtype(want.dtype).itemsize == 1
+        if (not trains(want.dtype)
                 and np.issubdtype(np.dtype(getattr(given, "dtype", np.float32)), np.floating)
                 and np.dtype(given.dtype).itemsize > 1):
             raise GraphError(

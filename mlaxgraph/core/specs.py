@@ -21,7 +21,7 @@ from .errors import DTypeError, ShapeError
 
 __all__ = ["Dim", "TensorSpec", "ParamSpec", "Initializer", "flatten_specs", "specs_str",
            "SCOPE", "as_dim", "as_dtype", "is_symbolic", "dim_names", "bind_dims", "match_shape",
-           "substitute", "shape_str", "dtype_str"]
+           "substitute", "shape_str", "dtype_str", "trains"]
 
 #: The one symbolic scope of every mlaxgraph dim.
 SCOPE = export.SymbolicScope()
@@ -253,6 +253,12 @@ class ParamSpec:
     def stored_bytes(self, param_dtype: Any) -> int:
         """The bytes of this weight as stored under ``param_dtype``."""
         return self.size * self.stored_dtype(param_dtype).itemsize
+
+
+def trains(dtype: Any) -> bool:
+    """Whether a weight stored in ``dtype`` can train: not a quantized layer's stored
+    values (int8, packed int4, float8: one byte each), which have no gradient."""
+    return np.dtype(dtype).itemsize > 1
 
 
 def flatten_specs(specs: Mapping[str, Any], prefix: str = "") -> list[tuple[str, ParamSpec]]:

@@ -4,37 +4,46 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.specs import dtype_str, flatten_specs, shape_str
+from ..core.specs import dtype_str, flatten_specs, shape_str, trains
 
 __all__ = ["summarize", "count_params", "weight_bytes"]
+
+
+def _split(graph, node, measure) -> tuple[int, int]:
+    """(trainable, non-trainable) ``measure(spec)`` of ``node``'s weights: its state and
+    a quantized layer's stored values (which cannot train) are non-trainable."""
+    specs = graph.input_specs_of(node)
+    params = [p for _, p in flatten_specs(node.op.param_specs(specs))]
+    state = [p for _, p in flatten_specs(node.op.state_specs(specs))]
+    frozen = [p for p in params if p.dtype is not None and not trains(p.dtype)]
+    return (sum(measure(p) for p in params if not any(p is f for f in frozen)),
+            sum(measure(p) for p in state + frozen))
 
 
 def weight_bytes(graph, param_dtype="float32") -> tuple[int, int]:
     """(trainable, non-trainable) bytes of the weights as stored under ``param_dtype``
     (a weight whose spec fixes its dtype, as a quantized layer's, in that dtype), each
-    layer counted once, nested blocks' included."""
+    layer counted once, nested blocks' included; a quantized layer's stored values
+    are non-trainable, with the state."""
     seen: set[str] = set()
     trainable = state = 0
     for node in graph.nodes:
         if node.layer in seen:
             continue
         seen.add(node.layer)
-        specs = graph.input_specs_of(node)
-        trainable += sum(p.stored_bytes(param_dtype) for _, p in flatten_specs(node.op.param_specs(specs)))
-        state += sum(p.stored_bytes(param_dtype) for _, p in flatten_specs(node.op.state_specs(specs)))
+        t, s = _split(graph, node, lambda p: p.stored_bytes(param_dtype))
+        trainable, state = trainable + t, state + s
     return trainable, state
 
 
 def count_params(graph) -> dict[str, tuple[int, int]]:
-    """Layer name -> (trainable count, non-trainable count), each layer counted once."""
+    """Layer name -> (trainable count, non-trainable count), each layer counted once;
+    a quantized layer's stored values (int8, packed int4, float8) are non-trainable,
+    with the state."""
     counts: dict[str, tuple[int, int]] = {}
     for node in graph.nodes:
-        if node.layer in counts:
-            continue
-        specs = graph.input_specs_of(node)
-        trainable = sum(p.size for _, p in flatten_specs(node.op.param_specs(specs)))
-        state = sum(p.size for _, p in flatten_specs(node.op.state_specs(specs)))
-        counts[node.layer] = (trainable, state)
+        if node.layer not in counts:
+            counts[node.layer] = _split(graph, node, lambda p: p.size)
     return counts
 
 

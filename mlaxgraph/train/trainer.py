@@ -20,6 +20,7 @@ from ..compiler.program import leaf_paths
 from ..compiler.taps import Taps
 from ..core.errors import GraphError
 from ..core.signatures import call_problem
+from ..core.specs import trains
 from ..ir.surgery import path_matcher
 from .fit import fit
 from .frozen import FrozenStep
@@ -257,7 +258,7 @@ class Trainer:
 
     def _check_trainable(self, shapes: Any, chosen: frozenset[str] | None) -> None:
         for path, leaf in leaf_paths(shapes).items():
-            if (chosen is None or path in chosen) and leaf.dtype.itemsize == 1:
+            if (chosen is None or path in chosen) and not trains(leaf.dtype):
                 raise GraphError(
                     f"Trainer: weight {path} is stored in {leaf.dtype} (a quantized layer's) "
                     f"and cannot train; freeze it: Trainer(trainable=...) naming the weights "
