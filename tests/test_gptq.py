@@ -4,6 +4,8 @@ the inverse Hessian shrunk by one row and column after each rounding, no blocks,
 Cholesky factor), keep absmax's scales and format, and give smaller output errors than
 round-to-nearest on inputs the calibration did not see."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -162,3 +164,15 @@ def test_bad_input_is_named(linear):
     with pytest.raises(mg.ConfigError, match="rounds Linear, attention"):
         mg.quantize_weights(mg.quantize(conv, "int8"), cp, cs,
                             calibration=[jnp.ones((2, 8, 8, 3))], method="gptq")
+
+
+def test_fewer_calibration_tokens_than_inputs_warns_naming_the_layer(linear):
+    g, params, state, batches = linear
+    qg = mg.quantize(g, "int8_weight_only")
+    few = [batches[0][:64], batches[1][:64]]  # 128 tokens for 160 inputs
+    with pytest.warns(UserWarning, match=r"layer 'fc' reads 160 inputs and the calibration "
+                                         r"batches give it 128 tokens.*at least 160"):
+        mg.quantize_weights(qg, params, state, calibration=few, method="gptq")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # enough tokens: no warning
+        mg.quantize_weights(qg, params, state, calibration=batches[:2], method="gptq")

@@ -17,6 +17,7 @@ multiplies); one jitted call per batch captures them and sums ``X^T X``.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -185,21 +186,43 @@ def hessians(qgraph: Graph, params: Mapping, state: Mapping, batches: Iterable) 
             x = captured[path]
             x = (x[index] if isinstance(x, tuple) else x).astype(jnp.float32)
             x = x.reshape((-1, x.shape[-1]))
-            out[path] = jnp.matmul(x.T, x, precision=jax.lax.Precision.HIGHEST)
+            out[path] = (jnp.matmul(x.T, x, precision=jax.lax.Precision.HIGHEST),
+                         jnp.asarray(x.shape[0], jnp.int32))  # and the tokens summed
         return out
 
     total: dict[str, Any] = {}
+    rows: dict[str, int] = {}  # the tokens each Hessian sums over
     for batch in batches:
         inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-        for path, h in sums(params, state, inputs).items():
+        for path, (h, count) in sums(params, state, inputs).items():
+            rows[path] = rows.get(path, 0) + int(count)
             total[path] = h if path not in total else total[path] + h
     if not total:
         raise ConfigError("quantize_weights: calibration gave no batch; method='gptq' needs a "
                           "few input batches")
+    _warn_few_tokens(wanted, rows, total)
     found: dict[str, dict[str, Any]] = {}
     for path, (layer, role, _) in wanted.items():
         found.setdefault(layer, {})[role] = np.asarray(total[path], np.float64)
     return found
+
+
+def _warn_few_tokens(wanted: Mapping[str, tuple[str, str, int]], rows: Mapping[str, int],
+                     total: Mapping[str, Any]) -> None:
+    """A warning naming the layers whose Hessian sums fewer tokens than the layer has
+    inputs: ``X^T X`` is then singular, and GPTQ's compensation, fitted to a few
+    tokens, can round worse than absmax."""
+    short = [(wanted[path][0], rows[path], total[path].shape[0]) for path in wanted
+             if rows.get(path, 0) < total[path].shape[0]]
+    if not short:
+        return
+    layer, tokens, inputs = short[0]
+    need = max(n for _, _, n in short)
+    more = f" (and {len(short) - 1} more layers)" if len(short) > 1 else ""
+    warnings.warn(f"quantize_weights(method='gptq'): layer {layer!r} reads {inputs} inputs and "
+                  f"the calibration batches give it {tokens} tokens{more}: its Hessian X^T X is "
+                  f"singular, so GPTQ can round worse than absmax; give at least {need} "
+                  f"calibration tokens (a few hundred or more)", UserWarning, stacklevel=4)
 
 
 @dataclasses.dataclass(frozen=True)
