@@ -588,6 +588,16 @@ def test_bad_input_is_named():
         mg.quantize_weights(q, ap, astate)
 
 
+def test_to_onnx_of_a_quantized_graph_is_refused_naming_the_layer_path(gpt2, tmp_path):
+    g, params, state, _ = gpt2
+    fg = mg.quantize(g, "float8")
+    fp, fs = mg.quantize_weights(fg, params, state)
+    with pytest.raises(mg.SerializationError, match=r"layer 'h\.0/attn' \(op quantized_multi_head_"
+                                                    r"attention\) is a quantized layer, which "
+                                                    r"to_onnx does not write"):
+        fg.to_onnx(tmp_path / "q.onnx", fp, fs)
+
+
 @pytest.mark.parametrize("scheme", ["int8", "int8_weight_only", "int4_weight_only", "float8"])
 def test_flop_rules_match_xla_count(scheme):
     x = mg.Input(("batch", 6, 6, 8), name="x")

@@ -178,8 +178,14 @@ class _Writer:
                 outs = self.node(op.onnx_type, full, path, op.outputs, **attrs)
             return narrow_outputs(self, op.onnx_type, outs, node.outputs, path)
         rule = RULES.get(op.op_name)
+        if rule is None and (op.op_name.startswith("quantized_")
+                             or op.op_name in ("quantize", "dequantize")):
+            raise SerializationError(
+                f"layer {path!r} (op {op.op_name}) is a quantized layer, which to_onnx does "
+                f"not write (docs/quantization.md, Files): write the float graph with its "
+                f"float params, and quantize in the runtime that reads the file")
         if rule is None:
-            raise SerializationError(f"layer {node.name!r} (op {op.op_name}) has no ONNX form; "
+            raise SerializationError(f"layer {path!r} (op {op.op_name}) has no ONNX form; "
                                      f"to_onnx writes: {', '.join(sorted(RULES))} and the "
                                      f"onnx family")
         return rule(self, node, args, weights, stats, path)
