@@ -7,6 +7,7 @@ node of the graph; ``mg.quantize_weights`` makes their weights from float ones.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from ..core.errors import ConfigError, GraphError, ShapeError, SourceInfo, capture_source, node_message
@@ -97,6 +98,13 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
         paths = [path for path, node in nodes.items() if node.op.op_name in QUANTIZABLE[scheme]
                  and not path.endswith((".lora_A", ".lora_B"))]
         if not paths:
+            done = [path for path, node in nodes.items()
+                    if isinstance(node.op, tuple(QUANTIZED_OPS.values()))]
+            if done:
+                raise ConfigError(f"quantize: graph {graph.name!r} is quantized already "
+                                  f"(quantized layers: {', '.join(done[:3])}"
+                                  f"{' ...' if len(done) > 3 else ''}): quantize the float "
+                                  f"graph, with the scheme you want")
             raise ConfigError(f"quantize: graph {graph.name!r} has no layer {scheme!r} "
                               f"quantizes ({', '.join(QUANTIZABLE[scheme])})")
     else:
@@ -128,10 +136,25 @@ def _check_target(path: str, node: Node, graph: Graph, scheme: str, group: int |
     try:
         _quantized_op(op, specs, scheme, group).param_specs(specs)
     except ShapeError as e:
-        raise ConfigError(node_message(
-            path, op.op_name,
-            f"{e.problem}; pass group_size=32 (or another even divisor) or leave this layer "
-            f"out of targets", source=source)) from None
+        raise ConfigError(node_message(path, op.op_name, f"{e.problem}; {_group_hint(e, group)}",
+                                       source=source)) from None
+
+
+def _group_hint(error: ShapeError, group: int) -> str:
+    """What to do when ``group`` does not divide a layer's inputs: the even group sizes
+    that do, or leaving the layer out when none does."""
+    found = re.search(r"groups the (\d+) inputs", str(error.problem))
+    if found is None:
+        return "leave this layer out of targets"
+    inputs = int(found.group(1))
+    divisors = [g for g in range(2, inputs + 1, 2) if inputs % g == 0]
+    if not divisors:
+        return (f"no even group size divides {inputs}: leave this layer out of targets "
+                f"(targets= the other layers, e.g. from graph.select)")
+    best = max((g for g in divisors if g <= group), default=divisors[0])
+    return (f"pass group_size={best} (even sizes dividing {inputs}: "
+            f"{', '.join(map(str, divisors[:6]))}{' ...' if len(divisors) > 6 else ''}) or leave "
+            f"this layer out of targets")
 
 
 def _quantized_op(op: Any, specs: Any, scheme: str, group: int | None) -> Any:

@@ -221,10 +221,22 @@ def _quantized(path: str, node: Node, given: Mapping, want: Mapping,
                                       f"quantize"))
     try:
         rounded = None if found is None else gptq_params(op, dict(given), found)
-        return quantize_params(op, dict(given)) if rounded is None else rounded
+        out = quantize_params(op, dict(given)) if rounded is None else rounded
     except (TypeError, ValueError) as e:
         raise GraphError(node_message(path, op.op_name,
                                       f"its float {weight!r} is not this layer's: {e}")) from None
+    made, needed, floats_at = leaf_paths(out), leaf_paths(want), leaf_paths(given)
+    for key, leaf in made.items():
+        if key in needed and tuple(leaf.shape) != tuple(needed[key].shape):
+            source = key if key in floats_at else next((k for k in floats_at if k.endswith(weight)), key)
+            raise GraphError(node_message(
+                f"{path}/{source}", op.op_name,
+                f"the float weight is {np.dtype(floats_at[source].dtype).name}"
+                f"{list(floats_at[source].shape)}, which quantizes to "
+                f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}; the quantized graph needs "
+                f"{np.dtype(needed[key].dtype).name}{list(needed[key].shape)} (params of a "
+                f"model of other sizes?)"))
+    return out
 
 
 def _check(path: str, node: Node | None, given: Any, want: Any, what: str = "params") -> None:
