@@ -581,6 +581,10 @@ def test_bad_input_is_named():
     with pytest.raises(mg.ConfigError, match="graph 'one' is quantized already \\(quantized "
                                              "layers: fc\\)"):
         mg.quantize(q, "int8")
+    # the float graph given to quantize_weights: its weights would stay float
+    float_params, float_state = mg.compile(g).init(jax.random.key(0))
+    with pytest.raises(mg.ConfigError, match="has no quantized layer.*mg.quantize"):
+        mg.quantize_weights(g, float_params, float_state)
     # int4 on a layer of 3 inputs: no even group divides them, whatever group_size
     x3 = mg.Input(("batch", 3), name="x")
     narrow = mg.Graph(x3, ops.Linear(4, name="first")(x3))

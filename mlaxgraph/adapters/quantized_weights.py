@@ -93,6 +93,12 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
     if static_scales is None:
         static_scales = batches is not None and method == "absmax"
     qgraph = unfold_scans(qgraph)
+    if not any(isinstance(node.op, (*QUANTIZED_OPS.values(), Quantize))
+               for _, node in layer_paths(qgraph)):
+        raise ConfigError(f"quantize_weights: graph {qgraph.name!r} has no quantized layer, so "
+                          f"its weights would stay float: pass the graph mg.quantize made "
+                          f"(qgraph = mg.quantize(graph, 'int8'); mg.quantize_weights(qgraph, "
+                          f"params, state))")
     expected, expected_state = jax.eval_shape(compile(qgraph).init_fn, jax.random.key(0))
     out, state, casts = _weights(qgraph, params, state, expected, {})
     _check(qgraph.name, None, state, expected_state, "state")
