@@ -603,6 +603,15 @@ def test_bad_input_is_named():
         mg.quantize_weights(q, ap, astate)
 
 
+def test_calibration_ids_out_of_the_vocabulary_are_refused_by_name(gpt2):
+    g, params, state, ids = gpt2
+    qg = mg.quantize(g, "int8")
+    with pytest.raises(mg.ShapeError, match=r"calibration batch 1 has token id 10[0-9]+ in input "
+                                            r"'input_ids', out of the vocabulary of layer 'wte': "
+                                            r"ids must be in \[0, 64\)"):
+        mg.quantize_weights(qg, params, state, calibration=[ids, ids + 1000])
+
+
 def test_to_onnx_of_a_quantized_graph_is_refused_naming_the_layer_path(gpt2, tmp_path):
     g, params, state, _ = gpt2
     fg = mg.quantize(g, "float8")

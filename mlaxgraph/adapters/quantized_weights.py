@@ -13,11 +13,12 @@ import numpy as np
 
 from ..compiler.compile import compile
 from ..compiler.program import get_in, leaf_paths, set_in
-from ..core.errors import ConfigError, GraphError, node_message
+from ..core.errors import ConfigError, GraphError, ShapeError, node_message
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.scan import unfold_scans
 from ..ir.surgery import layer_paths
+from ..ops.embedding import Embedding
 from ..ops.quantize import Quantize, quantize_weight, range_scale
 from ..ops.quantized import QuantizedConv
 from ..ops.quantized_embedding import QuantizedEmbedding
@@ -99,6 +100,8 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
                           f"its weights would stay float: pass the graph mg.quantize made "
                           f"(qgraph = mg.quantize(graph, 'int8'); mg.quantize_weights(qgraph, "
                           f"params, state))")
+    if batches is not None:
+        _check_vocabulary(qgraph, batches)
     expected, expected_state = jax.eval_shape(compile(qgraph).init_fn, jax.random.key(0))
     out, state, casts = _weights(qgraph, params, state, expected, {})
     _check(qgraph.name, None, state, expected_state, "state")
@@ -148,6 +151,31 @@ def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
         _check(path, node, given, want)
         out = set_in(out, keys, dict(given))
     return out, dict(state), casts
+
+
+def _check_vocabulary(qgraph: Graph, batches: list) -> None:
+    """Every calibration batch's token ids are in the vocabulary of the embedding that
+    reads them (as ``generate`` checks a prompt's): an id past it would calibrate the
+    scales on garbage (a lookup out of range gives NaN or another row)."""
+    readers: dict[int, Node] = {}
+    for node in qgraph.nodes:
+        if isinstance(node.op, Embedding) and node.inputs and node.inputs[0].node in qgraph.inputs:
+            readers.setdefault(qgraph.inputs.index(node.inputs[0].node), node)
+    for number, batch in enumerate(batches):
+        inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        for index, node in readers.items():
+            if index >= len(inputs) or not hasattr(inputs[index], "dtype"):
+                continue
+            ids = np.asarray(inputs[index])
+            if not np.issubdtype(ids.dtype, np.integer):
+                continue
+            size = node.op.num_embeddings
+            bad = ids[(ids < 0) | (ids >= size)]
+            if bad.size:
+                raise ShapeError(f"quantize_weights: calibration batch {number} has token id "
+                                 f"{int(bad[0])} in input {qgraph.inputs[index]!r}, out of the "
+                                 f"vocabulary of layer {node.layer!r}: ids must be in "
+                                 f"[0, {size})")
 
 
 def _check_unread(qgraph: Graph, params: Mapping, out: Mapping) -> None:
