@@ -606,9 +606,9 @@ def test_bad_input_is_named():
 def test_calibration_ids_out_of_the_vocabulary_are_refused_by_name(gpt2):
     g, params, state, ids = gpt2
     qg = mg.quantize(g, "int8")
-    with pytest.raises(mg.ShapeError, match=r"calibration batch 1 has token id 10[0-9]+ in input "
-                                            r"'input_ids', out of the vocabulary of layer 'wte': "
-                                            r"ids must be in \[0, 64\)"):
+    with pytest.raises(mg.ShapeError, match=r"calibration batch 1, input 'input_ids' \(read by "
+                                            r"layer 'wte'\): token id 10[0-9]+ is out of the "
+                                            r"vocabulary: ids must be in \[0, 64\)"):
         mg.quantize_weights(qg, params, state, calibration=[ids, ids + 1000])
 
 
