@@ -158,20 +158,21 @@ def _check_vocabulary(qgraph: Graph, batches: list) -> None:
     """Every calibration batch's token ids are in the vocabulary of the embedding that
     reads them (as ``generate`` checks a prompt's): an id past it would calibrate the
     scales on garbage (a lookup out of range gives NaN or another row)."""
-    readers: dict[int, Node] = {}
+    readers: dict[int, tuple[str, int]] = {}  # input number -> (layer, vocabulary)
     for node in qgraph.nodes:
         if isinstance(node.op, Embedding) and node.inputs and node.inputs[0].node in qgraph.inputs:
-            readers.setdefault(qgraph.inputs.index(node.inputs[0].node), node)
+            readers.setdefault(qgraph.inputs.index(node.inputs[0].node),
+                               (node.layer, node.op.num_embeddings))
     for number, batch in enumerate(batches):
         inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-        for index, node in readers.items():
+        for index, (layer, vocabulary) in readers.items():
             if index >= len(inputs) or not hasattr(inputs[index], "dtype"):
                 continue
             ids = np.asarray(inputs[index])
             if np.issubdtype(ids.dtype, np.integer):  # the check prompts get (mg.generate)
-                _in_vocabulary(ids, node.op.num_embeddings,
+                _in_vocabulary(ids, vocabulary,
                                f"quantize_weights: calibration batch {number}, input "
-                               f"{qgraph.inputs[index]!r} (read by layer {node.layer!r})")
+                               f"{qgraph.inputs[index]!r} (read by layer {layer!r})")
 
 
 def _check_unread(qgraph: Graph, params: Mapping, out: Mapping) -> None:

@@ -53,7 +53,7 @@ def _within(only: frozenset[str] | None, weights: tuple[str, ...]) -> frozenset[
     """The paths of ``only`` under layer (or scan) ``weights``, relative to it."""
     if only is None:
         return None
-    inside = set()
+    inside: set[str] = set()
     for prefix, mark in (("/".join(weights) + "/", ""), ("state/" + "/".join(weights) + "/", "state/")):
         inside.update(mark + path[len(prefix):] for path in only if path.startswith(prefix))
     return frozenset(inside)

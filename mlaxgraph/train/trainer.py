@@ -192,6 +192,8 @@ class Trainer:
         self._update = _standard_promotion(optimizer.update)
         self.trace_counts: collections.Counter = collections.Counter()
         self.init = jax.jit(self.init_fn)
+        self.train_step: Any  # jitted, or FrozenStep (both have lower and trace)
+        self.train_steps: Any
         if self.trainable is None:  # every weight is replaced: the whole state donated
             self.train_step = jax.jit(self.step_fn, donate_argnums=0)
             self.train_steps = jax.jit(self.steps_fn, donate_argnums=0)
