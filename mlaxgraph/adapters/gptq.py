@@ -11,7 +11,8 @@ Which inputs each weight multiplies is read from the quantized model itself: a
 rewrite (``_Probe``) puts a named ``Identity`` node on the float input of every layer
 GPTQ rounds (before its ``Quantize`` node when it reads a quantized input), and makes
 each attention also output its heads' concatenated values (what its output projection
-multiplies); one jitted call per batch captures them and sums ``X^T X``.
+multiplies), read by another such node; one jitted call per batch captures them and
+sums ``X^T X``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.rewrite import Rewrite, Rule, rewrite
 from ..ir.surgery import layer_paths
+from ..ops.function import F
 from ..ops.quantize import FLOAT8, FLOAT8_MAX, INT4_MAX, INT4_MIN, INT8_MAX, Quantize, absmax_scale, pack_int4
 from ..ops.quantized import QuantizedLinear
 from ..ops.quantized_attention import PROJECTIONS, QuantizedMultiHeadAttention
@@ -45,7 +47,7 @@ DAMP = 0.01
 #: Rows rounded between two updates of the rest (the same result; the rows of a
 #: block are updated row by row, the rest once per block).
 BLOCK = 32
-_INPUT, _KV = ".gptq_input", ".gptq_kv_input"
+_INPUT, _KV, _CONTEXT = ".gptq_input", ".gptq_kv_input", ".gptq_context"
 
 
 def gptq_round(w: Any, hessian: Any, scale: Any, scheme: str, *, damp: float = DAMP,
@@ -166,13 +168,11 @@ def hessians(qgraph: Graph, params: Mapping, state: Mapping, batches: Iterable) 
     ``batches``, from the quantized model ``(qgraph, params, state)`` run in inference
     mode: the inputs each weight GPTQ rounds multiplies."""
     probed = rewrite(qgraph, _Probe(), memo={})
-    wanted: dict[str, tuple[str, str, int]] = {}  # capture path -> (layer, role, output)
+    wanted: dict[str, tuple[str, str]] = {}  # capture path -> (layer, role)
     for path, node in layer_paths(probed):
-        for suffix, role in ((_INPUT, "input"), (_KV, "kv_input")):
+        for suffix, role in ((_INPUT, "input"), (_KV, "kv_input"), (_CONTEXT, "context")):
             if isinstance(node.op, Identity) and path.endswith(suffix):
-                wanted[path] = (path[:-len(suffix)], role, 0)
-        if isinstance(node.op, QuantizedMultiHeadAttention):
-            wanted[path] = (path, "context", 1)
+                wanted[path] = (path[:-len(suffix)], role)
     if not wanted:
         raise ConfigError(f"quantize_weights: method='gptq' rounds Linear, attention and tied "
                           f"head weights and graph {qgraph.name!r} quantizes none")
@@ -182,9 +182,8 @@ def hessians(qgraph: Graph, params: Mapping, state: Mapping, batches: Iterable) 
     def sums(p, s, inputs):
         _, _, captured = apply(p, s, *inputs, inference_mode=True, capture=list(wanted))
         out = {}
-        for path, (_, _, index) in wanted.items():
-            x = captured[path]
-            x = (x[index] if isinstance(x, tuple) else x).astype(jnp.float32)
+        for path in wanted:
+            x = captured[path].astype(jnp.float32)
             x = x.reshape((-1, x.shape[-1]))
             out[path] = (jnp.matmul(x.T, x, precision=jax.lax.Precision.HIGHEST),
                          jnp.asarray(x.shape[0], jnp.int32))  # and the tokens summed
@@ -202,12 +201,12 @@ def hessians(qgraph: Graph, params: Mapping, state: Mapping, batches: Iterable) 
                           "few input batches")
     _warn_few_tokens(wanted, rows, total)
     found: dict[str, dict[str, Any]] = {}
-    for path, (layer, role, _) in wanted.items():
+    for path, (layer, role) in wanted.items():
         found.setdefault(layer, {})[role] = np.asarray(total[path], np.float64)
     return found
 
 
-def _warn_few_tokens(wanted: Mapping[str, tuple[str, str, int]], rows: Mapping[str, int],
+def _warn_few_tokens(wanted: Mapping[str, tuple[str, str]], rows: Mapping[str, int],
                      total: Mapping[str, Any]) -> None:
     """A warning naming the layers whose Hessian sums fewer tokens than the layer has
     inputs: ``X^T X`` is then singular, and GPTQ's compensation, fitted to a few
@@ -229,7 +228,9 @@ def _warn_few_tokens(wanted: Mapping[str, tuple[str, str, int]], rows: Mapping[s
 class _Probe(Rule):
     """An ``Identity`` node ``<layer>.gptq_input`` on the float input of each quantized
     Linear, tied head and attention (``<layer>.gptq_kv_input`` on a cross attention's
-    key/value input), and each quantized attention outputting its context too."""
+    key/value input), and each quantized attention outputting its context too, read by
+    ``<layer>.gptq_context`` (the path names one output: the attention's, with an
+    output adapter the adapter's sum)."""
 
     def prepare(self, graph: Graph) -> dict[str, Node]:
         """Each ``Quantize`` node's name -> the layer reading its values."""
@@ -252,8 +253,14 @@ class _Probe(Rule):
             kv = q if node.inputs[1] == node.inputs[0] else \
                 self._probe(node.inputs[1], node.layer + _KV, rewrite)
             adapters = op.adapters if "out" in op.adapters else op.adapters + ("out",)
-            return node.replace(op=dataclasses.replace(op, adapters=adapters),
-                                inputs=(q, kv) + node.inputs[2:])
+            kept = rewrite.keep(node.replace(op=dataclasses.replace(op, adapters=adapters),
+                                             inputs=(q, kv) + node.inputs[2:]))
+            context = self._probe(kept.value(1), node.layer + _CONTEXT, rewrite)
+            # the attention's output read with the probe, so that the probe stays live
+            name = rewrite.fresh(node.layer + ".gptq_keep")
+            live = rewrite.emit(Node(name, F(_first, name=name), (kept.value(0), context), (),
+                                     name), infer=True)
+            return [live.value(0)] + [kept.value(i) for i in range(1, len(node.outputs))]
         if _rounded(node) and len(node.inputs) == 1 and rewrite.spec(node.inputs[0]).is_float:
             # weight-only: the layer reads the float input itself
             x = self._probe(node.inputs[0], node.layer + _INPUT, rewrite)
@@ -265,6 +272,10 @@ class _Probe(Rule):
         name = rewrite.fresh(name)
         node = rewrite.emit(Node(name, Identity(name=name), (x,), (), name), infer=True)
         return node.value(0)
+
+
+def _first(x: Any, _: Any) -> Any:
+    return x
 
 
 def _rounded(node: Node) -> bool:
