@@ -96,3 +96,18 @@ def test_reusing_arrays_a_train_step_deleted_names_the_weight(gpt2):
                        IDS, IDS)
     with pytest.raises(mg.GraphError, match=r"weight h\.0/.* of reuse was deleted"):
         model.init(jax.random.key(1), reuse=(copy, state))
+
+
+def test_apply_of_base_weights_a_full_fine_tuning_step_deleted_names_the_weight(gpt2):
+    g, _, params, state = gpt2
+    base = mg.compile(g)
+    own = jax.tree.map(lambda w: w + 0, params)  # the base model's, not the fixture's
+    adapted = mg.compile(mg.lora(g, "h.*/mlp.c_fc", rank=2))
+    p2, s2 = adapted.init(jax.random.key(1), reuse=(own, state))
+    trainer = mg.train.Trainer(adapted, optax.sgd(0.1))  # every weight trains: all donated
+    trainer.train_step(trainer.init(jax.random.key(0)).replace(params=p2, state=s2), IDS, IDS)
+    with pytest.raises(mg.GraphError, match=r"apply: weight h\.0/\S+ was deleted: .*"
+                                            r"Trainer\(trainable=\.\.\.\)"):
+        base.apply(own, state, IDS, inference_mode=True)
+    out, _ = base.apply(params, state, IDS, inference_mode=True)  # arrays not donated: fine
+    assert out.shape == (2, 8, 64)

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 from ..core.errors import GraphError
+from .reuse import deleted_weight
 from .taps import Taps
 
 __all__ = ["model_apply"]
@@ -74,9 +75,21 @@ def model_apply(plain: Callable, make: Callable[[Taps, tuple], Callable]) -> Cal
     def apply(params, state, *inputs, **keywords: Any):
         # The plain call goes straight to the jitted function after one test of its
         # keywords.
-        if keywords.keys() <= _PLAIN:
-            return plain(params, state, *inputs, **keywords)
-        return tapped_call(params, state, *inputs, **keywords)
+        try:
+            if keywords.keys() <= _PLAIN:
+                return plain(params, state, *inputs, **keywords)
+            return tapped_call(params, state, *inputs, **keywords)
+        except RuntimeError as e:
+            path = deleted_weight(params, state)
+            if path is None:
+                raise
+            raise GraphError(
+                f"apply: weight {path} was deleted: a jitted function it was donated to took "
+                f"its buffer (a Trainer step donates the train state it is given; init(key, "
+                f"reuse=...) gives an adapted model the base model's very arrays). Use the "
+                f"params the step returned, train an adapted model with Trainer(trainable=...) "
+                f"(frozen weights are not donated), or give the Trainer a copy "
+                f"(jax.tree.map(jnp.copy, params))") from e
 
     for name in _JIT_ATTRIBUTES:
         if hasattr(plain, name):

@@ -24,7 +24,7 @@ from .lowering import make_init
 from .program import Program, leaf_paths
 from .stacking import stack_weights
 
-__all__ = ["ModelInit", "ReuseReport", "reuse_report"]
+__all__ = ["ModelInit", "ReuseReport", "reuse_report", "deleted_weight"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +65,19 @@ def _check_reuse(reuse: Any) -> tuple[Mapping, Mapping]:
 def _leaves(fresh: tuple[Any, Any]) -> dict[str, Any]:
     """Every weight of ``(params, state)`` by its report path (state under ``state/``)."""
     return {**leaf_paths(fresh[0]), **{"state/" + k: v for k, v in leaf_paths(fresh[1]).items()}}
+
+
+def deleted_weight(params: Any, state: Any, paths: Any = None) -> str | None:
+    """The path of the first weight of ``(params, state)`` (among ``paths``, if given)
+    whose array was deleted: donated to a jitted function (a ``Trainer`` step donates
+    the train state), which took its buffer."""
+    leaves = _leaves((params if isinstance(params, Mapping) else {},
+                      state if isinstance(state, Mapping) else {}))
+    for path in leaves if paths is None else paths:
+        deleted = getattr(leaves.get(path), "is_deleted", None)
+        if deleted is not None and deleted():
+            return path
+    return None
 
 
 def reuse_report(fresh: tuple[Any, Any], reuse: Any) -> ReuseReport:
@@ -181,12 +194,11 @@ class ModelInit:
         report = reuse_report(shapes, old)
         ours, given = _leaves(shapes), _leaves(old)
         _check_report(report, ours, given)
-        for path in report.kept:
-            deleted = getattr(given[path], "is_deleted", None)
-            if deleted is not None and deleted():
-                raise GraphError(f"init(reuse=...): weight {path} of reuse was deleted (a "
-                                 f"jitted function it was donated to, such as a Trainer "
-                                 f"step, took its buffer); reuse the params it returned")
+        path = deleted_weight(*old, report.kept)
+        if path is not None:
+            raise GraphError(f"init(reuse=...): weight {path} of reuse was deleted (a "
+                             f"jitted function it was donated to, such as a Trainer "
+                             f"step, took its buffer); reuse the params it returned")
         pure, jitted = self._draw(frozenset(report.new))
         drawn = (pure if traced else jitted)(key)
         shardings = (None, None) if self._sharding is None else (self._sharding.params,
