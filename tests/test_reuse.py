@@ -1,7 +1,7 @@
 """init(key, reuse=(params, state)): only the new weights drawn (the values init gives
 them), the kept ones the very arrays; weights given one block at a time stacked for a
 scanning model; reuse keeping nothing, float weights for a quantized layer and arrays
-deleted by a donation are errors naming the weight."""
+deleted by a donation are errors naming the weight (init and apply)."""
 
 import jax
 import numpy as np
@@ -87,18 +87,7 @@ def test_float_weights_for_a_quantized_graph_are_an_error(gpt2):
         qlora.init(jax.random.key(1), reuse=(params, state))
 
 
-def test_reusing_arrays_a_train_step_deleted_names_the_weight(gpt2):
-    g, _, params, state = gpt2
-    model = mg.compile(g)
-    trainer = mg.train.Trainer(model, optax.sgd(0.1))
-    copy = jax.tree.map(lambda w: w + 0, params)
-    trainer.train_step(trainer.init(jax.random.key(0)).replace(params=copy, state=state),
-                       IDS, IDS)
-    with pytest.raises(mg.GraphError, match=r"weight h\.0/.* of reuse was deleted"):
-        model.init(jax.random.key(1), reuse=(copy, state))
-
-
-def test_apply_of_base_weights_a_full_fine_tuning_step_deleted_names_the_weight(gpt2):
+def test_base_weights_a_full_fine_tuning_step_deleted_are_named_by_apply_and_reuse(gpt2):
     g, _, params, state = gpt2
     base = mg.compile(g)
     own = jax.tree.map(lambda w: w + 0, params)  # the base model's, not the fixture's
@@ -109,5 +98,7 @@ def test_apply_of_base_weights_a_full_fine_tuning_step_deleted_names_the_weight(
     with pytest.raises(mg.GraphError, match=r"apply: weight h\.0/\S+ was deleted: .*"
                                             r"Trainer\(trainable=\.\.\.\)"):
         base.apply(own, state, IDS, inference_mode=True)
+    with pytest.raises(mg.GraphError, match=r"weight h\.0/.* of reuse was deleted"):
+        adapted.init(jax.random.key(2), reuse=(own, state))
     out, _ = base.apply(params, state, IDS, inference_mode=True)  # arrays not donated: fine
     assert out.shape == (2, 8, 64)
