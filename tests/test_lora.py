@@ -2,6 +2,7 @@
 NumPy references; merging, scanning, training only the adapters, and bad input."""
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -229,6 +230,38 @@ def test_training_the_adapters_keeps_the_reused_base_weights():
     assert ts.params["head"]["kernel"] is params["head"]["kernel"]
     after, _ = base.apply(params, state, x)
     np.testing.assert_array_equal(after, before)
+
+
+def _scan_outputs(jaxpr):
+    """The shapes of every array a ``scan`` in ``jaxpr`` (nested ones included) returns."""
+    shapes = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            shapes += [tuple(v.aval.shape) for v in eqn.outvars]
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                if isinstance(sub, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)):
+                    shapes += _scan_outputs(getattr(sub, "jaxpr", sub))
+    return shapes
+
+
+def test_a_scanned_step_keeps_no_stacked_copy_of_the_frozen_kernels(gpt2):
+    """The adapters' gradient through a scan over blocks needs each block's frozen
+    kernels in the backward loop: they are read from the stack the model holds, never
+    returned by the forward loop as a second stack (the base weights restacked)."""
+    g, _, _, ids = gpt2
+    model = mg.compile(mg.lora(g, "h.*/attn/qkv", rank=2), scan_blocks="always")
+    trainer = mg.train.Trainer(model, optax.adam(1e-2), loss="softmax_cross_entropy",
+                               trainable="**/*.lora_*")
+    ts = trainer.init(jax.random.key(0))
+    stacked = {s for s in _scan_outputs(jax.make_jaxpr(trainer.train_step)(ts, ids, ids).jaxpr)
+               if len(s) > 1 and s[0] == CONFIG["n_layer"]}
+    d, hidden = CONFIG["n_embd"], 4 * CONFIG["n_embd"]
+    kernels = {(CONFIG["n_layer"],) + k for k in [(d, d), (d, 3 * d), (d, hidden), (hidden, d),
+                                                  (d, CONFIG["n_head"], d // CONFIG["n_head"]),
+                                                  (CONFIG["n_head"], d // CONFIG["n_head"], d)]}
+    assert stacked, "the forward loop returns its activations for the backward"
+    assert not stacked & kernels, sorted(stacked & kernels)
 
 
 def test_trainable_matching_nothing_lists_weight_paths():

@@ -34,9 +34,10 @@ from ..ir.node import Node, Value
 from ..ir.rewrite import Rewrite, Rule, rewrite
 from ..ir.scan import unfold_scans
 from ..ops.activation import Gelu, LogSoftmax, Relu, Sigmoid, Silu, Softmax, Tanh
-from ..ops.attention import CausalMask, MultiHeadAttention
+from ..ops.attention import MultiHeadAttention
 from ..ops.cached_attention import CachedAttention
 from ..ops.cast import Cast
+from ..ops.causal_mask import CausalMask
 from ..ops.constraint import Constrain
 from ..ops.creation import Arange
 from ..ops.dropout import Dropout

@@ -18,10 +18,11 @@ from .activation import (
     softmax,
     tanh,
 )
-from .attention import CausalMask, MultiHeadAttention, causal_mask
+from .attention import MultiHeadAttention
 from .base import Layer, ParamSpec
 from .cached_attention import CachedAttention
 from .cast import Cast, cast
+from .causal_mask import CausalMask, causal_mask
 from .constraint import Constrain, constrain
 from .conv import Conv
 from .conv_transpose import ConvTranspose

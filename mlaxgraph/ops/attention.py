@@ -1,9 +1,9 @@
-"""MultiHeadAttention and the causal mask helper. Softmax runs in float32 whatever the
-compute dtype."""
+"""MultiHeadAttention. Softmax runs in float32 whatever the compute dtype."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -13,16 +13,16 @@ import numpy as np
 from ..core.axes import same_dim, weight_axes
 from ..core.errors import DTypeError, ShapeError
 from ..core.registry import register
-from ..core.specs import TensorSpec, is_symbolic, shape_str
+from ..core.specs import is_symbolic, shape_str
 from ..ir.builder import SymbolicTensor
 from . import initializers
-from .base import Initializer, Layer, ParamSpec, cast_params, expect_count, expect_float, field, to_param_axes
+from .base import Initializer, Layer, ParamSpec, cast_params, expect_float, field, to_param_axes
 from .elementwise import NotEqual, broadcast_shapes
 from .flops import size, weight_converts
 from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base, to_rope_scaling
 from .tensor import ExpandDims
 
-__all__ = ["MultiHeadAttention", "CausalMask", "causal_mask", "ADAPTABLE"]
+__all__ = ["MultiHeadAttention", "ADAPTABLE"]
 
 #: The projections of ``MultiHeadAttention`` an adapter can change (``adapters``).
 ADAPTABLE = ("query", "key", "value", "qkv", "out")
@@ -37,6 +37,20 @@ def _head_kernel(key, shape, dtype):
 def _out_kernel(key, shape, dtype):
     """LeCun normal over the ``heads * head_dim`` inputs of a ``(heads, head_dim, out)`` kernel."""
     return jax.nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2)(key, shape, dtype)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(2,), prevent_cse=False)
+def _flat_product(x, kernel, rows):
+    """``x``'s last ``rows`` axes contracted with ``kernel``'s first ``rows``, computed as
+    one 2-d matrix product (XLA compiles it faster than the dot over the kernel's own
+    axes; the same numbers); the output's last axis is the kernel's others, flattened.
+
+    Checkpointed so that what the backward pass keeps of the kernel is the kernel
+    itself, its flat view made again there: under a scan over blocks a kept flat copy
+    of a frozen kernel would be kept for every block (the base weights restacked;
+    LoRA's step on the scanned GPT-2 small: 113 MB more, benchmarks/RESULTS.md section 7)."""
+    flat = x.reshape(x.shape[: x.ndim - rows] + (-1,))
+    return flat @ kernel.reshape(math.prod(kernel.shape[:rows]), -1)
 
 
 @register("multi_head_attention")
@@ -268,9 +282,8 @@ class MultiHeadAttention(Layer):
         compiles it faster than an einsum over the 3-d kernel; the same numbers)."""
         kernel = w["kernel"]
         if spec == _OUT:  # (heads, head_dim, out): the heads' values, concatenated
-            return x.reshape(x.shape[:2] + (-1,)) @ kernel.reshape(-1, kernel.shape[-1])
-        d, heads, width = kernel.shape
-        return (x @ kernel.reshape(d, heads * width)).reshape(x.shape[:-1] + (heads, width))
+            return _flat_product(x, kernel, 2)
+        return _flat_product(x, kernel, 1).reshape(x.shape[:-1] + kernel.shape[1:])
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         base, deltas = self._split(inputs)
@@ -392,29 +405,3 @@ def _rope(x, base: float, scaling=None):
     """Rotates ``(batch, length, heads, head_dim)`` by the positions ``0 .. length - 1``."""
     cos, sin = rotary_tables(jnp.arange(x.shape[1]), x.shape[-1], base, x.dtype, scaling)
     return rotate(x, cos[None, :, None], sin[None, :, None])
-
-
-@register("causal_mask")
-@dataclasses.dataclass(frozen=True)
-class CausalMask(Layer):
-    """A boolean ``(length, length)`` lower-triangular mask for a ``(batch, length, ...)``
-    input: position ``i`` attends to positions ``<= i``."""
-
-    def infer(self, inputs):
-        expect_count(inputs, 1)
-        (x,) = inputs
-        if x.rank < 2:
-            raise ShapeError("needs a (batch, length, ...) input", expected="rank >= 2")
-        return (TensorSpec((x.shape[1], x.shape[1]), np.dtype(bool)),)
-
-    def apply(self, params, state, inputs, *, rng, inference_mode):
-        length = inputs[0].shape[1]
-        return (jnp.tril(jnp.ones((length, length), bool)),), state
-
-    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        return 2 * size(outputs[0])  # compare of two iotas, select
-
-
-def causal_mask(x):
-    """``CausalMask()(x)``: the mask that stops each position seeing later ones."""
-    return CausalMask()(x)
