@@ -17,7 +17,12 @@ weights never copied (lora's peak at most its weights' bytes + 5%, activations
 included, at the default small batch); step time at most full's (interleaved rounds,
 median of the per-round ratio and a bootstrap 95% CI).
 
-Run: ``.venv/bin/python benchmarks/bench_lora.py [--batch 1] [--seq 64] [--rounds 5]``.
+QLoRA (``--qlora int8_weight_only,int4_weight_only,float8,int8``): the same adapters on
+``mg.quantize(g, scheme)`` (every Linear, Embedding and attention layer), the step's
+memory only, beside the float rows.
+
+Run: ``.venv/bin/python benchmarks/bench_lora.py [--batch 1] [--seq 64] [--rounds 5]
+[--qlora SCHEMES]``.
 """
 
 from __future__ import annotations
@@ -48,12 +53,22 @@ def _memory(trainer, ts, ids) -> dict:
                               + m.output_size_in_bytes - m.alias_size_in_bytes)}
 
 
+def _qlora_memory(g, scheme: str, ids) -> dict:
+    """The QLoRA step's memory: ``lora``'s adapters on ``mg.quantize(g, scheme)``."""
+    graph = mg.lora(mg.quantize(g, scheme), "h.*/attn/qkv", rank=8, alpha=16)
+    trainer = mg.train.Trainer(mg.compile(graph, scan_blocks=True), optax.adamw(1e-4),
+                               loss="softmax_cross_entropy", trainable="**/*.lora_*")
+    ts = trainer.init(jax.random.key(0))
+    return {**_memory(trainer, ts, ids), "param_bytes": _bytes(ts.params)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/lora_results.json")
+    parser.add_argument("--qlora", type=lambda v: tuple(v.split(",")), default=())
     args = parser.parse_args()
 
     g = mg.models.gpt2()
@@ -95,6 +110,7 @@ def main() -> None:
         "lora_temp_over_full_temp": lora["temp_bytes"] / full["temp_bytes"],
         "step_ratio": median(ratios), "step_ratio_ci": [low, high],
     }
+    result["qlora"] = {scheme: _qlora_memory(g, scheme, ids) for scheme in args.qlora}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))

@@ -245,12 +245,16 @@ def _scan_outputs(jaxpr):
     return shapes
 
 
-def test_a_scanned_step_keeps_no_stacked_copy_of_the_frozen_kernels(gpt2):
+@pytest.mark.parametrize("scheme", [None, "int8_weight_only", "int4_weight_only"])
+def test_a_scanned_step_keeps_no_stacked_copy_of_the_frozen_kernels(gpt2, scheme):
     """The adapters' gradient through a scan over blocks needs each block's frozen
     kernels in the backward loop: they are read from the stack the model holds, never
-    returned by the forward loop as a second stack (the base weights restacked)."""
+    returned by the forward loop as a second stack (the base weights restacked; with
+    QLoRA, dequantized to float)."""
     g, _, _, ids = gpt2
-    model = mg.compile(mg.lora(g, "h.*/attn/qkv", rank=2), scan_blocks="always")
+    if scheme is not None:
+        g = mg.quantize(g, scheme, **({"group_size": 16} if scheme.startswith("int4") else {}))
+    model = mg.compile(mg.lora(g, ["h.*/attn/qkv", "h.*/mlp.c_fc"], rank=2), scan_blocks="always")
     trainer = mg.train.Trainer(model, optax.adam(1e-2), loss="softmax_cross_entropy",
                                trainable="**/*.lora_*")
     ts = trainer.init(jax.random.key(0))

@@ -19,6 +19,7 @@ A scheme stores a layer's weights as integers or float8 with float32 scales, sym
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -34,7 +35,7 @@ from .flops import size
 
 __all__ = ["Quantize", "SCHEMES", "INT8_MAX", "INT4_MIN", "INT4_MAX", "FLOAT8_MAX",
            "FLOAT8", "absmax_scale", "quantize_to", "pack_int4", "unpack_int4",
-           "group_scales", "quantize_weight", "range_scale"]
+           "group_scales", "quantize_weight", "range_scale", "dequantized_dot"]
 
 #: The schemes ``mg.quantize`` knows.
 SCHEMES = ("int8", "int8_weight_only", "int4_weight_only", "float8")
@@ -126,6 +127,27 @@ def dequantize_groups(q: jax.Array, scale: jax.Array, axis: int, dtype: Any) -> 
     grouped = q.reshape(q.shape[:axis] + (groups, q.shape[axis] // groups) + q.shape[axis + 1:])
     w = grouped.astype(dtype) * jnp.expand_dims(scale, axis + 1).astype(dtype)
     return w.reshape(q.shape)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(3, 4, 5), prevent_cse=False)
+def dequantized_dot(x, kernel, scale, scheme: str, scale_after: bool, precision):
+    """``x`` (``(..., in)``) times a weight-only scheme's stored 2-d ``kernel`` ``(in,
+    out)`` dequantized to ``x``'s dtype: int4 by its groups' scales, the others by one
+    scale per column, applied to the kernel or (``scale_after``) to the product.
+
+    Checkpointed: what the backward pass keeps is the stored kernel and its scale,
+    dequantized again there, not the float kernel (under a scan over blocks that would
+    be every block's frozen kernels again, in float: a QLoRA step holding more than
+    the float model's weights)."""
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    if scheme == "int4_weight_only":
+        w = dequantize_groups(unpack_int4(kernel, 0), scale, 0, x.dtype)
+        return jax.lax.dot_general(x, w, dims, precision=precision)
+    if scale_after:
+        y = jax.lax.dot_general(x, kernel.astype(x.dtype), dims, precision=precision)
+        return y * scale.astype(x.dtype)
+    w = kernel.astype(x.dtype) * scale.astype(x.dtype)
+    return jax.lax.dot_general(x, w, dims, precision=precision)
 
 
 def quantize_weight(w: jax.Array, scheme: str, *, reduce: tuple[int, ...], axis: int,

@@ -29,7 +29,7 @@ from .conv import Conv
 from .flops import size
 from .linear import Linear
 from .patches import patch_conv
-from .quantize import FLOAT8, SCHEMES, dequantize_groups, unpack_int4
+from .quantize import FLOAT8, SCHEMES, dequantize_groups, dequantized_dot, unpack_int4
 
 __all__ = ["QuantizedLinear", "QuantizedConv"]
 
@@ -223,12 +223,7 @@ class QuantizedLinear(_Scheme, Linear):
             out_dtype = s.dtype
         else:
             (x,) = inputs
-            if self.scheme == "int4_weight_only":
-                w = dequantize_groups(unpack_int4(kernel, 0), scale, 0, x.dtype)
-                y = lax.dot_general(x, w, dims, precision=self.precision)
-            else:
-                y = lax.dot_general(x, kernel.astype(x.dtype), dims, precision=self.precision)
-                y = y * scale.astype(x.dtype)
+            y = dequantized_dot(x, kernel, scale, self.scheme, True, self.precision)
             out_dtype = x.dtype
         if self.use_bias:
             y = y + params["bias"].astype(y.dtype)

@@ -17,7 +17,7 @@ from ..core.specs import ParamSpec
 from . import initializers
 from .attention import _OUT, MultiHeadAttention
 from .flops import size
-from .quantize import INT8_MAX, absmax_scale, dequantize_groups, quantize_to, quantize_weight, unpack_int4
+from .quantize import INT8_MAX, absmax_scale, dequantized_dot, quantize_to, quantize_weight
 from .quantized import _F32, _Scheme
 
 __all__ = ["QuantizedMultiHeadAttention", "PROJECTIONS"]
@@ -80,31 +80,24 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
         return self.scheme == "int8"
 
     def _project(self, spec, x, w):
-        if not self._int8_dots:
-            return super()._project(spec, x, w)
         if spec == _OUT:  # the heads' values, concatenated
-            return _int8_dot(x.reshape(x.shape[:2] + (-1,)), w["kernel"], w["kernel_scale"])
-        y = _int8_dot(x, w["kernel"], w["kernel_scale"])
-        return y.reshape(y.shape[:-1] + w["heads"])
+            x = x.reshape(x.shape[:2] + (-1,))
+        if self._int8_dots:
+            y = _int8_dot(x, w["kernel"], w["kernel_scale"])
+        else:  # dequantized inside the product, so the backward keeps the stored kernel
+            y = dequantized_dot(x, w["kernel"], w["kernel_scale"], self.scheme, False, None)
+        return y if spec == _OUT else y.reshape(y.shape[:-1] + w["heads"])
 
     def float_weights(self, params, dtype):
+        """The stored kernels and their scales, which ``_project`` multiplies (as int8
+        with ``int8``; dequantized to ``dtype`` with the others), and the biases in
+        ``dtype``."""
         out: dict[str, Any] = {}
-        if self._int8_dots:  # the stored kernels, multiplied as int8 by _project
-            for name, group in params.items():
-                n = group["kernel"].shape[1]
-                heads = self.num_heads if name in ("query", "out") else self.kv_heads
-                out[name] = {"kernel": group["kernel"], "kernel_scale": group["kernel_scale"],
-                             "heads": (heads, n // heads)}
-                if "bias" in group:
-                    out[name]["bias"] = group["bias"].astype(dtype)
-            return out
         for name, group in params.items():
-            kernel, scale = group["kernel"], group["kernel_scale"]
-            if self.scheme == "int4_weight_only":
-                w = dequantize_groups(unpack_int4(kernel, 0), scale, 0, dtype)
-            else:
-                w = kernel.astype(dtype) * scale.astype(dtype)
-            out[name] = {"kernel": w.reshape(self._float_shape(name, w.shape))}
+            n = group["kernel"].shape[1]
+            heads = self.num_heads if name in ("query", "out") else self.kv_heads
+            out[name] = {"kernel": group["kernel"], "kernel_scale": group["kernel_scale"],
+                         "heads": (heads, n // heads)}
             if "bias" in group:
                 out[name]["bias"] = group["bias"].astype(dtype)
         return out
