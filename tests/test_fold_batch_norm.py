@@ -55,6 +55,15 @@ def np_batch_norm(y, scale, bias, mean, var, epsilon, axis):
     return (y - r(mean)) / np.sqrt(r(var) + epsilon) * r(scale) + r(bias)
 
 
+def _assert_same_outputs(unfolded, folded, xs):
+    """The folded model's inference outputs equal the unfolded one's, within float32
+    rounding (1e-5 of the outputs' scale)."""
+    want, _ = mg.compile(unfolded[0]).apply(*unfolded[1:], xs, inference_mode=True)
+    got, _ = mg.compile(folded[0]).apply(*folded[1:], xs, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0,
+                               atol=1e-5 * float(jnp.abs(want).max()))
+
+
 def _random_weights(model, seed):
     """Params as init draws them, but BatchNorm scale in [0.5, 1.5] and biases normal;
     running mean normal, running variance in [0.2, 2]: every term of the fold matters."""
@@ -247,11 +256,8 @@ def test_a_block_called_twice_with_shared_weights_folds_once():
     params, state = _random_weights(mg.compile(g), 2)
     folded, fparams, fstate = mg.fold_batch_norm(g, params, state)
     assert sorted(fparams) == ["b"] and sorted(fparams["b"]) == ["conv"] and fstate == {}
-    xs = jax.random.normal(jax.random.key(3), (2, 6, 6, 4))
-    want, _ = mg.compile(g).apply(params, state, xs, inference_mode=True)
-    got, _ = mg.compile(folded).apply(fparams, fstate, xs, inference_mode=True)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0,
-                               atol=1e-5 * float(jnp.abs(want).max()))
+    _assert_same_outputs((g, params, state), (folded, fparams, fstate),
+                         jax.random.normal(jax.random.key(3), (2, 6, 6, 4)))
 
 
 # --- what stays, and bad input -----------------------------------------------------------
@@ -290,11 +296,8 @@ def test_batch_norms_that_cannot_fold_stay_and_are_listed_with_the_reason():
         assert part in text, (part, text)
     assert "bn_ok" not in folded and "bn_ok" not in fparams and "bn_ok" not in fstate
     assert sorted(fstate) == ["bn_act", "bn_axis", "bn_input", "bn_shared", "bn_sum", "bn_twice"]
-    xs = jax.random.normal(jax.random.key(3), (2, 6, 6, 4))
-    want, _ = mg.compile(g).apply(params, state, xs, inference_mode=True)
-    got, _ = mg.compile(folded).apply(fparams, fstate, xs, inference_mode=True)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0,
-                               atol=1e-5 * float(jnp.abs(want).max()))
+    _assert_same_outputs((g, params, state), (folded, fparams, fstate),
+                         jax.random.normal(jax.random.key(3), (2, 6, 6, 4)))
 
 
 def test_nothing_to_fold_gives_the_graph_back():

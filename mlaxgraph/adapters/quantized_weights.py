@@ -14,7 +14,7 @@ import numpy as np
 from ..compiler.compile import compile
 from ..compiler.program import get_in, leaf_paths, set_in
 from ..core.errors import ConfigError, GraphError, node_message
-from ..decode.inputs import _in_vocabulary
+from ..decode.inputs import check_vocabulary
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.scan import unfold_scans
@@ -170,7 +170,7 @@ def _check_vocabulary(qgraph: Graph, batches: list) -> None:
                 continue
             ids = np.asarray(inputs[index])
             if np.issubdtype(ids.dtype, np.integer):  # the check prompts get (mg.generate)
-                _in_vocabulary(ids, vocabulary,
+                check_vocabulary(ids, vocabulary,
                                f"quantize_weights: calibration batch {number}, input "
                                f"{qgraph.inputs[index]!r} (read by layer {layer!r})")
 

@@ -82,7 +82,10 @@ def deleted_weight(params: Any, state: Any, paths: Any = None) -> str | None:
 
 def reuse_report(fresh: tuple[Any, Any], reuse: Any) -> ReuseReport:
     """Compares the weights a model draws (arrays or shape structs) with ``reuse``."""
-    ours, old = _leaves(fresh), _leaves(_check_reuse(reuse))
+    return _report(_leaves(fresh), _leaves(_check_reuse(reuse)))
+
+
+def _report(ours: Mapping[str, Any], old: Mapping[str, Any]) -> ReuseReport:
     kept = tuple(p for p, leaf in ours.items() if p in old and _same(leaf, old[p]))
     new = tuple(p for p in ours if p not in kept)
     changed = tuple(p for p in new if p in old)
@@ -127,12 +130,8 @@ def _check_report(report: ReuseReport, ours: Mapping[str, Any], old: Mapping[str
                      f"weight).{hint}")
 
 
-def _at(tree: Any, path: str) -> Any:
-    for key in path.split("/"):
-        if not isinstance(tree, Mapping) or key not in tree:
-            return None
-        tree = tree[key]
-    return tree
+def _at(tree: Any, key: str) -> Any:
+    return tree.get(key) if isinstance(tree, Mapping) else None
 
 
 def _assemble(shapes: Any, drawn: Any, old: Any, shardings: Any) -> Any:
@@ -191,8 +190,8 @@ class ModelInit:
             return (self._pure if traced else self._plain)(key)
         shapes = self.shapes()
         old = self.given(reuse)
-        report = reuse_report(shapes, old)
         ours, given = _leaves(shapes), _leaves(old)
+        report = _report(ours, given)
         _check_report(report, ours, given)
         path = deleted_weight(*old, report.kept)
         if path is not None:

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..core.errors import ConfigError, GraphError, ShapeError
 
-__all__ = ["prompt_arrays", "step_ids", "stop_ids", "token_id", "check_key", "check_cache"]
+__all__ = ["prompt_arrays", "step_ids", "stop_ids", "token_id", "check_key", "check_cache",
+           "check_vocabulary"]
 
 
 def _describe(value: Any) -> str:
@@ -29,7 +30,8 @@ def _integer_ids(value: Any, what: str, form: str) -> np.ndarray:
     return ids
 
 
-def _in_vocabulary(ids: np.ndarray, vocab: int | None, what: str) -> None:
+def check_vocabulary(ids: np.ndarray, vocab: int | None, what: str) -> None:
+    """A ``ShapeError`` (``what``: the message's subject) for an id outside ``[0, vocab)``."""
     if vocab is None or ids.size == 0:
         return
     bad = ids[(ids < 0) | (ids >= vocab)]
@@ -61,7 +63,7 @@ def prompt_arrays(input_ids: Any, attention_mask: Any, *, vocab: int | None,
     if ids.shape[1] > max_length:
         raise ShapeError(f"the prompt has {ids.shape[1]} tokens, more than the decoder's "
                          f"max_length={max_length}")
-    _in_vocabulary(ids, vocab, "input_ids")
+    check_vocabulary(ids, vocab, "input_ids")
     ids = ids.astype(np.int32)
     if attention_mask is None:
         return ids, np.ones(ids.shape, bool)
@@ -104,7 +106,7 @@ def step_ids(token_ids: Any, batch: int, vocab: int | None) -> Any:
         raise ShapeError(f"token_ids must be (batch,) or (batch, n) with the cache's batch "
                          f"{batch}, got {tuple(np.shape(token_ids))}")
     if not isinstance(ids, jax.core.Tracer):
-        _in_vocabulary(ids, vocab, "token_ids")
+        check_vocabulary(ids, vocab, "token_ids")
         ids = ids.astype(np.int32)
     return ids
 

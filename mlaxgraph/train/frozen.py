@@ -26,6 +26,12 @@ def _path(keys: tuple) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in keys)
 
 
+def _merge(mask: tuple[bool, ...], trained: list, frozen: list) -> list:
+    """The params' leaves in order: the trained ones where ``mask`` is set, else the frozen."""
+    trained_leaves, frozen_leaves = iter(trained), iter(frozen)
+    return [next(trained_leaves) if m else next(frozen_leaves) for m in mask]
+
+
 class FrozenStep:
     """``step(ts, inputs, targets) -> (ts, metrics)`` of a pure ``fn`` with the same
     signature, jitted so that only the trained part of ``ts`` is donated (see the
@@ -46,10 +52,8 @@ class FrozenStep:
 
     def _inner(self, treedef: Any, mask: tuple[bool, ...], frozen: list, state: Any,
                rest: TrainState, *args: Any):
-        trained = iter(rest.params)
-        held = iter(frozen)
-        leaves = [next(trained) if m else next(held) for m in mask]
-        ts = rest.replace(params=jax.tree.unflatten(treedef, leaves), state=state)
+        ts = rest.replace(params=jax.tree.unflatten(treedef, _merge(mask, rest.params, frozen)),
+                          state=state)
         new, metrics = self._fn(ts, *args)
         out = jax.tree.leaves(new.params)
         return new.replace(params=[x for x, m in zip(out, mask) if m]), metrics
@@ -65,10 +69,7 @@ class FrozenStep:
         arguments, frozen = self._split(ts, args)
         treedef, mask = arguments[0], arguments[1]
         new, metrics = self._jitted(*arguments)
-        trained = iter(new.params)
-        held = iter(frozen)
-        leaves = [next(trained) if m else next(held) for m in mask]
-        return new.replace(params=jax.tree.unflatten(treedef, leaves)), metrics
+        return new.replace(params=jax.tree.unflatten(treedef, _merge(mask, new.params, frozen))), metrics
 
     def lower(self, ts: TrainState, *args: Any):
         return self._jitted.lower(*self._split(ts, args)[0])
