@@ -2,7 +2,17 @@
 
 Each test, doctests included, leaves the op registry as it found it: an op registered by
 one test is not seen by another (error messages list the registered ops, and
-docs/errors.md shows one), whatever the order and the worker that runs them."""
+docs/errors.md shows one), whatever the order and the worker that runs them.
+
+Each test also writes its scratch files into a folder of its own, removed when it ends.
+Tests, doctests, docs examples and notebooks call ``tempfile.mkdtemp()`` the way users
+do, and some write large files there (a GPT-2 checkpoint is 475 MB); left in the
+machine's temporary folder, every run of the suite would keep them. The folder is
+Python's ``tempfile`` default and ``TMPDIR`` (which subprocesses and notebook kernels
+read). Fixtures of a wider scope are set up before it and keep the machine's folder."""
+
+import shutil
+import tempfile
 
 import jax
 import pytest
@@ -18,3 +28,12 @@ def _op_registry_restored():
     yield
     registry._REGISTRY.clear()
     registry._REGISTRY.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _scratch_folder(monkeypatch):
+    folder = tempfile.mkdtemp(prefix="mlaxgraph-test-")
+    monkeypatch.setattr(tempfile, "tempdir", folder)
+    monkeypatch.setenv("TMPDIR", folder)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

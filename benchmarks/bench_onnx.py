@@ -46,7 +46,8 @@ def run(quick: bool = False) -> str:
     rounds, calls = (2, 2) if quick else (5, 3)
     rng = np.random.default_rng(0)
     rows = []
-    folder = pathlib.Path(tempfile.mkdtemp())
+    scratch = tempfile.TemporaryDirectory()  # removed when run() returns
+    folder = pathlib.Path(scratch.name)
     for name, make, example in _cases():
         graph = make()
         params, state = mg.compile(graph).init(jax.random.key(0))

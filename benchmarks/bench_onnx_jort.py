@@ -73,7 +73,8 @@ def main() -> None:
              ("GPT-2 small, 1 x 128 tokens", mg.models.gpt2, 20,
               lambda rng: [rng.integers(0, 50257, size=(1, 128)).astype(np.int32)])]
     rng = np.random.default_rng(0)
-    folder = pathlib.Path(tempfile.mkdtemp())
+    scratch = tempfile.TemporaryDirectory()  # removed when this returns
+    folder = pathlib.Path(scratch.name)
     rows = []
     for name, make, opset, example in cases:
         graph = make()
