@@ -31,7 +31,8 @@ def _op_registry_restored():
 
 
 @pytest.fixture(autouse=True)
-def _scratch_folder(monkeypatch):
+def _scratch_folder(monkeypatch, tmp_path_factory):
+    tmp_path_factory.getbasetemp()  # pytest's own folder (tmp_path), fixed before the change
     folder = tempfile.mkdtemp(prefix="mlaxgraph-test-")
     monkeypatch.setattr(tempfile, "tempdir", folder)
     monkeypatch.setenv("TMPDIR", folder)

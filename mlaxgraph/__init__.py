@@ -29,6 +29,7 @@ from .core.errors import (
     FoldWarning,
     GraphError,
     MlaxGraphError,
+    QuantizeWarning,
     SerializationError,
     ShapeError,
     ShardingError,
@@ -49,6 +50,7 @@ from .train import Trainer
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
     "ShardingError", "ConfigError", "CheckError", "UnverifiedFileWarning", "FoldWarning",
+    "QuantizeWarning",
     "TensorSpec", "Graph", "Input", "Sequential", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",
     "CostTable", "LayerCost", "HloByLayer", "HloOperation", "ExportedModel", "load_exported",

@@ -3,6 +3,7 @@ references written here; the graph's visible casts, bytes as stored, the int8 do
 the optimized HLO; QLoRA; files; bad input."""
 
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -655,3 +656,42 @@ def test_explorer_colours_the_casts_and_layers_by_stored_dtype(scheme, category,
     if scheme != "int4_weight_only":
         assert nodes["fc.quantize"]["cat"] == category
         assert nodes["fc.dequantize"]["cat"] == "float32"  # back to float, drawn as such
+
+
+def test_int4_default_targets_leave_layers_the_group_does_not_divide_float_and_say_so():
+    # a CNN's first convolution reads 3 channels and its next 16: group 32 divides
+    # neither, the Linear's 64 inputs it does
+    x = mg.Input(("batch", 8, 8, 3), name="x")
+    h = ops.Conv(16, 3, padding="SAME", name="first")(x)
+    h = ops.Conv(32, 3, padding="SAME", name="second")(ops.relu(h))
+    h = ops.Linear(64, name="wide")(ops.Flatten()(h))
+    g = mg.Graph(x, ops.Linear(4, name="head")(ops.relu(h)))
+    with pytest.warns(mg.QuantizeWarning, match=r"group_size=32, which does not divide the "
+                      r"inputs of 2 layers: first \(3 inputs\), second \(16 inputs\); "
+                      r"group_size=16 divides the even ones\. They stay float") as caught:
+        qg = mg.quantize(g, "int4_weight_only", group_size=32)
+    assert len(caught) == 1
+    kinds = {n.name: n.op.op_name for n in qg.nodes}
+    assert kinds["first"] == "conv" and kinds["second"] == "conv"
+    assert kinds["wide"] == "quantized_linear" and kinds["head"] == "quantized_linear"
+    # the float layers keep their float weights; the quantized model runs and is close
+    params, state = mg.compile(g).init(jax.random.key(0))
+    qparams, qstate = mg.quantize_weights(qg, params, state)
+    np.testing.assert_array_equal(qparams["first"]["kernel"], params["first"]["kernel"])
+    xs = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
+    want, _ = mg.compile(g).apply(params, state, xs, inference_mode=True)
+    got, _ = mg.compile(qg).apply(qparams, qstate, xs, inference_mode=True)
+    assert float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want)) < 0.5
+    # named explicitly, such a layer is an error, as before
+    with pytest.raises(mg.ConfigError, match=r"layer 'second'.*groups the 16 inputs by 32.*"
+                                             r"pass group_size=16"):
+        mg.quantize(g, "int4_weight_only", group_size=32, targets=["second", "head"])
+    # the warning can be made an error
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mg.QuantizeWarning)
+        with pytest.raises(mg.QuantizeWarning):
+            mg.quantize(g, "int4_weight_only", group_size=32)
+    # when the group divides no layer's inputs, nothing is quantized: an error
+    with pytest.raises(mg.ConfigError, match=r"group_size=4096.*inputs of 4 layers.*no layer of "
+                                             r"graph .* is left to quantize"):
+        mg.quantize(g, "int4_weight_only", group_size=4096)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from typing import Any
 
-from ..core.errors import ConfigError, GraphError, ShapeError, SourceInfo, capture_source, node_message
+from ..core.errors import ConfigError, GraphError, QuantizeWarning, ShapeError, SourceInfo, capture_source, node_message
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.rewrite import Rewrite, Rule, rewrite
@@ -66,7 +67,9 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
     returns); None takes every layer the scheme quantizes (LoRA adapters aside).
     A targeted layer the scheme cannot quantize, or whose input size ``group_size``
     does not divide, is an ``mg.ConfigError`` naming it; a selection of nothing an
-    ``mg.GraphError``. The new graph's weights come from float ones through
+    ``mg.GraphError``. With the default targets, layers ``group_size`` does not divide
+    stay float, listed in one ``mg.QuantizeWarning`` (a CNN's first convolution reads
+    3 channels). The new graph's weights come from float ones through
     ``mg.quantize_weights``.
 
     Example:
@@ -97,6 +100,7 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
     if targets is None:
         paths = [path for path, node in nodes.items() if node.op.op_name in QUANTIZABLE[scheme]
                  and not path.endswith((".lora_A", ".lora_B"))]
+        paths = _groupable(paths, nodes, graph, scheme, group_size, source)
         if not paths:
             done = [path for path, node in nodes.items()
                     if isinstance(node.op, tuple(QUANTIZED_OPS.values()))]
@@ -138,6 +142,42 @@ def _check_target(path: str, node: Node, graph: Graph, scheme: str, group: int |
     except ShapeError as e:
         raise ConfigError(node_message(path, op.op_name, f"{e.problem}; {_group_hint(e, group)}",
                                        source=source)) from None
+
+
+def _groupable(paths: list[str], nodes: dict, graph: Graph, scheme: str, group: int | None,
+               source: SourceInfo | None) -> list[str]:
+    """The default targets an int4 group divides; the others stay float, listed in one
+    ``mg.QuantizeWarning`` with the group size that would take them (as an explicit
+    target each is an ``mg.ConfigError``)."""
+    if group is None:
+        return paths
+    kept, left, first = [], {}, None
+    for path in paths:
+        try:
+            _check_target(path, nodes[path], graph, scheme, group, source)
+            kept.append(path)
+        except ConfigError as e:
+            found = re.search(r"groups the (\d+) inputs", e.problem)
+            left[path] = int(found.group(1)) if found else 0
+            first = first or e
+    if not left:
+        return kept
+    if not kept and len(left) == 1:
+        raise first  # type: ignore[misc]
+    listed = ", ".join(f"{path} ({n} inputs)" for path, n in list(left.items())[:8])
+    more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+    sizes = [n for n in left.values() if n % 2 == 0]
+    smaller = next((g for g in range(group - 2, 1, -2) if sizes and all(n % g == 0 for n in sizes)), None)
+    hint = (f"; group_size={smaller} divides {'all of them' if len(sizes) == len(left) else 'the even ones'}"
+            if smaller else "")
+    message = (f"quantize: {scheme!r} groups inputs by group_size={group}, which does not divide "
+               f"the inputs of {len(left)} layer{'s' if len(left) > 1 else ''}: {listed}{more}{hint}")
+    if not kept:
+        raise ConfigError(f"{message}; no layer of graph {graph.name!r} is left to quantize")
+    warnings.warn(QuantizeWarning(f"{message}. {'They stay' if len(left) > 1 else 'It stays'} float "
+                                  f"(the default targets take every layer the scheme can quantize "
+                                  f"as it is)"), stacklevel=3)
+    return kept
 
 
 def _group_hint(error: ShapeError, group: int) -> str:

@@ -90,6 +90,13 @@ class FoldWarning(UserWarning):
     ``warnings.simplefilter("error", mg.FoldWarning)``."""
 
 
+class QuantizeWarning(UserWarning):
+    """``mg.quantize`` with its default targets left layers float that the scheme cannot
+    quantize as they are (an int4 group that does not divide a layer's inputs); the
+    message lists each with the reason. Turn it into an error with
+    ``warnings.simplefilter("error", mg.QuantizeWarning)``."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceInfo:
     """Where in the user's code a node was created."""
