@@ -124,7 +124,10 @@ def mlp_forward(params, x):
 
 def _conv2d(x, kernel, stride=1, hwio=False):
     """``kernel`` OHWI (mlaxgraph's layout), or HWIO (``hwio``: Flax's, Haiku's and
-    Keras's, which XLA's CPU convolutions take without a transpose)."""
+    Keras's, which XLA's CPU convolutions take without a transpose); ``hwio="transposed"``:
+    an OHWI kernel transposed to HWIO in the program, before an HWIO convolution."""
+    if hwio == "transposed":
+        kernel = jnp.transpose(kernel, (1, 2, 3, 0))
     return lax.conv_general_dilated(x, kernel, (stride, stride), "SAME",
                                     dimension_numbers=("NHWC", "HWIO" if hwio else "OHWI", "NHWC"))
 
@@ -264,7 +267,8 @@ _STATELESS = {"mlp": mlp_forward, "tiny_mlp": mlp_forward, "cnn": cnn_forward,
 
 #: Alternative formulations, to measure what a design choice of mlaxgraph's ops costs
 #: (variant -> model).
-VARIANTS = {**{v: "resnet" for v in BN_FORMS}, "conv_hwio": "cnn", "lstm_projected_before": "lstm"}
+VARIANTS = {**{v: "resnet" for v in BN_FORMS}, "conv_hwio": "cnn", "conv_transposed": "cnn",
+            "lstm_projected_before": "lstm"}
 
 #: "Best by hand": per model, the fastest formulation known (measured; RESULTS.md section
 #: 1), whatever its numerics: for the ResNet Flax linen's one-pass variance (unshifted) with
@@ -282,7 +286,7 @@ def forward(name: str, variant: str | None = None):
     """``f(params, state, x) -> (logits, new_state)`` for model ``name``; ``variant``:
     one of ``VARIANTS`` or ``"best"`` (``BEST``), or several joined by ``+``."""
     parts = set((BEST.get(name, "") if variant == "best" else variant or "").split("+")) - {""}
-    hwio = "conv_hwio" in parts
+    hwio = "transposed" if "conv_transposed" in parts else "conv_hwio" in parts
     if name == "resnet":
         how = next((BN_FORMS[v] for v in parts if v in BN_FORMS), AS_MLAXGRAPH)
         return lambda params, state, x: resnet_forward(params, state, x, how, hwio)
