@@ -560,6 +560,11 @@ def test_bad_input_is_named():
     g = _linear()
     with pytest.raises(mg.ConfigError, match="scheme must be one of"):
         mg.quantize(g, "int3")
+    # a misspelt scheme names the one it most likely meant
+    for given, meant in (("int4", "int4_weight_only"), ("INT8", "int8"), ("fp8", "float8"),
+                         ("int8_weights_only", "int8_weight_only")):
+        with pytest.raises(mg.ConfigError, match=f"got '{given}' \\(did you mean '{meant}'\\?\\)"):
+            mg.quantize(g, given)
     with pytest.raises(mg.ConfigError, match="group_size is for 'int4_weight_only'"):
         mg.quantize(g, "int8", group_size=32)
     with pytest.raises(mg.GraphError, match="matches no layer"):

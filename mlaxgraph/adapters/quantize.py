@@ -7,6 +7,7 @@ node of the graph; ``mg.quantize_weights`` makes their weights from float ones.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import warnings
 from typing import Any
@@ -85,8 +86,9 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
     if not isinstance(graph, Graph):
         raise GraphError(f"quantize works on a Graph, got {type(graph).__name__}")
     if not isinstance(scheme, str) or scheme not in SCHEMES:
+        near = _near_scheme(scheme)
         raise ConfigError(f"quantize: scheme must be one of {', '.join(map(repr, SCHEMES))}, "
-                          f"got {scheme!r}")
+                          f"got {scheme!r}{f' (did you mean {near!r}?)' if near else ''}")
     if scheme == "int4_weight_only":
         group_size = DEFAULT_GROUP if group_size is None else group_size
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2 \
@@ -120,6 +122,23 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
     result = rewrite(graph, rule, memo={})
     verify(result)
     return result
+
+
+def _near_scheme(scheme: Any) -> str | None:
+    """The scheme a misspelt one most likely meant: another case, a prefix (``"int4"``),
+    ``"fp8"``, or the closest spelling."""
+    if not isinstance(scheme, str) or not scheme:
+        return None
+    name = scheme.lower().replace("-", "_")
+    if name in SCHEMES:
+        return name
+    prefixed = [s for s in SCHEMES if s.startswith(name) and s != "int8"]
+    if prefixed:
+        return prefixed[0]
+    if name.startswith(("fp8", "float8", "e4m3")):
+        return "float8"
+    close = difflib.get_close_matches(name, SCHEMES, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _check_target(path: str, node: Node, graph: Graph, scheme: str, group: int | None,
