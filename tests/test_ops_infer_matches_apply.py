@@ -290,6 +290,13 @@ CASES = {
                              use_bias=False),
          [[((3, 5, 8), F32), ((3, 5), I32), ((), I32), ((3, 8), BOOL)]]),
     ],
+    "quantized_cached_attention": [
+        (ops.QuantizedCachedAttention(2, 4, 8, max_length=16, batch=2, scheme="int8"),
+         [[((2, 5, 8), F32), ((2, 5), I32), ((), I32), ((2, 16), BOOL)]]),
+        (ops.QuantizedCachedAttention(4, 4, 8, max_length=8, batch=3, num_kv_heads=2, rope=True,
+                                      use_bias=False, scheme="int4_weight_only", group_size=4),
+         [[((3, 1, 8), F32), ((3, 1), I32), ((), I32), ((3, 8), BOOL)]]),
+    ],
     "function": [
         (ops.F(jnp.tanh), [[(("batch", 4), F32)], [((2, 3), BF16)]]),
         (ops.F(_two), [[(("batch", 4), F32), ((4, 3), F32)]]),

@@ -76,6 +76,14 @@ LAYERS_WITH_WEIGHTS = [
      | {"out/kernel": ("heads", "kv", "embed"), "out/bias": ("embed",),
         "key": ("batch", "cache_length", "heads", "kv"),
         "value": ("batch", "cache_length", "heads", "kv")}),
+    (ops.QuantizedCachedAttention(2, 4, 8, max_length=16, batch=2, scheme="int8"),
+     [spec(2, 5, 8), spec(2, 5, dtype="int32"), spec(dtype="int32"), spec(2, 16, dtype="bool")],
+     {f"{p}/{w}": axes for p in ("query", "key", "value")
+      for w, axes in (("kernel", ("embed", None)), ("kernel_scale", (None,)),
+                      ("bias", ("heads", "kv")))}
+     | {"out/kernel": (None, "embed"), "out/kernel_scale": ("embed",), "out/bias": ("embed",),
+        "key": ("batch", "cache_length", "heads", "kv"),
+        "value": ("batch", "cache_length", "heads", "kv")}),
     (ops.LSTM(4), [spec("batch", 5, 3)], {"input_kernel": ("embed", "mlp"),
                                          "recurrent_kernel": (None, "mlp"), "bias": ("mlp",)}),
     (ops.GRU(4), [spec("batch", 5, 3)], {"input_kernel": ("embed", "mlp"),

@@ -9,7 +9,8 @@ tokens against a key/value cache:
   slots holding a token); blocks that need them get them as further inputs;
 - each causal ``multi_head_attention`` (``causal=True``, or a mask made by
   ``ops.causal_mask``) becomes a ``cached_attention`` of the same name (its weights
-  keep their paths), whose state is the cache;
+  keep their paths), whose state is the cache; a ``quantized_multi_head_attention``
+  (``mg.quantize``'s) a ``quantized_cached_attention``, its stored weights kept;
 - the position ``arange`` over the sequence becomes the positions input, and a
   ``rotary_embedding`` without positions reads them;
 - every other layer that reads the tokens' activations must compute each position
@@ -40,6 +41,7 @@ from ..ops.cast import Cast
 from ..ops.causal_mask import CausalMask
 from ..ops.constraint import Constrain
 from ..ops.creation import Arange
+from ..ops.dequantize import Dequantize
 from ..ops.dropout import Dropout
 from ..ops.elementwise import Binary
 from ..ops.embedding import Embedding
@@ -49,6 +51,9 @@ from ..ops.indexing import GetItem
 from ..ops.linear import Linear
 from ..ops.matmul import MatMul
 from ..ops.normalization import BatchNorm, LayerNorm, RMSNorm
+from ..ops.quantize import Quantize
+from ..ops.quantized_attention import QuantizedMultiHeadAttention
+from ..ops.quantized_cached_attention import QuantizedCachedAttention
 from ..ops.reduce import _Reduce
 from ..ops.rotary import RotaryEmbedding
 from ..ops.shape import Concat, Reshape, Split, Transpose
@@ -60,7 +65,7 @@ __all__ = ["decode_graph", "DecodeRule", "EXTRA_INPUTS"]
 EXTRA_INPUTS = ("positions", "cache_index", "cache_mask")
 
 _POINTWISE = (Relu, Gelu, Silu, Tanh, Sigmoid, Binary, Dropout, Cast, Constrain, Identity, Neg,
-              Where, Linear, Embedding, RMSNorm)
+              Where, Linear, Embedding, RMSNorm, Dequantize)
 
 
 def decode_graph(graph: Graph, *, max_length: int, batch: int | str) -> Graph:
@@ -207,9 +212,9 @@ class DecodeRule(Rule):
     def _attention(self, node: Node, graph: Graph, facts: _Facts) -> Node:
         op: MultiHeadAttention = node.op  # type: ignore[assignment]
         original = graph.node(node.name)
-        if type(op) is not MultiHeadAttention:
-            raise _refuse(original, f"a {type(op).__name__} (its weights are not "
-                          f"MultiHeadAttention's float ones); decode the model before quantizing it")
+        if type(op) not in (MultiHeadAttention, QuantizedMultiHeadAttention):
+            raise _refuse(original, f"a {type(op).__name__}: the decoder caches "
+                          f"MultiHeadAttention and mg.quantize's QuantizedMultiHeadAttention")
         if op.adapters:
             raise _refuse(original, f"an attention with adapters ({', '.join(op.adapters)}): "
                          f"fold them into its weights first (mg.merge_lora)")
@@ -229,11 +234,13 @@ class DecodeRule(Rule):
             raise _refuse(original, "a cross-attention: the decoder caches self-attention only")
         x = graph.spec(original.inputs[0])
         head_dim = op.head_dim or x.shape[-1] // op.num_heads
-        cached = CachedAttention(op.num_heads, head_dim, op.out_features or x.shape[-1],
-                                 max_length=self.max_length, batch=self.batch,
-                                 num_kv_heads=op.num_kv_heads, use_bias=op.use_bias, rope=op.rope,
-                                 rope_scaling=op.rope_scaling, sliding_window=op.sliding_window,
-                                 out_bias=op.out_bias, param_axes=op.param_axes, name=op.name)
+        quantized = ({"scheme": op.scheme, "group_size": op.group_size}
+                     if isinstance(op, QuantizedMultiHeadAttention) else {})
+        cached = (QuantizedCachedAttention if quantized else CachedAttention)(
+            op.num_heads, head_dim, op.out_features or x.shape[-1], max_length=self.max_length,
+            batch=self.batch, num_kv_heads=op.num_kv_heads, use_bias=op.use_bias, rope=op.rope,
+            rope_scaling=op.rope_scaling, sliding_window=op.sliding_window, out_bias=op.out_bias,
+            param_axes=op.param_axes, name=op.name, **quantized)
         return node.replace(op=cached, inputs=node.inputs[:1] + facts.extra)
 
 
@@ -311,6 +318,8 @@ def _position_wise(node: Node, graph: Graph, carries: set[Value]) -> bool:
         return _axes_after_positions((op.axis,), rank)
     if isinstance(op, LayerNorm):
         return _axes_after_positions((op.axis,), rank)
+    if isinstance(op, Quantize):  # a scale per token (or one calibrated scale)
+        return _axes_after_positions(op.axes, rank)
     if isinstance(op, BatchNorm):  # inference: the running statistics
         return _axes_after_positions((op.axis,), rank)
     if isinstance(op, (Concat, Split)):

@@ -58,6 +58,7 @@ from .pooling import AvgPool, GlobalAvgPool, GlobalMaxPool, MaxPool
 from .quantize import Quantize
 from .quantized import QuantizedConv, QuantizedLinear
 from .quantized_attention import QuantizedMultiHeadAttention
+from .quantized_cached_attention import QuantizedCachedAttention
 from .quantized_embedding import QuantizedEmbedding
 from .recurrent import GRU, LSTM
 from .reduce import Max, Mean, Sum, max, mean, sum
@@ -105,5 +106,5 @@ __all__ = [
     "Identity", "identity", "Pad", "pad", "Where", "where", "Squeeze", "squeeze",
     "ExpandDims", "expand_dims", "Sum", "Mean", "Max", "sum", "mean", "max",
     "Quantize", "QuantizedLinear", "QuantizedConv", "QuantizedEmbedding",
-    "QuantizedMultiHeadAttention", "Dequantize",
+    "QuantizedMultiHeadAttention", "QuantizedCachedAttention", "Dequantize",
 ]

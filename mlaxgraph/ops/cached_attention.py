@@ -158,12 +158,23 @@ class CachedAttention(Layer):
         x = inputs[0]
         return self.attention().output_axes(input_axes[:1] * 2, [x, x], outputs)
 
+    def _weights(self, params, dtype):
+        """The weights as ``_product`` reads them."""
+        return cast_params(params, dtype)
+
+    def _product(self, x, w, out: bool = False):
+        """A projection's product, bias aside: ``x (batch, seq, d)`` to ``(batch, seq,
+        heads, head_dim)``, or with ``out`` the heads' values to ``(batch, seq, out)``."""
+        if out:
+            return jnp.einsum("bqhk,hko->bqo", x, w["kernel"])
+        return jnp.einsum("bld,dhk->blhk", x, w["kernel"])
+
     def apply(self, params, state, inputs, *, rng, inference_mode):
         x, positions, index, cache_mask = inputs
-        p = cast_params(params, x.dtype)
+        p = self._weights(params, x.dtype)
 
         def project(w):
-            y = jnp.einsum("bld,dhk->blhk", x, w["kernel"])
+            y = self._product(x, w)
             return y + w["bias"] if self.use_bias else y
 
         q, k, v = project(p["query"]), project(p["key"]), project(p["value"])
@@ -188,7 +199,7 @@ class CachedAttention(Layer):
         summed = not is_symbolic(seq) and bool(self._summed_step(batch, seq))
         attend = self._attend_one if summed else self._attend_many
         attended = attend(q, keys.astype(x.dtype), values.astype(x.dtype), allowed, softmax_dtype)
-        out = jnp.einsum("bqhk,hko->bqo", attended, p["out"]["kernel"])
+        out = self._product(attended, p["out"], out=True)
         if self.attention().has_out_bias:
             out = out + p["out"]["bias"]
         return (out,), {"key": keys, "value": values}

@@ -129,8 +129,9 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
             return count + quantize + scale
         weights = sum(int(np.prod(spec["kernel"].shape)) for name, spec in
                       self.param_specs(inputs).items())
-        per_value = 5 if self.scheme == "int4_weight_only" else 2
-        return count + per_value * weights * (2 if self.scheme == "int4_weight_only" else 1)
+        if self.scheme == "int4_weight_only":  # per byte as QuantizedLinear's: 5 to unpack,
+            return count + 9 * weights        # and per value a convert and a multiply
+        return count + 2 * weights
 
     def quantized_params(self, params: dict) -> dict:
         """The stored weights from the float layer's params."""
