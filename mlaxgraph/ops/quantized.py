@@ -29,7 +29,7 @@ from .conv import Conv
 from .flops import size
 from .linear import Linear
 from .patches import patch_conv
-from .quantize import FLOAT8, SCHEMES, dequantize_groups, dequantized_dot, unpack_int4
+from .quantize import FLOAT8, SCHEMES, dequantize_groups, dequantized_dot, int8_product, padded_row_flops, unpack_int4
 
 __all__ = ["QuantizedLinear", "QuantizedConv"]
 
@@ -213,7 +213,8 @@ class QuantizedLinear(_Scheme, Linear):
         if self.quantizes_inputs:
             q, s = inputs[:2]
             acc_dtype = jnp.int32 if self.scheme == "int8" else jnp.float32
-            acc = lax.dot_general(q, kernel, dims, preferred_element_type=acc_dtype)
+            acc = (int8_product(q, kernel) if self.scheme == "int8" else
+                   lax.dot_general(q, kernel, dims, preferred_element_type=acc_dtype))
             if len(inputs) == 3:  # (q - zero) @ kernel = q @ kernel - zero * column sums
                 acc = acc - inputs[2] * params["kernel_sum"]
             if self.separate:
@@ -235,6 +236,8 @@ class QuantizedLinear(_Scheme, Linear):
         y = outputs[0]
         n_in = self._in_features(inputs)
         count = 2 * size(y) * n_in
+        if self.quantizes_inputs and self.scheme == "int8":
+            count = count + padded_row_flops(size(y) // self.features, n_in, self.features)
         if len(inputs) == 3:  # zero * the kernel's column sums, the subtract
             count = count + 2 * size(y)
         if self.separate:  # the Dequantize node rescales (and its bias is passed on)

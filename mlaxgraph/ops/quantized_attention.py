@@ -10,14 +10,21 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from ..core.registry import register
 from ..core.specs import ParamSpec
 from . import initializers
 from .attention import _OUT, MultiHeadAttention
 from .flops import size
-from .quantize import INT8_MAX, absmax_scale, dequantized_dot, quantize_to, quantize_weight
+from .quantize import (
+    INT8_MAX,
+    absmax_scale,
+    dequantized_dot,
+    int8_product,
+    padded_row_flops,
+    quantize_to,
+    quantize_weight,
+)
 from .quantized import _F32, _Scheme
 
 __all__ = ["QuantizedMultiHeadAttention", "PROJECTIONS"]
@@ -126,7 +133,11 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
                         + 7 * tokens_q * width + 2 * tokens_q + 4 * 2)
             scale = 3 * (tokens_q * (columns["query"] + columns["out"])
                          + tokens_kv * (columns["key"] + columns["value"]))
-            return count + quantize + scale
+            padded = (padded_row_flops(tokens_q, q_in.shape[-1], columns["query"])
+                      + padded_row_flops(tokens_q, width, columns["out"])
+                      + padded_row_flops(tokens_kv, kv_in.shape[-1], columns["key"])
+                      + padded_row_flops(tokens_kv, kv_in.shape[-1], columns["value"]))
+            return count + quantize + scale + padded
         weights = sum(int(np.prod(spec["kernel"].shape)) for name, spec in
                       self.param_specs(inputs).items())
         if self.scheme == "int4_weight_only":  # per byte as QuantizedLinear's: 5 to unpack,
@@ -152,6 +163,5 @@ def _int8_dot(x, kernel, kernel_scale):
     ``(in, out)`` accumulated in int32, scaled back to ``x``'s dtype."""
     scale = absmax_scale(x, (-1,), float(INT8_MAX))
     q = quantize_to(x, scale, jnp.int8)
-    acc = lax.dot_general(q, kernel, (((q.ndim - 1,), (0,)), ((), ())),
-                          preferred_element_type=jnp.int32)
+    acc = int8_product(q, kernel)
     return (acc.astype(jnp.float32) * scale * kernel_scale).astype(x.dtype)

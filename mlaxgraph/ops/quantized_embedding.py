@@ -14,7 +14,7 @@ from ..core.specs import ParamSpec
 from . import initializers
 from .embedding import Embedding
 from .flops import size
-from .quantize import dequantize_groups, unpack_int4
+from .quantize import dequantize_groups, int8_product, padded_row_flops, unpack_int4
 from .quantized import _F32, _Scheme
 
 __all__ = ["QuantizedEmbedding"]
@@ -82,8 +82,7 @@ class QuantizedEmbedding(_Scheme, Embedding):
     def apply(self, params, state, inputs, *, rng, inference_mode):
         if len(inputs) == 2:
             q, s = inputs
-            acc = jnp.einsum("...d,vd->...v", q, params["embedding"],
-                             preferred_element_type=jnp.int32)
+            acc = int8_product(q, params["embedding"], axis=1)
             if self.separate:
                 return (acc, params["embedding_scale"]), state
             y = acc.astype(jnp.float32) * s.astype(jnp.float32) * params["embedding_scale"]
@@ -112,7 +111,9 @@ class QuantizedEmbedding(_Scheme, Embedding):
         if self._attends(inputs):
             count = 2 * size(y) * self.features
             if len(inputs) == 2:
-                return count + (0 if self.separate else 3 * size(y))
+                padded = padded_row_flops(size(y) // self.num_embeddings, self.features,
+                                          self.num_embeddings)
+                return count + padded + (0 if self.separate else 3 * size(y))
             if self.scheme == "int8_weight_only":
                 return count + 2 * table  # the table's convert and multiply
             return count + self._dequantize_flops(table, 0)
