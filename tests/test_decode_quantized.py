@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import mlaxgraph as mg
+from test_decode import _prefill_and_steps
 
 GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 96, "n_positions": 128}
 LLAMA = {"vocab_size": 80, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
@@ -23,15 +24,6 @@ def _quantized(make, scheme, kw, key=0):
     qg = mg.quantize(g, scheme, **kw)
     qparams, qstate = mg.quantize_weights(qg, params, state)
     return qg, qparams, qstate
-
-
-def _prefill_and_steps(dec, params, state, ids, split):
-    logits, cache = dec.prefill(params, state, ids[:, :split])
-    outs = [logits]
-    for i in range(split, ids.shape[1]):
-        logits, cache = dec.step(params, state, cache, ids[:, i])
-        outs.append(logits)
-    return jnp.concatenate(outs, axis=1)
 
 
 @pytest.mark.parametrize("name, scan, scheme, kw",
