@@ -115,8 +115,8 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
                               f"quantizes ({', '.join(QUANTIZABLE[scheme])})")
     else:
         paths = resolve_selection(graph, targets, "quantize")
-    for path in paths:
-        _check_target(path, nodes[path], graph, scheme, group_size, source)
+        for path in paths:
+            _check_target(path, nodes[path], graph, scheme, group_size, source)
     rule = _Quantize(frozenset(tuple(path.split("/")) for path in paths), scheme, group_size,
                      source)
     result = rewrite(graph, rule, memo={})
@@ -165,9 +165,10 @@ def _check_target(path: str, node: Node, graph: Graph, scheme: str, group: int |
 
 def _groupable(paths: list[str], nodes: dict, graph: Graph, scheme: str, group: int | None,
                source: SourceInfo | None) -> list[str]:
-    """The default targets an int4 group divides; the others stay float, listed in one
-    ``mg.QuantizeWarning`` with the group size that would take them (as an explicit
-    target each is an ``mg.ConfigError``)."""
+    """The default targets an int4 group divides (each checked as an explicit target
+    is); the others stay float, listed in one ``mg.QuantizeWarning`` with the group
+    size that would take them (as an explicit target each is an ``mg.ConfigError``).
+    Without a group every default target is quantizable by construction."""
     if group is None:
         return paths
     kept, left, first = [], {}, None

@@ -209,12 +209,13 @@ class QuantizedLinear(_Scheme, Linear):
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         kernel, scale = params["kernel"], params["kernel_scale"]
-        dims = (((inputs[0].ndim - 1,), (0,)), ((), ()))
         if self.quantizes_inputs:
             q, s = inputs[:2]
-            acc_dtype = jnp.int32 if self.scheme == "int8" else jnp.float32
-            acc = (int8_product(q, kernel) if self.scheme == "int8" else
-                   lax.dot_general(q, kernel, dims, preferred_element_type=acc_dtype))
+            if self.scheme == "int8":
+                acc = int8_product(q, kernel)
+            else:  # float8 x float8, accumulated in float32
+                acc = lax.dot_general(q, kernel, (((q.ndim - 1,), (0,)), ((), ())),
+                                      preferred_element_type=jnp.float32)
             if len(inputs) == 3:  # (q - zero) @ kernel = q @ kernel - zero * column sums
                 acc = acc - inputs[2] * params["kernel_sum"]
             if self.separate:
