@@ -30,7 +30,7 @@ from jax import lax
 
 import mlaxgraph as mg
 from mlaxgraph import examples
-from mlaxgraph.compiler.compile import init_compiler_options
+from mlaxgraph.compiler.xla_options import init_compiler_options
 
 LENGTH, WIDTH, HEADS, MLP, BATCH = 64, 128, 4, 512, 8
 EPS = 1e-5

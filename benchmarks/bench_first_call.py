@@ -205,11 +205,14 @@ def formulations(trials: int, seed: int = 7) -> dict:
 
 
 def run(quick: bool = False, models=None, seed: int = 0, hand_variants=(),
-        formulations_too: bool = True) -> dict:
+        formulations_too: bool = True, mg_variants=()) -> dict:
     make, missing = makers()
     for v in hand_variants:  # hand-written formulations beside the systems (not peers)
         make[f"hand:{v}"] = functools.partial(make["hand"], variant=v)
         TITLES[f"hand:{v}"] = f"hand-written, {v}"
+    for v in mg_variants:  # mlaxgraph's own variants (models_mg.VARIANTS), not peers
+        make[f"mlaxgraph:{v}"] = functools.partial(make["mlaxgraph"], variant=v)
+        TITLES[f"mlaxgraph:{v}"] = f"mlaxgraph, {v}"
     x, y = _data("tiny_mlp")
     for mk in make.values():  # once per process, untimed
         mk("tiny_mlp", x, y, jax.random.key(0)).step()
@@ -293,11 +296,14 @@ def main(argv=None):
     p.add_argument("--hand-variants", type=lambda v: tuple(v.split(",")), default=(),
                    help="hand-written formulations (models_hand.VARIANTS, or best) measured "
                         "beside the systems, e.g. conv_hwio,best")
+    p.add_argument("--mg-variants", type=lambda v: tuple(v.split(",")), default=(),
+                   help="mlaxgraph's variants (models_mg.VARIANTS) measured beside the "
+                        "systems, e.g. trainer_xla_defaults")
     p.add_argument("--no-formulations", action="store_true",
                    help="skip the attention formulations' compile times")
     args = p.parse_args(argv)
     out = run(args.quick, args.models, hand_variants=args.hand_variants,
-              formulations_too=not args.no_formulations)
+              formulations_too=not args.no_formulations, mg_variants=args.mg_variants)
     print(markdown(out))
     for row in goals(out):
         print(" | ".join(row))

@@ -44,6 +44,7 @@ Run alone: ``.venv/bin/python benchmarks/bench_train.py [--quick] [--models mlp,
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib
 import random
@@ -461,7 +462,7 @@ def _for(make: dict, name: str) -> dict:
     return {s: m for s, m in make.items() if s != "best" or name in models_hand.BEST}
 
 
-def run(quick: bool = False, models=None, seed: int = 0) -> dict:
+def run(quick: bool = False, models=None, seed: int = 0, mg_variants=()) -> dict:
     make, missing = makers()
     models = tuple(models or S.MODELS)
     rounds = 5 if quick else 25
@@ -475,6 +476,9 @@ def run(quick: bool = False, models=None, seed: int = 0) -> dict:
     for i, name in enumerate(models):
         print(f"   steady steps: {name}", file=sys.stderr, flush=True)
         extra = {f"hand:{v}": _hand_variant(v) for v, m in models_hand.VARIANTS.items() if m == name}
+        if mg_variants:
+            extra.update({f"mlaxgraph:{v}": functools.partial(models_mg.make, variant=v)
+                          for v in mg_variants})
         res["steady"][name] = steady(name, _for(make, name), rounds, chunk, seed + i, extra=extra)
     if "keras" in make and "mlp" in models:
         print("   keras fit and train_on_batch: mlp", file=sys.stderr, flush=True)
@@ -818,8 +822,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--models", type=lambda v: tuple(v.split(",")))
+    p.add_argument("--mg-variants", type=lambda v: tuple(v.split(",")), default=(),
+                   help="mlaxgraph's variants (models_mg.VARIANTS) in every model's rounds, "
+                        "e.g. trainer_xla_defaults")
     args = p.parse_args(argv)
-    res = run(args.quick, args.models)
+    res = run(args.quick, args.models, mg_variants=args.mg_variants)
     print(markdown(res))
     for g in summary(res)["goals"]:
         print(f"{g['goal']}: {g['value']:.3f} ({g['where']}) {'met' if g['met'] else 'MISSED'}")

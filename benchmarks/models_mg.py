@@ -117,6 +117,10 @@ VARIANTS = {
     "trainer_accuracy": "`mg.train.Trainer(..., metrics=(\"accuracy\",))`: the loss and the "
                         "accuracy",
     "apply_step": "`jax.jit` of a step written over `model.apply_fn` (no `mg.train`)",
+    "trainer_xla_defaults": "`mg.train.Trainer(..., compiler_options={})`: XLA's default "
+                            "options (no region-based copy analysis)",
+    "trainer_backend_o1": "`mg.train.Trainer(..., compiler_options={\"xla_backend_optimization_level\": "
+                          "1})`: XLA's backend (LLVM) optimization level 1 instead of its default",
 }
 
 
@@ -137,7 +141,10 @@ def make(name: str, x, y, key, xs=None, ys=None, variant: str | None = None):
     if variant.startswith("trainer"):
         import mlaxgraph.train
 
-        kwargs = {"metrics": ("accuracy",)} if variant == "trainer_accuracy" else {}
+        kwargs = ({"metrics": ("accuracy",)} if variant == "trainer_accuracy" else
+                  {"compiler_options": {}} if variant == "trainer_xla_defaults" else
+                  {"compiler_options": {"xla_backend_optimization_level": 1}}
+                  if variant == "trainer_backend_o1" else {})
         trainer = mlaxgraph.train.Trainer(model, tx, loss="softmax_cross_entropy", **kwargs)
         cell = [trainer.init(key)]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,32 +25,12 @@ from .remat import resolve_remat
 from .reuse import ModelInit, ReuseReport
 from .stacking import stack_weights, unstack_weights
 from .taps import Taps, plan_taps
+from .xla_options import INIT_COMPILER_OPTIONS, init_compiler_options
 
 if TYPE_CHECKING:
     from ..distributed.plan import ShardingPlan
 
 __all__ = ["compile", "CompiledModel", "INIT_COMPILER_OPTIONS"]
-
-#: The XLA options ``model.init`` is compiled with, where this jaxlib knows them. init
-#: runs once, so it is compiled for compile time: XLA's first level of backend
-#: optimization, and on CPU the elemental emitter rather than the fusion emitters, which
-#: compile each kernel several times slower (init has a kernel per weight).
-INIT_COMPILER_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1,
-                                         "xla_cpu_use_fusion_emitters": False}
-
-
-@functools.cache
-def init_compiler_options() -> dict[str, Any]:
-    """INIT_COMPILER_OPTIONS less those this jaxlib does not know."""
-    known = {}
-    for name, value in INIT_COMPILER_OPTIONS.items():
-        try:
-            jax.jit(lambda: 0).lower().compile(compiler_options={name: value})
-        except Exception:  # an option of another XLA version  # noqa: BLE001
-            continue
-        known[name] = value
-    return known
-
 
 class CompiledModel:
     """A graph after the compiler's passes, with its pure, jitted ``init`` and ``apply``.

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 
+from ..compiler.xla_options import TopLevelJit
 from .state import TrainState
 
 __all__ = ["FrozenStep"]
@@ -37,11 +38,13 @@ class FrozenStep:
     signature, jitted so that only the trained part of ``ts`` is donated (see the
     module's docstring). ``lower`` and ``trace`` take the step's own arguments."""
 
-    def __init__(self, fn: Callable, trainable: frozenset[str]):
+    def __init__(self, fn: Callable, trainable: frozenset[str],
+                 compiler_options: dict[str, Any] | None = None):
         self._fn = fn
         self._trainable = trainable
         self._masks: dict[Any, tuple[bool, ...]] = {}
-        self._jitted = jax.jit(self._inner, static_argnums=(0, 1), donate_argnums=(4,))
+        self._jitted = TopLevelJit(self._inner, compiler_options, static_argnums=(0, 1),
+                                   donate_argnums=(4,))
 
     def _mask(self, params: Any, treedef: Any) -> tuple[bool, ...]:
         mask = self._masks.get(treedef)

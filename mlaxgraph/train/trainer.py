@@ -18,6 +18,7 @@ import optax
 
 from ..compiler.program import leaf_paths
 from ..compiler.taps import Taps
+from ..compiler.xla_options import TopLevelJit, checked_compiler_options, step_compiler_options
 from ..core.errors import GraphError
 from ..core.signatures import call_problem
 from ..core.specs import trains
@@ -126,6 +127,12 @@ class Trainer:
         (``"h.0/mlp.c_fc/kernel"``). Frozen weights get no gradient and no optimizer
         state: ``opt_state`` is the optimizer's state of the trainable weights alone.
         None (the default) trains every weight.
+      compiler_options: XLA options for ``train_step`` and ``train_steps``
+        (``jax.jit``'s ``compiler_options``; an option this jaxlib does not know is a
+        ``ConfigError``). None (the default): XLA's region-based copy analysis for a
+        model without convolutions, which drops the copies XLA makes of weights
+        updated in place (docs/performance.md), XLA's defaults otherwise; ``{}``:
+        XLA's defaults. ``trainer.compiler_options`` holds the options used.
 
     The jitted functions (the train state is donated: its buffers are reused for the
     new state, so do not use a state after passing it in; with ``trainable``, the
@@ -162,7 +169,8 @@ class Trainer:
     def __init__(self, model, optimizer: optax.GradientTransformation,
                  loss: str | Callable = "softmax_cross_entropy",
                  metrics: Any = None, loss_scale: Any = "auto", *,
-                 capture: Any = None, intervene: Any = None, trainable: Any = None):
+                 capture: Any = None, intervene: Any = None, trainable: Any = None,
+                 compiler_options: Mapping[str, Any] | None = None):
         if not hasattr(model, "apply_fn") or not hasattr(model, "init_fn"):
             raise GraphError(f"Trainer takes a compiled model (mg.compile(graph)), got "
                              f"{type(model).__name__}")
@@ -191,15 +199,18 @@ class Trainer:
         self._key_impl: Any = None
         self._update = _standard_promotion(optimizer.update)
         self.trace_counts: collections.Counter = collections.Counter()
+        self.compiler_options = (step_compiler_options(model.program) if compiler_options is None
+                                 else checked_compiler_options(compiler_options, "Trainer"))
         self.init = jax.jit(self.init_fn)
-        self.train_step: Any  # jitted, or FrozenStep (both have lower and trace)
+        self.train_step: Any  # TopLevelJit or FrozenStep (both have lower and trace)
         self.train_steps: Any
+        options = self.compiler_options
         if self.trainable is None:  # every weight is replaced: the whole state donated
-            self.train_step = jax.jit(self.step_fn, donate_argnums=0)
-            self.train_steps = jax.jit(self.steps_fn, donate_argnums=0)
+            self.train_step = TopLevelJit(self.step_fn, options, donate_argnums=0)
+            self.train_steps = TopLevelJit(self.steps_fn, options, donate_argnums=0)
         else:  # the frozen weights and the model's state neither donated nor copied
-            self.train_step = FrozenStep(self.step_fn, self.trainable)
-            self.train_steps = FrozenStep(self.steps_fn, self.trainable)
+            self.train_step = FrozenStep(self.step_fn, self.trainable, options)
+            self.train_steps = FrozenStep(self.steps_fn, self.trainable, options)
         self.eval_step = jax.jit(self.eval_fn)
 
     def _check_loss_signature(self, loss: Callable) -> None:
