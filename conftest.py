@@ -11,6 +11,7 @@ machine's temporary folder, every run of the suite would keep them. The folder i
 Python's ``tempfile`` default and ``TMPDIR`` (which subprocesses and notebook kernels
 read). Fixtures of a wider scope are set up before it and keep the machine's folder."""
 
+import os
 import shutil
 import tempfile
 
@@ -38,3 +39,12 @@ def _scratch_folder(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("TMPDIR", folder)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def notebook_cache(tmp_path_factory):
+    """A folder of this test session, shared by its workers, where ``docs/_ext/notebook_run``
+    keeps the notebooks it executed: the notebook tests and the docs site's build then run
+    each notebook once. A worker's pytest folder is inside the session's."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "executed-notebooks"

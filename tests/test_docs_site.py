@@ -42,9 +42,10 @@ REFERENCE = {
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> pathlib.Path:
+def site(tmp_path_factory, notebook_cache) -> pathlib.Path:
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    # the notebooks test_notebooks.py executed in this session are read, not run again
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MLAXGRAPH_NOTEBOOK_CACHE": str(notebook_cache)}
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
          str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],

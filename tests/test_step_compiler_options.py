@@ -99,5 +99,7 @@ def test_bad_options_are_config_errors():
         Trainer(model, optax.sgd(0.1), compiler_options={REGION + "s": True})
     with pytest.raises(mg.ConfigError, match="xla_backend_optimization_level.*not a valid int32"):
         Trainer(model, optax.sgd(0.1), compiler_options={"xla_backend_optimization_level": "fast"})
+    with pytest.raises(mg.ConfigError, match="values are booleans, numbers or strings, got list"):
+        Trainer(model, optax.sgd(0.1), compiler_options={REGION: [True]})
     with pytest.raises(mg.ConfigError, match="a mapping of XLA option names"):
         Trainer(model, optax.sgd(0.1), compiler_options=[(REGION, True)])

@@ -1,17 +1,16 @@
 """A mkdocs hook: the notebooks of notebooks/, executed when the site is built (with
-nbclient, in a scratch folder) and added as pages with their outputs: text as text,
-figures and rendered graphs as they display in Jupyter. Nothing is written into
-notebooks/ or docs/."""
+nbclient, in a scratch folder: ``notebook_run``) and added as pages with their outputs:
+text as text, figures and rendered graphs as they display in Jupyter. Nothing is written
+into notebooks/ or docs/. With ``MLAXGRAPH_NOTEBOOK_CACHE`` set, the notebooks another
+process of the same test session executed are read, not run again."""
 
 from __future__ import annotations
 
 import html
-import json
 import os
 import pathlib
-import shutil
-import tempfile
 
+import notebook_run  # docs/_ext, on sys.path while mkdocs loads this hook
 from mkdocs.structure.files import File
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -59,29 +58,9 @@ def to_markdown(notebook: dict, name: str) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def _execute(path: pathlib.Path) -> dict:
-    import nbformat
-    from nbclient import NotebookClient
-
-    notebook = nbformat.read(path, as_version=4)
-    # the kernel imports this checkout's package, as the notebook tests' kernels do
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([saved] if saved else []))
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            shutil.copy(path, scratch)
-            NotebookClient(notebook, timeout=600, kernel_name="python3",
-                           resources={"metadata": {"path": scratch}}).execute()
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
-    return json.loads(nbformat.writes(notebook))
-
-
 def on_files(files, config):
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        page = to_markdown(_execute(path), path.name)
+        page = to_markdown(notebook_run.execute(path, os.environ.get(notebook_run.CACHE_ENV)),
+                           path.name)
         files.append(File.generated(config, f"{FOLDER}/{path.stem}.md", content=page))
     return files

@@ -83,7 +83,12 @@ def checked_compiler_options(options: Any, where: str) -> dict[str, Any]:
                           f"values (e.g. {{'xla_backend_optimization_level': 1}}), got "
                           f"{type(options).__name__}")
     for name, value in options.items():
-        why = _refusal(name, value) if isinstance(name, str) else "option names are strings"
+        if not isinstance(name, str):
+            why: str | None = "option names are strings"
+        elif not isinstance(value, (bool, int, float, str)):
+            why = f"values are booleans, numbers or strings, got {type(value).__name__}"
+        else:
+            why = _refusal(name, value)
         if why is not None:
             known = [*INIT_COMPILER_OPTIONS, *STEP_COMPILER_OPTIONS]
             near = difflib.get_close_matches(str(name), known, n=1)

@@ -1,0 +1,90 @@
+"""Runs a notebook of notebooks/ top to bottom on a Jupyter kernel of this very
+interpreter, in a scratch folder, and returns it executed (as a dict, nbformat 4).
+
+The docs site's notebook pages (``notebook_pages.py``) and the notebook tests
+(``tests/test_notebooks.py``) both run the notebooks through ``execute``. Given a
+``cache`` folder (the site build reads it from ``MLAXGRAPH_NOTEBOOK_CACHE``), a notebook
+is executed once for every process that shares the folder: a lock per notebook, the
+executed notebook kept under its name and the hash of its file. A test session gives
+one folder to both, so it runs each notebook once, not twice.
+
+The kernel's interpreter is ``sys.executable``, whatever kernel specs the machine has:
+the ``python3`` spec that ipykernel installs starts plain ``python`` from PATH. A spec
+written into the scratch folder names this interpreter, and a last cell checks it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CACHE_ENV = "MLAXGRAPH_NOTEBOOK_CACHE"
+CELL_TIMEOUT = 300  # seconds, per cell
+_CHECK = "import sys; print(sys.executable, end='')"
+
+
+class WrongInterpreter(RuntimeError):
+    """The kernel ran another interpreter than this one."""
+
+
+def _kernel_manager(folder: pathlib.Path):
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = folder / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python 3 ({sys.executable})",
+        "language": "python",
+    }))
+    specs = KernelSpecManager(kernel_dirs=[str(spec.parent)], ensure_native_kernel=False)
+    return KernelManager(kernel_name="python3", kernel_spec_manager=specs)
+
+
+def _run(path: pathlib.Path) -> dict:
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(path, as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell(_CHECK))
+    # the kernel imports this checkout's package, installed or not
+    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    with tempfile.TemporaryDirectory() as scratch:
+        shutil.copy(path, scratch)  # nothing is written into notebooks/
+        km = _kernel_manager(pathlib.Path(scratch))
+        NotebookClient(notebook, km=km, kernel_name="python3", timeout=CELL_TIMEOUT,
+                       allow_errors=False, resources={"metadata": {"path": scratch}}
+                       ).execute(env=env)
+    (output,) = notebook.cells.pop().outputs
+    if output.text != sys.executable:
+        raise WrongInterpreter(f"{path.name}: the kernel ran {output.text}, not {sys.executable}")
+    return json.loads(nbformat.writes(notebook))
+
+
+def execute(path: pathlib.Path, cache: str | os.PathLike | None = None) -> dict:
+    """``path`` executed; with ``cache``, at most once for all who share that folder.
+    A failing cell raises nbclient's ``CellExecutionError`` (nothing is kept)."""
+    if cache is None:
+        return _run(path)
+    folder = pathlib.Path(cache)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = f"{path.stem}-{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+    done = folder / f"{key}.ipynb"
+    with open(folder / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when the process dies
+        if done.exists():
+            return json.loads(done.read_text())
+        notebook = _run(path)
+        part = done.with_suffix(".part")
+        part.write_text(json.dumps(notebook))
+        os.replace(part, done)
+        return notebook
