@@ -35,8 +35,8 @@ INIT_COMPILER_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1,
 #: reads come first, so it copies the weight at the start of the step. The region
 #: analysis proves more of them and drops the copies: GPT-2 small's train step 0.96x
 #: the time (its 154 MB token table was copied every step), the MLP's peak memory
-#: 0.95x. Steps with convolutions keep XLA's default: the small convolutional steps
-#: measured slower without the copies (benchmarks/RESULTS.md, section 14).
+#: 0.95x. Steps with convolutions keep XLA's default: the ResNet-style CNN's step
+#: measured 7 – 9% slower without the copies (benchmarks/RESULTS.md, section 14).
 STEP_COMPILER_OPTIONS: dict[str, Any] = {"xla_cpu_copy_insertion_use_region_analysis": True}
 
 
