@@ -675,6 +675,9 @@ def markdown(res: dict) -> str:
         "hand:lstm_projected_before": "LSTM input projection of all steps in one matmul before "
                                       "the scan, instead of one `x_t @ W` per step inside it "
                                       "(mlaxgraph's `ops.LSTM`, and the hand-written model)",
+        "hand:attention_scores_scaled": "attention's scores scaled by `1/sqrt(head_dim)` after "
+                                        "the dot, instead of q before it (mlaxgraph's "
+                                        "`ops.MultiHeadAttention` and its cached attention)",
     }
     rows = []
     for name, st in res["steady"].items():

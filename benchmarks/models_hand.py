@@ -219,18 +219,21 @@ def _heads(x, p):
     return jnp.swapaxes(y.reshape(y.shape[:-1] + (h, k)), 1, 2)
 
 
-def _attention(p, x):
+def _attention(p, x, scale_scores=False):
+    """``scale_scores``: the scores scaled by ``1/sqrt(head_dim)`` after the dot, instead
+    of q before it (mlaxgraph's)."""
     q, k, v = _heads(x, p["query"]), _heads(x, p["key"]), _heads(x, p["value"])
-    q = q * (1.0 / math.sqrt(q.shape[-1]))
-    weights = jax.nn.softmax(jnp.einsum("bhqk,bhsk->bhqs", q, k), axis=-1)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = jnp.einsum("bhqk,bhsk->bhqs", q if scale_scores else q * scale, k)
+    weights = jax.nn.softmax(scores * scale if scale_scores else scores, axis=-1)
     out = jnp.swapaxes(jnp.einsum("bhqs,bhsk->bhqk", weights, v), 1, 2)
     h, k_, o = p["out"]["kernel"].shape
     return out.reshape(out.shape[:2] + (h * k_,)) @ p["out"]["kernel"].reshape(h * k_, o) + p["out"]["bias"]
 
 
-def transformer_forward(params, x):
+def transformer_forward(params, x, scale_scores=False):
     p = params["transformer_block"]
-    h = x + _attention(p["attention"], _layer_norm(p["ln_attention"], x))
+    h = x + _attention(p["attention"], _layer_norm(p["ln_attention"], x), scale_scores)
     m = jax.nn.gelu(_linear(p["mlp_in"], _layer_norm(p["ln_mlp"], h)), approximate=False)
     h = h + _linear(p["mlp_out"], m)
     return _linear(params["logits"], jnp.mean(h, axis=1))
@@ -268,7 +271,7 @@ _STATELESS = {"mlp": mlp_forward, "tiny_mlp": mlp_forward, "cnn": cnn_forward,
 #: Alternative formulations, to measure what a design choice of mlaxgraph's ops costs
 #: (variant -> model).
 VARIANTS = {**{v: "resnet" for v in BN_FORMS}, "conv_hwio": "cnn", "conv_transposed": "cnn",
-            "lstm_projected_before": "lstm"}
+            "lstm_projected_before": "lstm", "attention_scores_scaled": "transformer"}
 
 #: "Best by hand": per model, the fastest formulation known (measured; RESULTS.md section
 #: 1), whatever its numerics: for the ResNet Flax linen's one-pass variance (unshifted) with
@@ -293,7 +296,9 @@ def forward(name: str, variant: str | None = None):
     if name == "cnn":
         return lambda params, state, x: (cnn_forward(params, x, hwio), state)
     fwd = _STATELESS[name]
-    if "lstm_projected_before" in parts:
+    if name == "transformer" and "attention_scores_scaled" in parts:
+        return lambda params, state, x: (transformer_forward(params, x, scale_scores=True), state)
+    if name == "lstm" and "lstm_projected_before" in parts:
         return lambda params, state, x: (lstm_forward(params, x, in_loop=False), state)
     return lambda params, state, x: (fwd(params, x), state)
 
