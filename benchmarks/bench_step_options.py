@@ -6,6 +6,8 @@ rounds, 95% CI of the median), XLA's peak memory (``memory_analysis``: arguments
 temporaries + outputs - aliased) and the copies in the step's entry computation. Both
 steps start from the same train state; their losses are compared at the end.
 
+``gpt2_lora`` (not in the default list): section 7's LoRA step on the scanned GPT-2.
+
 ``--options`` is a JSON mapping of the options to measure; by default the Trainer's
 own choice (region-based copy analysis for a model without convolutions), which for a
 convolutional model is XLA's defaults, so ``--options`` names them to measure them there.
@@ -30,19 +32,26 @@ from _common import bootstrap_median_ci, median
 
 import mlaxgraph as mg
 
-ZOO = ("gpt2", "resnet50")
+ZOO = ("gpt2", "gpt2_lora", "resnet50")
 
 
 def _model(name: str):
-    """(compiled model, inputs, targets, optimizer) of a benchmark or zoo model."""
-    if name == "gpt2":
-        ids = jax.random.randint(jax.random.key(1), (2, 64), 0, 50257)
-        return mg.compile(mg.models.gpt2(), scan_blocks=True), ids, ids, optax.adamw(1e-4)
+    """(compiled model, inputs, targets, optimizer, trainable) of a benchmark or zoo
+    model; ``gpt2_lora``: section 7's LoRA (``h.*/attn/qkv``, rank 8), 1 x 64 tokens."""
+    if name in ("gpt2", "gpt2_lora"):
+        lora = name == "gpt2_lora"
+        ids = jax.random.randint(jax.random.key(1), (1 if lora else 2, 64), 0, 50257)
+        graph = mg.models.gpt2()
+        graph = mg.lora(graph, "h.*/attn/qkv", rank=8, alpha=16) if lora else graph
+        return (mg.compile(graph, scan_blocks=True), ids, ids, optax.adamw(1e-4),
+                "**/*.lora_*" if lora else None)
     if name == "resnet50":
         x = jax.random.normal(jax.random.key(1), (8, 64, 64, 3))
-        return mg.compile(mg.models.resnet50()), x, jnp.zeros((8,), jnp.int32), optax.adamw(1e-4)
+        return (mg.compile(mg.models.resnet50()), x, jnp.zeros((8,), jnp.int32),
+                optax.adamw(1e-4), None)
     x, y = S.batch(S.SPECS[name])
-    return mg.compile(models_mg.GRAPHS[name]()), jnp.asarray(x), jnp.asarray(y), S.optimizer()
+    return (mg.compile(models_mg.GRAPHS[name]()), jnp.asarray(x), jnp.asarray(y),
+            S.optimizer(), None)
 
 
 def _peak(compiled) -> int:
@@ -57,10 +66,11 @@ def _copies(compiled) -> int:
 
 
 def measure(name: str, options, rounds: int) -> dict:
-    model, x, y, tx = _model(name)
+    model, x, y, tx, trainable = _model(name)
     runs = {}
     for label, opts in (("xla", {}), ("options", options)):
-        trainer = mg.train.Trainer(model, tx, loss="softmax_cross_entropy", compiler_options=opts)
+        trainer = mg.train.Trainer(model, tx, loss="softmax_cross_entropy", trainable=trainable,
+                                   compiler_options=opts)
         ts = trainer.init(jax.random.key(0))
         compiled = trainer.train_step.lower(ts, x, y).compile()
         runs[label] = {"trainer": trainer, "ts": ts, "options": trainer.compiler_options,
@@ -99,7 +109,7 @@ def _one(run: dict, x, y, steps: int = 1) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=lambda v: tuple(v.split(",")),
-                   default=S.MODELS + ("tiny_mlp",) + ZOO)
+                   default=S.MODELS + ("tiny_mlp", "gpt2", "resnet50"))
     p.add_argument("--options", type=json.loads, default=None)
     p.add_argument("--rounds", type=int, default=30)
     args = p.parse_args()
