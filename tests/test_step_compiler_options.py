@@ -47,6 +47,36 @@ def test_the_default_follows_the_layers():
     assert chosen.compiler_options == {}
 
 
+def test_every_convolution_op_is_known():
+    """The rule reads CONVOLUTION_OPS by name: every registered op that convolves is in it
+    (ONNX's and ATen's families included), and nothing else."""
+    import mlaxgraph.aten  # noqa: F401  (registers the families' ops)
+    import mlaxgraph.onnx  # noqa: F401
+    from mlaxgraph.core.registry import _REGISTRY
+    from mlaxgraph.ops.spatial import CONVOLUTION_OPS
+
+    assert CONVOLUTION_OPS == {name for name in _REGISTRY if "conv" in name.lower()}
+
+
+def test_an_imported_convolution_keeps_the_defaults():
+    """An ONNX Conv whose kernel is an input stays the family's own op (``onnx.Conv``),
+    not ``ops.Conv``: the rule reads it too."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", kernel_shape=[3, 3]),
+         helper.make_node("ReduceMean", ["y"], ["z"], name="mean", keepdims=0)],
+        "convolving", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8]),
+                       helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 3, 3, 3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    imported, _, _ = mg.from_onnx(model.SerializeToString())
+    compiled = mg.compile(imported)
+    assert "onnx.Conv" in {step.op.op_name for step in compiled.program.all_steps()}
+    assert step_compiler_options(compiled.program) == {}
+
+
 @pytest.mark.parametrize("trainable", [None, "**/*.lora_*"])
 def test_the_options_change_no_result(trainable):
     """The copies XLA leaves out change where values live, not what is computed: the

@@ -64,9 +64,9 @@ def init_compiler_options() -> dict[str, Any]:
 
 
 def _convolves(program: Program) -> bool:
-    from ..ops.spatial import SpatialLayer  # ops import the compiler's modules
+    from ..ops.spatial import CONVOLUTION_OPS  # ops import the compiler's modules
 
-    return any(isinstance(step.op, SpatialLayer) for step in program.all_steps())
+    return any(step.op.op_name in CONVOLUTION_OPS for step in program.all_steps())
 
 
 def step_compiler_options(program: Program) -> dict[str, Any]:

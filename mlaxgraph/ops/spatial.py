@@ -13,7 +13,17 @@ from ..core.specs import is_symbolic
 from .base import Layer, padding_for, per_spatial_dim, spatial_dims
 
 __all__ = ["window_output_size", "data_format", "any_data_format", "any_rank_size", "any_rank_per_dim",
-           "any_rank_padding", "SpatialLayer", "CHANNELS_LAST", "CHANNELS_FIRST"]
+           "any_rank_padding", "SpatialLayer", "CHANNELS_LAST", "CHANNELS_FIRST", "CONVOLUTION_OPS"]
+
+#: The registered ops that convolve: mlaxgraph's own and the imported ONNX and ATen
+#: families'. On the CPU, XLA runs a convolution slower inside a loop (so the scan rule
+#: keeps their blocks unrolled) and in a donated step without its weights' copies (so
+#: the Trainer keeps XLA's default copy analysis for a model that has one).
+CONVOLUTION_OPS = frozenset({
+    "conv", "conv_transpose", "quantized_conv",
+    "onnx.Conv", "onnx.ConvTranspose", "onnx.ConvInteger", "onnx.DeformConv",
+    "onnx.CausalConvWithState",
+    "aten.convolution.default", "aten.conv1d.default", "aten.conv2d.default"})
 
 CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
 CHANNELS_FIRST = {1: "NCW", 2: "NCHW", 3: "NCDHW"}

@@ -10,6 +10,7 @@ from ...ir.graph import Graph
 from ...ir.node import Node, Value
 from ...ir.rewrite import Rewrite, Rule, rewrite
 from ...ir.scan import Scan, unfold_scans
+from ...ops.spatial import CONVOLUTION_OPS
 
 __all__ = ["fold_repeated_blocks", "unfold_scans", "repeated_runs", "scan_pays", "SCAN_MIN_RUN", "UNROLLED_OPS"]
 
@@ -18,10 +19,11 @@ __all__ = ["fold_repeated_blocks", "unfold_scans", "repeated_runs", "scan_pays",
 #: block sizes on a 2-core CPU; docs/deep_models.md, "When to scan").
 SCAN_MIN_RUN = 6
 
-#: Ops that keep a block unrolled under ``scan_blocks=True``: on the CPU, XLA runs a
-#: convolution inside a loop several times slower than unrolled (ResNet bottlenecks:
-#: the steady step 5 - 9x slower scanned, benchmarks/bench_scan_rule.py).
-UNROLLED_OPS = frozenset({"conv", "conv_transpose", "quantized_conv"})
+#: Ops that keep a block unrolled under ``scan_blocks=True``: the convolutions
+#: (``ops.spatial.CONVOLUTION_OPS``). On the CPU, XLA runs a convolution inside a loop
+#: several times slower than unrolled (ResNet bottlenecks: the steady step 5 - 9x
+#: slower scanned, benchmarks/bench_scan_rule.py).
+UNROLLED_OPS = CONVOLUTION_OPS
 
 
 def scan_pays(body: Graph, length: int) -> bool:
