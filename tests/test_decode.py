@@ -552,18 +552,6 @@ def test_cached_attention_flops_rule_matches_xla(policy, kv_heads):
                 assert row.xla_flops - row.flops == (0 if seq == 1 else seq), row
 
 
-def test_lora_adapted_attention_asks_for_merging_and_merged_decodes(gpt2):
-    model, params, state, ids = gpt2
-    adapted = mg.lora(model.source_graph, "h.*/attn", rank=2)
-    with pytest.raises(mg.GraphError, match=r"adapters \(query, value\): fold them .*mg.merge_lora"):
-        mg.decoder(adapted, max_length=32)
-    adapted_params, _ = mg.compile(adapted).init(jax.random.key(1), reuse=(params, state))
-    merged, merged_params = mg.merge_lora(adapted, adapted_params)
-    want, _ = mg.compile(adapted).apply(adapted_params, state, ids, inference_mode=True)
-    got = _prefill_and_steps(mg.decoder(merged, max_length=80), merged_params, state, ids, 3)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_token_attention_equals_numpy(dtype):
     """A step's attention (products and sums over the cache) against float64 NumPy, with

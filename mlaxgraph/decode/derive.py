@@ -215,12 +215,11 @@ class DecodeRule(Rule):
         if type(op) not in (MultiHeadAttention, QuantizedMultiHeadAttention):
             raise _refuse(original, f"a {type(op).__name__}: the decoder caches "
                           f"MultiHeadAttention and mg.quantize's QuantizedMultiHeadAttention")
-        if op.adapters:
-            raise _refuse(original, f"an attention with adapters ({', '.join(op.adapters)}): "
-                         f"fold them into its weights first (mg.merge_lora)")
-        causal_input = (len(original.inputs) == 3
-                        and isinstance(graph.node(original.inputs[2].node).op, CausalMask))
-        if len(original.inputs) == 3 and not causal_input:
+        count = len(op.delta_inputs)  # mg.lora's adapters' outputs, after the others
+        bases = original.inputs[:len(original.inputs) - count]
+        causal_input = (len(bases) == 3
+                        and isinstance(graph.node(bases[2].node).op, CausalMask))
+        if len(bases) == 3 and not causal_input:
             raise _refuse(original, "an attention with a mask of its own: the decoder masks "
                          "padding itself (pass attention_mask to prefill or generate)")
         if not (op.causal or causal_input):
@@ -230,7 +229,7 @@ class DecodeRule(Rule):
                                           for n in graph.nodes):
             raise _refuse(original, "an attention layer called more than once: its calls would "
                          "share one cache")
-        if original.inputs[0] != original.inputs[1]:
+        if bases[0] != bases[1]:
             raise _refuse(original, "a cross-attention: the decoder caches self-attention only")
         x = graph.spec(original.inputs[0])
         head_dim = op.head_dim or x.shape[-1] // op.num_heads
@@ -240,8 +239,9 @@ class DecodeRule(Rule):
             op.num_heads, head_dim, op.out_features or x.shape[-1], max_length=self.max_length,
             batch=self.batch, num_kv_heads=op.num_kv_heads, use_bias=op.use_bias, rope=op.rope,
             rope_scaling=op.rope_scaling, sliding_window=op.sliding_window, out_bias=op.out_bias,
-            param_axes=op.param_axes, name=op.name, **quantized)
-        return node.replace(op=cached, inputs=node.inputs[:1] + facts.extra)
+            param_axes=op.param_axes, adapters=op.adapters, name=op.name, **quantized)
+        deltas = node.inputs[len(node.inputs) - count:] if count else ()
+        return node.replace(op=cached, inputs=node.inputs[:1] + facts.extra + deltas)
 
 
 def _needs(graph: Graph) -> bool:

@@ -29,6 +29,17 @@ ADAPTABLE = ("query", "key", "value", "qkv", "out")
 _QKV, _OUT = "bld,dhk->blhk", "bqhk,hko->bqo"  # the projections' products (_project)
 
 
+def adapters_problem(adapters: tuple[str, ...]) -> str | None:
+    """What is wrong with an attention's ``adapters``, or None."""
+    if list(adapters) != [p for p in ADAPTABLE if p in adapters]:
+        return (f"adapters must be distinct names among {', '.join(ADAPTABLE)}, in that "
+                f"order, got {adapters!r}")
+    if "qkv" in adapters and set(adapters) & {"query", "key", "value"}:
+        return ("adapters: 'qkv' adapts query, key and value together; it does not go with "
+                "'query', 'key' or 'value'")
+    return None
+
+
 def _head_kernel(key, shape, dtype):
     """LeCun normal over the input features of a ``(d, heads, head_dim)`` kernel."""
     return jax.nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))(key, shape, dtype)
@@ -145,13 +156,9 @@ class MultiHeadAttention(Layer):
                          f"num_heads={self.num_heads}")
         if not 0.0 <= float(self.dropout) < 1.0:
             self.invalid(f"dropout must be in [0, 1), got {self.dropout!r}")
-        order = [p for p in ADAPTABLE if p in self.adapters]
-        if list(self.adapters) != order:
-            self.invalid(f"adapters must be distinct names among {', '.join(ADAPTABLE)}, in "
-                         f"that order, got {self.adapters!r}")
-        if "qkv" in self.adapters and set(self.adapters) & {"query", "key", "value"}:
-            self.invalid("adapters: 'qkv' adapts query, key and value together; it does not "
-                         "go with 'query', 'key' or 'value'")
+        problem = adapters_problem(self.adapters)
+        if problem:
+            self.invalid(problem)
 
     @property
     def kv_heads(self) -> int:

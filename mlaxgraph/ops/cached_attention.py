@@ -13,11 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..core.axes import same_dim
 from ..core.errors import DTypeError, ShapeError
 from ..core.registry import register
 from ..core.specs import ParamSpec, is_symbolic, shape_str
 from . import initializers
-from .attention import MultiHeadAttention
+from .attention import MultiHeadAttention, adapters_problem
 from .base import Layer, cast_params, expect_float, field, to_param_axes
 from .flops import dim_max, size, weight_converts
 from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base, to_rope_scaling
@@ -76,6 +77,13 @@ class CachedAttention(Layer):
     paths), whose projections, grouped-query heads, rotary base and ``rope_scaling``,
     output bias (``out_bias``) and scaling it computes.
 
+    ``adapters`` are ``MultiHeadAttention``'s (``mg.lora``'s adapters, unmerged): the
+    outputs of the adapters of ``"query"``, ``"key"``, ``"value"`` or ``"qkv"`` come in
+    after the four inputs, ``(batch, seq, width)`` each, and are added to their
+    projections before the new keys and values are cached; with ``"out"``, a second
+    output is the heads' values ``(batch, seq, heads * head_dim)``, which the out
+    projection's adapter reads.
+
     Example:
       >>> import mlaxgraph as mg
       >>> from mlaxgraph import ops
@@ -102,8 +110,12 @@ class CachedAttention(Layer):
     out_bias: bool | None = dataclasses.field(default=None, kw_only=True)
     param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
         default=None, kw_only=True, converter=to_param_axes)
+    adapters: tuple[str, ...] = field(default=(), kw_only=True, converter=lambda v, layer: tuple(v))
 
     def validate(self):
+        problem = adapters_problem(self.adapters)  # as MultiHeadAttention's
+        if problem:
+            self.invalid(problem)
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             self.invalid(f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}")
         if self.rope is not None and self.head_dim % 2:
@@ -121,11 +133,18 @@ class CachedAttention(Layer):
                                   rope_scaling=self.rope_scaling, sliding_window=self.sliding_window,
                                   out_bias=self.out_bias)
 
+    @property
+    def delta_inputs(self) -> tuple[str, ...]:
+        """The projections whose adapters' outputs come in after the four inputs."""
+        return tuple(p for p in self.adapters if p != "out")
+
     def infer(self, inputs):
-        if len(inputs) != 4:
-            raise ShapeError(f"takes x, positions, index and cache_mask, got {len(inputs)} inputs",
-                             expected="4 tensors")
-        x, positions, index, mask = inputs
+        count = 4 + len(self.delta_inputs)
+        if len(inputs) != count:
+            adapted = f" and the adapter outputs of {', '.join(self.delta_inputs)}" if count > 4 else ""
+            raise ShapeError(f"takes x, positions, index and cache_mask{adapted}, got "
+                             f"{len(inputs)} inputs", expected=f"{count} tensors")
+        x, positions, index, mask = inputs[:4]
         expect_float(x)
         if x.rank != 3 or is_symbolic(x.shape[-1]):
             raise ShapeError("x is (batch, seq, features) with known features",
@@ -141,7 +160,16 @@ class CachedAttention(Layer):
         if mask.dtype != np.dtype(bool) or mask.rank != 2 or mask.shape[1] != self.max_length:
             raise ShapeError("cache_mask is (batch, max_length) bool",
                              expected=f"bool[{x.shape[0]},{self.max_length}]")
-        return (x.with_shape(x.shape[:2] + (self.out_features,)),)
+        attention = MultiHeadAttention(self.num_heads, self.head_dim, num_kv_heads=self.num_kv_heads)
+        for projection, delta in zip(self.delta_inputs, inputs[4:]):
+            want = x.with_shape(x.shape[:2] + (attention.delta_width(projection, self.head_dim),))
+            if delta.dtype != x.dtype or delta.rank != 3 or not all(
+                    same_dim(a, b) for a, b in zip(delta.shape, want.shape)):
+                raise ShapeError(f"the adapter input of the {projection} projection is {delta}",
+                                 expected=str(want))
+        context = ((x.with_shape(x.shape[:2] + (self.num_heads * self.head_dim,)),)
+                   if "out" in self.adapters else ())
+        return (x.with_shape(x.shape[:2] + (self.out_features,)), *context)
 
     def param_specs(self, inputs):
         x = inputs[0]
@@ -156,7 +184,9 @@ class CachedAttention(Layer):
 
     def output_axes(self, input_axes, inputs, outputs):
         x = inputs[0]
-        return self.attention().output_axes(input_axes[:1] * 2, [x, x], outputs)
+        axes = self.attention().output_axes(input_axes[:1] * 2, [x, x], outputs[:1])
+        context = ((tuple(input_axes[0][:2]) + (None,)),) if "out" in self.adapters else ()
+        return (*axes, *context)
 
     def _weights(self, params, dtype):
         """The weights as ``_product`` reads them."""
@@ -170,14 +200,20 @@ class CachedAttention(Layer):
         return jnp.einsum("bld,dhk->blhk", x, w["kernel"])
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
-        x, positions, index, cache_mask = inputs
+        x, positions, index, cache_mask = inputs[:4]
+        deltas = dict(zip(self.delta_inputs, inputs[4:]))
         p = self._weights(params, x.dtype)
 
-        def project(w):
-            y = self._product(x, w)
-            return y + w["bias"] if self.use_bias else y
+        def project(name):
+            y = self._product(x, p[name])
+            y = y + p[name]["bias"] if self.use_bias else y
+            return y + deltas[name].reshape(y.shape) if name in deltas else y
 
-        q, k, v = project(p["query"]), project(p["key"]), project(p["value"])
+        q, k, v = project("query"), project("key"), project("value")
+        if "qkv" in deltas:  # one adapter for the three, [q | k | v] along its features
+            widths = np.cumsum([q.shape[2] * q.shape[3], k.shape[2] * k.shape[3]])
+            dq, dk, dv = jnp.split(deltas["qkv"], widths, axis=-1)
+            q, k, v = q + dq.reshape(q.shape), k + dk.reshape(k.shape), v + dv.reshape(v.shape)
         if self.rope is not None:
             cos, sin = rotary_tables(positions, self.head_dim, self.rope, x.dtype, self.rope_scaling)
             q = rotate(q, cos[:, :, None], sin[:, :, None])
@@ -202,7 +238,8 @@ class CachedAttention(Layer):
         out = self._product(attended, p["out"], out=True)
         if self.attention().has_out_bias:
             out = out + p["out"]["bias"]
-        return (out,), {"key": keys, "value": values}
+        context = (attended.reshape(attended.shape[:2] + (-1,)),) if "out" in self.adapters else ()
+        return (out, *context), {"key": keys, "value": values}
 
     def _summed_step(self, batch, seq):
         """1 where the attention is products and sums over the cache (a step: one
@@ -259,7 +296,7 @@ class CachedAttention(Layer):
         folds the add of the index to the token offsets when ``seq`` is 1; the rule
         leaves it out (exact for a step, ``seq`` fewer than XLA's count for a prefill)."""
         x = inputs[0]
-        (y,) = outputs
+        y = outputs[0]
         batch, seq, d = x.shape
         length, heads = self.max_length, self.num_heads
         per_query = batch * seq * heads * self.head_dim
@@ -283,5 +320,6 @@ class CachedAttention(Layer):
         if self.sliding_window is not None:
             count = count + 2 * seq * length  # the window's subtract and compare
         count = count + 2 * per_query * y.shape[-1] + int(self.attention().has_out_bias) * size(y)
+        count = count + sum(size(delta) for delta in inputs[4:])  # the adapters' adds
         return count + weight_converts(self.param_specs(inputs), param_dtype, x.dtype)
 
