@@ -38,6 +38,15 @@ def _user_model():
     return mg.Graph(ids, ops.Linear(50, name="head")(h + m), name="user_lm")
 
 
+def _greedy_reference(model, params, state, prompt, new_tokens):
+    """Greedy decoding without a cache: the whole sequence again for each token."""
+    ids = np.asarray(prompt)
+    for _ in range(new_tokens):
+        logits, _ = model.apply(params, state, jnp.asarray(ids), inference_mode=True)
+        ids = np.concatenate([ids, np.argmax(np.asarray(logits[:, -1]), -1)[:, None]], axis=1)
+    return ids
+
+
 def _prefill_and_steps(dec, params, state, ids, split):
     logits, cache = dec.prefill(params, state, ids[:, :split])
     outs = [logits]

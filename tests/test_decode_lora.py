@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_decode import GPT2, LLAMA, _prefill_and_steps
+from test_decode import GPT2, LLAMA, _greedy_reference, _prefill_and_steps
 
 import mlaxgraph as mg
 from mlaxgraph import ops
@@ -64,10 +64,7 @@ def test_generate_with_the_adapter_equals_the_merged_model_and_the_greedy_argmax
     model = mg.compile(adapted)
     prompt = np.asarray(jax.random.randint(jax.random.key(4), (2, 6), 0, 96))
     got = np.asarray(mg.generate(model, params, state, prompt, max_new_tokens=4))
-    ids = prompt
-    for _ in range(4):  # the reference: the whole sequence again for each token, no cache
-        logits, _ = model.apply(params, state, jnp.asarray(ids), inference_mode=True)
-        ids = np.concatenate([ids, np.argmax(np.asarray(logits[:, -1]), -1)[:, None]], axis=1)
+    ids = _greedy_reference(model, params, state, prompt, 4)
     np.testing.assert_array_equal(got, ids)
     merged, merged_params = mg.merge_lora(adapted, params)
     np.testing.assert_array_equal(

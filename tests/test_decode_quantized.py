@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mlaxgraph as mg
-from test_decode import _prefill_and_steps
+from test_decode import _greedy_reference, _prefill_and_steps
 
 GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 96, "n_positions": 128}
 LLAMA = {"vocab_size": 80, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
@@ -56,10 +56,7 @@ def test_generate_of_a_quantized_model_is_the_greedy_argmax_of_its_full_forward(
     model = mg.compile(qg)
     prompt = np.asarray(jax.random.randint(jax.random.key(4), (2, 6), 0, 96))
     got = np.asarray(mg.generate(model, qparams, qstate, prompt, max_new_tokens=4))
-    ids = prompt
-    for _ in range(4):  # the reference: the whole sequence again for each token, no cache
-        logits, _ = model.apply(qparams, qstate, jnp.asarray(ids), inference_mode=True)
-        ids = np.concatenate([ids, np.argmax(np.asarray(logits[:, -1]), -1)[:, None]], axis=1)
+    ids = _greedy_reference(model, qparams, qstate, prompt, 4)
     np.testing.assert_array_equal(got, ids)
 
 
