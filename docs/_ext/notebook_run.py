@@ -61,9 +61,11 @@ def _run(path: pathlib.Path) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         shutil.copy(path, scratch)  # nothing is written into notebooks/
         km = _kernel_manager(pathlib.Path(scratch))
+        # cleanup_kc: the kernel is shut down when the notebook ends (nbclient keeps a
+        # kernel it did not start alive until the process exits, holding its memory)
         NotebookClient(notebook, km=km, kernel_name="python3", timeout=CELL_TIMEOUT,
                        allow_errors=False, resources={"metadata": {"path": scratch}}
-                       ).execute(env=env)
+                       ).execute(env=env, cleanup_kc=True)
     (output,) = notebook.cells.pop().outputs
     if output.text != sys.executable:
         raise WrongInterpreter(f"{path.name}: the kernel ran {output.text}, not {sys.executable}")
