@@ -101,9 +101,11 @@ def checked_compiler_options(options: Any, where: str) -> dict[str, Any]:
 class TopLevelJit:
     """``jax.jit(fn, **jit_kwargs)`` compiled with ``compiler_options`` where jax allows
     them: a call from Python (and ``lower``, ``trace``) runs the jit with the options; a
-    call inside another trace (``jax.make_jaxpr``, an outer ``jax.jit``: arguments that
-    are tracers) runs the same jit without them, as jax takes compiler options on
-    top-level jits only (the outer program is compiled with its own)."""
+    call inside another trace (``jax.make_jaxpr``, an outer ``jax.jit``) runs the same
+    jit without them, as jax takes compiler options on top-level jits only (the outer
+    program is compiled with its own). Nothing is checked per call: jax refuses the
+    options when it stages the call into the outer trace, and that refusal sends the
+    call to the jit without them (whose trace counts once more, the first time)."""
 
     def __init__(self, fn: Callable, compiler_options: Mapping[str, Any] | None,
                  **jit_kwargs: Any):
@@ -112,8 +114,12 @@ class TopLevelJit:
                      if compiler_options else self._plain)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        nested = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs)))
-        return (self._plain if nested else self._top)(*args, **kwargs)
+        try:
+            return self._top(*args, **kwargs)
+        except ValueError as e:
+            if self._top is self._plain or "top-level" not in str(e):
+                raise
+        return self._plain(*args, **kwargs)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         return self._top.lower(*args, **kwargs)

@@ -40,6 +40,14 @@ def adapters_problem(adapters: tuple[str, ...]) -> str | None:
     return None
 
 
+def with_qkv_delta(q, k, v, delta):
+    """``q``, ``k``, ``v`` (``(batch, seq, heads, head_dim)`` each) plus a fused ``qkv``
+    adapter's output, ``[q | k | v]`` along its features."""
+    widths = np.cumsum([q.shape[2] * q.shape[3], k.shape[2] * k.shape[3]])
+    dq, dk, dv = jnp.split(delta, widths, axis=-1)
+    return q + dq.reshape(q.shape), k + dk.reshape(k.shape), v + dv.reshape(v.shape)
+
+
 def _head_kernel(key, shape, dtype):
     """LeCun normal over the input features of a ``(d, heads, head_dim)`` kernel."""
     return jax.nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))(key, shape, dtype)
@@ -304,9 +312,7 @@ class MultiHeadAttention(Layer):
 
         q, k, v = (project(x, p[n], n) for x, n in ((q_in, "query"), (kv_in, "key"), (kv_in, "value")))
         if "qkv" in deltas:
-            widths = np.cumsum([q.shape[2] * q.shape[3], k.shape[2] * k.shape[3]])
-            dq, dk, dv = jnp.split(deltas["qkv"], widths, axis=-1)
-            q, k, v = q + dq.reshape(q.shape), k + dk.reshape(k.shape), v + dv.reshape(v.shape)
+            q, k, v = with_qkv_delta(q, k, v, deltas["qkv"])
         head_dim = q.shape[-1]
         if self.rope is not None:
             q, k = _rope(q, self.rope, self.rope_scaling), _rope(k, self.rope, self.rope_scaling)

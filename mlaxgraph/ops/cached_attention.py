@@ -18,7 +18,7 @@ from ..core.errors import DTypeError, ShapeError
 from ..core.registry import register
 from ..core.specs import ParamSpec, is_symbolic, shape_str
 from . import initializers
-from .attention import MultiHeadAttention, adapters_problem
+from .attention import MultiHeadAttention, adapters_problem, with_qkv_delta
 from .base import Layer, cast_params, expect_float, field, to_param_axes
 from .flops import dim_max, size, weight_converts
 from .rotary import rotary_flops, rotary_tables, rotate, to_rope_base, to_rope_scaling
@@ -160,7 +160,7 @@ class CachedAttention(Layer):
         if mask.dtype != np.dtype(bool) or mask.rank != 2 or mask.shape[1] != self.max_length:
             raise ShapeError("cache_mask is (batch, max_length) bool",
                              expected=f"bool[{x.shape[0]},{self.max_length}]")
-        attention = MultiHeadAttention(self.num_heads, self.head_dim, num_kv_heads=self.num_kv_heads)
+        attention = self.attention()
         for projection, delta in zip(self.delta_inputs, inputs[4:]):
             want = x.with_shape(x.shape[:2] + (attention.delta_width(projection, self.head_dim),))
             if delta.dtype != x.dtype or delta.rank != 3 or not all(
@@ -210,10 +210,8 @@ class CachedAttention(Layer):
             return y + deltas[name].reshape(y.shape) if name in deltas else y
 
         q, k, v = project("query"), project("key"), project("value")
-        if "qkv" in deltas:  # one adapter for the three, [q | k | v] along its features
-            widths = np.cumsum([q.shape[2] * q.shape[3], k.shape[2] * k.shape[3]])
-            dq, dk, dv = jnp.split(deltas["qkv"], widths, axis=-1)
-            q, k, v = q + dq.reshape(q.shape), k + dk.reshape(k.shape), v + dv.reshape(v.shape)
+        if "qkv" in deltas:  # one adapter for the three
+            q, k, v = with_qkv_delta(q, k, v, deltas["qkv"])
         if self.rope is not None:
             cos, sin = rotary_tables(positions, self.head_dim, self.rope, x.dtype, self.rope_scaling)
             q = rotate(q, cos[:, :, None], sin[:, :, None])
