@@ -112,6 +112,36 @@ def test_swap_an_activation_in_one_block_only(gpt2):
     assert not np.allclose(out, base_out)
 
 
+def test_module_paths_with_slashes_name_the_same_layers(gpt2):
+    """A layer named after its Hugging Face module path (``mlp.act``) is also reached
+    with ``/`` for its dots (``h.3/mlp/act``, api.md's spelling); block names keep
+    theirs, so ``*/mlp/*`` names every block's MLP layers."""
+    g, model, params, state = gpt2
+    assert g.select("*/mlp/*") == [f"h.{i}/mlp.{n}" for i in range(4)
+                                   for n in ("c_fc", "act", "c_proj", "dropout")]
+    assert g.select("h.3/mlp/act") == ["h.3/mlp.act"]
+    assert g.select("h.*/mlp/c_*", op="linear") == g.select(op="linear")
+    g2 = g.replace("h.3/mlp/act", lambda layer, x: ops.relu(x))
+    assert g2.node("h.3").op.graph.node("mlp.act").op.op_name == "relu"
+    assert g2.node("h.2").op.graph is g.node("h.2").op.graph
+    # capture and intervene take the spelling too; a path captured is keyed as written
+    _, _, got = model.apply(params, state, IDS, inference_mode=True,
+                            capture=["h.3/mlp/act", "h.3/mlp.c_fc", "h.0/mlp/*"])
+    assert set(got) == {"h.3/mlp/act", "h.3/mlp.c_fc", "h.0/mlp.c_fc", "h.0/mlp.act",
+                        "h.0/mlp.c_proj", "h.0/mlp.dropout"}
+    x = np.asarray(got["h.3/mlp.c_fc"], np.float64)
+    gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))  # gelu_new
+    np.testing.assert_allclose(got["h.3/mlp/act"], gelu, rtol=1e-5, atol=1e-6)
+    _, _, seen = model.apply(params, state, IDS, inference_mode=True, capture=["h.3/mlp.act"],
+                                  intervene={"h.3/mlp/act": lambda v: 0 * v})
+    np.testing.assert_array_equal(seen["h.3/mlp.act"], 0)
+    # a typo is still an error naming the layers near it
+    with pytest.raises(mg.GraphError, match="near names: h.3/mlp.act"):
+        g.replace("h.3/mlp/actt", lambda layer, x: ops.relu(x))
+    adapted = mg.lora(g, "h.*/mlp/c_fc", rank=2)
+    assert adapted.select("**/*lora_A") == [f"h.{i}/mlp.c_fc.lora_A" for i in range(4)]
+
+
 def test_insert_a_layer_norm_after_each_attention(gpt2):
     g, model, params, state = gpt2
     g2 = g.insert_after("h.*/attn", lambda y: ops.LayerNorm(name="probe")(y))

@@ -150,7 +150,7 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
     for item in items:
         head, _, tail = item.rpartition("/")
         if head:
-            match = path_matcher(head) if is_pattern(head) else head.__eq__
+            match = path_matcher(head)
             layers = [path for path in attention if match(path)]
             names = [p for p in ADAPTABLE if p != "qkv" and path_matcher(tail)(p)] \
                 if is_pattern(tail) else [tail] if tail in ADAPTABLE else []
@@ -158,7 +158,7 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
                 for path in layers:
                     chosen.setdefault(path, []).extend(names)
                 continue
-            if layers and not (select(graph, item) if is_pattern(item) else item in known):
+            if layers and not select(graph, item):
                 # inside an attention layer there are its projections alone
                 raise GraphError(_no_projection(item, head, tail))
         plain.append(item)

@@ -26,7 +26,7 @@ from ..core.errors import DTypeError, GraphError, ShapeError
 from ..core.signatures import call_problem
 from ..ir.graph import InputLayer
 from ..ir.scan import Scan
-from ..ir.surgery import is_pattern, path_matcher
+from ..ir.surgery import is_pattern, module_view, path_matcher
 from .program import Program, Ref, ScanStep, Step
 from .tap_functions import TapFunction, tap_function
 
@@ -241,7 +241,10 @@ def _plan(program: Program, taps: Taps, expand: Callable[[str], tuple[str, ...]]
     for concrete, refs in entries:
         for iteration, path in enumerate(concrete):
             if any(match(path) for _, match in matchers):
-                captures.append((path, iteration, tuple(refs)))
+                # a path the user wrote as its module view (h.3/mlp/act) keys it so
+                view = module_view(path)
+                key = view if view != path and view in taps.capture else path
+                captures.append((key, iteration, tuple(refs)))
                 wanted.extend(refs)
         for match, fn in changes:
             per = tuple(path if match(path) else None for path in concrete)

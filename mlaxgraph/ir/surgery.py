@@ -29,15 +29,25 @@ from .rewrite import Rewrite, Rule, rewrite
 from .scan import unfold_scans
 from .verify import verify
 
-__all__ = ["select", "surgery", "layer_paths", "shared_call_paths", "path_matcher", "resolve_selection"]
+__all__ = ["select", "surgery", "layer_paths", "shared_call_paths", "path_matcher", "resolve_selection",
+           "module_view"]
 
 _GLOB = re.compile(r"\*\*|\*|\?|\[[^\]]*\]|[^*?\[]+")
+
+
+def module_view(path: str) -> str:
+    """``path`` with the dots of its last name read as ``/``: a layer named after a
+    module path (GPT-2's ``mlp.act`` in block ``h.3``, as in Hugging Face's
+    ``h.3.mlp.act``) is also ``h.3/mlp/act``. Block names keep their dots (``h.3``,
+    ``model.layers.0``), so ``*/mlp/*`` names every block's MLP layers."""
+    head, sep, last = path.rpartition("/")
+    return head + sep + last.replace(".", "/")
 
 
 def path_matcher(pattern: str) -> Callable[[str], bool]:
     """A test of paths for a glob: ``*`` and ``?`` stay within one name, ``**`` also
     crosses ``/`` (``**/`` stands for no name too: ``**/fc`` matches ``fc``); ``[...]``
-    as in fnmatch."""
+    as in fnmatch. A path matches as written or as its ``module_view``."""
     parts = []
     tokens = _GLOB.findall(pattern)
     for i, token in enumerate(tokens):
@@ -56,7 +66,14 @@ def path_matcher(pattern: str) -> Callable[[str], bool]:
         else:
             parts.append(re.escape(token))
     regex = re.compile("".join(parts) + r"\Z")
-    return lambda path: regex.match(path) is not None
+
+    def matches(path: str) -> bool:
+        if regex.match(path) is not None:
+            return True
+        view = module_view(path)
+        return view != path and regex.match(view) is not None
+
+    return matches
 
 
 def is_pattern(text: str) -> bool:
@@ -175,6 +192,7 @@ def resolve_selection(graph: Graph, selection: Any, action: str, calls: bool = F
                          f"graph.select(...) lists the layers a pattern matches")
     known = [path for path, _ in layer_paths(graph)]
     known_set = set(known)
+    views = _views(known)
     blocks = [path for path, _ in block_paths(graph)]
     others = blocks + [path for path, _ in shared_call_paths(graph)] if calls else []
     paths: list[str] = []
@@ -191,11 +209,21 @@ def resolve_selection(graph: Graph, selection: Any, action: str, calls: bool = F
             paths.extend(matched)
         elif item in known_set or item in others:
             paths.append(item)
+        elif item in views:
+            paths.append(views[item])
         else:
             problem = (f"{item!r} is a block, not a layer: select its layers ({item}/*)"
                        if item in blocks else f"graph {graph.name!r} has no layer {item!r}")
             raise GraphError(f"{what}: {problem}{_near(item, known + others)}")
     return list(dict.fromkeys(paths))
+
+
+def _views(paths: Sequence[str]) -> dict[str, str]:
+    """Each path's ``module_view`` that differs from it and names no other path, to the
+    path (``h.3/mlp/act`` -> ``h.3/mlp.act``)."""
+    taken = set(paths)
+    views = {module_view(path): path for path in paths}
+    return {view: path for view, path in views.items() if view not in taken}
 
 
 def _near(name: str, known: Sequence[str]) -> str:
