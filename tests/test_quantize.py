@@ -609,6 +609,18 @@ def test_bad_input_is_named():
         mg.quantize_weights(q, ap, astate)
 
 
+def test_float_weights_given_to_the_quantized_model_name_quantize_weights(linear):
+    g, params, state, x = linear
+    qmodel = mg.compile(mg.quantize(g, "int8"))
+    with pytest.raises(mg.GraphError, match=r"state has no entry 'fc\.quantize'.*"
+                                            r"mg\.quantize_weights\(qgraph, params, state\)"):
+        qmodel.apply(params, state, x)
+    _, qstate = qmodel.init(jax.random.key(0))
+    with pytest.raises(mg.DTypeError, match=r"fc/kernel is stored in int8 by this layer; .*"
+                                            r"mg\.quantize_weights"):
+        qmodel.apply(params, qstate, x)
+
+
 def test_calibration_ids_out_of_the_vocabulary_are_refused_by_name(gpt2):
     g, params, state, ids = gpt2
     qg = mg.quantize(g, "int8")

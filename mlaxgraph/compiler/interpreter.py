@@ -48,7 +48,7 @@ def _weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
         raise GraphError(node_message(
             step.path, node.op.op_name,
             f"{which} has no entry {step.weights_path!r}; pass the {which} made by this "
-            f"model's init", source=node.source)) from None
+            f"model's init{_quantized_hint(node)}", source=node.source)) from None
     for path, spec in flatten_specs(specs):
         try:
             leaf = get_in(found, tuple(path.split("/")))
@@ -56,7 +56,7 @@ def _weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
             raise GraphError(node_message(
                 step.path, node.op.op_name,
                 f"{which} has no weight {step.weights_path}/{path}; pass the {which} made by "
-                f"this model's init", source=node.source)) from None
+                f"this model's init{_quantized_hint(node)}", source=node.source)) from None
         shape = getattr(leaf, "shape", None)
         if shape is None or (not any(is_symbolic(d) for d in spec.shape)
                              and tuple(shape) != tuple(spec.shape)):
@@ -69,7 +69,8 @@ def _weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
             if np.dtype(leaf.dtype) != spec.dtype:
                 raise DTypeError(node_message(
                     step.path, node.op.op_name,
-                    f"weight {step.weights_path}/{path} is stored in {spec.dtype} by this layer",
+                    f"weight {step.weights_path}/{path} is stored in {spec.dtype} by this "
+                    f"layer{_quantized_hint(node)}",
                     got=str(leaf.dtype), expected=str(spec.dtype), source=node.source))
         elif not jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
             raise DTypeError(node_message(
@@ -78,6 +79,14 @@ def _weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
                 got=str(leaf.dtype), expected="a float dtype (the policy's param_dtype)",
                 source=node.source))
     return found
+
+
+def _quantized_hint(node: Any) -> str:
+    """What a quantized layer's missing or float weights call for."""
+    if getattr(node.op, "scheme", None) is None and node.op.op_name != "quantize":
+        return ""
+    return ("; a quantized graph's weights and state come from the float model's: "
+            "mg.quantize_weights(qgraph, params, state)")
 
 
 def check_weights(program: Program, params: Any, state: Any) -> None:
