@@ -7,7 +7,11 @@ next-token cross-entropy, batch ``--batch`` of ``--seq`` tokens:
 
   full    every weight trains (``mg.train.Trainer(model, optax.adamw(...))``)
   lora    ``mg.lora(g, "h.*/attn/qkv", rank=8, alpha=16)`` (PEFT's default target for
-          GPT-2, ``c_attn``), ``Trainer(..., trainable="**/*.lora_*")``
+          GPT-2, ``c_attn``), ``Trainer(..., trainable="**/*.lora_*")``: its ``init``
+          keeps the frozen Linear layers of the scanned run per block
+          (``mlaxgraph.compiler.indexed``)
+  lora_stacked  the same Trainer given every frozen weight stacked (the model's own
+          layout): each block's MLP kernels sliced out of the stack in the loop
 
 For each, from XLA's ``memory_analysis`` of the compiled train step: the arguments'
 bytes, the temporaries', and the peak (arguments + temporaries + outputs - aliased,
@@ -21,8 +25,11 @@ QLoRA (``--qlora int8_weight_only,int4_weight_only,float8,int8``): the same adap
 ``mg.quantize(g, scheme)`` (every Linear, Embedding and attention layer), the step's
 memory only, beside the float rows.
 
+``--remat full`` compiles both models with ``remat="full"`` (each block recomputed in
+the backward pass).
+
 Run: ``.venv/bin/python benchmarks/bench_lora.py [--batch 1] [--seq 64] [--rounds 5]
-[--qlora SCHEMES]``.
+[--remat full] [--qlora SCHEMES] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -69,18 +76,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/lora_results.json")
     parser.add_argument("--qlora", type=lambda v: tuple(v.split(",")), default=())
+    parser.add_argument("--remat", default=None, help="the models' remat (\"full\", \"dots\")")
     args = parser.parse_args()
 
     g = mg.models.gpt2()
     adapted_graph = mg.lora(g, "h.*/attn/qkv", rank=8, alpha=16)
-    base = mg.compile(g, scan_blocks=True)
-    adapted = mg.compile(adapted_graph, scan_blocks=True)
+    base = mg.compile(g, scan_blocks=True, remat=args.remat)
+    adapted = mg.compile(adapted_graph, scan_blocks=True, remat=args.remat)
     ids = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, 50257)
     runs = {}
-    for label, model, trainable in (("full", base, None), ("lora", adapted, "**/*.lora_*")):
+    # lora_stacked: the same Trainer given every frozen weight stacked (the model's own
+    # layout) instead of its frozen Linear layers per block (compiler.indexed)
+    for label, model, trainable in (("full", base, None), ("lora", adapted, "**/*.lora_*"),
+                                    ("lora_stacked", adapted, "**/*.lora_*")):
         trainer = mg.train.Trainer(model, optax.adamw(1e-4), loss="softmax_cross_entropy",
                                    trainable=trainable)
         ts = trainer.init(jax.random.key(0))
+        if label == "lora_stacked":
+            ts = ts.replace(params=model.stack_weights(model.unstack_weights(ts.params)[0])[0])
         row = _memory(trainer, ts, ids)
         row["param_bytes"] = _bytes(ts.params)
         row["opt_state_bytes"] = _bytes(ts.opt_state)
@@ -96,15 +109,20 @@ def main() -> None:
             run["ts"], metrics = run["trainer"].train_step(run["ts"], ids, ids)
             jax.block_until_ready(metrics["loss"])
             times[label].append(time.perf_counter() - start)
-    full, lora = runs["full"]["row"], runs["lora"]["row"]
+    full, lora, stacked = runs["full"]["row"], runs["lora"]["row"], runs["lora_stacked"]["row"]
     ratios = [b / a for a, b in zip(times["full"], times["lora"])]
     low, high = bootstrap_median_ci(ratios)
+    per_block = [a / b for a, b in zip(times["lora"], times["lora_stacked"])]
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {jax.device_count()} "
                    f"{jax.default_backend()} device(s), jax {jax.__version__}",
-        "batch": args.batch, "seq": args.seq, "rounds": args.rounds,
+        "batch": args.batch, "seq": args.seq, "rounds": args.rounds, "remat": args.remat,
         "full": {**full, "step_s": median(times["full"])},
         "lora": {**lora, "step_s": median(times["lora"])},
+        "lora_stacked": {**stacked, "step_s": median(times["lora_stacked"])},
+        "lora_stacked_peak_over_weights": stacked["peak_bytes"] / stacked["param_bytes"],
+        "per_block_step_ratio": median(per_block),
+        "per_block_step_ratio_ci": list(bootstrap_median_ci(per_block)),
         "peak_ratio": lora["peak_bytes"] / full["peak_bytes"],
         "lora_peak_over_weights": lora["peak_bytes"] / lora["param_bytes"],
         "lora_temp_over_full_temp": lora["temp_bytes"] / full["temp_bytes"],

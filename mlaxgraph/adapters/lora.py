@@ -20,9 +20,10 @@ from typing import Any
 from ..core.errors import ConfigError, GraphError, SourceInfo, capture_source, node_message
 from ..ir.graph import Graph
 from ..ir.node import Node, Value
+from ..ir.paths import is_pattern, path_matcher
 from ..ir.rewrite import Rewrite, Rule, rewrite
 from ..ir.scan import unfold_scans
-from ..ir.surgery import is_pattern, layer_paths, path_matcher, resolve_selection, select
+from ..ir.surgery import layer_paths, resolve_selection, select
 from ..ir.verify import verify
 from ..ops import initializers
 from ..ops.attention import ADAPTABLE, MultiHeadAttention

@@ -21,82 +21,19 @@ import numpy as np
 
 from ..core.errors import DTypeError, GraphError, MlaxGraphError, ShapeError, node_message
 from ..core.scopes import scope_name
-from ..core.specs import bind_dims, flatten_specs, is_symbolic, match_shape
+from ..core.specs import bind_dims, is_symbolic, match_shape
 from ..ir.printer import context_lines
+from .indexed import indexed_apply, per_block_layers
 from .keys import block_keys, step_key
-from .program import Checkpoint, Program, Ref, ScanStep, Scheduled, Step, get_in, set_in
+from .program import Checkpoint, Program, Ref, ScanStep, Scheduled, Step, set_in
 from .taps import TapPlan, Taps, plan_taps
+from .weights import check_weights, per_block_weights, read_weights, without_layers
 
 __all__ = ["run", "walk", "check_weights", "step_key", "Hook", "Taps", "STEP_RULES", "StepRule", "Wrapper"]
 
 #: ``hook(path, values) -> values``: sees a graph input (path: its name) or a step's
 #: outputs, inside the step's named scope.
 Hook = Callable[[str, tuple], tuple]
-
-_EMPTY: Mapping[str, Any] = {}
-
-
-def _weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
-    """The step's weights from ``params`` or ``state``, checked against its specs."""
-    specs = step.param_specs if which == "params" else step.state_specs
-    if not specs:
-        return _EMPTY
-    node = step.node
-    try:
-        found = get_in(tree, step.weights)
-    except (KeyError, TypeError, IndexError):
-        raise GraphError(node_message(
-            step.path, node.op.op_name,
-            f"{which} has no entry {step.weights_path!r}; pass the {which} made by this "
-            f"model's init{_quantized_hint(node)}", source=node.source)) from None
-    for path, spec in flatten_specs(specs):
-        try:
-            leaf = get_in(found, tuple(path.split("/")))
-        except (KeyError, TypeError, IndexError):
-            raise GraphError(node_message(
-                step.path, node.op.op_name,
-                f"{which} has no weight {step.weights_path}/{path}; pass the {which} made by "
-                f"this model's init{_quantized_hint(node)}", source=node.source)) from None
-        shape = getattr(leaf, "shape", None)
-        if shape is None or (not any(is_symbolic(d) for d in spec.shape)
-                             and tuple(shape) != tuple(spec.shape)):
-            raise ShapeError(node_message(
-                step.path, node.op.op_name,
-                f"weight {step.weights_path}/{path} has another shape than the layer needs",
-                got=str(tuple(shape)) if shape is not None else type(leaf).__name__,
-                expected=str(tuple(spec.shape)), source=node.source))
-        if spec.dtype is not None:
-            if np.dtype(leaf.dtype) != spec.dtype:
-                raise DTypeError(node_message(
-                    step.path, node.op.op_name,
-                    f"weight {step.weights_path}/{path} is stored in {spec.dtype} by this "
-                    f"layer{_quantized_hint(node)}",
-                    got=str(leaf.dtype), expected=str(spec.dtype), source=node.source))
-        elif not jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
-            raise DTypeError(node_message(
-                step.path, node.op.op_name,
-                f"weight {step.weights_path}/{path} is not floating-point",
-                got=str(leaf.dtype), expected="a float dtype (the policy's param_dtype)",
-                source=node.source))
-    return found
-
-
-def _quantized_hint(node: Any) -> str:
-    """What a quantized layer's missing or float weights call for."""
-    if getattr(node.op, "scheme", None) is None and node.op.op_name != "quantize":
-        return ""
-    return ("; a quantized graph's weights and state come from the float model's: "
-            "mg.quantize_weights(qgraph, params, state)")
-
-
-def check_weights(program: Program, params: Any, state: Any) -> None:
-    """``apply``'s check of each layer's weights (missing, another shape, a dtype the
-    layer does not take), made for every layer at once without running anything."""
-    for step in program.owners():
-        if not isinstance(step, ScanStep):
-            _weights(step, params, "params")
-            _weights(step, state, "state")
-
 
 def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | None) -> None:
     """An op's apply must produce what its infer promised: the dtype guarantee holds."""
@@ -127,7 +64,7 @@ def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | Non
 
 
 def _run_scan(step: ScanStep, params: Any, state: Any, args: list, key: jax.Array | None,
-              context: _Context) -> tuple[tuple, Any]:
+              context: _Context, per_block: Mapping[tuple[str, ...], tuple]) -> tuple[tuple, Any]:
     """A run of equal blocks: ``lax.scan`` of one block's program over the blocks'
     stacked weights (and, in training, one key per block: the key the block would
     have had, ``key`` folded with its name). Captures inside the run come out as the
@@ -139,7 +76,8 @@ def _run_scan(step: ScanStep, params: Any, state: Any, args: list, key: jax.Arra
     bindings = _bindings(body, x)
     plan = context.plan.body(step) if context.plan is not None else None
     inner = dataclasses.replace(context, bindings=bindings, hook=None, plan=plan,
-                                wrappers=_wrappers(context.checks, plan, None, context.extra))
+                                wrappers=_wrappers(context.checks, plan, None, context.extra),
+                                per_block=per_block)
 
     def one_block(carry, per_block):
         p, s, k, index = per_block
@@ -268,6 +206,9 @@ class _Context:
     index: Any = None
     #: a scan's path -> what its blocks captured (ref -> stacked arrays)
     scans: dict = dataclasses.field(default_factory=dict)
+    #: inside a scan's body, the layers whose weights are given per block: weights path
+    #: -> one weight tree per block (``mlaxgraph.compiler.indexed``)
+    per_block: Mapping[tuple[str, ...], tuple] = dataclasses.field(default_factory=dict)
 
 
 #: ``wrapper(step, args, outs, context) -> outs``: sees (and may replace) each step's
@@ -315,13 +256,21 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context,
     derived, the op (or the scan) run in the step's named scope, its outputs checked
     against its specs and passed through the wrappers."""
     args = [env[ref] for ref in step.inputs]
-    p = _weights(step, context.params, "params")
-    s = _weights(step, state, "state")
+    blocks = context.per_block.get(step.weights)
+    per_block: Mapping[tuple[str, ...], tuple] = {}
+    p: Any
+    if blocks is not None:
+        p = per_block_weights(step, blocks)
+    elif isinstance(step, ScanStep) and (per_block := per_block_layers(step, context.params)):
+        p = read_weights(without_layers(step, per_block), context.params, "params")
+    else:
+        p = read_weights(step, context.params, "params")
+    s = read_weights(step, state, "state")
     rng = context.rng
     with jax.named_scope(scope_name(step.path)):
         key = step_key(rng, step.rng_path) if step.random and rng is not None else None
         if isinstance(step, ScanStep):
-            outs, s2 = _run_scan(step, p, s, args, key, context)
+            outs, s2 = _run_scan(step, p, s, args, key, context, per_block)
         else:
             op = step.op
             if op.symbolic_fields and context.bindings is not None:
@@ -330,7 +279,13 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context,
                 except MlaxGraphError as e:  # a bound dim the layer refuses (Arange's limit)
                     raise type(e)(node_message(step.path, op.op_name, e.problem, expected=e.expected,
                                                source=step.node.source)) from None
-            outs, s2 = op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
+            if blocks is None:
+                outs, s2 = op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
+            else:  # a scanned run's layer given per block: nothing sliced or copied
+                mode = context.inference_mode
+                outs, s2 = indexed_apply(
+                    lambda w, xs, k: op.apply(w, {}, xs, rng=k, inference_mode=mode)[0],
+                    p, context.index, args, key, f"layer {step.path!r}"), {}
         outs = tuple(outs)
         _check_outputs(step, outs, context.bindings)
         for wrap in context.wrappers:

@@ -5,7 +5,9 @@ A graph's own layout keeps each block's weights under its name
 ``scan_blocks=True`` keeps the run's weights stacked under the scan's name
 (``params["block0..block31"]``, each weight with a leading axis of 32). These
 functions convert any tree holding that layout: params, state, gradients, and the
-optimizer states that mirror them (Adam's moments are found wherever they are).
+optimizer states that mirror them (Adam's moments are found wherever they are). A
+tree may hold some layers of a run per block and the others stacked (frozen layers,
+``mlaxgraph.compiler.indexed``): both functions merge the two.
 """
 
 from __future__ import annotations
@@ -47,16 +49,27 @@ def _holds_stack(tree: Any, step: Step) -> bool:
     return isinstance(tree, Mapping) and _has(tree, step.weights)
 
 
+def _merged(old: Any, new: Any) -> Any:
+    """Two weight trees of the same block or run as one (``old`` None: ``new``)."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new if old is None else old if new is None else new
+    out = dict(old)
+    for key, value in new.items():
+        out[key] = _merged(out.get(key), value)
+    return out
+
+
 def _replace(tree: Mapping, parent: tuple[str, ...], remove: tuple[str, ...], name: str,
              value: Any) -> dict:
     """``tree`` with the entries ``remove`` of the dict at ``parent`` replaced by one
-    entry ``name``, put where the first of them was."""
+    entry ``name``, put where the first of them was (merged with an entry ``name``
+    already there: the layers of a run kept stacked beside those given per block)."""
     level = get_in(tree, parent) if parent else tree
     out: dict = {}
     for key, entry in level.items():
         if key == remove[0]:
-            out[name] = value
-        elif key not in remove:
+            out[name] = _merged(level.get(name), value)
+        elif key not in remove and not (key == name and name in out):
             out[key] = entry
     return set_in(tree, parent, out) if parent else out
 
@@ -79,9 +92,9 @@ def _unstack_one(tree: Mapping, step: ScanStep) -> dict:
     out: dict = {}
     for key, entry in level.items():
         if key == step.weights[-1]:
-            for i, name in enumerate(names):
-                out[name] = jax.tree.map(lambda x, i=i: x[i], stacked)
-        else:
+            for i, name in enumerate(names):  # merged with layers given per block
+                out[name] = _merged(level.get(name), jax.tree.map(lambda x, i=i: x[i], stacked))
+        elif not (key in names and key in out):
             out[key] = entry
     return set_in(tree, parent, out) if parent else out
 

@@ -25,8 +25,8 @@ import numpy as np
 from ..core.errors import DTypeError, GraphError, ShapeError
 from ..core.signatures import call_problem
 from ..ir.graph import InputLayer
+from ..ir.paths import is_pattern, module_view, path_matcher
 from ..ir.scan import Scan
-from ..ir.surgery import is_pattern, module_view, path_matcher
 from .program import Program, Ref, ScanStep, Step
 from .tap_functions import TapFunction, tap_function
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..compiler.flatten import flatten
-from ..compiler.interpreter import check_weights
 from ..compiler.program import get_in, set_in
+from ..compiler.weights import check_weights
 from ..core.errors import ConfigError, SerializationError
 from ..core.specs import flatten_specs, is_symbolic
 from ..ir.graph import Graph

@@ -16,13 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..compiler.indexed import unstack_frozen
 from ..compiler.program import leaf_paths
 from ..compiler.taps import Taps
 from ..compiler.xla_options import TopLevelJit, checked_compiler_options, step_compiler_options
 from ..core.errors import GraphError
 from ..core.signatures import call_problem
 from ..core.specs import trains
-from ..ir.surgery import path_matcher
+from ..ir.paths import path_matcher
 from .fit import fit
 from .frozen import FrozenStep
 from .loss_scale import DynamicLossScale, all_finite
@@ -193,6 +194,9 @@ class Trainer:
         self.metric_fns = resolve_metrics(metrics)
         self.loss_scale = self._initial_loss_scale(loss_scale)
         self.trainable = self._trainable_paths(trainable)
+        # a scanned run's frozen layers are kept per block (compiler.indexed), unsharded
+        self._frozen = (frozenset() if self.trainable is None or getattr(model, "sharding", None)
+                        else self._all_paths - self.trainable)
         self._needs_rng = bool(model.program.random_paths())
         # None: the default PRNG; init_fn records the key's own, as jax.random.key_impl
         # gives it (a name or jax's PRNGSpec, a class jax does not export).
@@ -254,6 +258,7 @@ class Trainer:
                              f"predicate on the path, got {trainable!r}")
         shapes, _ = jax.eval_shape(self.model.init_fn, jax.random.key(0))
         paths = list(leaf_paths(shapes))
+        self._all_paths = frozenset(paths)
         chosen = frozenset(path for path in paths if test(path))
         if not chosen:
             what = f"pattern {trainable!r}" if isinstance(trainable, str) else "the predicate"
@@ -294,6 +299,8 @@ class Trainer:
         self._key_impl = jax.random.key_impl(key)
         init_key, rng = jax.random.split(key)
         params, state = self.model.init_fn(init_key)
+        if self._frozen:
+            params = unstack_frozen(self.model.program, params, self._frozen)
         opt_state = _standard_promotion(self.optimizer.init)(self._train_part(params))
         plan = getattr(self.model, "sharding", None)
         if plan is not None:       # moments sharded like their weights, not replicated

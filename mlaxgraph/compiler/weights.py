@@ -1,0 +1,105 @@
+"""Reading a step's weights from ``params`` and ``state``, checked against its specs
+(missing, another shape, a dtype the layer does not take), for ``apply`` and the
+interpreter; a scanned run's layers given per block (``mlaxgraph.compiler.indexed``)
+are read block by block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..core.errors import DTypeError, GraphError, ShapeError, node_message
+from ..core.specs import flatten_specs, is_symbolic
+from .program import Program, ScanStep, Step, get_in, set_in
+
+__all__ = ["read_weights", "check_weights", "per_block_weights", "without_layers"]
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+def read_weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
+    """The step's weights from ``params`` or ``state``, checked against its specs."""
+    specs = step.param_specs if which == "params" else step.state_specs
+    if not specs:
+        return _EMPTY
+    node = step.node
+    try:
+        found = get_in(tree, step.weights)
+    except (KeyError, TypeError, IndexError):
+        raise GraphError(node_message(
+            step.path, node.op.op_name,
+            f"{which} has no entry {step.weights_path!r}; pass the {which} made by this "
+            f"model's init{_quantized_hint(node)}", source=node.source)) from None
+    for path, spec in flatten_specs(specs):
+        try:
+            leaf = get_in(found, tuple(path.split("/")))
+        except (KeyError, TypeError, IndexError):
+            raise GraphError(node_message(
+                step.path, node.op.op_name,
+                f"{which} has no weight {step.weights_path}/{path}; pass the {which} made by "
+                f"this model's init{_quantized_hint(node)}", source=node.source)) from None
+        shape = getattr(leaf, "shape", None)
+        if shape is None or (not any(is_symbolic(d) for d in spec.shape)
+                             and tuple(shape) != tuple(spec.shape)):
+            raise ShapeError(node_message(
+                step.path, node.op.op_name,
+                f"weight {step.weights_path}/{path} has another shape than the layer needs",
+                got=str(tuple(shape)) if shape is not None else type(leaf).__name__,
+                expected=str(tuple(spec.shape)), source=node.source))
+        if spec.dtype is not None:
+            if np.dtype(leaf.dtype) != spec.dtype:
+                raise DTypeError(node_message(
+                    step.path, node.op.op_name,
+                    f"weight {step.weights_path}/{path} is stored in {spec.dtype} by this "
+                    f"layer{_quantized_hint(node)}",
+                    got=str(leaf.dtype), expected=str(spec.dtype), source=node.source))
+        elif not jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
+            raise DTypeError(node_message(
+                step.path, node.op.op_name,
+                f"weight {step.weights_path}/{path} is not floating-point",
+                got=str(leaf.dtype), expected="a float dtype (the policy's param_dtype)",
+                source=node.source))
+    return found
+
+
+def _quantized_hint(node: Any) -> str:
+    """What a quantized layer's missing or float weights call for."""
+    if getattr(node.op, "scheme", None) is None and node.op.op_name != "quantize":
+        return ""
+    return ("; a quantized graph's weights and state come from the float model's: "
+            "mg.quantize_weights(qgraph, params, state)")
+
+
+def per_block_weights(step: Step, blocks: tuple) -> tuple:
+    """Each block's weights of a layer given per block, checked against its specs."""
+    if step.state_specs:
+        raise GraphError(node_message(
+            step.path, step.node.op.op_name,
+            "params give this layer's weights one block at a time, which is for layers "
+            "without state: give them stacked under the run's name (model.stack_weights)",
+            source=step.node.source))
+    return tuple(read_weights(step, set_in({}, step.weights, tree), "params") for tree in blocks)
+
+
+def without_layers(scan: ScanStep, per_block: Mapping[tuple[str, ...], tuple]) -> ScanStep:
+    """``scan`` with the specs of the layers given per block left out of its stack's."""
+    specs: Any = scan.param_specs
+    for weights in per_block:
+        parent = get_in(specs, weights[:-1]) if weights[:-1] else specs
+        parent = {k: v for k, v in parent.items() if k != weights[-1]}
+        specs = set_in(specs, weights[:-1], parent) if weights[:-1] else parent
+    return dataclasses.replace(scan, param_specs=specs)
+
+
+def check_weights(program: Program, params: Any, state: Any) -> None:
+    """``apply``'s check of each layer's weights (missing, another shape, a dtype the
+    layer does not take), made for every layer at once without running anything."""
+    for step in program.owners():
+        if not isinstance(step, ScanStep):
+            read_weights(step, params, "params")
+            read_weights(step, state, "state")

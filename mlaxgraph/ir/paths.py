@@ -1,0 +1,57 @@
+"""Paths of layers and weights, and the globs over them: ``*`` and ``?`` within one
+name, ``**`` across ``/``; a layer named after a module path (``mlp.act``) also read
+with ``/`` for its dots (``module_view``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+__all__ = ["path_matcher", "is_pattern", "module_view"]
+
+_GLOB = re.compile(r"\*\*|\*|\?|\[[^\]]*\]|[^*?\[]+")
+
+
+def module_view(path: str) -> str:
+    """``path`` with the dots of its last name read as ``/``: a layer named after a
+    module path (GPT-2's ``mlp.act`` in block ``h.3``, as in Hugging Face's
+    ``h.3.mlp.act``) is also ``h.3/mlp/act``. Block names keep their dots (``h.3``,
+    ``model.layers.0``), so ``*/mlp/*`` names every block's MLP layers."""
+    head, sep, last = path.rpartition("/")
+    return head + sep + last.replace(".", "/")
+
+
+def path_matcher(pattern: str) -> Callable[[str], bool]:
+    """A test of paths for a glob: ``*`` and ``?`` stay within one name, ``**`` also
+    crosses ``/`` (``**/`` stands for no name too: ``**/fc`` matches ``fc``); ``[...]``
+    as in fnmatch. A path matches as written or as its ``module_view``."""
+    parts = []
+    tokens = _GLOB.findall(pattern)
+    for i, token in enumerate(tokens):
+        if token == "**" and i + 1 < len(tokens) and tokens[i + 1].startswith("/"):
+            parts.append("(?:.*/)?")
+            tokens[i + 1] = tokens[i + 1][1:]
+        elif token == "**":
+            parts.append(".*")
+        elif token == "*":
+            parts.append("[^/]*")
+        elif token == "?":
+            parts.append("[^/]")
+        elif token.startswith("["):
+            body = token[1:-1]
+            parts.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+        else:
+            parts.append(re.escape(token))
+    regex = re.compile("".join(parts) + r"\Z")
+
+    def matches(path: str) -> bool:
+        if regex.match(path) is not None:
+            return True
+        view = module_view(path)
+        return view != path and regex.match(view) is not None
+
+    return matches
+
+
+def is_pattern(text: str) -> bool:
+    return any(c in text for c in "*?[")
