@@ -213,6 +213,10 @@ def test_bad_folders_are_errors(gpt2_adapter, tmp_path):
         mg.models.load_state_dict(adapted, base, adapter=pickled)
     with pytest.raises(mg.SerializationError, match="has no adapters"):
         mg.models.load_state_dict(g, base, adapter=folder)
+    # the folder given first (save_adapter takes graph, params, folder)
+    with pytest.raises(mg.GraphError, match=r"save_adapter\(graph, params, folder\) takes the "
+                                            r"adapted Graph and its params \(a dict\), got PosixPath"):
+        mg.models.save_adapter(tmp_path / "out", adapted, {})
 
 
 def test_adapters_with_different_dropouts_are_not_saved_as_one(tmp_path):

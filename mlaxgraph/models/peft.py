@@ -17,6 +17,7 @@ import difflib
 import json
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -189,6 +190,10 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
     training only; the weights are written as they are). An Embedding's adapter has no
     dropout (its input is ids) and does not count.
     """
+    if not isinstance(graph, Graph) or not isinstance(params, Mapping):
+        raise GraphError(f"save_adapter(graph, params, folder) takes the adapted Graph and its "
+                         f"params (a dict), got {type(graph).__name__} and "
+                         f"{type(params).__name__}")
     layout = layout_for(graph.name)
     flat = unfold_scans(graph)
     nodes = dict(layer_paths(flat))
