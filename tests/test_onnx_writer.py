@@ -94,3 +94,10 @@ def test_adapters_are_named():
     params, state = model.init(jax.random.key(0))
     with pytest.raises(mg.SerializationError, match=r"adapters \(query, value\) have no ONNX form.*mg\.merge_lora"):
         adapted.to_onnx(None, params, state)
+    # inside a block, the layer's path
+    g = mg.lora(mg.models.gpt2({"n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 32,
+                                "n_positions": 8}), "h.*/attn/qkv", rank=2)
+    p, s = mg.compile(g).init(jax.random.key(0))
+    with pytest.raises(mg.SerializationError, match=r"layer 'h.0/attn' \(op multi_head_attention\): "
+                                                    r"its adapters \(qkv\)"):
+        g.to_onnx(None, p, s)

@@ -156,7 +156,7 @@ class _Writer:
                 # Its body reads values around it by the names of the file it came from
                 # (or is a body the reader made): the node would not be valid ONNX.
                 raise SerializationError(
-                    f"layer {node.name!r} (op {op.op_name}) has a body that reads values of "
+                    f"layer {path!r} (op {op.op_name}) has a body that reads values of "
                     f"the graph around it ({', '.join(inner.get('__outer__', ())) or 'a gradient'}); "
                     f"to_onnx cannot write such a body")
             full, dtypes, it = [], [], iter(zip(args, self.input_specs))

@@ -25,7 +25,7 @@ def attention(w, node, args, weights, stats, path):
     """``MultiHeadAttention`` in the form of ``w.opset`` (see the module)."""
     op = node.op
     if op.adapters:
-        raise SerializationError(f"layer {node.name!r} (op {op.op_name}): its adapters "
+        raise SerializationError(f"layer {path!r} (op {op.op_name}): its adapters "
                                  f"({', '.join(op.adapters)}) have no ONNX form; fold them "
                                  f"into its weights first (mg.merge_lora)")
     head_dim = np.asarray(weights["query"]["kernel"]).shape[-1]

@@ -70,7 +70,7 @@ def _axis_op(op_type: str) -> Callable:
 def _gelu(w, node, args, weights, stats, path):
     if w.opset >= 20:
         return w.node("Gelu", args, path, approximate="tanh" if node.op.approximate else "none")
-    raise SerializationError(f"layer {node.name!r} (op gelu) needs opset 20 or newer")
+    raise SerializationError(f"layer {path!r} (op gelu) needs opset 20 or newer")
 
 
 def _silu(w, node, args, weights, stats, path):
@@ -135,7 +135,7 @@ def _conv_transpose(w, node, args, weights, stats, path):
     padding = op.padding if not isinstance(op.padding, str) else (op.padding,) * n
     crops = [transpose_crops(k, s, p, d) for k, s, p, d in zip(kernel.shape[2:], strides, padding, dilation)]
     if any(lo < 0 or -hi >= max(s, d) for (lo, hi), s, d in zip(crops, strides, dilation)):
-        raise SerializationError(f"layer {node.name!r} (op conv_transpose): the padding "
+        raise SerializationError(f"layer {path!r} (op conv_transpose): the padding "
                                  f"{op.padding!r} extends the output beyond what ONNX's pads "
                                  f"and output_padding express")
     ins = [_channels_first(w, node, args[0], path, n, last), w.constant(f"{path}.kernel", kernel)]
@@ -194,7 +194,7 @@ def _embedding(w, node, args, weights, stats, path):
 def _causal_mask(w, node, args, weights, stats, path):
     shape = node.outputs[0].shape
     if not all(isinstance(d, int) for d in shape):
-        raise SerializationError(f"layer {node.name!r} (op causal_mask): a symbolic length "
+        raise SerializationError(f"layer {path!r} (op causal_mask): a symbolic length "
                                  f"has no ONNX form here")
     return w.node("Identity", [w.constant(f"{path}.value", np.tril(np.ones(shape, bool)))], path)
 
@@ -252,7 +252,7 @@ def _reshape(w, node, args, weights, stats, path):
         else:
             target.append(-1)
     if target.count(-1) > 1:
-        raise SerializationError(f"layer {node.name!r} (op reshape): two symbolic dims that "
+        raise SerializationError(f"layer {path!r} (op reshape): two symbolic dims that "
                                  f"are not the input's have no ONNX form here")
     shape = w.constant(f"{path}.shape", np.asarray(target, np.int64))
     return w.node("Reshape", [args[0], shape], path)

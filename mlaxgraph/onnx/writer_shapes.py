@@ -23,7 +23,7 @@ def dim_value(w: Any, node: Any, d: Any, path: str, *, source: tuple[str, int] |
         return w.constant(f"{path}.size", np.asarray([d] if vector else d, np.int64))
     if source is None:
         if str(d) not in w.dims:
-            raise SerializationError(f"layer {node.name!r} (op {node.op.op_name}): the length "
+            raise SerializationError(f"layer {path!r} (op {node.op.op_name}): the length "
                                      f"{d} is no dim of the graph's inputs")
         source = w.dims[str(d)]
     tensor, axis = source
