@@ -14,11 +14,18 @@ import mlaxgraph as mg  # noqa: E402
 from mlaxgraph import ops  # noqa: E402
 
 
-def _check(graph, xs, opset, *, back=True):
+def _check(graph, xs, opset, *, back=True, adapters=False):
     """The graph written at ``opset``: onnxruntime's outputs and those of the graph
-    read back equal mlaxgraph's; returns the file's operator types."""
+    read back equal mlaxgraph's; returns the file's operator types. ``adapters``: every
+    LoRA adapter's weights drawn normal (B nonzero)."""
     model = mg.compile(graph)
     params, state = model.init(jax.random.key(0))
+    if adapters:
+        leaves, tree = jax.tree_util.tree_flatten_with_path(params)
+        rng = np.random.default_rng(5)
+        params = jax.tree.unflatten(tree, [
+            (0.2 * rng.normal(size=a.shape)).astype(np.float32) if ".lora_" in jax.tree_util.keystr(k)
+            else a for k, a in leaves])
     proto = graph.to_onnx(None, params, state, opset=opset)
     want, _ = model.apply(params, state, *xs, inference_mode=True)
     want = want if isinstance(want, tuple) else (want,)
@@ -86,18 +93,17 @@ def test_conv_transpose(kernel, strides, padding, layout):
     assert "ConvTranspose" in _check(graph, [value], 21, back=False)
 
 
-def test_adapters_are_named():
-    x = mg.Input(("batch", 4, 8), name="x")
-    graph = mg.Graph(x, ops.MultiHeadAttention(2, name="attn")(x), name="l")
-    adapted = mg.lora(graph, "attn", rank=2)
-    model = mg.compile(adapted)
-    params, state = model.init(jax.random.key(0))
-    with pytest.raises(mg.SerializationError, match=r"adapters \(query, value\) have no ONNX form.*mg\.merge_lora"):
-        adapted.to_onnx(None, params, state)
-    # inside a block, the layer's path
-    g = mg.lora(mg.models.gpt2({"n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 32,
-                                "n_positions": 8}), "h.*/attn/qkv", rank=2)
-    p, s = mg.compile(g).init(jax.random.key(0))
-    with pytest.raises(mg.SerializationError, match=r"layer 'h.0/attn' \(op multi_head_attention\): "
-                                                    r"its adapters \(qkv\)"):
-        g.to_onnx(None, p, s)
+@pytest.mark.parametrize("opset", [21, 23])
+def test_attention_adapters_unmerged_run_in_onnxruntime(opset):
+    """LoRA adapters on attention, not merged: their outputs added to the projections
+    (query and value; the fused qkv split in three), the output projection's adapter
+    reading the attended values: onnxruntime equals mlaxgraph, and the file read back."""
+    x = mg.Input(("batch", 6, 16), name="x")
+    attention = ops.MultiHeadAttention(4, 4, num_kv_heads=2, causal=True, rope=500.0, name="attn")
+    graph = mg.lora(mg.Graph(x, attention(x), name="a"), ["attn", "attn/out"], rank=2)
+    xs = [np.random.default_rng(1).normal(size=(2, 6, 16)).astype(np.float32)]
+    _check(graph, xs, opset, adapters=True)
+    gpt2 = mg.lora(mg.models.gpt2({"n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 32,
+                                   "n_positions": 8}), ["h.*/attn/qkv", "h.*/attn/out"], rank=2)
+    types = _check(gpt2, [np.arange(10, dtype=np.int32).reshape(2, 5) % 32], opset, adapters=True)
+    assert "Split" in types

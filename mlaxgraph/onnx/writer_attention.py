@@ -4,13 +4,15 @@ between the projections' MatMul (+ Add); for older opsets decomposed into primit
 operators: Reshape, Transpose, Slice, Neg and Concat for the rotation, Expand for the
 grouped heads, MatMul, Where and Softmax for the attention itself. The masks (causal,
 sliding window, the mask input) are boolean tensors built from positions in both forms.
+LoRA adapters left unmerged (``mg.lora`` on the attention) are added to their
+projections' outputs (a fused ``qkv`` adapter's output split in three), and an adapter
+of the output projection reads the attended values, the node's second output.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..core.errors import SerializationError
 from ..ops.rotary import inverse_frequencies
 from .dtypes import to_code
 from .writer_shapes import dim_value, length_range, positions
@@ -24,30 +26,37 @@ FUSED_OPSET = 23
 def attention(w, node, args, weights, stats, path):
     """``MultiHeadAttention`` in the form of ``w.opset`` (see the module)."""
     op = node.op
-    if op.adapters:
-        raise SerializationError(f"layer {path!r} (op {op.op_name}): its adapters "
-                                 f"({', '.join(op.adapters)}) have no ONNX form; fold them "
-                                 f"into its weights first (mg.merge_lora)")
+    count = len(op.delta_inputs)  # LoRA adapters' outputs, after the inputs (mg.lora)
+    base = args[:len(args) - count]
+    deltas = dict(zip(op.delta_inputs, args[len(base):]))
     head_dim = np.asarray(weights["query"]["kernel"]).shape[-1]
-    q = _project(w, op, weights, args[0], "query", path)
-    k = _project(w, op, weights, args[1], "key", path)
-    v = _project(w, op, weights, args[1], "value", path)
+    q = _project(w, op, weights, base[0], "query", path, deltas.get("query"))
+    k = _project(w, op, weights, base[1], "key", path, deltas.get("key"))
+    v = _project(w, op, weights, base[1], "value", path, deltas.get("value"))
+    if "qkv" in deltas:  # one adapter of the three fused: [q | k | v] along its features
+        widths = w.constant(f"{path}.qkv.widths", np.asarray(
+            [op.num_heads * head_dim, op.kv_heads * head_dim, op.kv_heads * head_dim], np.int64))
+        parts = w.node("Split", [deltas["qkv"], widths], f"{path}/qkv", outputs=3, part=True, axis=-1)
+        q, k, v = (w.node("Add", [x, d], f"{path}/{which}/lora", part=True)[0]
+                   for x, d, which in zip((q, k, v), parts, ("query", "key", "value")))
     if w.opset >= FUSED_OPSET:
-        y = _fused(w, node, args, q, k, v, head_dim, path)
+        attended = _fused(w, node, base, q, k, v, head_dim, path)
     else:
-        y = _decomposed(w, node, args, q, k, v, head_dim, path)
+        attended = _decomposed(w, node, base, q, k, v, head_dim, path)
     heads = op.num_heads
     out_kernel = np.asarray(weights["out"]["kernel"]).reshape(heads * head_dim, -1)
-    (y,) = w.node("MatMul", [y, w.constant(f"{path}.out.kernel", out_kernel)], f"{path}/out",
-                  part=True)
+    (y,) = w.node("MatMul", [attended, w.constant(f"{path}.out.kernel", out_kernel)],
+                  f"{path}/out", part=True)
     if op.has_out_bias:
         bias = w.constant(f"{path}.out.bias", np.asarray(weights["out"]["bias"]))
         (y,) = w.node("Add", [y, bias], f"{path}/out", part=True)
-    return [y]
+    # an adapter of the output projection reads the attended values: the second output
+    return [y, attended] if "out" in op.adapters else [y]
 
 
-def _project(w, op, weights, x: str, which: str, path: str) -> str:
-    """``x @ kernel (+ bias)``: ``(batch, length, heads * head_dim)``."""
+def _project(w, op, weights, x: str, which: str, path: str, delta: str | None = None) -> str:
+    """``x @ kernel (+ bias) (+ delta``, an adapter's output): ``(batch, length, heads *
+    head_dim)``."""
     kernel = np.asarray(weights[which]["kernel"])
     d, h, k = kernel.shape
     (y,) = w.node("MatMul", [x, w.constant(f"{path}.{which}.kernel", kernel.reshape(d, h * k))],
@@ -56,6 +65,8 @@ def _project(w, op, weights, x: str, which: str, path: str) -> str:
         bias = np.asarray(weights[which]["bias"]).reshape(h * k)
         (y,) = w.node("Add", [y, w.constant(f"{path}.{which}.bias", bias)], f"{path}/{which}",
                       part=True)
+    if delta is not None:
+        (y,) = w.node("Add", [y, delta], f"{path}/{which}/lora", part=True)
     return y
 
 
