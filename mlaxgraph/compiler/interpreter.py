@@ -79,8 +79,8 @@ def _run_scan(step: ScanStep, params: Any, state: Any, args: list, key: jax.Arra
                                 wrappers=_wrappers(context.checks, plan, None, context.extra),
                                 per_block=per_block)
 
-    def one_block(carry, per_block):
-        p, s, k, index = per_block
+    def one_block(carry, xs):
+        p, s, k, index = xs
         block = dataclasses.replace(inner, params=p, rng=k, index=index)
         env, new_state = _run(body, s, (carry, *shared), block)
         captured = {} if plan is None else {ref: env[ref] for ref in plan.wanted}
