@@ -45,6 +45,18 @@ def _stacked_twin(trainer, model, ts):
     return twin.replace(params=model.stack_weights(model.unstack_weights(ts.params)[0])[0])
 
 
+def _steps_agree(trainer, ts, twin, ids, steps):
+    """``steps`` train steps of both train states: equal losses, then equal adapters."""
+    for _ in range(steps):
+        ts, m1 = trainer.train_step(ts, ids, ids)
+        twin, m2 = trainer.train_step(twin, ids, ids)
+        np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(mg.lora_params(ts.params)),
+                    jax.tree.leaves(mg.lora_params(twin.params))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    return ts
+
+
 def test_the_trainer_keeps_a_scanned_runs_frozen_linear_layers_per_block(adapted):
     _, model, trainer, _ = adapted
     ts = trainer.init(jax.random.key(0))
@@ -75,13 +87,7 @@ def test_steps_equal_the_stacked_layout_and_the_unscanned_model(adapted):
     want, _ = flat.apply(weights, state, ids, inference_mode=True)
     got, _ = model.apply(ts.params, ts.state, ids, inference_mode=True)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    for _ in range(3):
-        ts, m1 = trainer.train_step(ts, ids, ids)
-        twin, m2 = trainer.train_step(twin, ids, ids)
-        np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(mg.lora_params(ts.params)),
-                    jax.tree.leaves(mg.lora_params(twin.params))):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    ts = _steps_agree(trainer, ts, twin, ids, 3)
     assert ts.params["h.1"]["mlp.c_fc"]["kernel"] is frozen  # neither donated nor copied
 
 
@@ -142,12 +148,7 @@ def test_qlora_keeps_its_quantized_frozen_layers_per_block(monkeypatch):
     assert ts.params["h.1"]["mlp.c_fc"]["kernel"].dtype == jnp.int8
     twin = _stacked_twin(trainer, model, ts)
     ids = jax.random.randint(jax.random.key(1), (2, 12), 0, 64)
-    ts, m1 = trainer.train_step(ts, ids, ids)
-    twin, m2 = trainer.train_step(twin, ids, ids)
-    np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(mg.lora_params(ts.params)),
-                    jax.tree.leaves(mg.lora_params(twin.params))):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    _steps_agree(trainer, ts, twin, ids, 1)
 
 
 def test_small_layers_stay_stacked_and_the_threshold_is_read(adapted, monkeypatch):
