@@ -25,11 +25,16 @@ QLoRA (``--qlora int8_weight_only,int4_weight_only,float8,int8``): the same adap
 ``mg.quantize(g, scheme)`` (every Linear, Embedding and attention layer), the step's
 memory only, beside the float rows.
 
+``--loss-chunk N`` adds the row ``lora_chunked``: ``lora`` with
+``Trainer(..., loss_chunk=N)`` (the loss computed with the tied output head N positions
+at a time, so the 50,257-wide logits and their gradient are never whole), its memory
+and its step time against ``lora``'s in the same rounds.
+
 ``--remat full`` compiles both models with ``remat="full"`` (each block recomputed in
 the backward pass).
 
 Run: ``.venv/bin/python benchmarks/bench_lora.py [--batch 1] [--seq 64] [--rounds 5]
-[--remat full] [--qlora SCHEMES] [--out FILE]``.
+[--remat full] [--loss-chunk N] [--qlora SCHEMES] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/lora_results.json")
     parser.add_argument("--qlora", type=lambda v: tuple(v.split(",")), default=())
     parser.add_argument("--remat", default=None, help="the models' remat (\"full\", \"dots\")")
+    parser.add_argument("--loss-chunk", type=int, default=None,
+                        help="adds lora_chunked: lora with Trainer(loss_chunk=N)")
     args = parser.parse_args()
 
     g = mg.models.gpt2()
@@ -87,10 +94,14 @@ def main() -> None:
     runs = {}
     # lora_stacked: the same Trainer given every frozen weight stacked (the model's own
     # layout) instead of its frozen Linear layers per block (compiler.indexed)
-    for label, model, trainable in (("full", base, None), ("lora", adapted, "**/*.lora_*"),
-                                    ("lora_stacked", adapted, "**/*.lora_*")):
+    rows = [("full", base, None), ("lora", adapted, "**/*.lora_*"),
+            ("lora_stacked", adapted, "**/*.lora_*")]
+    if args.loss_chunk:
+        rows.append(("lora_chunked", adapted, "**/*.lora_*"))
+    for label, model, trainable in rows:
         trainer = mg.train.Trainer(model, optax.adamw(1e-4), loss="softmax_cross_entropy",
-                                   trainable=trainable)
+                                   trainable=trainable,
+                                   loss_chunk=args.loss_chunk if label == "lora_chunked" else None)
         ts = trainer.init(jax.random.key(0))
         if label == "lora_stacked":
             ts = ts.replace(params=model.stack_weights(model.unstack_weights(ts.params)[0])[0])
@@ -128,6 +139,15 @@ def main() -> None:
         "lora_temp_over_full_temp": lora["temp_bytes"] / full["temp_bytes"],
         "step_ratio": median(ratios), "step_ratio_ci": [low, high],
     }
+    if args.loss_chunk:
+        chunked = runs["lora_chunked"]["row"]
+        over = [a / b for a, b in zip(times["lora_chunked"], times["lora"])]
+        result.update({
+            "loss_chunk": args.loss_chunk,
+            "lora_chunked": {**chunked, "step_s": median(times["lora_chunked"])},
+            "lora_chunked_peak_over_weights": chunked["peak_bytes"] / chunked["param_bytes"],
+            "chunked_step_ratio": median(over),
+            "chunked_step_ratio_ci": list(bootstrap_median_ci(over))})
     result["qlora"] = {scheme: _qlora_memory(g, scheme, ids) for scheme in args.qlora}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import difflib
 import functools
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,17 +16,19 @@ import numpy as np
 import optax
 
 from ..compiler.indexed import unstack_frozen
+from ..compiler.lowering import make_apply
 from ..compiler.program import leaf_paths
 from ..compiler.taps import Taps
 from ..compiler.xla_options import TopLevelJit, checked_compiler_options, step_compiler_options
 from ..core.errors import GraphError
 from ..core.signatures import call_problem
 from ..core.specs import trains
-from ..ir.paths import path_matcher
+from .chunked_loss import ChunkedHead
 from .fit import fit
 from .frozen import FrozenStep
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import check_targets, resolve_loss, resolve_metrics
+from .selection import ADAPTER, combine, glob_test, subtree
 from .state import TrainState
 
 __all__ = ["Trainer"]
@@ -47,53 +48,6 @@ def _standard_promotion(fn: Callable) -> Callable:
 def _as_inputs(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
-
-#: An adapter's layer ``<target>.lora_A`` read as a child of its target.
-_ADAPTER = re.compile(r"\.(lora_[AB])(?=/|\Z)")
-
-
-def _glob_test(pattern: str) -> Callable[[str], bool]:
-    """A weight path matches when the glob matches one of its prefixes (a layer's path
-    names all its weights) or, unless the pattern starts with ``/``, such a prefix with
-    leading names left out (a pattern matches at any depth, as PEFT's ``target_modules``
-    do: ``"*/lora_*"`` names the adapters of nested layers too). A LoRA adapter's
-    ``<target>.lora_A`` is also read ``<target>/lora_A`` (the adapter as a part of its
-    target)."""
-    anchored = pattern.startswith("/")
-    test = path_matcher(pattern.lstrip("/") if anchored else pattern)
-
-    def matches(path: str) -> bool:
-        for view in {path, _ADAPTER.sub(r"/\1", path)}:
-            parts = view.split("/")
-            starts = (0,) if anchored else range(len(parts))
-            if any(test("/".join(parts[j:i])) for j in starts
-                   for i in range(len(parts), j, -1)):
-                return True
-        return False
-
-    return matches
-
-
-def _subtree(tree: Mapping, keep: frozenset[str], prefix: str = "") -> dict:
-    """The leaves of ``tree`` whose paths are in ``keep``, in the same nested dicts."""
-    out: dict = {}
-    for key, value in tree.items():
-        path = prefix + key
-        if isinstance(value, Mapping):
-            inner = _subtree(value, keep, path + "/")
-            if inner:
-                out[key] = inner
-        elif path in keep:
-            out[key] = value
-    return out
-
-
-def _combine(tree: Mapping, sub: Mapping) -> dict:
-    """``tree`` with the leaves ``sub`` has (same nested dicts) taken from ``sub``."""
-    out = dict(tree)
-    for key, value in sub.items():
-        out[key] = _combine(tree[key], value) if isinstance(value, Mapping) else value
-    return out
 
 class Trainer:
     """Training for a compiled model.
@@ -134,6 +88,11 @@ class Trainer:
         model without convolutions, which drops the copies XLA makes of weights
         updated in place (docs/performance.md), XLA's defaults otherwise; ``{}``:
         XLA's defaults. ``trainer.compiler_options`` holds the options used.
+      loss_chunk: positions per chunk: the loss ``"softmax_cross_entropy"`` computed
+        with the output layer (a Linear or an Embedding's ``attend``, with its casts),
+        ``loss_chunk`` positions at a time, so the logits and their gradient are never
+        whole (a language model's largest arrays; docs/training.md). Metrics are then
+        named ones, computed per chunk. None (the default): the whole output at once.
 
     The jitted functions (the train state is donated: its buffers are reused for the
     new state, so do not use a state after passing it in; with ``trainable``, the
@@ -171,7 +130,7 @@ class Trainer:
                  loss: str | Callable = "softmax_cross_entropy",
                  metrics: Any = None, loss_scale: Any = "auto", *,
                  capture: Any = None, intervene: Any = None, trainable: Any = None,
-                 compiler_options: Mapping[str, Any] | None = None):
+                 compiler_options: Mapping[str, Any] | None = None, loss_chunk: int | None = None):
         if not hasattr(model, "apply_fn") or not hasattr(model, "init_fn"):
             raise GraphError(f"Trainer takes a compiled model (mg.compile(graph)), got "
                              f"{type(model).__name__}")
@@ -192,6 +151,12 @@ class Trainer:
         self._loss_name = loss if isinstance(loss, str) else None
         self._output_name = ", ".join(v.node for v in model.graph.outputs)
         self.metric_fns = resolve_metrics(metrics)
+        self._head = None
+        if loss_chunk is not None:  # the program split at the output layer's input
+            self._head = ChunkedHead.of(model.program, loss_chunk, loss, self.loss_fn,
+                                        self.metric_fns, metrics,
+                                        () if self._taps is None else self._taps.intervene)
+            self._apply_fn = make_apply(self._head.body, model.sharding, taps=self._taps)
         self.loss_scale = self._initial_loss_scale(loss_scale)
         self.trainable = self._trainable_paths(trainable)
         # a scanned run's frozen layers are kept per block (compiler.indexed), unsharded
@@ -250,7 +215,7 @@ class Trainer:
             self._check_trainable(shapes, None)
             return None
         if isinstance(trainable, str):
-            test = _glob_test(trainable)
+            test = glob_test(trainable)
         elif callable(trainable):
             test = trainable
         else:
@@ -264,7 +229,7 @@ class Trainer:
             what = f"pattern {trainable!r}" if isinstance(trainable, str) else "the predicate"
             plain = trainable.replace("*", "").replace("?", "") if isinstance(trainable, str) else ""
             near = difflib.get_close_matches(plain, paths, n=4, cutoff=0.3) or paths[:4]
-            adapters = [path for path in paths if _ADAPTER.search(path)]
+            adapters = [path for path in paths if ADAPTER.search(path)]
             hint = (f"; the LoRA adapters' weights are {adapters[0]} ...: "
                     f"trainable=\"*/lora_*\" trains every adapter"
                     if adapters else "")
@@ -284,10 +249,10 @@ class Trainer:
 
     def _train_part(self, params: Any) -> Any:
         """The weights that train (all of ``params`` without ``trainable``)."""
-        return params if self.trainable is None else _subtree(params, self.trainable)
+        return params if self.trainable is None else subtree(params, self.trainable)
 
     def _with_trained(self, params: Any, trained: Any) -> Any:
-        return trained if self.trainable is None else _combine(params, trained)
+        return trained if self.trainable is None else combine(params, trained)
 
     # --- the pure functions (jitted above; usable inside a wider jitted region) -------
 
@@ -315,7 +280,11 @@ class Trainer:
                                 inference_mode=inference_mode)
         return result if self._taps is not None else (*result, {})
 
-    def _losses(self, outputs, targets, captured) -> jax.Array:
+    def _losses(self, outputs, targets, captured, params, state, inference_mode) -> Any:
+        """Per-example losses; with ``loss_chunk``, ``outputs`` is the output layer's
+        input and the result a dict of the loss and the metrics, per position."""
+        if self._head is not None:
+            return self._head.values(params, state, outputs, targets, inference_mode)
         if self._loss_name is not None:  # shapes are static: checked once per trace
             check_targets(self._loss_name, outputs, jnp.asarray(targets), self._output_name)
         if self._captures:
@@ -324,8 +293,9 @@ class Trainer:
         return self.loss_fn(outputs, targets).astype(jnp.float32)
 
     def _metrics(self, outputs, targets, losses, weights=None) -> dict[str, jax.Array]:
-        values = {"loss": losses, **{name: fn(outputs, targets).astype(jnp.float32)
-                                     for name, fn in self.metric_fns.items()}}
+        values = losses if isinstance(losses, dict) else {
+            "loss": losses, **{name: fn(outputs, targets).astype(jnp.float32)
+                               for name, fn in self.metric_fns.items()}}
         if weights is None:
             return {name: jnp.mean(v) for name, v in values.items()}
         weights = weights.astype(jnp.float32)
@@ -353,8 +323,8 @@ class Trainer:
         def objective(trained):
             params = self._with_trained(ts.params, trained)
             outputs, new_state, captured = self._forward(params, ts.state, inputs, rng, False)
-            losses = self._losses(outputs, targets, captured)
-            loss = jnp.mean(losses)
+            losses = self._losses(outputs, targets, captured, params, ts.state, False)
+            loss = jnp.mean(losses["loss"] if isinstance(losses, dict) else losses)
             scaled = loss if scale is None else scale.scale_loss(loss)
             return scaled, (outputs, new_state, losses)
 
@@ -389,7 +359,7 @@ class Trainer:
         -> metrics`` averaged with per-example ``weights`` (all 1 when None)."""
         self.trace_counts["eval_step"] += 1
         outputs, _, captured = self._forward(ts.params, ts.state, inputs, None, True)
-        losses = self._losses(outputs, targets, captured)
+        losses = self._losses(outputs, targets, captured, ts.params, ts.state, True)
         return self._metrics(outputs, targets, losses, weights)
 
     def predict(self, ts: TrainState, inputs: Any):
