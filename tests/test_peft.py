@@ -124,9 +124,14 @@ def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
             weights[f"base_model.model.{module}.lora_A.weight"] = a
             weights[f"base_model.model.{module}.lora_B.weight"] = b
             merged[f"{module}.weight"] = base[f"{module}.weight"] + alpha[proj] / np.sqrt(r) * (b @ a)
-    norm = rng.normal(size=(16,))
-    weights["base_model.model.model.norm.weight"] = norm
-    merged["model.norm.weight"] = norm
+    # PEFT's modules_to_save matches the end of a name, at a dot or not: "norm" saves
+    # the final norm and each block's two norms
+    norms = ["model.norm"] + [f"model.layers.{i}.{n}" for i in range(2)
+                              for n in ("input_layernorm", "post_attention_layernorm")]
+    for module in norms:
+        weights[f"base_model.model.{module}.weight"] = merged[f"{module}.weight"] = \
+            rng.normal(size=(16,))
+    norm = weights["base_model.model.model.norm.weight"]
     folder = _folder(tmp_path, {
         "r": 4, "lora_alpha": 8, "use_rslora": True, "target_modules": ["q_proj", "v_proj", "o_proj"],
         "rank_pattern": {"v_proj": 2}, "alpha_pattern": {"o_proj": 2}, "modules_to_save": ["norm"]},
@@ -160,6 +165,9 @@ def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
     ("exclude_modules", ["c_attn"], r"exclude_modules \('c_attn',\) removes all 2 modules that "
      r"target_modules \('c_attn',\) selects \(h.0.attn.c_attn, h.1.attn.c_attn\)"),
     ("exclude_modules", ["c_atn"], "exclude_modules names 'c_atn', which is no module"),
+    ("init_lora_weights", "pissa", "'init_lora_weights' = 'pissa': asks for an "
+     "initialization that changes the base model's weights"),
+    ("init_lora_weights", 1, "'init_lora_weights' = 1"),
     ("r", 0, "'r' = 0: must be an int"),
     ("lora_dropout", 1.5, "'lora_dropout' = 1.5"),
     ("peft_type", "IA3", "only LoRA"),
@@ -273,3 +281,33 @@ def test_qlora_reads_the_float_base_and_its_peft_adapter(gpt2_adapter, tmp_path)
     got = mg.models.load_state_dict(qg, base)
     jax.tree.map(np.testing.assert_array_equal, got,
                  mg.quantize_weights(qg, *mg.models.load_state_dict(g, base)))
+
+
+@pytest.mark.parametrize("init", [True, False, "gaussian"])
+def test_init_lora_weights_draws_the_adapters_as_peft_and_is_written_back(tmp_path, init):
+    """PEFT's init_lora_weights: True, A uniform in +-1/sqrt(fan_in) and B zero;
+    "gaussian", A normal of std 1/r and B zero; False, B drawn as PyTorch draws a new
+    Linear (uniform in +-1/sqrt(r)) and an Embedding's A standard normal."""
+    g = mg.models.gpt2({**GPT2, "n_embd": 64, "vocab_size": 400})
+    folder = _folder(tmp_path, {"r": 8, "lora_alpha": 8, "target_modules": ["c_fc", "wte"],
+                                "init_lora_weights": init}, {})
+    adapted = mg.lora_from_peft(g, folder)
+    params, _ = mg.compile(adapted).init(jax.random.key(0))
+    a = np.asarray(params["h.0"]["mlp.c_fc.lora_A"]["kernel"])      # (64, 8)
+    b = np.asarray(params["h.0"]["mlp.c_fc.lora_B"]["kernel"])      # (8, 256)
+    table = np.asarray(params["wte.lora_A"]["embedding"])           # (400, 8)
+    if init == "gaussian":
+        assert abs(a.std() - 1 / 8) < 0.02 and np.abs(a).max() > 1 / 8
+    else:
+        assert np.abs(a).max() <= 1 / 8 and abs(a.std() - (1 / 8) / np.sqrt(3)) < 0.01
+    if init is False:
+        assert np.abs(b).max() <= 1 / np.sqrt(8) and abs(b.std() - 1 / np.sqrt(24)) < 0.02
+        assert abs(table.std() - 1) < 0.05
+    else:
+        assert not b.any() and not table.any()
+    mg.models.save_adapter(adapted, params, tmp_path / "back")
+    written = json.loads((tmp_path / "back" / "adapter_config.json").read_text())
+    assert written["init_lora_weights"] == init and type(written["init_lora_weights"]) is type(init)
+    assert mg.lora_from_peft(g, tmp_path / "back") == adapted
+    with pytest.raises(mg.ConfigError, match="init_weights must be one of"):
+        mg.lora(g, "h.0/mlp.c_fc", rank=2, init_weights="pissa")

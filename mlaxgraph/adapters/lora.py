@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import ConfigError, GraphError, SourceInfo, capture_source, node_message
@@ -72,8 +72,14 @@ def _scale(rank: Any, alpha: Any, dropout: Any, use_rslora: Any) -> float:
     return alpha / (math.sqrt(rank) if use_rslora else rank)
 
 
+#: ``init_weights`` values: PEFT's ``init_lora_weights`` that only choose how the adapters
+#: start (the others, PiSSA, OLoRA, LoftQ ..., change the base weights too).
+INIT_WEIGHTS = (True, False, "gaussian")
+
+
 def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
-         dropout: float = 0.0, use_rslora: bool = False) -> Graph:
+         dropout: float = 0.0, use_rslora: bool = False,
+         init_weights: bool | str = True) -> Graph:
     """``graph`` with a low-rank adapter beside each layer ``targets`` selects.
 
     Each target's output ``y`` becomes ``y + scale * B(A(dropout(x)))``, ``scale`` being
@@ -83,6 +89,12 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
     own paths and the base weights keep theirs: ``init(key, reuse=(params, state))``
     keeps every base weight. ``B`` starts at zero, so the adapted model starts equal to
     the base model. ``A`` is drawn as PEFT draws it (``lora_a_uniform``).
+
+    ``init_weights`` is PEFT's ``init_lora_weights``: True (the default, above);
+    ``"gaussian"``: ``A`` normal with standard deviation ``1 / rank``, ``B`` zero;
+    False: ``B`` drawn too, as PyTorch draws a new layer (uniform in ``[-1/sqrt(fan_in),
+    1/sqrt(fan_in)]``; an Embedding's ``A`` and ``B`` standard normal), so the adapted
+    model starts away from the base model.
 
     Targets are a path, a glob pattern or a list of paths (what ``graph.select``
     returns). An attention layer's projections are named inside it:
@@ -110,6 +122,9 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
     """
     source = capture_source()
     scale = _scale(rank, alpha, dropout, use_rslora)
+    if not any(init_weights == v and type(init_weights) is type(v) for v in INIT_WEIGHTS):
+        raise ConfigError(f"lora: init_weights must be one of {INIT_WEIGHTS} (PEFT's "
+                          f"init_lora_weights), got {init_weights!r}")
     if not isinstance(graph, Graph):
         raise GraphError(f"lora works on a Graph, got {type(graph).__name__}")
     graph = unfold_scans(graph)
@@ -127,7 +142,7 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
                 f"merge_lora folds them in first", source=source))
     rule = _Lora(tuple((tuple(path.split("/")), projections)
                        for path, projections in chosen.items()),
-                 rank, scale, float(dropout), source)
+                 rank, scale, float(dropout), init_weights, source)
     result = rewrite(graph, rule, memo={})
     verify(result)
     return result
@@ -242,7 +257,17 @@ class _Lora(Rule):
     rank: int
     scale: float
     dropout: float
+    init_weights: bool | str
     source: SourceInfo | None = dataclasses.field(compare=False, hash=False)
+
+    def _inits(self, a_uniform: Callable) -> tuple[Callable, Callable]:
+        """The initializers of ``A`` and ``B`` of a Linear's or Conv's adapter
+        (``a_uniform``: PyTorch's default draw of such a layer, by its fan-in)."""
+        if self.init_weights is False:
+            return a_uniform, a_uniform
+        if self.init_weights == "gaussian":
+            return initializers.normal(1.0 / self.rank), initializers.zeros
+        return a_uniform, initializers.zeros
 
     def nested(self, node: Node) -> Rule | None:
         inner = tuple((t[1:], p) for t, p in self.targets
@@ -297,7 +322,8 @@ class _Lora(Rule):
             x = producer.inputs[0]
         if isinstance(node.op, Embedding):
             a = emit(".lora_A", Embedding(node.op.num_embeddings, self.rank, dtype=node.op.dtype,
-                                          embedding_init=initializers.zeros,
+                                          embedding_init=(normal_init if self.init_weights is False
+                                                          else initializers.zeros),
                                           name=name + ".lora_A"), (x,))
             b = emit(".lora_B", Linear(node.op.features, use_bias=False, kernel_init=normal_init,
                                        name=name + ".lora_B"), (a,))
@@ -306,15 +332,16 @@ class _Lora(Rule):
             if self.dropout > 0:
                 x = emit(".lora_dropout", Dropout(self.dropout, name=name + ".lora_dropout"), (x,))
             conv = node.op
+            a_init, b_init = self._inits(lora_a_uniform_conv)
             a = emit(".lora_A", Conv(self.rank, conv.kernel_size, strides=conv.strides,
                                      padding=conv.padding, dilation=conv.dilation,
                                      use_bias=False, data_format=conv.data_format,
-                                     kernel_init=lora_a_uniform_conv, precision=conv.precision,
+                                     kernel_init=a_init, precision=conv.precision,
                                      name=name + ".lora_A"), (x,))
             ones = 1 if isinstance(conv.kernel_size, int) else (1,) * len(conv.kernel_size)
             b = emit(".lora_B", Conv(conv.features, ones, use_bias=False,
                                      data_format=conv.data_format,
-                                     kernel_init=initializers.zeros, precision=conv.precision,
+                                     kernel_init=b_init, precision=conv.precision,
                                      name=name + ".lora_B"), (a,))
             scaled = emit(".lora_scale", Mul(constant=self.scale, name=name + ".lora_scale"), (b,))
         else:
@@ -334,9 +361,10 @@ class _Lora(Rule):
 
         if self.dropout > 0:
             x = emit(".lora_dropout", Dropout(self.dropout, name=name + ".lora_dropout"), (x,))
-        a = emit(".lora_A", Linear(self.rank, use_bias=False, kernel_init=lora_a_uniform,
+        a_init, b_init = self._inits(lora_a_uniform)
+        a = emit(".lora_A", Linear(self.rank, use_bias=False, kernel_init=a_init,
                                    precision=precision, name=name + ".lora_A"), (x,))
-        b = emit(".lora_B", Linear(features, use_bias=False, kernel_init=initializers.zeros,
+        b = emit(".lora_B", Linear(features, use_bias=False, kernel_init=b_init,
                                    precision=precision, name=name + ".lora_B"), (a,))
         return emit(".lora_scale", Mul(constant=self.scale, name=name + ".lora_scale"), (b,))
 

@@ -30,6 +30,7 @@ from ..ir.scan import unfold_scans
 from ..ir.surgery import layer_paths
 from ..ops.attention import MultiHeadAttention
 from ..ops.embedding import Embedding
+from ..ops.initializers import zeros
 from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
 from .state_dict import to_state_dict
 from .torch_layout import float_name, layout_for
@@ -69,7 +70,8 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
     the whole name or its last dotted parts; a regular expression matching whole names;
     or ``"all-linear"``: every Linear and attention projection but the output head),
     minus ``exclude_modules``; ``r``, ``lora_alpha``, ``rank_pattern``,
-    ``alpha_pattern``, ``lora_dropout``, ``use_rslora``. ``modules_to_save`` must name
+    ``alpha_pattern``, ``lora_dropout``, ``use_rslora``, ``init_lora_weights`` (how a
+    fresh ``init`` draws the adapters: ``mg.lora``'s ``init_weights``). ``modules_to_save`` must name
     modules of the graph (``load_state_dict(..., adapter=folder)`` reads their weights).
     Then ``mg.models.load_state_dict(adapted, base, adapter=folder)`` gives the weights.
 
@@ -117,7 +119,7 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
                           f"modules (as PEFT matches it: the end of a name, at a dot), so it "
                           f"would be ignored{_near(pattern, chosen)}")
     for name in config.modules_to_save:
-        if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
+        if not any(n.endswith(name) for k in keys for n in full(k)):
             raise ConfigError(f"{config.path}: modules_to_save names {name!r}, which is no module "
                               f"of graph {graph.name!r}{_near(name, keys)}")
     for key in chosen:
@@ -133,7 +135,7 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
     adapted = graph
     for (rank, alpha), paths in groups.items():
         adapted = lora(adapted, paths, rank=rank, alpha=alpha, dropout=config.lora_dropout,
-                       use_rslora=config.use_rslora)
+                       use_rslora=config.use_rslora, init_weights=config.init_lora_weights)
     return adapted
 
 
@@ -143,7 +145,7 @@ def _check_names(config, field: str, spec: Any, keys: list[str], full, graph: Gr
     if not isinstance(spec, tuple):
         return
     for name in spec:
-        if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
+        if not any(n.endswith(name) for k in keys for n in full(k)):
             raise ConfigError(f"{config.path}: {field} names {name!r}, which is no "
                               f"module of graph {graph.name!r}{_near(name, keys)}")
 
@@ -173,6 +175,18 @@ def _one_dropout(dropouts: dict[float, list[str]], given: Any) -> float:
     return next(iter(dropouts), 0.0)
 
 
+def _init_weights(nodes: Mapping, target: str) -> bool | str:
+    """PEFT's ``init_lora_weights`` for the adapter of ``target`` (``mg.lora``'s
+    ``init_weights``), read off its initializers: ``"gaussian"`` draws ``A`` normal, False
+    draws ``B`` (a Linear's or Conv's) or ``A`` (an Embedding's) instead of zeros."""
+    a, b = nodes[target + ".lora_A"].op, nodes[target + ".lora_B"].op
+    if isinstance(a, Embedding):
+        return a.embedding_init is zeros
+    if getattr(a.kernel_init, "family", None) == "normal":
+        return "gaussian"
+    return b.kernel_init is zeros
+
+
 def save_adapter(graph: Graph, params: Any, folder: Any, *,
                  base_model_name_or_path: str | None = None,
                  lora_dropout: float | None = None) -> None:
@@ -182,7 +196,8 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
     each file written atomically) and ``adapter_config.json`` (``target_modules`` the
     adapted modules by full name, ``r`` and ``lora_alpha`` the most common ones and
     ``rank_pattern``/``alpha_pattern`` the others, ``lora_dropout`` the adapters'
-    dropout). ``PeftModel.from_pretrained(model, folder)`` loads it.
+    dropout, ``init_lora_weights`` how ``mg.lora``'s ``init_weights`` drew them).
+    ``PeftModel.from_pretrained(model, folder)`` loads it.
 
     PEFT has one ``lora_dropout`` for every module (no per-module pattern, as for ranks
     and alphas), so adapters with different dropouts are an ``mg.SerializationError``
@@ -218,6 +233,8 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
     if not settings:
         raise SerializationError(f"save_adapter: graph {graph.name!r} has no LoRA adapters")
     dropout = _one_dropout(dropouts, lora_dropout)
+    inits = collections.Counter(_init_weights(nodes, path[: -len(".lora_A")])
+                                for path in nodes if path.endswith(".lora_A"))
     weights = to_state_dict(graph, params, adapter_only=True)
     (rank, alpha), _ = collections.Counter(settings.values()).most_common(1)[0]
     config = {
@@ -227,7 +244,8 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
         "fan_in_fan_out": layout.linear == "in_out", "bias": "none", "modules_to_save": None,
         "rank_pattern": {re.escape(k): r for k, (r, _) in settings.items() if r != rank},
         "alpha_pattern": {re.escape(k): a for k, (_, a) in settings.items() if a != alpha},
-        "init_lora_weights": True, "use_dora": False, "task_type": None,
+        # one value for the file (PEFT has no per-module one): the most common
+        "init_lora_weights": inits.most_common(1)[0][0], "use_dora": False, "task_type": None,
     }
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)

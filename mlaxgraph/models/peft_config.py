@@ -4,7 +4,8 @@ which modules its ``target_modules`` names.
 Every field is read: the ones LoRA's result depends on are honoured (``r``,
 ``lora_alpha``, ``lora_dropout``, ``target_modules``, ``exclude_modules``,
 ``use_rslora``, ``rank_pattern``, ``alpha_pattern``, ``modules_to_save``,
-``fan_in_fan_out``), the descriptive ones are kept (``base_model_name_or_path``,
+``fan_in_fan_out``, ``init_lora_weights`` where it only chooses how the adapters start:
+true, false or ``"gaussian"``), the descriptive ones are kept (``base_model_name_or_path``,
 ``task_type`` ...), and a field asking for something else (DoRA, a bias that trains,
 ``layers_to_transform``) is an ``mg.ConfigError`` naming it.
 """
@@ -52,13 +53,17 @@ DEFAULTS: dict[str, tuple[tuple[Any, ...], str]] = {
     "arrow_config": ((None,), "Arrow routing"),
     "ensure_weight_tying": ((False,), "tying adapters of tied weights"),
     "bias": (("none",), "training biases (bias='all' or 'lora_only')"),
-    "init_lora_weights": ((True,), "another initialization of the adapters (the default "
-                          "true, PEFT's: A uniform, B zero)"),
 }
 HONOURED = frozenset({
     "peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "exclude_modules",
     "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save", "fan_in_fan_out",
+    "init_lora_weights",
 })
+#: ``init_lora_weights`` values that only choose how the adapters start (``mg.lora``'s
+#: ``init_weights``); the others (``"pissa"``, ``"olora"``, ``"loftq"``, ``"eva"``,
+#: ``"corda"`` ...) also change the base model's weights, which the adapter file does not
+#: hold.
+INIT_LORA_WEIGHTS = (True, False, "gaussian")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +81,7 @@ class AdapterConfig:
     alpha_pattern: Mapping[str, float]
     modules_to_save: tuple[str, ...]
     fan_in_fan_out: bool
+    init_lora_weights: bool | str
     fields: Mapping[str, Any]
 
     def targets(self, key: str) -> bool:
@@ -108,8 +114,9 @@ class AdapterConfig:
 
     def saves(self, key: str) -> bool:
         """Whether the module ``key`` is one of ``modules_to_save`` (trained in full, its
-        weights in the adapter file)."""
-        return any(key == name or key.endswith("." + name) for name in self.modules_to_save)
+        weights in the adapter file). PEFT's rule: the name ends with an entry, at a dot
+        or not (``"norm"`` names ``model.norm`` and every ``input_layernorm``)."""
+        return any(key.endswith(name) for name in self.modules_to_save)
 
 
 def _names(spec: str | tuple[str, ...], key: str) -> bool:
@@ -234,6 +241,12 @@ def read_adapter_config(folder: str | os.PathLike | Mapping) -> AdapterConfig:
     for name in ("use_rslora", "fan_in_fan_out"):
         if not isinstance(fields.get(name, False), bool):
             raise _field_error(path, name, fields[name], "must be true or false")
+    init = fields.get("init_lora_weights", True)
+    if not any(init == v and type(init) is type(v) for v in INIT_LORA_WEIGHTS):
+        raise _field_error(path, "init_lora_weights", init,
+                           "asks for an initialization that changes the base model's weights "
+                           "too (or one mlaxgraph does not know), which the adapter file does "
+                           "not hold; allowed: " + ", ".join(map(repr, INIT_LORA_WEIGHTS)))
     return AdapterConfig(
         path=path, r=r, lora_alpha=float(alpha), lora_dropout=float(dropout),
         target_modules=_modules(path, "target_modules", target, allow_regex=True),
@@ -243,4 +256,5 @@ def read_adapter_config(folder: str | os.PathLike | Mapping) -> AdapterConfig:
         rank_pattern=patterns["rank_pattern"], alpha_pattern=patterns["alpha_pattern"],
         modules_to_save=_modules(path, "modules_to_save", fields.get("modules_to_save"),
                                  allow_regex=False) or (),
-        fan_in_fan_out=fields.get("fan_in_fan_out", False), fields=fields)
+        fan_in_fan_out=fields.get("fan_in_fan_out", False), init_lora_weights=init,
+        fields=fields)

@@ -1,0 +1,116 @@
+"""LoRA adapter folders against PEFT itself (``make test-torch``): a folder PEFT's
+``save_pretrained`` wrote is read by ``mg.lora_from_peft`` and
+``mg.models.load_state_dict(..., adapter=folder)``, and a folder
+``mg.models.save_adapter`` wrote is loaded by ``PeftModel.from_pretrained``; each time
+the adapted model's logits equal PEFT's on the same base weights (transformers' GPT-2
+with its fused Conv1D ``c_attn`` and the tied embedding, Llama with grouped-query
+attention, rsLoRA, rank and alpha patterns and ``modules_to_save``), and
+``mg.merge_lora`` equals PEFT's ``merge_and_unload``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import mlaxgraph as mg
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+GPT2 = dict(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+LLAMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=96, tie_word_embeddings=False)
+
+
+def _base(kind):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2))
+        graph = mg.models.gpt2(GPT2)
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+        graph = mg.models.llama(LLAMA)
+    state_dict = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    return model.eval(), graph, state_dict
+
+
+def _ids(seed=1, shape=(2, 9)):
+    return np.random.default_rng(seed).integers(0, 96, shape)
+
+
+def _theirs(model, ids):
+    with torch.no_grad():
+        return model(torch.from_numpy(ids)).logits.numpy()
+
+
+def _ours(graph, params, state, ids):
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(ids, jnp.int32),
+                                     inference_mode=True)
+    return np.asarray(out)
+
+
+def _close(ours, theirs):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(theirs).max()))
+
+
+def _randomize_saved_modules(peft_model):
+    """PEFT's copies of ``modules_to_save`` start as the base module: moved off it, so
+    reading the copy (not the base's) is what the logits check."""
+    with torch.no_grad():
+        for name, value in peft_model.named_parameters():
+            if ".modules_to_save." in name:
+                value.add_(torch.randn_like(value) * 0.5)
+
+
+def test_gpt2_folder_written_by_peft_reads_as_peft_runs_it(tmp_path):
+    model, graph, sd = _base("gpt2")
+    config = peft.LoraConfig(r=4, lora_alpha=12, target_modules=["c_attn", "c_fc", "wte"],
+                             fan_in_fan_out=True, lora_dropout=0.0, init_lora_weights=False)
+    theirs = peft.get_peft_model(model, config).eval()
+    theirs.save_pretrained(tmp_path)
+    adapted = mg.lora_from_peft(graph, tmp_path)
+    params, state = mg.models.load_state_dict(adapted, sd, adapter=tmp_path)
+    ids = _ids()
+    want = _theirs(theirs, ids)
+    assert np.abs(want - _theirs(_base("gpt2")[0], ids)).max() > 1e-2   # the adapters act
+    _close(_ours(adapted, params, state, ids), want)
+
+
+def test_llama_rslora_patterns_and_modules_to_save_read_as_peft_runs_them(tmp_path):
+    model, graph, sd = _base("llama")
+    config = peft.LoraConfig(r=4, lora_alpha=8, use_rslora=True, lora_dropout=0.0,
+                             target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
+                             rank_pattern={"v_proj": 2}, alpha_pattern={"o_proj": 2},
+                             modules_to_save=["norm"], init_lora_weights=False)
+    theirs = peft.get_peft_model(model, config).eval()
+    _randomize_saved_modules(theirs)
+    theirs.save_pretrained(tmp_path)
+    adapted = mg.lora_from_peft(graph, tmp_path)
+    params, state = mg.models.load_state_dict(adapted, sd, adapter=tmp_path)
+    _close(_ours(adapted, params, state, _ids(2)), _theirs(theirs, _ids(2)))
+
+
+@pytest.mark.parametrize("kind, targets, rslora", [
+    ("gpt2", ["h.*/attn/qkv", "h.*/mlp/c_proj", "h.*/attn/out"], False),
+    ("llama", ["*/self_attn/query", "*/self_attn/value", "*/mlp/gate_proj"], True),
+])
+def test_folder_written_by_save_adapter_loads_in_peft(tmp_path, kind, targets, rslora):
+    model, graph, sd = _base(kind)
+    adapted = mg.lora(graph, targets, rank=4, alpha=6, use_rslora=rslora)
+    base = mg.models.load_state_dict(graph, sd)
+    params, state = mg.compile(adapted).init(jax.random.key(2), reuse=base)  # B zero
+    key = iter(jax.random.split(jax.random.key(3), 64))
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, w: (0.3 * jax.random.normal(next(key), w.shape, w.dtype)
+                         if ".lora_B" in jax.tree_util.keystr(path) else w), params)
+    mg.models.save_adapter(adapted, params, tmp_path)
+    theirs = peft.PeftModel.from_pretrained(model, tmp_path).eval()
+    ids = _ids(4)
+    ours = _ours(adapted, params, state, ids)
+    _close(ours, _theirs(theirs, ids))
+    # merged both ways: PEFT's merge_and_unload and mg.merge_lora
+    merged_graph, merged_params = mg.merge_lora(adapted, params)
+    _close(_ours(merged_graph, merged_params, state, ids), _theirs(theirs.merge_and_unload(), ids))
