@@ -169,6 +169,17 @@ def test_small_layers_stay_stacked_and_the_threshold_is_read(adapted, monkeypatc
     assert layout() == {}
 
 
+def test_other_backends_keep_the_stacked_layout(adapted, monkeypatch):
+    """On GPU the switch over the blocks is slower and saves nothing
+    (indexed.PER_BLOCK_BACKENDS): the Trainer keeps the model's stacked layout."""
+    _, model, _, _ = adapted
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    trainer = mg.train.Trainer(model, optax.adam(1e-2), trainable="**/*.lora_*")
+    params = jax.eval_shape(trainer.init_fn, jax.random.key(0)).params
+    assert sorted(params) == [RUN, "ln_f", "wpe", "wte"]
+    assert params[RUN]["mlp.c_fc"]["kernel"].shape == (3, 256, 1024)
+
+
 def test_bad_per_block_weights_are_named(adapted):
     _, model, trainer, ids = adapted
     ts = trainer.init(jax.random.key(0))

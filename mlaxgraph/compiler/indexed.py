@@ -15,7 +15,7 @@ is sliced or copied. Under a ``custom_vjp`` whose residuals are the layer's inpu
 the (loop-invariant) per-block weights, the backward pass switches again for the
 inputs' cotangents. Such weights do not train: differentiating them is an error naming
 the layer. ``Trainer(trainable=...)`` keeps a scanned run's frozen layers this way
-(``unstack_frozen``).
+(``unstack_frozen``) on CPU, where the copies are (``PER_BLOCK_BACKENDS``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ from ..core.specs import flatten_specs
 from .program import Program, ScanStep, Step, get_in, set_in
 
 __all__ = ["indexed_apply", "per_block_layers", "unstack_frozen", "MIN_PER_BLOCK_BYTES",
-           "PER_BLOCK_OPS"]
+           "PER_BLOCK_OPS", "PER_BLOCK_BACKENDS"]
+
+#: The backends where ``Trainer(trainable=...)`` keeps frozen layers per block. On GPU
+#: the stacked layout's step has the same peak (XLA's GPU dots read the slice where it
+#: lies) and the switch over the blocks is slower: GPT-2 small's LoRA step per block took
+#: 1.26x the stacked step's time on an H100 (benchmarks/RESULTS.md, section 7).
+PER_BLOCK_BACKENDS = frozenset({"cpu"})
 
 #: ``unstack_frozen`` keeps a frozen layer of a scanned run per block when one block's
 #: weights take at least this many bytes; a smaller layer's slice costs less than the

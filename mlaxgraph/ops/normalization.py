@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -54,10 +55,14 @@ class BatchNorm(Layer):
     ``sqrt(N - 1)`` standard deviations from its mean), whatever the mean, so a batch
     whose first values are far outliers is better served by ``"two_pass"``;
     ``"two_pass"``, ``mean((x - mean)^2)``, a second pass; ``"auto"`` (the default) is
-    ``"shifted"`` for 32- and 64-bit floats and ``"two_pass"`` for 16-bit ones (where
-    the cancellation would cost 2^13 times more). Both normalize as
-    ``x * m + (bias - mean * m)`` with ``m = rsqrt(var + epsilon) * scale``: the backward
-    pass keeps ``x``, which the layer before keeps anyway, not ``x - mean``.
+    ``"shifted"`` for 32- and 64-bit floats on CPU and ``"two_pass"`` for 16-bit ones
+    (where the cancellation would cost 2^13 times more) and on other backends (on GPU
+    the second pass fuses with the first and is faster: benchmarks/RESULTS.md, "On
+    GPU"). On CPU, training normalizes as ``x * m + (bias - mean * m)`` with ``m =
+    rsqrt(var + epsilon) * scale``: the backward pass keeps ``x``, which the layer before
+    keeps anyway, not ``x - mean``; on other backends as ``(x - mean) * m + bias``,
+    whose backward pass XLA's GPU fusions serve with less memory. Inference uses the
+    first form.
     Logical axes (for sharding): all four ``("embed",)``; ``param_axes={"scale": ...,
     "mean": ...}`` overrides them.
 
@@ -92,11 +97,12 @@ class BatchNorm(Layer):
             self.invalid(f"variance must be one of {', '.join(map(repr, VARIANCES))}, "
                          f"got {self.variance!r}")
 
-    def one_pass(self, dtype) -> bool:
+    def one_pass(self, dtype, backend: str | None = None) -> bool:
         """Whether training computes the variance in one (shifted) pass for inputs of
-        ``dtype`` (see ``variance``)."""
+        ``dtype`` on ``backend`` (None: JAX's default backend; see ``variance``)."""
         if self.variance == "auto":
-            return jnp.dtype(dtype).itemsize >= 4
+            backend = jax.default_backend() if backend is None else backend
+            return jnp.dtype(dtype).itemsize >= 4 and backend == "cpu"
         return self.variance == "shifted"
 
     def _features(self, inputs):
@@ -164,12 +170,16 @@ class BatchNorm(Layer):
                 "mean": m * state["mean"] + (1.0 - m) * mean.astype(state["mean"].dtype),
                 "var": m * state["var"] + (1.0 - m) * running,
             }
-        # One per-channel multiplier (the scale folded in) and one per-channel shift
-        # (the mean and the bias folded in): two operations per element, and the
-        # backward pass keeps x (which the layer before keeps too), not x - mean.
         inv = lax.rsqrt(var + jnp.asarray(self.epsilon, x.dtype))
         if self.use_scale:
             inv = inv * p["scale"]
+        if not inference_mode and jax.default_backend() != "cpu":
+            # centered: XLA's GPU fusions keep less for the backward pass this way
+            y = (x - mean.reshape(shape)) * inv.reshape(shape)
+            return ((y + p["bias"].reshape(shape) if self.use_bias else y),), new_state
+        # One per-channel multiplier (the scale folded in) and one per-channel shift
+        # (the mean and the bias folded in): two operations per element, and the
+        # backward pass keeps x (which the layer before keeps too), not x - mean.
         shift = p["bias"] - mean * inv if self.use_bias else -(mean * inv)
         y = x * inv.reshape(shape) + shift.reshape(shape)
         return (y,), new_state

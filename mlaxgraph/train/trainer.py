@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..compiler.indexed import unstack_frozen
+from ..compiler.indexed import PER_BLOCK_BACKENDS, unstack_frozen
 from ..compiler.lowering import make_apply
 from ..compiler.program import leaf_paths
 from ..compiler.taps import Taps
@@ -159,8 +159,10 @@ class Trainer:
             self._apply_fn = make_apply(self._head.body, model.sharding, taps=self._taps)
         self.loss_scale = self._initial_loss_scale(loss_scale)
         self.trainable = self._trainable_paths(trainable)
-        # a scanned run's frozen layers are kept per block (compiler.indexed), unsharded
+        # a scanned run's frozen layers are kept per block (compiler.indexed), unsharded,
+        # on the backends where that pays
         self._frozen = (frozenset() if self.trainable is None or getattr(model, "sharding", None)
+                        or jax.default_backend() not in PER_BLOCK_BACKENDS
                         else self._all_paths - self.trainable)
         self._needs_rng = bool(model.program.random_paths())
         # None: the default PRNG; init_fn records the key's own, as jax.random.key_impl
