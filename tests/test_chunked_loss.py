@@ -6,6 +6,8 @@ named."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,6 +115,54 @@ def test_an_int8_head_with_adapters_qlora(gpt):
         np.testing.assert_allclose(mb["loss"], ma["loss"], rtol=1e-5)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-6),
                  mg.lora_params(a.params), mg.lora_params(b.params))
+
+
+def _head_reference(table, h, labels, weights):
+    """sum(weights * cross-entropy) of the tied head's logits ``h @ table.T``."""
+    logits = h @ table.T
+    picked = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    return jnp.sum(weights * (jax.nn.logsumexp(logits, axis=-1) - picked))
+
+
+@pytest.mark.parametrize("head_trains", [False, True])
+def test_gradients_per_position_with_the_head_frozen_or_training(gpt, head_trains):
+    """Any cotangent per position (not only the mean's): the rows' gradients and, where
+    the head's table trains, its gradient equal the whole logits' (float64 aside, a jnp
+    reference); with the table frozen they come from the forward pass's chunks."""
+    model = mg.compile(gpt)
+    head = mg.train.Trainer(model, optax.sgd(0.1), loss_chunk=7)._head
+    assert [s.op.op_name for s in head.tail.steps] == ["embedding"]
+    params, state = model.init(jax.random.key(0))
+    table = params["wte"]["embedding"]
+    h = jax.random.normal(jax.random.key(4), (2, 11, 32))
+    labels = jax.random.randint(jax.random.key(5), (2, 11), 0, VOCAB)
+    weights = jax.random.uniform(jax.random.key(6), (2, 11))
+
+    def chunked(table, h):
+        values = head.values({**params, "wte": {"embedding": table}}, state, h, labels, False)
+        return jnp.sum(weights * values["loss"])
+
+    argnums = (0, 1) if head_trains else 1
+    got = jax.jit(jax.grad(chunked, argnums=argnums))(table, h)
+    want = jax.grad(_head_reference, argnums=argnums)(table, h, labels, weights)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_a_frozen_head_is_not_computed_twice(gpt):
+    """LoRA with the tied head frozen: the chunked step has as many vocabulary-wide dots
+    as the whole-logits step (the forward's and the rows' gradient), none recomputed."""
+    model = mg.compile(mg.lora(gpt, "h.*/attn/qkv", rank=4), scan_blocks="always")
+    ids, labels = _batch(batch=2, seq=32)
+
+    def wide_dots(**kw):   # the program's dot_generals with a vocabulary-wide operand
+        trainer = mg.train.Trainer(model, optax.sgd(0.1), trainable="**/*.lora_*", **kw)
+        ts = trainer.init(jax.random.key(0))
+        text = trainer.train_step.lower(ts, ids, labels).as_text()
+        return sum(1 for line in text.splitlines()
+                   if "dot_general" in line and re.search(rf"tensor<[0-9x]*\b{VOCAB}x", line))
+
+    assert wide_dots(loss_chunk=16) == wide_dots() == 2
 
 
 def test_the_logits_are_never_whole(gpt):

@@ -6,24 +6,32 @@ make them, and their gradient, the largest arrays of a fine-tuning step. Here th
 program runs up to the output layer's input (the *cut*); then ``lax.scan`` over chunks
 of ``loss_chunk`` positions runs the output layers (the *tail*: a Linear or an
 Embedding's ``attend``, with the casts, quantization and dequantization around it) and
-the loss on each chunk under ``jax.checkpoint``, so the backward pass recomputes one
-chunk's logits at a time. The tail runs through the interpreter, as every layer does:
-the same ops, weights and named scopes, and the same numbers up to the summation order
-of the tail's weight gradients.
+the loss on each chunk, so no array of the vocabulary's width is ever whole. The tail
+runs through the interpreter, as every layer does: the same ops, weights and named
+scopes, and the same numbers up to the summation order.
+
+The chunks have a derivative of their own (``_chunked``): each position's loss reads
+its own row of the cut alone, so when the tail's weights are frozen (LoRA, QLoRA) the
+forward pass computes each chunk's gradient of the rows with its loss and keeps it (the
+size of the cut), and the backward pass scales it by each position's cotangent: the
+logits are computed once. Where the tail's weights train, the backward pass runs the
+chunks again for their gradient (as under ``jax.checkpoint``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero, custom_vjp_primal_tree_values
 
 from ..compiler.interpreter import run
-from ..compiler.program import Program, Ref, ScanStep, Step
+from ..compiler.program import Program, Ref, ScanStep, Step, get_in, set_in
 from ..core.errors import GraphError
 from ..ir.paths import path_matcher
 from ..ops.embedding import Embedding
@@ -156,15 +164,86 @@ class ChunkedHead:
         if count * self.chunk != n:  # the last chunk padded with zeros, its values dropped
             rows = jnp.pad(rows, ((0, count * self.chunk - n), (0, 0)))
             labels = jnp.pad(labels, (0, count * self.chunk - n))
-
-        def one(carry, xs):
-            x, y = xs
-            (out,), _ = run(self.tail, params, state, [x], rng=None,
-                            inference_mode=inference_mode, bindings=None)
-            return carry, {name: fn(out, y).astype(jnp.float32)
-                           for name, fn in self.objectives.items()}
-
-        _, values = jax.lax.scan(jax.checkpoint(one), None,
-                                 (rows.reshape(count, self.chunk, -1),
-                                  labels.reshape(count, self.chunk)))
+        values = _chunked(self, inference_mode, self._weights(params), self._weights(state),
+                          rows.reshape(count, self.chunk, -1), labels.reshape(count, self.chunk))
         return {name: v.reshape(-1)[:n].reshape(targets.shape) for name, v in values.items()}
+
+    def _weights(self, tree: Any) -> dict:
+        """The part of ``params`` or ``state`` the output layers read."""
+        out: dict = {}
+        for step in self.tail.steps:
+            try:
+                out = set_in(out, step.weights, get_in(tree, step.weights))
+            except (KeyError, TypeError):
+                continue  # a layer without weights of this kind
+        return out
+
+    def _one(self, params, state, x, y, inference_mode) -> dict[str, jax.Array]:
+        """The objectives of one chunk's rows ``x`` and labels ``y``, per row."""
+        out = run(self.tail, params, state, [x], rng=None, inference_mode=inference_mode,
+                  bindings=None)[0][0]
+        return {name: fn(out, y).astype(jnp.float32) for name, fn in self.objectives.items()}
+
+    def scan(self, params, state, rows, labels, inference_mode) -> dict[str, jax.Array]:
+        """The objectives of every chunk, ``(chunks, chunk)`` each."""
+        def body(carry, xs):
+            return carry, self._one(params, state, *xs, inference_mode)
+        return jax.lax.scan(body, None, (rows, labels))[1]
+
+
+# The chunks with their own derivative. Each position's loss depends on its own row of
+# ``h`` alone, so the gradient of a chunk's summed loss is, row by row, each position's
+# own: the forward pass computes it with the loss, one chunk at a time, and keeps it
+# (the size of ``h``), so the backward pass only scales it by each position's cotangent
+# and no logits are computed again. Where the output layers' weights train, their
+# gradient is the sum over positions weighted by the cotangents: the backward pass then
+# runs the chunks again (as under jax.checkpoint). Metrics have no gradient.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _chunked(head: ChunkedHead, inference_mode: bool, params, state, rows, labels):
+    return head.scan(params, state, rows, labels, inference_mode)
+
+
+def _chunked_fwd(head, inference_mode, params, state, rows, labels):
+    perturbed = any(leaf.perturbed for leaf in jax.tree.leaves(params))
+    params, state, rows, labels = (custom_vjp_primal_tree_values(v)
+                                   for v in (params, state, rows, labels))
+    if perturbed:
+        return head.scan(params, state, rows, labels, inference_mode), (params, state, rows, labels)
+
+    def body(carry, xs):
+        x, y = xs
+
+        def loss(x):
+            values = head._one(params, state, x, y, inference_mode)
+            return jnp.sum(values["loss"]), values
+
+        grad, values = jax.grad(loss, has_aux=True)(x)
+        return carry, (values, grad)
+
+    _, (values, grads) = jax.lax.scan(body, None, (rows, labels))
+    return values, (None, None, grads, None)
+
+
+def _chunked_bwd(head, inference_mode, residuals, cotangents):
+    params, state, rows_or_grads, labels = residuals
+    g = cotangents["loss"]
+    if isinstance(g, SymbolicZero):
+        g = jnp.zeros(g.shape, g.dtype)
+    if params is None:  # the rows' gradients, kept by the forward pass
+        return None, None, (g[..., None] * rows_or_grads).astype(rows_or_grads.dtype), None
+
+    def body(acc, xs):
+        x, y, gy = xs
+
+        def weighted(p, x):
+            return jnp.sum(gy * head._one(p, state, x, y, inference_mode)["loss"])
+
+        dp, dx = jax.grad(weighted, argnums=(0, 1))(params, x)
+        return jax.tree.map(jnp.add, acc, dp), dx
+
+    zero = jax.tree.map(jnp.zeros_like, params)
+    dparams, drows = jax.lax.scan(body, zero, (rows_or_grads, labels, g))
+    return dparams, None, drows, None
+
+
+_chunked.defvjp(_chunked_fwd, _chunked_bwd, symbolic_zeros=True)
