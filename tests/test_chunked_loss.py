@@ -62,7 +62,7 @@ def _reference_loss(logits, labels):
     return float(np.mean(lse - picked))
 
 
-@pytest.mark.parametrize("chunk", [7, 16, 1000])   # uneven, even, one chunk of padding
+@pytest.mark.parametrize("chunk", [7, 1000])   # uneven (the even 16: below), one chunk of padding
 def test_tied_head_steps_equal_the_whole_logits(gpt, chunk):
     ids, labels = _batch()
     model = mg.compile(gpt, scan_blocks="always")

@@ -4,7 +4,8 @@ of rewrite, turning layers into their quantized forms; BatchNorm folded into the
 before it, for inference."""
 
 from .fold import fold_batch_norm
-from .lora import lora, lora_params
+from .lora import lora
+from .lora_weights import lora_params
 from .merge import merge_lora
 from .quantize import quantize
 from .quantized_weights import quantize_weights

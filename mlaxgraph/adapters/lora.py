@@ -36,8 +36,9 @@ from ..ops.embedding import normal as normal_init
 from ..ops.initializers import lora_a_uniform, lora_a_uniform_conv
 from ..ops.linear import Linear
 from ..ops.quantize import Quantize
+from .lora_weights import is_adapter
 
-__all__ = ["lora", "lora_params", "lora_targets", "lora_a_uniform", "lora_a_uniform_conv"]
+__all__ = ["lora", "lora_targets", "lora_a_uniform", "lora_a_uniform_conv"]
 
 #: The adapter's nodes beside layer ``<name>``: ``<name><suffix>``.
 _PARTS = (".lora_dropout", ".lora_A", ".lora_B", ".lora_scale")
@@ -209,7 +210,7 @@ def _no_projection(item: str, head: str, tail: str) -> str:
 def _check_target(path: str, node: Node, source: SourceInfo | None,
                   nodes: Mapping[str, Node]) -> None:
     op = node.op
-    if _is_adapter(path):
+    if is_adapter(path):
         base = path.rsplit(".lora_", 1)[0]
         owner, _, projection = base.rpartition(".")
         if base not in nodes and isinstance(getattr(nodes.get(owner), "op", None), MultiHeadAttention):
@@ -401,36 +402,3 @@ class _Lora(Rule):
         scaled = self._adapter(rewrite, f"{name}.out", kept.value(1), out_features, None)
         total = f"{name}.out{_SUM}"
         return (self._emit(rewrite, total, Add(name=total), (kept.value(), scaled)),)
-
-
-# --- the adapter's weights ------------------------------------------------------------
-
-
-def _is_adapter(key: str) -> bool:
-    return key.endswith(".lora_A") or key.endswith(".lora_B")
-
-
-def lora_params(params: Mapping) -> dict:
-    """The adapters' weights in ``params``: the ``*.lora_A`` and ``*.lora_B`` entries,
-    in the same nested dicts (blocks, scans) as in ``params``.
-
-    Example:
-      >>> import jax, mlaxgraph as mg
-      >>> from mlaxgraph import ops
-      >>> x = mg.Input(("batch", 8), name="x")
-      >>> g = mg.lora(mg.Graph(x, ops.Linear(16, name="fc")(x)), "fc", rank=2)
-      >>> params, state = mg.compile(g).init(jax.random.key(0))
-      >>> jax.tree.map(lambda w: w.shape, mg.lora_params(params))
-      {'fc.lora_A': {'kernel': (8, 2)}, 'fc.lora_B': {'kernel': (2, 16)}}
-    """
-    if not isinstance(params, Mapping):
-        raise GraphError(f"lora_params takes params (nested dicts), got {type(params).__name__}")
-    out: dict = {}
-    for key, value in params.items():
-        if _is_adapter(key):
-            out[key] = value
-        elif isinstance(value, Mapping):
-            inner = lora_params(value)
-            if inner:
-                out[key] = inner
-    return out
