@@ -62,8 +62,7 @@ def _reference_loss(logits, labels):
     return float(np.mean(lse - picked))
 
 
-@pytest.mark.parametrize("chunk", [7, 1000])   # uneven (the even 16: below), one chunk of padding
-def test_tied_head_steps_equal_the_whole_logits(gpt, chunk):
+def test_tied_head_steps_equal_the_whole_logits(gpt, chunk=7):   # 48 positions: one padded
     ids, labels = _batch()
     model = mg.compile(gpt, scan_blocks="always")
     trainer, ts = _agree(model, chunk, ids, labels)

@@ -49,7 +49,7 @@ def site(tmp_path_factory, notebook_cache) -> pathlib.Path:
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
          str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)  # a hang guard
     if result.returncode != 0:
         pytest.fail(f"`mkdocs build --strict` exited {result.returncode} (the docs tools come "
                     f"with `pip install -e .[docs]`):\n{result.stdout}\n{result.stderr}",
