@@ -118,7 +118,7 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
         raise ConfigError(f"{config.path}: {field} key {pattern!r} matches none of the adapted "
                           f"modules (as PEFT matches it: the end of a name, at a dot), so it "
                           f"would be ignored{_near(pattern, chosen)}")
-    for name in config.modules_to_save:
+    for name in config.modules_to_save:   # PEFT's rule, as config.saves reads it
         if not any(n.endswith(name) for k in keys for n in full(k)):
             raise ConfigError(f"{config.path}: modules_to_save names {name!r}, which is no module "
                               f"of graph {graph.name!r}{_near(name, keys)}")
@@ -145,7 +145,7 @@ def _check_names(config, field: str, spec: Any, keys: list[str], full, graph: Gr
     if not isinstance(spec, tuple):
         return
     for name in spec:
-        if not any(n.endswith(name) for k in keys for n in full(k)):
+        if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
             raise ConfigError(f"{config.path}: {field} names {name!r}, which is no "
                               f"module of graph {graph.name!r}{_near(name, keys)}")
 
