@@ -9,7 +9,15 @@ Tests, doctests, docs examples and notebooks call ``tempfile.mkdtemp()`` the way
 do, and some write large files there (a GPT-2 checkpoint is 475 MB); left in the
 machine's temporary folder, every run of the suite would keep them. The folder is
 Python's ``tempfile`` default and ``TMPDIR`` (which subprocesses and notebook kernels
-read). Fixtures of a wider scope are set up before it and keep the machine's folder."""
+read). Fixtures of a wider scope are set up before it and keep the machine's folder.
+
+The suite compiles with ``--xla_backend_optimization_level=0`` (added to ``XLA_FLAGS``
+here, so the notebooks, the docs site's build and every subprocess inherit it). The
+flag lowers only how hard LLVM optimizes XLA's CPU kernels: the HLO passes, fusions,
+buffer assignment and memory analysis are the default's (the optimized HLO is the
+same text), while results may differ from the default's in the last bit (LLVM at -O3
+reorders some float sums). The suite is bound by XLA's compile time, which this halves;
+the benchmarks and users keep XLA's default."""
 
 import os
 import shutil
@@ -17,6 +25,10 @@ import tempfile
 
 import jax
 import pytest
+
+_FLAG = "--xla_backend_optimization_level"
+os.environ["XLA_FLAGS"] = " ".join(
+    [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(_FLAG)] + [f"{_FLAG}=0"])
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 

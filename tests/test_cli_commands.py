@@ -237,10 +237,13 @@ def test_entry_points_run_the_commands(workdir, launcher):
         return subprocess.run(command + list(argv), capture_output=True, text=True,
                               timeout=300, cwd=workdir)
 
-    for argv in (["summary", "cnn.mlg"], ["render", "cnn.json", "--out", "sub.dot"],
-                 ["hlo", "cnn.mlg", "--batch", "2", "--optimized"],
-                 ["export", "cnn.mlg", "--batch", "2", "--out", f"{launcher}-export"],
-                 ["cost", "cnn.mlg", "--batch", "2"]):
+    commands = [["summary", "cnn.mlg"], ["render", "cnn.json", "--out", "sub.dot"],
+                ["hlo", "cnn.mlg", "--batch", "2", "--optimized"],
+                ["export", "cnn.mlg", "--batch", "2", "--out", f"{launcher}-export"],
+                ["cost", "cnn.mlg", "--batch", "2"]]
+    # both launchers call one main(): the script runs every command, the module one
+    # (each process imports jax afresh, a few seconds each)
+    for argv in commands if launcher == "script" else commands[:1]:
         result = run(*argv)
         assert result.returncode == 0, (argv, result.stderr)
         assert result.stdout

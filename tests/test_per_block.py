@@ -65,12 +65,13 @@ def test_the_trainer_keeps_a_scanned_runs_frozen_linear_layers_per_block(adapted
     for name in BLOCKS:  # the MLP's Linear layers, under each block's own name
         assert sorted(ts.params[name]) == ["mlp.c_fc", "mlp.c_proj"]
         assert ts.params[name]["mlp.c_fc"]["kernel"].shape == (256, 1024)
-    # the same weights init draws, stacked
+    # the same weights init draws, stacked (to the last bit or two: the residual
+    # projection's scaling is fused into another program, which may round it apart)
     init_key, _ = jax.random.split(jax.random.key(0))
     stacked, _ = model.init(init_key)
     for k, name in enumerate(BLOCKS):
-        np.testing.assert_array_equal(ts.params[name]["mlp.c_proj"]["kernel"],
-                                      stacked[RUN]["mlp.c_proj"]["kernel"][k])
+        np.testing.assert_allclose(ts.params[name]["mlp.c_proj"]["kernel"],
+                                   stacked[RUN]["mlp.c_proj"]["kernel"][k], rtol=1e-6, atol=0)
     # the optimizer's state is the adapters' alone
     assert sorted(leaf.shape for leaf in jax.tree.leaves(ts.opt_state[0].mu)) == [
         (3, 4, 768), (3, 256, 4)]

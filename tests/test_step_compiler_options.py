@@ -123,6 +123,26 @@ def test_the_step_composes_inside_other_traces():
     assert float(outer["loss"]) == float(top["loss"])
 
 
+@pytest.mark.parametrize("trainable", [None, "logits/*"])
+def test_the_compiled_step_is_called_as_the_step(trainable):
+    """jax's ahead-of-time idiom: ``train_step.lower(ts, x, y).compile()`` is called with
+    ``(ts, x, y)`` and gives the step's results, frozen weights (a step whose frozen part
+    is passed apart) or not; its analyses are jax's."""
+    model = mg.compile(mlp(4, (8,), 3))
+    x, y = jnp.arange(32.0).reshape(8, 4) / 32, jnp.arange(8) % 3
+    trainer = Trainer(model, optax.sgd(0.1), trainable=trainable)
+    compiled = trainer.train_step.lower(trainer.init(jax.random.key(0)), x, y).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes >= 0 and "HloModule" in compiled.as_text()
+    ts_aot, m_aot = compiled(trainer.init(jax.random.key(0)), x, y)
+    ts_jit, m_jit = trainer.train_step(trainer.init(jax.random.key(0)), x, y)
+    assert float(m_aot["loss"]) == float(m_jit["loss"])
+    for a, b in zip(jax.tree.leaves(ts_aot.params), jax.tree.leaves(ts_jit.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    frozen_kernel = ts_aot.params["dense"]["kernel"]
+    changed = not np.array_equal(frozen_kernel, trainer.init(jax.random.key(0)).params["dense"]["kernel"])
+    assert changed == (trainable is None)
+
+
 def test_bad_options_are_config_errors():
     model = mg.compile(mlp(4, (8,), 3))
     with pytest.raises(mg.ConfigError, match=f"did you mean '{REGION}'"):

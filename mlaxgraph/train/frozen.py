@@ -36,7 +36,9 @@ def _merge(mask: tuple[bool, ...], trained: list, frozen: list) -> list:
 class FrozenStep:
     """``step(ts, inputs, targets) -> (ts, metrics)`` of a pure ``fn`` with the same
     signature, jitted so that only the trained part of ``ts`` is donated (see the
-    module's docstring). ``lower`` and ``trace`` take the step's own arguments."""
+    module's docstring). ``lower`` and ``trace`` take the step's own arguments, and
+    ``lower(...).compile()`` is called as the step is: ``compiled(ts, inputs,
+    targets)``."""
 
     def __init__(self, fn: Callable, trainable: frozenset[str],
                  compiler_options: dict[str, Any] | None = None):
@@ -68,14 +70,45 @@ class FrozenStep:
         rest = ts.replace(params=[x for x, m in zip(leaves, mask) if m], state=None)
         return (treedef, mask, frozen, ts.state, rest, *args), frozen
 
-    def __call__(self, ts: TrainState, *args: Any):
+    def _run(self, program: Callable, ts: TrainState, args: tuple, static: bool):
+        """``program`` (the jit, or a compiled one, which takes no static arguments)
+        called on ``ts`` split, and its train state merged back."""
         arguments, frozen = self._split(ts, args)
         treedef, mask = arguments[0], arguments[1]
-        new, metrics = self._jitted(*arguments)
+        new, metrics = program(*(arguments if static else arguments[2:]))
         return new.replace(params=jax.tree.unflatten(treedef, _merge(mask, new.params, frozen))), metrics
 
-    def lower(self, ts: TrainState, *args: Any):
-        return self._jitted.lower(*self._split(ts, args)[0])
+    def __call__(self, ts: TrainState, *args: Any):
+        return self._run(self._jitted, ts, args, static=True)
+
+    def lower(self, ts: TrainState, *args: Any) -> _Lowered:
+        return _Lowered(self, self._jitted.lower(*self._split(ts, args)[0]))
 
     def trace(self, ts: TrainState, *args: Any):
         return self._jitted.trace(*self._split(ts, args)[0])
+
+
+class _Wrapped:
+    """jax's AOT object of the step's inner program: every attribute is its."""
+
+    def __init__(self, step: FrozenStep, wrapped: Any):
+        self._step, self._wrapped = step, wrapped
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
+class _Lowered(_Wrapped):
+    """``FrozenStep.lower``'s result: jax's ``Lowered`` (``as_text``, ``compiler_ir``,
+    ``cost_analysis`` ...), whose ``compile()`` is called as the step is."""
+
+    def compile(self, *args: Any, **kwargs: Any) -> _Compiled:
+        return _Compiled(self._step, self._wrapped.compile(*args, **kwargs))
+
+
+class _Compiled(_Wrapped):
+    """jax's ``Compiled`` (``memory_analysis``, ``as_text`` ...), called as the step is:
+    ``compiled(ts, inputs, targets) -> (ts, metrics)``."""
+
+    def __call__(self, ts: TrainState, *args: Any):
+        return self._step._run(self._wrapped, ts, args, static=False)
