@@ -322,6 +322,8 @@ def test_bad_input_is_an_error_naming_it(gpt2):
                                        f"adapts ({base!r})"), e.value
     with pytest.raises(mg.ConfigError, match="'h.0/attn.qkv.lora_A' .* a LoRA adapter's own"):
         mg.lora(adapted, "**/*.lora_A", rank=2)
+    with pytest.raises(mg.GraphError, match="merge_lora: graph 'gpt2' has no LoRA adapters"):
+        mg.merge_lora(g, mg.compile(g).init(jax.random.key(0))[0])  # the base graph, by mistake
 
 
 # --- Conv -------------------------------------------------------------------------------

@@ -155,6 +155,9 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
         raise GraphError(f"merge_lora takes params (nested dicts), got {type(params).__name__}")
     graph = unfold_scans(graph)
     nodes = dict(layer_paths(graph))
+    if not any(path.endswith(".lora_A") for path in nodes):
+        raise GraphError(f"merge_lora: graph {graph.name!r} has no LoRA adapters, so there is "
+                         f"nothing to fold in: pass the graph mg.lora (or mg.lora_from_peft) made")
     shared = _shared(graph)
     drop: set[str] = set()
     merged: dict = dict(params)
