@@ -591,6 +591,9 @@ def test_bad_input_is_named():
     float_params, float_state = mg.compile(g).init(jax.random.key(0))
     with pytest.raises(mg.ConfigError, match="has no quantized layer.*mg.quantize"):
         mg.quantize_weights(g, float_params, float_state)
+    # one array given as the calibration batches: its rows would be taken for batches
+    with pytest.raises(mg.ConfigError, match=r"got one array \[2, 64\]: pass calibration=\[batch\]"):
+        mg.quantize_weights(q, float_params, float_state, calibration=jnp.ones((2, 64)))
     # int4 on a layer of 3 inputs: no even group divides them, whatever group_size
     x3 = mg.Input(("batch", 3), name="x")
     narrow = mg.Graph(x3, ops.Linear(4, name="first")(x3))
