@@ -83,10 +83,11 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
                                     or not isinstance(calibration, Iterable)):
         raise ConfigError(f"quantize_weights: calibration takes an iterable of input batches "
                           f"(as apply takes them), got {type(calibration).__name__}")
-    if hasattr(calibration, "shape") and hasattr(calibration, "dtype"):
+    shape = getattr(calibration, "shape", None)
+    if shape is not None and hasattr(calibration, "dtype"):
         # iterating an array would give its rows, each one example without its batch axis
         raise ConfigError(f"quantize_weights: calibration takes an iterable of input batches "
-                          f"(as apply takes them), got one array {list(calibration.shape)}: "
+                          f"(as apply takes them), got one array {list(shape)}: "
                           f"pass calibration=[batch] for one batch")
     if method not in ("absmax", "gptq"):
         raise ConfigError(f"quantize_weights: method must be 'absmax' or 'gptq', got {method!r}")

@@ -95,6 +95,8 @@ class _Wrapped:
         self._step, self._wrapped = step, wrapped
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_step", "_wrapped"):  # copy, pickle: not set yet
+            raise AttributeError(name)
         return getattr(self._wrapped, name)
 
 
