@@ -85,8 +85,15 @@ def test_data_dependent_control_flow_is_an_error():
         def forward(self, x):
             return x * 2 if x.sum() > 0 else x - 1
 
-    with pytest.raises(mg.GraphError, match="Branchy"):
+    with pytest.raises(mg.GraphError, match="Branchy.*data-dependent control flow must be "
+                                            "written with torch.cond"):
         mg.from_torch(Branchy(), (torch.randn(3),))
+
+
+def test_example_inputs_the_module_cannot_take_are_named_as_such():
+    with pytest.raises(mg.GraphError, match=r"could not export Linear .*the module itself fails "
+                                            r"on these example inputs \(check their shapes"):
+        mg.from_torch(nn.Linear(8, 4), (torch.randn(2, 9),))
 
 
 def test_dims_that_contradict_the_module():

@@ -59,9 +59,24 @@ def _export(module: Any, example_args: Any, dynamic_shapes: Any) -> Any:
         if "Constraint" in kind or "dynamic" in text.lower() or "Dim" in text:
             raise ShapeError(f"torch.export could not export {type(module).__name__} with these "
                              f"dims: {kind}: {text}") from None
+        if "data-dependent" in text.lower() or "control flow" in text.lower() or "DataDependent" in kind:
+            hint = "data-dependent control flow must be written with torch.cond or removed"
+        elif _fails_eagerly(torch, module, args):
+            hint = "the module itself fails on these example inputs (check their shapes and dtypes)"
+        else:
+            hint = "the module runs on these inputs in PyTorch, but torch.export cannot trace it"
         raise GraphError(f"torch.export could not export {type(module).__name__} ({kind}): {text}; "
-                         f"data-dependent control flow must be written with torch.cond or "
-                         f"removed") from None
+                         f"{hint}") from None
+
+
+def _fails_eagerly(torch: Any, module: Any, args: tuple) -> bool:
+    """Whether ``module(*args)`` raises in PyTorch itself (asked once export has failed)."""
+    try:
+        with torch.no_grad():
+            module(*args)
+    except Exception:
+        return True
+    return False
 
 
 def _capture(program: Any, dynamic_shapes: Any = None) -> tuple[dict, dict]:
