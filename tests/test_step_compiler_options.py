@@ -134,8 +134,11 @@ def test_the_compiled_step_is_called_as_the_step(trainable):
     compiled = trainer.train_step.lower(trainer.init(jax.random.key(0)), x, y).compile()
     assert compiled.memory_analysis().temp_size_in_bytes >= 0 and "HloModule" in compiled.as_text()
     ts_aot, m_aot = compiled(trainer.init(jax.random.key(0)), x, y)
+    traced = trainer.train_step.trace(trainer.init(jax.random.key(0)), x, y)
+    assert "dot_general" in str(traced.jaxpr)
+    _, m_traced = traced.lower().compile()(trainer.init(jax.random.key(0)), x, y)
     ts_jit, m_jit = trainer.train_step(trainer.init(jax.random.key(0)), x, y)
-    assert float(m_aot["loss"]) == float(m_jit["loss"])
+    assert float(m_aot["loss"]) == float(m_jit["loss"]) == float(m_traced["loss"])
     for a, b in zip(jax.tree.leaves(ts_aot.params), jax.tree.leaves(ts_jit.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     frozen_kernel = ts_aot.params["dense"]["kernel"]

@@ -84,8 +84,8 @@ class FrozenStep:
     def lower(self, ts: TrainState, *args: Any) -> _Lowered:
         return _Lowered(self, self._jitted.lower(*self._split(ts, args)[0]))
 
-    def trace(self, ts: TrainState, *args: Any):
-        return self._jitted.trace(*self._split(ts, args)[0])
+    def trace(self, ts: TrainState, *args: Any) -> _Traced:
+        return _Traced(self, self._jitted.trace(*self._split(ts, args)[0]))
 
 
 class _Wrapped:
@@ -98,6 +98,14 @@ class _Wrapped:
         if name.startswith("__") or name in ("_step", "_wrapped"):  # copy, pickle: not set yet
             raise AttributeError(name)
         return getattr(self._wrapped, name)
+
+
+class _Traced(_Wrapped):
+    """``FrozenStep.trace``'s result: jax's ``Traced`` (``jaxpr`` ...), whose ``lower()``
+    is ``FrozenStep.lower``'s."""
+
+    def lower(self, *args: Any, **kwargs: Any) -> _Lowered:
+        return _Lowered(self._step, self._wrapped.lower(*args, **kwargs))
 
 
 class _Lowered(_Wrapped):
