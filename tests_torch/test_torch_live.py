@@ -94,6 +94,14 @@ def test_example_inputs_the_module_cannot_take_are_named_as_such():
     with pytest.raises(mg.GraphError, match=r"could not export Linear .*the module itself fails "
                                             r"on these example inputs \(check their shapes"):
         mg.from_torch(nn.Linear(8, 4), (torch.randn(2, 9),))
+    # in training mode: asking PyTorch whether the module runs on them (its BatchNorm
+    # moves its running statistics before the Linear fails) leaves the module as it was
+    module = nn.Sequential(nn.BatchNorm1d(9), nn.Linear(8, 4)).train()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(mg.GraphError, match="the module itself fails on these example inputs"):
+        mg.from_torch(module, (torch.randn(4, 9) + 5,))
+    for k, v in module.state_dict().items():
+        assert torch.equal(v, before[k]), k
 
 
 def test_dims_that_contradict_the_module():

@@ -70,12 +70,19 @@ def _export(module: Any, example_args: Any, dynamic_shapes: Any) -> Any:
 
 
 def _fails_eagerly(torch: Any, module: Any, args: tuple) -> bool:
-    """Whether ``module(*args)`` raises in PyTorch itself (asked once export has failed)."""
+    """Whether ``module(*args)`` raises in PyTorch itself (asked once export has failed).
+    The module's buffers (a BatchNorm's running statistics in training mode) are put
+    back as they were."""
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
     try:
         with torch.no_grad():
             module(*args)
     except Exception:
         return True
+    finally:
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
     return False
 
 
