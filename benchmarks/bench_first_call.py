@@ -207,6 +207,9 @@ def formulations(trials: int, seed: int = 7) -> dict:
 def run(quick: bool = False, models=None, seed: int = 0, hand_variants=(),
         formulations_too: bool = True, mg_variants=()) -> dict:
     make, missing = makers()
+    if not any(s in make for s in PEERS):
+        raise SystemExit(f"no peer library imports ({', '.join(f'{k}: {v}' for k, v in missing.items())}): "
+                         f"the peers come with the bench extra (make bench, or pip install -e .[bench])")
     for v in hand_variants:  # hand-written formulations beside the systems (not peers)
         make[f"hand:{v}"] = functools.partial(make["hand"], variant=v)
         TITLES[f"hand:{v}"] = f"hand-written, {v}"
