@@ -9,10 +9,11 @@ error ``||logits_q - logits_f32|| / ||logits_f32||`` and next-token agreement):
              output channel, or per group of G inputs; or float weights) and
              activations (``intervene=`` on the outputs feeding the quantized layers:
              symmetric per token, its range clipped to a share of ``max |x|``, or
-             asymmetric with a zero point), to compare choices ``mg.quantize`` does
-             not all offer
+             asymmetric with a zero point; or one scale per group of G features of a
+             token), to compare choices ``mg.quantize`` does not all offer
 
-Run: ``PYTHONPATH=. nice .venv/bin/python benchmarks/analyze_int8_error.py``.
+Run: ``PYTHONPATH=. nice .venv/bin/python benchmarks/analyze_int8_error.py``
+(``--simulated``: the simulations alone).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import mlaxgraph as mg
 H = [f"h.{i}" for i in range(12)]
 
 
-def main() -> None:
+def main(simulated_only: bool = False) -> None:
     g = mg.models.gpt2()
     model = mg.compile(g)
     params, state = model.init(jax.random.key(0))
@@ -40,6 +41,8 @@ def main() -> None:
         agree = float(jnp.mean(logits.argmax(-1) == ref.argmax(-1)))
         print(f"  {name:44s} {err:.4f}  {agree:.3f}", flush=True)
 
+    if simulated_only:
+        return _simulated(model, params, state, prompts, report)
     print("parts (scheme on one kind of layer):   rel err  agree")
     parts = {"all": None, "wte (lookup and tied head)": ["wte"], "wpe": ["wpe"],
              "attention": [f"{h}/attn" for h in H], "mlp.c_fc": [f"{h}/mlp.c_fc" for h in H],
@@ -60,6 +63,10 @@ def main() -> None:
     for n in names:
         print(f"  {n:10s} {float(jnp.linalg.norm(cq[n] - cf[n]) / jnp.linalg.norm(cf[n])):.4f}")
 
+    _simulated(model, params, state, prompts, report)
+
+
+def _simulated(model, params, state, prompts, report) -> None:
     print("simulated (fake quantization in the float model):   rel err  agree")
     ln1, ln2 = [f"{h}/ln_1" for h in H], [f"{h}/ln_2" for h in H]
     act = [f"{h}/mlp.act" for h in H]
@@ -78,7 +85,14 @@ def main() -> None:
              ("weights float, inputs clipped at 0.95 max|x|", "float",
               {"sym095": ln1 + ln2 + ["ln_f"], "asym": act}),
              ("weights float, inputs clipped at 0.9 max|x|", "float",
-              {"sym09": ln1 + ln2 + ["ln_f"], "asym": act})]
+              {"sym09": ln1 + ln2 + ["ln_f"], "asym": act}),
+             # finer scales than int8's layout: a scale per group of G inputs, for the
+             # weights (per output channel) and the activations (per token)
+             ("weights per channel, inputs per group of 128", None, {"groups": 128}),
+             ("weights and inputs per group of 128", 128, {"groups": 128}),
+             ("weights float, inputs per group of 128", "float", {"groups": 128}),
+             ("weights and inputs per group of 64", 64, {"groups": 64}),
+             ("weights float, inputs per group of 64", "float", {"groups": 64})]
     for name, group, acts in cases:
         fake = params if group == "float" else _fake_weights(
             params, None if group == "skip wte" else group,
@@ -87,6 +101,10 @@ def main() -> None:
         intervene.update({n: _clipped for n in acts.get("sym09", ())})
         intervene.update({n: _clipped_095 for n in acts.get("sym095", ())})
         intervene.update({n: _asymmetric for n in acts.get("asym", ())})
+        if "groups" in acts:  # the LayerNorms' outputs symmetric, the GELU's with a zero point
+            size = acts["groups"]
+            intervene.update({n: _grouped(_symmetric, size) for n in ln1 + ln2 + ["ln_f"]})
+            intervene.update({n: _grouped(_asymmetric, size) for n in act})
         report(name, model.apply(fake, state, prompts, inference_mode=True,
                                  intervene=intervene)[0])
 
@@ -141,5 +159,15 @@ def _asymmetric(x):
     return (jnp.clip(jnp.round(x / s) + z, -128, 127) - z) * s
 
 
+def _grouped(quantize, size):
+    """``quantize`` applied to each group of ``size`` features of a token."""
+    def fn(x):
+        groups = x.reshape(x.shape[:-1] + (x.shape[-1] // size, size))
+        return quantize(groups).reshape(x.shape)
+    return fn
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(simulated_only="--simulated" in sys.argv[1:])
