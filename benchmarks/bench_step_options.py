@@ -11,9 +11,12 @@ steps start from the same train state; their losses are compared at the end.
 ``--options`` is a JSON mapping of the options to measure; by default the Trainer's
 own choice (region-based copy analysis for a model without convolutions), which for a
 convolutional model is XLA's defaults, so ``--options`` names them to measure them there.
+``--base trainer`` measures against the Trainer's own choice instead of XLA's defaults,
+with ``--options`` added to that choice.
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_step_options.py [--models mlp,gpt2]
-[--options '{"xla_cpu_copy_insertion_use_region_analysis": true}'] [--rounds 30]``.
+[--options '{"xla_cpu_copy_insertion_use_region_analysis": true}'] [--base trainer]
+[--rounds 30]``.
 """
 
 from __future__ import annotations
@@ -65,10 +68,17 @@ def _copies(compiled) -> int:
     return sum(" copy(" in line for line in text[text.index("ENTRY"):].splitlines())
 
 
-def measure(name: str, options, rounds: int) -> dict:
+def measure(name: str, options, rounds: int, base: str = "xla") -> dict:
     model, x, y, tx, trainable = _model(name)
     runs = {}
-    for label, opts in (("xla", {}), ("options", options)):
+    if base == "trainer":
+        from mlaxgraph.compiler.xla_options import step_compiler_options
+
+        own = step_compiler_options(model.program)
+        pairs = (("xla", own), ("options", {**own, **(options or {})}))
+    else:
+        pairs = (("xla", {}), ("options", options))
+    for label, opts in pairs:
         trainer = mg.train.Trainer(model, tx, loss="softmax_cross_entropy", trainable=trainable,
                                    compiler_options=opts)
         ts = trainer.init(jax.random.key(0))
@@ -111,14 +121,16 @@ def main() -> None:
     p.add_argument("--models", type=lambda v: tuple(v.split(",")),
                    default=S.MODELS + ("tiny_mlp", "gpt2", "resnet50"))
     p.add_argument("--options", type=json.loads, default=None)
+    p.add_argument("--base", choices=("xla", "trainer"), default="xla")
     p.add_argument("--rounds", type=int, default=30)
     args = p.parse_args()
-    print("| model | options | step, XLA's defaults | step, options | ratio (95% CI) | "
-          "peak memory, defaults -> options | copies | same loss |")
+    base = "XLA's defaults" if args.base == "xla" else "the Trainer's options"
+    print(f"| model | options | step, {base} | step, options | ratio (95% CI) | "
+          "peak memory, base -> options | copies | same loss |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.models:
         rounds = min(args.rounds, 8) if name in ZOO else args.rounds
-        r = measure(name, args.options, rounds)
+        r = measure(name, args.options, rounds, args.base)
         print(f"| {name} | `{json.dumps(r['options'])}` | {r['step_xla_s'] * 1e3:.3f} ms | "
               f"{r['step_options_s'] * 1e3:.3f} ms | {r['ratio']:.3f} ({r['ci'][0]:.3f} – "
               f"{r['ci'][1]:.3f}) | {r['peak_xla']:,} -> {r['peak_options']:,} B "
