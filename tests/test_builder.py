@@ -197,3 +197,10 @@ def test_reshape_infers_minus_one_over_symbolic_sizes():
     assert str(ops.Reshape((-1,))(x).shape) == "(batch, 4*seq)"
     with pytest.raises(mg.ShapeError, match="do not divide by 3"):
         ops.Reshape((3, -1))(x)
+
+
+def test_none_for_a_dim_says_to_name_it():
+    """Keras writes an unknown batch as None; here a symbolic dim is a name."""
+    with pytest.raises(mg.ShapeError, match=r'got None: name a symbolic dim, e\.g\. mg\.Input\(\("batch", 16\)\)'):
+        mg.Input((None, 16), "float32")
+    assert mg.Input(("batch", 16), "float32").spec.shape[1] == 16

@@ -443,12 +443,15 @@ def test_gpt2_default_targets_bytes_as_stored_and_int8_dot_in_hlo(gpt2):
     stored = sum(np.asarray(a).nbytes for a in jax.tree.leaves((qp, qs)))  # static scales too
     table = model.cost_table(batch=2, seq=8, xla=False)
     assert table.weight_bytes == stored
-    # the summary: stored int8 values non-trainable, with the state; float scales trainable
+    # the summary: stored int8 values and int32 kernel sums non-trainable, with the state;
+    # float scales and biases trainable
     values = [np.asarray(a) for a in jax.tree.leaves(qp)]
-    frozen = sum(a.size for a in values if a.dtype.itemsize == 1)
+    trains = [a.size for a in values if a.dtype.kind == "f" and a.dtype.itemsize > 1]
+    frozen = sum(a.size for a in values) - sum(trains)
+    assert any(a.dtype == np.int32 for a in values)  # the kernel sums of zero points
     frozen += sum(np.asarray(a).size for a in jax.tree.leaves(qs))
     summary = model.summary()
-    assert f"trainable params: {sum(a.size for a in values if a.dtype.itemsize > 1):,} (" in summary
+    assert f"trainable params: {sum(trains):,} (" in summary
     assert f"non-trainable params: {frozen:,} (" in summary
     float_bytes = sum(np.asarray(a).nbytes for a in jax.tree.leaves(params))
     assert mg.compile(g).cost_table(batch=2, seq=8, xla=False).weight_bytes == float_bytes
@@ -458,6 +461,27 @@ def test_gpt2_default_targets_bytes_as_stored_and_int8_dot_in_hlo(gpt2):
     logits, _ = model.apply(qp, qs, ids, inference_mode=True)
     ref, _ = mg.compile(g).apply(params, state, ids, inference_mode=True)
     assert float(jnp.linalg.norm(logits - ref) / jnp.linalg.norm(ref)) < 0.05
+
+
+def test_integer_sums_are_not_trainable():
+    """A zero point's ``kernel_sum`` is int32: four bytes, yet no gradient. It counts with
+    the stored int8 values, and naming it as trainable is the Trainer's error, not jax's."""
+    x = mg.Input(("batch", 16), name="x")
+    g = mg.Graph(x, ops.Linear(4, name="fc2")(ops.gelu(ops.Linear(32, name="fc1")(x))))
+    q = mg.quantize(g, "int8")
+    from mlaxgraph.render.summary import count_params
+    counts = count_params(q)
+    # fc2: bias 4 and kernel_scale 4 train; kernel 32 x 4 int8 and kernel_sum 4 int32 do not
+    assert counts["fc2"] == (8, 132)
+    assert counts["fc1"] == (64, 512)  # fc1 quantizes symmetrically: no kernel_sum
+    model = mg.compile(q)
+    with pytest.raises(mg.GraphError, match="fc2/kernel_sum is stored in int32.*cannot train"):
+        mg.train.Trainer(model, optax.adam(1e-2), trainable="fc2/kernel_sum")
+    trainer = mg.train.Trainer(model, optax.adam(1e-2), loss="mean_squared_error",
+                               trainable="**/bias")
+    ts = trainer.init(jax.random.key(0))
+    _, metrics = trainer.train_step(ts, jnp.ones((8, 16)), jnp.ones((8, 4)))
+    assert np.isfinite(float(metrics["loss"]))
 
 
 def test_qlora_trains_only_the_adapters(gpt2, tmp_path):

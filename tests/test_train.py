@@ -260,8 +260,15 @@ def test_bad_arguments_raise_mlaxgraph_errors():
         Trainer(model, "adam")
     with pytest.raises(mg.GraphError, match="Trainer takes a compiled model"):
         Trainer(mlp(4, (8,), 3), optax.sgd(0.1))
-    with pytest.raises(mg.GraphError, match="unknown loss 'hinge'"):
+    with pytest.raises(mg.GraphError, match="unknown loss 'hinge';"):
         Trainer(model, optax.sgd(0.1), loss="hinge")
+    # Keras's names and typos get the name of the same loss here.
+    with pytest.raises(mg.GraphError, match="unknown loss 'mse' \\(did you mean 'mean_squared_error'"):
+        Trainer(model, optax.sgd(0.1), loss="mse")
+    with pytest.raises(mg.GraphError, match="did you mean 'softmax_cross_entropy' \\(of logits"):
+        Trainer(model, optax.sgd(0.1), loss="sparse_categorical_crossentropy")
+    with pytest.raises(mg.GraphError, match="did you mean 'mean_squared_error'"):
+        Trainer(model, optax.sgd(0.1), loss="mean_square_error")
     with pytest.raises(mg.GraphError, match="unknown metric 'f1'"):
         Trainer(model, optax.sgd(0.1), metrics=("f1",))
     trainer = Trainer(model, optax.sgd(0.1))

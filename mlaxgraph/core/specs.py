@@ -66,6 +66,9 @@ def as_dim(dim: Any) -> Dim:
             # A dim from another scope cannot be compared with ours: re-parse its text.
             return as_dim(str(dim))
         return dim
+    if dim is None:  # Keras's and ONNX's spelling of an unknown dim
+        raise ShapeError("a dim must be an int or a name, got None: name a symbolic dim, "
+                         "e.g. mg.Input((\"batch\", 16)) where Keras writes (None, 16)")
     raise ShapeError(f"a dim must be an int or a name, got {dim!r} of type {type(dim).__name__}")
 
 
@@ -256,9 +259,10 @@ class ParamSpec:
 
 
 def trains(dtype: Any) -> bool:
-    """Whether a weight stored in ``dtype`` can train: not a quantized layer's stored
-    values (int8, packed int4, float8: one byte each), which have no gradient."""
-    return np.dtype(dtype).itemsize > 1
+    """Whether a weight stored in ``dtype`` can train: a float of 16 bits or more, not a
+    quantized layer's stored values (int8, packed int4, float8: one byte each) or its
+    integer sums (``kernel_sum``, int32), which have no gradient."""
+    return bool(jax.numpy.issubdtype(dtype, jax.numpy.floating)) and np.dtype(dtype).itemsize > 1
 
 
 def flatten_specs(specs: Mapping[str, Any], prefix: str = "") -> list[tuple[str, ParamSpec]]:

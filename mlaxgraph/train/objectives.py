@@ -4,6 +4,7 @@ half-precision model's loss is computed in float32."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,6 +48,14 @@ LOSSES: dict[str, Objective] = {
 }
 METRICS: dict[str, Objective] = {"accuracy": accuracy}
 
+#: Keras's names of the same losses, for the hint of an unknown name (not aliases: Keras's
+#: cross-entropies take probabilities unless ``from_logits=True``; these take logits).
+_KERAS_NAMES = {
+    "mse": "'mean_squared_error'",
+    "sparse_categorical_crossentropy": "'softmax_cross_entropy' (of logits and integer labels)",
+    "binary_crossentropy": "'sigmoid_binary_cross_entropy' (of logits)",
+}
+
 
 def _array(x: Any) -> str:
     return f"{x.dtype}{list(x.shape)}"
@@ -88,7 +97,10 @@ def resolve_loss(loss: str | Objective) -> Objective:
     if callable(loss):
         return loss
     if loss not in LOSSES:
-        raise GraphError(f"unknown loss {loss!r}; give a function (outputs, targets) -> "
+        close = difflib.get_close_matches(str(loss), LOSSES, n=1)
+        near = _KERAS_NAMES.get(str(loss).lower()) or (repr(close[0]) if close else "")
+        hint = f" (did you mean {near}?)" if near else ""
+        raise GraphError(f"unknown loss {loss!r}{hint}; give a function (outputs, targets) -> "
                          f"per-example losses or one of {sorted(LOSSES)}")
     return LOSSES[loss]
 
