@@ -195,6 +195,10 @@ def test_save_checks_the_arrays_and_writes_nothing_when_wrong(tmp_path):
         mg.save(path, graph, jax.tree.map(lambda a: a.astype(jnp.int32), params), {})
     with pytest.raises(mg.SerializationError, match="takes a Graph"):
         mg.save(path, "graph", params, state)
+    with pytest.raises(mg.SerializationError, match=r"got CompiledModel \(a compiled model: pass model.graph\)"):
+        mg.save(path, mg.compile(graph), params, state)
+    with pytest.raises(mg.SerializationError, match="the path comes first, got a Graph there"):
+        mg.save(graph, params, state, path)
     assert path.read_bytes() == before
     assert temp_files(tmp_path) == []
 

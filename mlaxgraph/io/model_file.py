@@ -106,8 +106,13 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
         the arrays are not the ones the graph's ``init`` makes (missing, extra, other
         shape or dtype), named. Nothing is written then.
     """
+    if isinstance(path, Graph) or hasattr(path, "graph") and isinstance(path.graph, Graph):
+        raise SerializationError(f"mg.save(path, graph, params, state): the path comes first, "
+                                 f"got a {type(path).__name__} there")
     if not isinstance(graph, Graph):
-        raise SerializationError(f"mg.save takes a Graph, got {type(graph).__name__}")
+        hint = (" (a compiled model: pass model.graph)"
+                if isinstance(getattr(graph, "graph", None), Graph) else "")
+        raise SerializationError(f"mg.save takes a Graph, got {type(graph).__name__}{hint}")
     state = {} if state is None else state
     graph, params, state = _unscanned(graph, params, state)
     text = graph_to_json(graph)
