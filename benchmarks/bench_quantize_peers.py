@@ -56,6 +56,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import models_hand  # noqa: E402
 import models_mg  # noqa: E402
 import models_spec as S  # noqa: E402
 import numpy as np  # noqa: E402
@@ -132,7 +133,7 @@ def hand_cnn(p, x, convolution=False):
     else:
         acc = _patches_conv(q, c["kernel"])
     h = jax.nn.relu(acc.astype(jnp.float32) * s * c["kernel_scale"] + c["bias"])
-    h = lax.reduce_window(h, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    h = models_hand._max_pool_2x2(h)  # as ops.MaxPool: a select over the strided slices
     return linear(h.reshape(h.shape[0], -1), p["logits"])
 
 

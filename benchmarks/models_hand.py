@@ -4,8 +4,9 @@ function, and one ``jax.jit``-ed train step with optax's Adam (the baseline).
 The params dicts use the same layout as mlaxgraph's (``params[layer][weight]``,
 kernels ``(in, out)``, conv kernels OHWI), so the forward functions also run on the
 params an mlaxgraph model makes; the computation is what a JAX programmer writes
-directly: ``x @ W + b``, ``lax.conv_general_dilated``, ``lax.reduce_window``, batch
-statistics with ``jnp.mean``, ``lax.scan`` for the LSTM.
+directly: ``x @ W + b``, ``lax.conv_general_dilated``, batch statistics with
+``jnp.mean``, ``lax.scan`` for the LSTM; max pooling over strided slices, as mlaxgraph
+computes it (``lax.reduce_window``, the usual form, is the ``pool_reduce_window`` variant).
 
 This module imports only JAX, optax and NumPy (``tests/test_hlo_parity.py`` uses it).
 """
@@ -132,9 +133,22 @@ def _conv2d(x, kernel, stride=1, hwio=False):
                                     dimension_numbers=("NHWC", "HWIO" if hwio else "OHWI", "NHWC"))
 
 
-def cnn_forward(params, x, hwio=False):
+def _max_pool_2x2(h, reduce_window=False):
+    """2x2 max pooling, stride 2, of NHWC ``h``: as mlaxgraph's ``ops.MaxPool`` computes it,
+    a select over the window's four strided slices keeping the first maximum (its
+    gradient a select per slice), or (``reduce_window``) ``lax.reduce_window``, whose
+    gradient is XLA's ``select_and_scatter`` (what Flax, Haiku, Equinox and Keras call)."""
+    if reduce_window:
+        return lax.reduce_window(h, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    best = h[:, 0::2, 0::2]
+    for tap in (h[:, 0::2, 1::2], h[:, 1::2, 0::2], h[:, 1::2, 1::2]):
+        best = jnp.where((tap > best) | (tap != tap), tap, best)
+    return best
+
+
+def cnn_forward(params, x, hwio=False, reduce_window=False):
     h = jax.nn.relu(_conv2d(x, params["conv"]["kernel"], hwio=hwio) + params["conv"]["bias"])
-    h = lax.reduce_window(h, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    h = _max_pool_2x2(h, reduce_window)
     return _linear(params["logits"], h.reshape(h.shape[0], -1))
 
 
@@ -271,7 +285,8 @@ _STATELESS = {"mlp": mlp_forward, "tiny_mlp": mlp_forward, "cnn": cnn_forward,
 #: Alternative formulations, to measure what a design choice of mlaxgraph's ops costs
 #: (variant -> model).
 VARIANTS = {**{v: "resnet" for v in BN_FORMS}, "conv_hwio": "cnn", "conv_transposed": "cnn",
-            "lstm_projected_before": "lstm", "attention_scores_scaled": "transformer"}
+            "pool_reduce_window": "cnn", "lstm_projected_before": "lstm",
+            "attention_scores_scaled": "transformer"}
 
 #: "Best by hand": per model, the fastest formulation known (measured; RESULTS.md section
 #: 1), whatever its numerics: for the ResNet Flax linen's one-pass variance (unshifted) with
@@ -294,7 +309,8 @@ def forward(name: str, variant: str | None = None):
         how = next((BN_FORMS[v] for v in parts if v in BN_FORMS), AS_MLAXGRAPH)
         return lambda params, state, x: resnet_forward(params, state, x, how, hwio)
     if name == "cnn":
-        return lambda params, state, x: (cnn_forward(params, x, hwio), state)
+        reduce_window = "pool_reduce_window" in parts
+        return lambda params, state, x: (cnn_forward(params, x, hwio, reduce_window), state)
     fwd = _STATELESS[name]
     if name == "transformer" and "attention_scores_scaled" in parts:
         return lambda params, state, x: (transformer_forward(params, x, scale_scores=True), state)

@@ -18,6 +18,24 @@ Y = rng.standard_normal((2, 3, 4)).astype(np.float32)
 IMG = rng.standard_normal((1, 2, 6, 6)).astype(np.float32)
 
 
+def _max_pool(x, k, s, p, d, ceil):
+    """NCHW max pooling by PyTorch's rules: -inf padding, dilation, and with ``ceil`` one
+    more window where it starts inside the input or its left padding."""
+    n = x.shape[-1]
+    span = d * (k - 1) + 1
+    out = -(-(n + 2 * p - span) // s) + 1 if ceil else (n + 2 * p - span) // s + 1
+    if ceil and (out - 1) * s >= n + p:
+        out -= 1
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p + s), (p, p + s)), constant_values=-np.inf)
+    y = np.full(x.shape[:2] + (out, out), -np.inf, np.float32)
+    for i in range(out):
+        for j in range(out):
+            for a in range(k):
+                for b in range(k):
+                    y[:, :, i, j] = np.maximum(y[:, :, i, j], xp[:, :, i * s + a * d, j * s + b * d])
+    return y
+
+
 def _softmax(x, axis):
     e = np.exp(x - x.max(axis, keepdims=True))
     return e / e.sum(axis, keepdims=True)
@@ -52,6 +70,12 @@ CASES = [
      lambda: IMG.reshape(1, 2, 3, 2, 3, 2).mean((3, 5))),
     ("aten.max_pool2d.default", (T, (3, 3), (3, 3)), {}, [IMG],
      lambda: IMG.reshape(1, 2, 2, 3, 2, 3).max((3, 5))),
+    ("aten.max_pool2d.default", (T, (2, 2), (1, 1), (0, 0), (2, 2)), {}, [IMG],
+     lambda: _max_pool(IMG, 2, 1, 0, 2, False)),
+    ("aten.max_pool2d.default", (T, (3, 3), (2, 2), (1, 1), (1, 1), True), {}, [IMG[:, :, :5, :5]],
+     lambda: _max_pool(IMG[:, :, :5, :5], 3, 2, 1, 1, True)),
+    ("aten.max_pool2d.default", (T, (2, 2), (2, 2), (0, 0), (1, 1), True), {}, [IMG[:, :, :5, :5]],
+     lambda: _max_pool(IMG[:, :, :5, :5], 2, 2, 0, 1, True)),
     ("aten.adaptive_avg_pool2d.default", (T, (1, 1)), {}, [IMG], lambda: IMG.mean((2, 3), keepdims=True)),
     ("aten.topk.default", (T, 2), {}, [X], lambda: -np.sort(-X, -1)[..., :2]),
     ("aten.einsum.default", ("bij,bkj->bik", (T, U)), {}, [X, Y], lambda: np.einsum("bij,bkj->bik", X, Y)),

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..ops.flops import size
+from ..ops.pooling import ceil_mode_extra, window_max
 from .layer import define
 
 
@@ -89,14 +90,10 @@ def _max_pool2d_with_indices(x, *args):
 @define("aten.max_pool2d.default", flops="elementwise")
 def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     k, s, p = _pool_window(x, kernel_size, stride, padding, 2)
-    pads = [(0, 0), (0, 0)]
-    for i in range(2):
-        hi = p[i]
-        if ceil_mode:
-            n = x.shape[2 + i] + 2 * p[i] - k[i]
-            hi += (-n) % s[i]
-        pads.append((p[i], hi))
-    return lax.reduce_window(x, -jnp.inf, lax.max, (1, 1) + k, (1, 1) + s, pads)
+    d = _pool_window(x, dilation, None, 0, 2)[0]
+    pads = [(pi, pi + (ceil_mode_extra(n, pi, pi, ki, si, di) if ceil_mode else 0))
+            for n, ki, si, pi, di in zip(x.shape[2:], k, s, p, d)]
+    return window_max(x, k, s, pads, (2, 3), d)
 
 
 @define("aten.avg_pool2d.default", flops="elementwise")

@@ -12,6 +12,7 @@ import numpy as np
 from jax import lax
 
 from ..ops.flops import size
+from ..ops.pooling import ceil_mode_extra, window_max
 from .dtypes import int64, to_dtype
 from .layer import define
 
@@ -114,8 +115,10 @@ def _pool(a, x, init, op, average=False, p=None):
     dilations = tuple(a.get("dilations") or (1,) * nd)
     explicit = pads = _padding(a, x.shape[2:], kernel, strides, dilations)
     if a.get("ceil_mode", 0):
-        pads = [(lo, hi + _ceil_extra(n, lo, hi, k, s, d))
+        pads = [(lo, hi + ceil_mode_extra(n, lo, hi, k, s, d))
                 for (lo, hi), n, k, s, d in zip(pads, x.shape[2:], kernel, strides, dilations)]
+    if op is lax.max:  # the lowest value of x's dtype pads, as init says
+        return window_max(x, kernel, strides, pads, range(2, 2 + nd), dilations)
     window, step = (1, 1) + kernel, (1, 1) + strides
     dil, full = (1, 1) + dilations, [(0, 0), (0, 0)] + pads
     y = x if p is None else jnp.abs(x) ** p
@@ -137,17 +140,6 @@ def _pool(a, x, init, op, average=False, p=None):
         per_dim = ((taps >= first) & (taps < last)).sum(-1)
         counts = np.multiply.outer(counts, per_dim)
     return (out / jnp.asarray(counts, out.dtype)).astype(x.dtype)
-
-
-def _ceil_extra(n, low, high, k, s, d):
-    """The padding ``ceil_mode`` adds at the end: room for one more window, unless it
-    would start in the end padding."""
-    padded, span = n + low + high, (k - 1) * d + 1
-    floor_out = (padded - span) // s + 1
-    ceil_out = -(-(padded - span) // s) + 1
-    if (ceil_out - 1) * s >= n + low:
-        ceil_out -= 1
-    return max((ceil_out - 1) * s + span - padded, 0) if ceil_out > floor_out else 0
 
 
 def _pool_flops(inputs, outputs, a):

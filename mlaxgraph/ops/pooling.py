@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,89 @@ from .base import Layer, expect_count, field, padding_for, per_spatial_dim, spat
 from .flops import size, upcast_sum
 from .spatial import any_data_format, data_format, window_output_size
 
-__all__ = ["MaxPool", "AvgPool", "GlobalMaxPool", "GlobalAvgPool"]
+__all__ = ["MaxPool", "AvgPool", "GlobalMaxPool", "GlobalAvgPool", "MAX_SLICED_TAPS",
+           "window_max", "sliced", "ceil_mode_extra"]
+
+#: ``window_max`` (``MaxPool``'s, and the ONNX and PyTorch importers' max pooling) takes
+#: the maximum over strided slices for windows of at most this many taps (3 x 3 and
+#: smaller in 2D; 2 x 2 x 2 in 3D) and calls ``reduce_window`` above.
+MAX_SLICED_TAPS = 9
+
+
+def ceil_mode_extra(n, low, high, k, s, d=1) -> int:
+    """The padding ``ceil_mode`` (PyTorch's and ONNX's pooling) adds at the end of a dim of
+    ``n`` values padded by ``low`` and ``high``, window ``k`` dilated ``d``, stride ``s``:
+    room for one more window, unless it would start in the end padding."""
+    padded, span = n + low + high, (k - 1) * d + 1
+    floor_out = (padded - span) // s + 1
+    ceil_out = -(-(padded - span) // s) + 1
+    if (ceil_out - 1) * s >= n + low:
+        ceil_out -= 1
+    return max((ceil_out - 1) * s + span - padded, 0) if ceil_out > floor_out else 0
+
+
+def sliced(window, extents) -> bool:
+    """Whether ``window_max`` takes the maximum over strided slices: concrete extents
+    and at most ``MAX_SLICED_TAPS`` taps in the window."""
+    return math.prod(window) <= MAX_SLICED_TAPS and not any(is_symbolic(d) for d in extents)
+
+
+def window_max(x, window, strides, padding, axes, dilation=None):
+    """The maximum over windows of ``x`` along ``axes`` (one per window dim; ``padding``
+    "VALID", "SAME" or ``(low, high)`` pairs, padded with the dtype's lowest value),
+    as ``lax.reduce_window`` computes it, to the bit, gradients included.
+
+    Windows of at most ``MAX_SLICED_TAPS`` taps are a select over their taps, each a
+    strided slice of the padded input: ``best = where(tap > best, tap, best)`` in the
+    window's row-major order, so the first maximum of a window is chosen (and a NaN,
+    which the maximum propagates). Its gradient goes to that element alone, as
+    ``reduce_window``'s (``select_and_scatter``, which keeps the first maximum too); XLA's
+    CPU backend computes it as selects and pads in a few fused passes, where
+    ``select_and_scatter`` walks every window in a loop of its own (8.5x the time for
+    2x2 windows; benchmarks/RESULTS.md, section 14). Larger windows and symbolic extents
+    call ``reduce_window``. Written as selects, not a custom derivative, so forward-mode
+    and higher-order derivatives work as ``reduce_window``'s.
+    """
+    dilation = tuple(dilation or (1,) * len(window))
+    # NumPy (not traced) init values keep reduce_window differentiable under jit.
+    low = np.array(-np.inf if jnp.issubdtype(x.dtype, jnp.floating) else
+                   np.iinfo(x.dtype).min, x.dtype)
+    extents = [x.shape[a] for a in axes]
+    if not sliced(window, extents):
+        full = [1] * x.ndim
+        win, step, dil = list(full), list(full), list(full)
+        pads = padding if isinstance(padding, str) else [(0, 0)] * x.ndim
+        for i, a in enumerate(axes):
+            win[a], step[a], dil[a] = window[i], strides[i], dilation[i]
+            if not isinstance(padding, str):
+                pads[a] = tuple(padding[i])
+        return lax.reduce_window(x, low, lax.max, tuple(win), tuple(step), pads,
+                                 window_dilation=tuple(dil))
+    spans = [(w - 1) * d + 1 for w, d in zip(window, dilation)]
+    pairs = (lax.padtype_to_pads(extents, spans, strides, padding)
+             if isinstance(padding, str) else [tuple(p) for p in padding])
+    if any(lo or hi for lo, hi in pairs):
+        widths = [(0, 0)] * x.ndim
+        for a, pair in zip(axes, pairs):
+            widths[a] = pair
+        x = jnp.pad(x, widths, constant_values=low)
+    counts = [(x.shape[a] - span) // s + 1 for a, span, s in zip(axes, spans, strides)]
+    best = None
+    for taps in itertools.product(*(range(w) for w in window)):
+        # one strided slice over every window dim: its transpose in the gradient is one
+        # pad, which XLA fuses (a slice per dim, chained, made the 3x3 gradient 4x slower)
+        start, limit, step = [0] * x.ndim, list(x.shape), [1] * x.ndim
+        for a, t, d, s, n in zip(axes, taps, dilation, strides, counts):
+            start[a], limit[a], step[a] = t * d, t * d + s * (n - 1) + 1, s
+        tap = lax.slice(x, tuple(start), tuple(limit), tuple(step))
+        if best is None:
+            best = tap
+            continue
+        take = tap > best
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            take = take | (tap != tap)
+        best = jnp.where(take, tap, best)
+    return best
 
 
 class _Pool(Layer):
@@ -87,15 +171,23 @@ class MaxPool(_Pool):
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
-        # NumPy (not traced) init values keep reduce_window differentiable under jit.
-        if jnp.issubdtype(x.dtype, jnp.floating):
-            init = np.array(-np.inf, x.dtype)
-        else:
-            init = np.array(np.iinfo(x.dtype).min, x.dtype)
-        return (self._reduce(x, init, lax.max),), state
+        return (window_max(x, self.window, self.strides, self.padding, self._axes(x.ndim)),), state
+
+    def _axes(self, ndim: int) -> range:
+        first = 1 if self.channels_last else 2
+        return range(first, first + len(self.window))
+
+    def _by_slices(self, shape) -> bool:
+        """Whether ``window_max`` takes the maximum over strided slices for this input."""
+        return sliced(self.window, [shape[a] for a in self._axes(len(shape))])
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
-        return self._window_flops(outputs)
+        """``reduce_window``'s ``window - 1`` per output element, or over slices a compare
+        and a select per tap after the first (float: and a NaN test and an ``or``)."""
+        if not self._by_slices(inputs[0].shape):
+            return self._window_flops(outputs)
+        per_tap = 4 if jnp.issubdtype(inputs[0].dtype, jnp.floating) else 2
+        return size(outputs[0]) * (math.prod(self.window) - 1) * per_tap
 
 
 @register("avg_pool")
