@@ -56,8 +56,8 @@ def window_max(x, window, strides, padding, axes, dilation=None):
     which the maximum propagates). Its gradient goes to that element alone, as
     ``reduce_window``'s (``select_and_scatter``, which keeps the first maximum too); XLA's
     CPU backend computes it as selects and pads in a few fused passes, where
-    ``select_and_scatter`` walks every window in a loop of its own (8.5x the time for
-    2x2 windows; benchmarks/RESULTS.md, section 14). Larger windows and symbolic extents
+    ``select_and_scatter`` walks every window in a loop of its own (12x the time for
+    2x2 windows, 4x for 3x3 ones of stride 2; benchmarks/RESULTS.md, section 14). Larger windows and symbolic extents
     call ``reduce_window``. Written as selects, not a custom derivative, so forward-mode
     and higher-order derivatives work as ``reduce_window``'s.
     """
@@ -171,15 +171,16 @@ class MaxPool(_Pool):
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
         (x,) = inputs
-        return (window_max(x, self.window, self.strides, self.padding, self._axes(x.ndim)),), state
+        return (window_max(x, self.window, self.strides, self.padding, self._axes),), state
 
-    def _axes(self, ndim: int) -> range:
+    @property
+    def _axes(self) -> range:
         first = 1 if self.channels_last else 2
         return range(first, first + len(self.window))
 
     def _by_slices(self, shape) -> bool:
         """Whether ``window_max`` takes the maximum over strided slices for this input."""
-        return sliced(self.window, [shape[a] for a in self._axes(len(shape))])
+        return sliced(self.window, [shape[a] for a in self._axes])
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """``reduce_window``'s ``window - 1`` per output element, or over slices a compare
