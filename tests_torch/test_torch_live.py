@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -306,3 +307,25 @@ def test_right_padded_rows_make_the_tokens_transformers_makes_left_padded():
     got = mg.generate(mg.compile(graph), params, state, right, attention_mask=right_mask,
                       max_new_tokens=8)
     np.testing.assert_array_equal(np.asarray(got)[:, 7:], want.numpy()[:, 7:])
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=3, stride=2, padding=1, dilation=2, ceil_mode=True),
+                                dict(kernel_size=2, stride=2, ceil_mode=True),
+                                dict(kernel_size=3, stride=2, padding=1)])
+def test_max_pool_dilation_and_ceil_mode_and_its_gradient(kw):
+    """MaxPool2d's dilation and ceil_mode as PyTorch pools, and the gradient PyTorch
+    gives (the first maximum of each window), ties from the ReLU included."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.ReLU(), nn.MaxPool2d(**kw)).eval()
+    x = torch.randn(2, 3, 11, 11)
+    graph, params, state = mg.from_torch(module, (x,))
+    model = mg.compile(graph)
+    ours = np.asarray(model.apply(params, state, jnp.asarray(x.numpy()))[0])
+    theirs = module(x)
+    np.testing.assert_array_equal(ours, theirs.detach().numpy())
+    g = torch.randn(theirs.shape)
+    xt = x.clone().requires_grad_(True)
+    (module(xt) * g).sum().backward()
+    grad = jax.grad(lambda v: jnp.sum(model.apply(params, state, v)[0] * jnp.asarray(g.numpy())))(
+        jnp.asarray(x.numpy()))
+    np.testing.assert_allclose(np.asarray(grad), xt.grad.numpy(), rtol=1e-6, atol=1e-6)
