@@ -117,7 +117,7 @@ def _pool(a, x, init, op, average=False, p=None):
     if a.get("ceil_mode", 0):
         pads = [(lo, hi + ceil_mode_extra(n, lo, hi, k, s, d))
                 for (lo, hi), n, k, s, d in zip(pads, x.shape[2:], kernel, strides, dilations)]
-    if op is lax.max:  # the lowest value of x's dtype pads, as init says
+    if op is lax.max:
         return window_max(x, kernel, strides, pads, range(2, 2 + nd), dilations)
     window, step = (1, 1) + kernel, (1, 1) + strides
     dil, full = (1, 1) + dilations, [(0, 0), (0, 0)] + pads
@@ -148,8 +148,7 @@ def _pool_flops(inputs, outputs, a):
 
 @define("MaxPool", flops=_pool_flops)
 def _max_pool(a, x):
-    low = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    out = _pool(a, x, low, lax.max)
+    out = _pool(a, x, None, lax.max)  # window_max pads with the dtype's lowest value
     if a.outputs > 1:
         return out, _max_pool_indices(a, x, out)
     return out
