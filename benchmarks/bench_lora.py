@@ -70,7 +70,7 @@ def _qlora_memory(g, scheme: str, ids) -> dict:
     graph = mg.lora(mg.quantize(g, scheme), "h.*/attn/qkv", rank=8, alpha=16)
     trainer = mg.train.Trainer(mg.compile(graph, scan_blocks=True), optax.adamw(1e-4),
                                loss="softmax_cross_entropy", trainable="**/*.lora_*")
-    ts = trainer.init(jax.random.key(0))
+    ts = jax.eval_shape(trainer.init_fn, jax.random.key(0))  # shapes: the memory needs no values
     return {**_memory(trainer, ts, ids), "param_bytes": _bytes(ts.params)}
 
 

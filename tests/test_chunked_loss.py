@@ -105,9 +105,9 @@ def test_an_int8_head_with_adapters_qlora(gpt):
     qparams, _ = model.init(jax.random.key(5), reuse=(qparams, qstate))  # the adapters' too
     ids, labels = _batch()
     whole = mg.train.Trainer(model, optax.sgd(0.1), trainable="**/*.lora_*")
-    a = whole.init(jax.random.key(0)).replace(params=qparams, state=qstate)
-    b = trainer.init(jax.random.key(0)).replace(   # own buffers: each step donates its state
-        params=jax.tree.map(jnp.copy, qparams), state=jax.tree.map(jnp.copy, qstate))
+    a = whole.init(jax.random.key(0), reuse=(qparams, qstate))
+    b = trainer.init(jax.random.key(0),   # own buffers: each step donates its state
+                     reuse=(jax.tree.map(jnp.copy, qparams), jax.tree.map(jnp.copy, qstate)))
     for _ in range(2):
         a, ma = whole.train_step(a, ids, labels)
         b, mb = trainer.train_step(b, ids, labels)

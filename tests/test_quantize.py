@@ -479,7 +479,8 @@ def test_integer_sums_are_not_trainable():
         mg.train.Trainer(model, optax.adam(1e-2), trainable="fc2/kernel_sum")
     trainer = mg.train.Trainer(model, optax.adam(1e-2), loss="mean_squared_error",
                                trainable="**/bias")
-    ts = trainer.init(jax.random.key(0))
+    params, state = mg.quantize_weights(q, *mg.compile(g).init(jax.random.key(1)))
+    ts = trainer.init(jax.random.key(0), reuse=(params, state))
     _, metrics = trainer.train_step(ts, jnp.ones((8, 16)), jnp.ones((8, 4)))
     assert np.isfinite(float(metrics["loss"]))
 
@@ -502,8 +503,7 @@ def test_qlora_trains_only_the_adapters(gpt2, tmp_path):
     # B = 0 would leave A's gradient zero in the first step.
     ap = jax.tree_util.tree_map_with_path(
         lambda p, w: w + 0.1 if ".lora_B" in jax.tree_util.keystr(p) else w, ap)
-    ts = trainer.init(jax.random.key(0))
-    ts = ts.replace(params=ap)
+    ts = trainer.init(jax.random.key(0), reuse=(ap, as_))
     before = jax.tree.map(np.asarray, ap)
     ts, metrics = trainer.train_step(ts, ids, ids)
     assert np.isfinite(float(metrics["loss"]))

@@ -102,3 +102,42 @@ def test_base_weights_a_full_fine_tuning_step_deleted_are_named_by_apply_and_reu
         adapted.init(jax.random.key(2), reuse=(own, state))
     out, _ = base.apply(params, state, IDS, inference_mode=True)  # arrays not donated: fine
     assert out.shape == (2, 8, 64)
+
+
+def test_trainer_init_with_reuse_keeps_the_base_arrays_and_draws_the_adapters_as_init(gpt2):
+    g, base, params, state = gpt2
+    adapted = mg.compile(mg.lora(g, "h.*/mlp.c_fc", rank=2))
+    trainer = mg.train.Trainer(adapted, optax.adam(1e-2), trainable="**/*.lora_*")
+    ts = trainer.init(jax.random.key(3), reuse=(params, state))
+    fresh = trainer.init(jax.random.key(3))
+    init_key, _ = jax.random.split(jax.random.key(3))  # the Trainer's split of its key
+    got, drawn = _paths(ts.params), _paths(adapted.init(init_key)[0])
+    assert set(got) == set(drawn)
+    for path, value in got.items():
+        if ".lora_" in path:  # drawn as the model's init draws them
+            np.testing.assert_array_equal(np.asarray(value), np.asarray(drawn[path]))
+        else:                 # the base model's very arrays
+            assert value is _paths(params)[path], path
+    assert set(_paths(ts.opt_state[0].mu)) == {p for p in got if ".lora_" in p}
+    assert int(ts.step) == 0 and np.array_equal(np.asarray(ts.rng), np.asarray(fresh.rng))
+    ts, metrics = trainer.train_step(ts, IDS, IDS)
+    assert np.isfinite(float(metrics["loss"]))
+    # the frozen base weights were neither donated nor copied: the base model still runs
+    out, _ = base.apply(params, state, IDS, inference_mode=True)
+    assert np.isfinite(np.asarray(out)).all()
+    with pytest.raises(mg.GraphError, match="keeps no weight"):
+        trainer.init(jax.random.key(3), reuse=({"nothing": {"kernel": np.zeros(3)}}, {}))
+
+
+def test_trainer_init_of_a_quantized_model_needs_its_stored_weights(gpt2):
+    g, _, params, state = gpt2
+    qg = mg.quantize(g, "int8_weight_only")
+    qparams, qstate = mg.quantize_weights(qg, params, state)
+    trainer = mg.train.Trainer(mg.compile(mg.lora(qg, "h.0/mlp.c_fc", rank=2)), optax.sgd(0.1),
+                               trainable="**/*.lora_*")
+    with pytest.raises(mg.GraphError, match=r"holds quantized weights \(\S+/kernel, \d+ in all\)"
+                                            r".*draws as zeros.*reuse=\(qparams, qstate\)"):
+        trainer.init(jax.random.key(0))
+    ts = trainer.init(jax.random.key(0), reuse=(qparams, qstate))
+    assert ts.params["h.0"]["mlp.c_fc"]["kernel"] is qparams["h.0"]["mlp.c_fc"]["kernel"]
+    assert ts.params["h.0"]["mlp.c_fc"]["kernel"].dtype == np.int8

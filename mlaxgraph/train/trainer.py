@@ -49,6 +49,18 @@ def _as_inputs(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
+def _given_arrays(params: Any, given: Any) -> Any:
+    """``params`` with each weight that ``given`` has at the same path, shape and dtype
+    taken from it: the very array given, not a slice of the stack made of it."""
+    if not isinstance(params, Mapping):
+        same = (isinstance(given, jax.Array) and given.shape == params.shape
+                and given.dtype == params.dtype)
+        return given if same else params
+    if not isinstance(given, Mapping):
+        return params
+    return {k: _given_arrays(v, given[k]) if k in given else v for k, v in params.items()}
+
+
 class Trainer:
     """Training for a compiled model.
 
@@ -158,6 +170,7 @@ class Trainer:
                                         () if self._taps is None else self._taps.intervene)
             self._apply_fn = make_apply(self._head.body, model.sharding, taps=self._taps)
         self.loss_scale = self._initial_loss_scale(loss_scale)
+        self._stored: tuple[str, ...] = ()  # quantized weights: values init cannot draw
         self.trainable = self._trainable_paths(trainable)
         # a scanned run's frozen layers are kept per block (compiler.indexed), unsharded,
         # on the backends where that pays
@@ -172,7 +185,8 @@ class Trainer:
         self.trace_counts: collections.Counter = collections.Counter()
         self.compiler_options = (step_compiler_options(model.program) if compiler_options is None
                                  else checked_compiler_options(compiler_options, "Trainer"))
-        self.init = jax.jit(self.init_fn)
+        self._init = jax.jit(self.init_fn)
+        self._init_optimizer = jax.jit(self._optimizer_state)
         self.train_step: Any  # TopLevelJit or FrozenStep (both have lower and trace)
         self.train_steps: Any
         options = self.compiler_options
@@ -226,6 +240,7 @@ class Trainer:
         shapes, _ = jax.eval_shape(self.model.init_fn, jax.random.key(0))
         paths = list(leaf_paths(shapes))
         self._all_paths = frozenset(paths)
+        self._stored = tuple(p for p, leaf in leaf_paths(shapes).items() if not trains(leaf.dtype))
         chosen = frozenset(path for path in paths if test(path))
         if not chosen:
             what = f"pattern {trainable!r}" if isinstance(trainable, str) else "the predicate"
@@ -258,21 +273,60 @@ class Trainer:
 
     # --- the pure functions (jitted above; usable inside a wider jitted region) -------
 
+    def init(self, key: jax.Array, reuse: Any = None) -> TrainState:
+        """A fresh TrainState: params and state from ``model.init(key, reuse=reuse)``,
+        the optimizer's state of the weights that train, step 0, and the base key of the
+        run's dropout masks.
+
+        ``reuse=(params, state)`` (the base model's weights, as ``mg.load``,
+        ``mg.models.load_state_dict`` or ``mg.quantize_weights`` give them) keeps every
+        weight of the model it has (the very arrays; a frozen weight is neither copied
+        nor donated by the steps) and draws the others (an adapter's) as the
+        model's ``init`` draws them. A model holding quantized weights needs it: their
+        values come from ``mg.quantize_weights``, and ``init`` would draw zeros.
+        """
+        if reuse is None:
+            if self._stored:
+                raise GraphError(
+                    f"Trainer.init(key): model {self.model.graph.name!r} holds quantized "
+                    f"weights ({self._stored[0]}, {len(self._stored)} in all), which init "
+                    f"draws as zeros, so training would start from an empty model; "
+                    f"give the quantized weights: trainer.init(key, reuse=(qparams, qstate)) "
+                    f"with mg.quantize_weights's result")
+            return self._init(key)
+        key = self._typed_key(key)
+        init_key, rng = jax.random.split(key)
+        params, state = self.model.init(init_key, reuse=reuse)
+        ts = self._start(params, state, rng, self._init_optimizer)
+        if self._frozen:  # layers kept per block: the arrays given one block at a time
+            ts = ts.replace(params=_given_arrays(ts.params, reuse[0]))
+        return ts
+
     def init_fn(self, key: jax.Array) -> TrainState:
-        """A fresh TrainState: params and state from ``model.init``, the optimizer's
-        state, step 0, and the base key of the run's dropout masks (as raw key data)."""
+        """``init(key)`` as a pure function (jittable; no ``reuse``)."""
+        key = self._typed_key(key)
+        init_key, rng = jax.random.split(key)
+        params, state = self.model.init_fn(init_key)
+        return self._start(params, state, rng, self._optimizer_state)
+
+    def _typed_key(self, key: jax.Array) -> jax.Array:
         if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
             key = jax.random.wrap_key_data(key)        # a legacy uint32 key
         self._key_impl = jax.random.key_impl(key)
-        init_key, rng = jax.random.split(key)
-        params, state = self.model.init_fn(init_key)
-        if self._frozen:
-            params = unstack_frozen(self.model.program, params, self._frozen)
+        return key
+
+    def _optimizer_state(self, params: Any) -> Any:
         opt_state = _standard_promotion(self.optimizer.init)(self._train_part(params))
         plan = getattr(self.model, "sharding", None)
         if plan is not None:       # moments sharded like their weights, not replicated
             opt_state = plan.shard_optimizer_state(self.optimizer, opt_state)
-        return TrainState(jnp.zeros((), jnp.int32), params, state, opt_state,
+        return opt_state
+
+    def _start(self, params: Any, state: Any, rng: jax.Array,
+               optimizer_state: Callable) -> TrainState:
+        if self._frozen:
+            params = unstack_frozen(self.model.program, params, self._frozen)
+        return TrainState(jnp.zeros((), jnp.int32), params, state, optimizer_state(params),
                           jax.random.key_data(rng), self.loss_scale)
 
     def _forward(self, params, state, inputs, rng, inference_mode: bool):
