@@ -9,8 +9,11 @@ comes first executes a notebook and the other reads it.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import pathlib
 import sys
+import threading
 
 import pytest
 
@@ -54,3 +57,40 @@ def test_notebook_runs(path: pathlib.Path, notebook_cache: pathlib.Path):
     ran = [cell for cell in executed["cells"] if cell["cell_type"] == "code"]
     assert ran and all(cell["execution_count"] is not None for cell in ran)
     assert len(executed["cells"]) == len(nbformat.read(path, as_version=4).cells)
+
+
+def test_execute_all_runs_the_free_notebooks_first_and_waits_for_the_others(tmp_path, monkeypatch):
+    """The docs site's build skips a notebook another process is running (holds its lock),
+    runs the rest, then waits for it: reading its result, not running it twice."""
+    ran = []
+
+    def fake_run(path):
+        ran.append(path.name)
+        return {"cells": [], "ran_by": "us", "name": path.name}
+
+    monkeypatch.setattr(notebook_run, "_run", fake_run)
+    paths = []
+    for name in ("a.ipynb", "b.ipynb", "c.ipynb"):
+        (tmp_path / name).write_text(json.dumps({"name": name}))
+        paths.append(tmp_path / name)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = f"b-{notebook_run.hashlib.sha256(paths[1].read_bytes()).hexdigest()[:16]}"
+    other = open(cache / f"{key}.lock", "w")  # another process, running b
+    fcntl.flock(other, fcntl.LOCK_EX)
+    # with b's lock held, a blocking wait would hang: execute_all must skip it, so run
+    # a and c first, in a thread, and finish b "in the other process" meanwhile
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(out=notebook_run.execute_all(paths, cache)))
+    thread.start()
+    for _ in range(200):
+        if ran == ["a.ipynb", "c.ipynb"]:
+            break
+        thread.join(0.05)
+    assert ran == ["a.ipynb", "c.ipynb"]  # b skipped while locked, not waited for first
+    (cache / f"{key}.ipynb").write_text(json.dumps({"cells": [], "ran_by": "other"}))
+    fcntl.flock(other, fcntl.LOCK_UN)
+    other.close()
+    thread.join(10)
+    assert [nb["ran_by"] for nb in result["out"]] == ["us", "other", "us"]
+    assert ran == ["a.ipynb", "c.ipynb"]

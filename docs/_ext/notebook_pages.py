@@ -59,8 +59,9 @@ def to_markdown(notebook: dict, name: str) -> str:
 
 
 def on_files(files, config):
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        page = to_markdown(notebook_run.execute(path, os.environ.get(notebook_run.CACHE_ENV)),
-                           path.name)
+    paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    executed = notebook_run.execute_all(paths, os.environ.get(notebook_run.CACHE_ENV))
+    for path, notebook in zip(paths, executed):
+        page = to_markdown(notebook, path.name)
         files.append(File.generated(config, f"{FOLDER}/{path.stem}.md", content=page))
     return files

@@ -2,7 +2,8 @@
 interpreter, in a scratch folder, and returns it executed (as a dict, nbformat 4).
 
 The docs site's notebook pages (``notebook_pages.py``) and the notebook tests
-(``tests/test_notebooks.py``) both run the notebooks through ``execute``. Given a
+(``tests/test_notebooks.py``) both run the notebooks through ``execute`` (the site
+all of them, ``execute_all``). Given a
 ``cache`` folder (the site build reads it from ``MLAXGRAPH_NOTEBOOK_CACHE``), a notebook
 is executed once for every process that shares the folder: a lock per notebook, the
 executed notebook kept under its name and the hash of its file. A test session gives
@@ -77,12 +78,34 @@ def execute(path: pathlib.Path, cache: str | os.PathLike | None = None) -> dict:
     A failing cell raises nbclient's ``CellExecutionError`` (nothing is kept)."""
     if cache is None:
         return _run(path)
+    executed = _shared(path, pathlib.Path(cache), wait=True)
+    assert executed is not None
+    return executed
+
+
+def execute_all(paths: list[pathlib.Path], cache: str | os.PathLike | None = None) -> list[dict]:
+    """Each of ``paths`` executed, in their order. With ``cache``, the notebooks no other
+    process is running are run (or read) first, then those another process is running
+    are waited for: two processes sharing the folder (the notebook tests run them last
+    to first) split the notebooks between them, and neither waits while one is left."""
+    if cache is None:
+        return [_run(path) for path in paths]
     folder = pathlib.Path(cache)
+    done = {path: _shared(path, folder, wait=False) for path in paths}
+    return [done[path] or execute(path, folder) for path in paths]
+
+
+def _shared(path: pathlib.Path, folder: pathlib.Path, wait: bool) -> dict | None:
+    """``path`` executed through the cache ``folder``; None without ``wait`` when
+    another process holds its lock (is running it)."""
     folder.mkdir(parents=True, exist_ok=True)
     key = f"{path.stem}-{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
     done = folder / f"{key}.ipynb"
     with open(folder / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when the process dies
+        try:  # released when closed, or when the process dies
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
         if done.exists():
             return json.loads(done.read_text())
         notebook = _run(path)
