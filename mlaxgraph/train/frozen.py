@@ -12,7 +12,7 @@ donated either: it too may be the base model's, and it is small.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -20,7 +20,7 @@ import jax
 from ..compiler.xla_options import TopLevelJit
 from .state import TrainState
 
-__all__ = ["FrozenStep"]
+__all__ = ["FrozenStep", "given_arrays"]
 
 
 def _path(keys: tuple) -> str:
@@ -122,3 +122,15 @@ class _Compiled(_Wrapped):
 
     def __call__(self, ts: TrainState, *args: Any):
         return self._step._run(self._wrapped, ts, args, static=False)
+
+
+def given_arrays(params: Any, given: Any) -> Any:
+    """``params`` with each weight that ``given`` has at the same path, shape and dtype
+    taken from it: the very array given, not a slice of the stack made of it."""
+    if not isinstance(params, Mapping):
+        same = (isinstance(given, jax.Array) and given.shape == params.shape
+                and given.dtype == params.dtype)
+        return given if same else params
+    if not isinstance(given, Mapping):
+        return params
+    return {k: given_arrays(v, given[k]) if k in given else v for k, v in params.items()}

@@ -25,7 +25,7 @@ from ..core.signatures import call_problem
 from ..core.specs import trains
 from .chunked_loss import ChunkedHead
 from .fit import fit
-from .frozen import FrozenStep
+from .frozen import FrozenStep, given_arrays
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import check_targets, resolve_loss, resolve_metrics
 from .selection import ADAPTER, combine, glob_test, subtree
@@ -47,18 +47,6 @@ def _standard_promotion(fn: Callable) -> Callable:
 
 def _as_inputs(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
-def _given_arrays(params: Any, given: Any) -> Any:
-    """``params`` with each weight that ``given`` has at the same path, shape and dtype
-    taken from it: the very array given, not a slice of the stack made of it."""
-    if not isinstance(params, Mapping):
-        same = (isinstance(given, jax.Array) and given.shape == params.shape
-                and given.dtype == params.dtype)
-        return given if same else params
-    if not isinstance(given, Mapping):
-        return params
-    return {k: _given_arrays(v, given[k]) if k in given else v for k, v in params.items()}
 
 
 class Trainer:
@@ -294,18 +282,16 @@ class Trainer:
                     f"give the quantized weights: trainer.init(key, reuse=(qparams, qstate)) "
                     f"with mg.quantize_weights's result")
             return self._init(key)
-        key = self._typed_key(key)
-        init_key, rng = jax.random.split(key)
+        init_key, rng = jax.random.split(self._typed_key(key))
         params, state = self.model.init(init_key, reuse=reuse)
         ts = self._start(params, state, rng, self._init_optimizer)
         if self._frozen:  # layers kept per block: the arrays given one block at a time
-            ts = ts.replace(params=_given_arrays(ts.params, reuse[0]))
+            ts = ts.replace(params=given_arrays(ts.params, reuse[0]))
         return ts
 
     def init_fn(self, key: jax.Array) -> TrainState:
         """``init(key)`` as a pure function (jittable; no ``reuse``)."""
-        key = self._typed_key(key)
-        init_key, rng = jax.random.split(key)
+        init_key, rng = jax.random.split(self._typed_key(key))
         params, state = self.model.init_fn(init_key)
         return self._start(params, state, rng, self._optimizer_state)
 
