@@ -463,8 +463,17 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
      mg.ConfigError, "cache_dtype must be a float dtype .* got 'bfloat61'"),
     (lambda m, p, s: mg.decoder(m, max_length=32, cache_dtype="int8"),
      mg.ConfigError, "cache_dtype must be a float dtype .* got 'int8'"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, do_sample=True,
+                                 top_p=0.9, temperature=0.7),
+     mg.ConfigError, r"generate got do_sample=True, top_p=0\.9, temperature=0\.7, which it does "
+                     r"not take: .*sampler=mg\.sampling\.Temperature\(0\.7\) \+ "
+                     r"mg\.sampling\.TopP\(0\.9\) with key="),
+    (lambda m, p, s: list(mg.generate_stream(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
+                                             num_beams=4)),
+     mg.ConfigError, "generate_stream got num_beams=4, which it does not take; it takes "
+                     "max_new_tokens, attention_mask, sampler"),
 ], ids=["int_key", "eos_out_of_vocabulary", "eos_not_int", "eos_empty_list", "pad_out_of_vocabulary",
-        "cache_dtype_typo", "cache_dtype_int"])
+        "cache_dtype_typo", "cache_dtype_int", "hugging_face_sampling", "beams"])
 def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error, message):
     model, params, state, _ = gpt2
     with pytest.raises(error, match=message):

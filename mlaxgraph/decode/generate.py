@@ -19,7 +19,7 @@ from ..ir.graph import Graph
 from .decoder import MIN_BUCKET, Cache, Decoder, _left_pad, bucket_length, decoder, prompt_positions
 from .derive import position_limit
 from .inputs import check_key, stop_ids, token_id
-from .sampling import Sampler, as_sampler
+from .sampling import Sampler, as_sampler, refuse_unknown
 
 __all__ = ["generate", "generate_stream"]
 
@@ -97,7 +97,7 @@ def _stopped(token: jax.Array, eos: jax.Array) -> jax.Array:
 def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
              max_new_tokens: int, attention_mask: Any = None, sampler: Any = "greedy",
              key: jax.Array | None = None, eos_token_id: int | Sequence[int] | None = None,
-             pad_token_id: int | None = None) -> jax.Array:
+             pad_token_id: int | None = None, **unknown: Any) -> jax.Array:
     """The prompt followed by up to ``max_new_tokens`` new tokens per row:
     ``int32 (batch, prompt + max_new_tokens)``.
 
@@ -126,7 +126,9 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
       ShapeError: no rows, an empty prompt (a row whose mask marks no token), a
         prompt longer than the decoder's ``max_length``, ``max_new_tokens`` past it,
         or token ids out of the vocabulary.
-      ConfigError: a bad sampler, a drawing one without ``key``, a key that is not a
+      ConfigError: an argument it does not take (Hugging Face's ``temperature``,
+        ``top_k``, ``top_p`` and ``do_sample`` named with the sampler that does what
+        they ask), a bad sampler, a drawing one without ``key``, a key that is not a
         JAX random key, stop or pad tokens that are not ints in the vocabulary, an
         ``attention_mask`` holding other values than 0 and 1.
 
@@ -138,6 +140,7 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
       >>> mg.generate(model, params, state, jnp.array([[1, 2, 3]]), max_new_tokens=5).shape
       (1, 8)
     """
+    refuse_unknown("generate", unknown)
     dec, given, ids, mask, new, padded, sample, eos, pad = _prepare(
         model_or_decoder, input_ids, attention_mask, max_new_tokens, sampler, key, eos_token_id,
         pad_token_id)
@@ -218,7 +221,7 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
 def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
                     max_new_tokens: int, attention_mask: Any = None, sampler: Any = "greedy",
                     key: jax.Array | None = None, eos_token_id: int | Sequence[int] | None = None,
-                    pad_token_id: int | None = None) -> Iterator[jax.Array]:
+                    pad_token_id: int | None = None, **unknown: Any) -> Iterator[jax.Array]:
     """``generate`` one token at a time: yields each step's new tokens, int32
     ``(batch,)`` (``pad_token_id`` for rows that have stopped), until every row has
     stopped or ``max_new_tokens`` were made. The same tokens as ``generate`` with the
@@ -232,6 +235,7 @@ def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: A
       ...                                      max_new_tokens=3)]
       [(1,), (1,), (1,)]
     """
+    refuse_unknown("generate_stream", unknown)
     dec, _, ids, mask, new, padded, sample, eos, pad = _prepare(
         model_or_decoder, input_ids, attention_mask, max_new_tokens, sampler, key, eos_token_id,
         pad_token_id)

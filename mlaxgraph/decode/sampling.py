@@ -134,3 +134,29 @@ def as_sampler(value: Any) -> Sampler:
         return Chain(tuple(p for v in value for p in _parts(v)))
     raise ConfigError(f"sampler must be 'greedy', an mg.sampling sampler or a list of them, "
                       f"got {value!r}")
+
+
+#: Hugging Face ``generate`` arguments that a sampler expresses, in the order its
+#: logits warpers run (temperature, then top-k, then top-p).
+_HF_SAMPLING = {"temperature": "Temperature", "top_k": "TopK", "top_p": "TopP"}
+
+
+def refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
+    """A ``ConfigError`` naming arguments ``function`` does not take; Hugging Face's
+    sampling arguments (``do_sample``, ``temperature``, ``top_k``, ``top_p``) are
+    translated into the sampler that does what they ask."""
+    if not unknown:
+        return
+    names = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
+    parts = [f"mg.sampling.{cls}({unknown[k]!r})" for k, cls in _HF_SAMPLING.items()
+             if k in unknown]
+    if parts or "do_sample" in unknown:
+        chain = " + ".join(parts) or "mg.sampling.Temperature(1.0)"
+        hint = (f": it takes sampler= (Hugging Face's do_sample/temperature/top_k/top_p), "
+                f"here sampler={chain} with key=jax.random.key(...) (the samplers run in "
+                f"the order written, as Hugging Face's; add the top_k or top_p your "
+                f"generation config sets; without a sampler, greedy)")
+    else:
+        hint = ("; it takes max_new_tokens, attention_mask, sampler, key, eos_token_id and "
+                "pad_token_id")
+    raise ConfigError(f"{function} got {names}, which it does not take{hint}")
