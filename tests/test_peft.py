@@ -251,6 +251,21 @@ def test_adapters_with_different_dropouts_are_not_saved_as_one(tmp_path):
     assert mg.lora_from_peft(g, tmp_path / "one") == one
 
 
+def test_an_adapter_the_checkpoints_layout_has_no_module_for_names_what_to_adapt(tmp_path):
+    """GPT-2's checkpoint fuses query, key and value into c_attn: an adapter of the query
+    alone has no PEFT form; the error names the projections that have one."""
+    g = mg.models.gpt2(GPT2)
+    adapted = mg.lora(g, "h.*/attn", rank=2)   # the attention's default: query and value
+    with pytest.raises(mg.SerializationError, match=(
+            r"layer 'h.0/attn.query.lora_A': .* names the attention projections qkv, out, "
+            r"not 'query'.*\(h.0/attn/qkv as c_attn, h.0/attn/out as c_proj\), "
+            r"e.g. mg.lora\(graph, 'h.0/attn/qkv', rank=...\)")):
+        mg.models.save_adapter(adapted, _zeros(adapted), tmp_path / "query")
+    with pytest.raises(mg.SerializationError, match=r"not .query.: .*mg.lora\(graph, .h.0/attn/qkv."):
+        mg.models.to_state_dict(adapted, _zeros(adapted), {}, adapter_only=True)
+    assert not (tmp_path / "query").exists()
+
+
 def test_qlora_reads_the_float_base_and_its_peft_adapter(gpt2_adapter, tmp_path):
     """A quantized graph reads a float state dict (and a PEFT folder): the float weights,
     quantized by absmax as NumPy computes it here; its adapters save under the float

@@ -33,7 +33,7 @@ from ..ops.embedding import Embedding
 from ..ops.initializers import zeros
 from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
 from .state_dict import to_state_dict
-from .torch_layout import float_name, layout_for
+from .torch_layout import float_name, layout_for, unnamed_projection
 
 __all__ = ["lora_from_peft", "save_adapter", "peft_modules"]
 
@@ -221,6 +221,10 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
         target = path[: -len(".lora_A")]
         key = modules.get(target) or modules.get(target.rpartition(".")[0] + "/" + target.rpartition(".")[2])
         if key is None:
+            owner, _, projection = target.rpartition(".")
+            if isinstance(getattr(nodes.get(owner), "op", None), MultiHeadAttention):
+                raise SerializationError("save_adapter: " + unnamed_projection(
+                    path, owner, projection, dict(layout.attention)))
             raise SerializationError(f"save_adapter: the adapter {path!r} adapts no module "
                                      f"PEFT can name")
         rank = int(node.op.features)  # type: ignore[attr-defined]

@@ -324,6 +324,17 @@ def _adapter_embedding_a_import(op, layout, theirs, shapes):
     return {"embedding": theirs["lora_embedding_A"].T}
 
 
+
+def unnamed_projection(path: str, owner: str, projection: str, names: dict[str, str]) -> str:
+    """The problem with adapter ``path`` of attention ``owner``'s ``projection``, which
+    the checkpoint's layout (its projections ``names``: ours -> its module) has no
+    module for (GPT-2 fuses query, key and value into ``c_attn``)."""
+    return (f"layer {path!r}: the state dict's layout names the attention projections "
+            f"{', '.join(names)}, not {projection!r}: its checkpoint holds no module an "
+            f"adapter of {projection!r} alone belongs to; adapt those projections "
+            f"({', '.join(f'{owner}/{k} as {v}' for k, v in names.items())}), "
+            f"e.g. mg.lora(graph, {owner + '/' + next(iter(names), '')!r}, rank=...)")
+
 def adapter_converter(path: str, module: str, ops: Mapping[str, Any],
                       layout: TorchLayout) -> tuple[str, Callable, Callable] | None:
     """For the weights of an adapter layer ``path`` (``<target>.lora_A`` or ``.lora_B``,
@@ -348,9 +359,7 @@ def adapter_converter(path: str, module: str, ops: Mapping[str, Any],
             owner_op.op_name, float_name(owner_op)):
         names = dict(layout.attention)
         if projection not in names:
-            raise SerializationError(
-                f"layer {path!r}: the state dict's layout names the attention projections "
-                f"{', '.join(names)}, not {projection!r}")
+            raise SerializationError(unnamed_projection(path, owner, projection, names))
         target_module = target_module[: -len(projection)] + names[projection]
         base_op = ops[owner]
     if base_op is None:
