@@ -657,6 +657,18 @@ def test_calibration_ids_out_of_the_vocabulary_are_refused_by_name(gpt2):
         mg.quantize_weights(qg, params, state, calibration=[ids, ids + 1000])
 
 
+def test_params_and_state_swapped_are_named(gpt2):
+    g, params, state, _ = gpt2
+    qg = mg.quantize(g, "int8")
+    with pytest.raises(mg.GraphError, match=r"layer 'wpe' \(op quantized_embedding\): params have "
+                                            r"no weights for this layer but state has them: "
+                                            r"params and state are swapped"):
+        mg.quantize_weights(qg, state, params)
+    with pytest.raises(mg.GraphError, match=r"params have no weights for this layer \(give the "
+                                            r"float model's params"):
+        mg.quantize_weights(qg, {}, {})
+
+
 def test_to_onnx_of_a_quantized_graph_is_refused_naming_the_layer_path(gpt2, tmp_path):
     g, params, state, _ = gpt2
     fg = mg.quantize(g, "float8")

@@ -121,6 +121,14 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
     return out, dict(state)
 
 
+def _has(tree: Any, keys: tuple[str, ...]) -> bool:
+    try:
+        get_in(tree, keys)
+    except (KeyError, TypeError):
+        return False
+    return True
+
+
 def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
              found: Mapping[str, Any]) -> tuple[dict, dict, list[str]]:
     """``(qparams, state, the Quantize nodes' paths)``: the float weights quantized
@@ -146,9 +154,13 @@ def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
         try:
             given = get_in(params, keys)
         except (KeyError, TypeError):
+            swapped = _has(state, keys)
             raise GraphError(node_message(
-                path, node.op.op_name, "params have no weights for this layer (give the float "
-                "model's params, unscanned: model.unstack_weights gives them)")) from None
+                path, node.op.op_name, "params have no weights for this layer " + (
+                    "but state has them: params and state are swapped (it takes "
+                    "quantize_weights(qgraph, params, state), as init gives them)" if swapped
+                    else "(give the float model's params, unscanned: model.unstack_weights "
+                    "gives them)"))) from None
         if isinstance(node.op, tuple(QUANTIZED_OPS.values())) and not _stored(given, want):
             given = _quantized(path, node, given, want, found.get(path))
         if isinstance(want, Mapping) and "kernel_sum" in want and "kernel_sum" not in given:
