@@ -44,6 +44,48 @@ def test_other_shape_errors_get_no_batch_hint():
     assert "first dim is fixed" not in str(info.value)
 
 
+def test_an_image_with_its_channels_on_the_other_side_is_named_with_the_transpose():
+    nhwc = mg.Input(("batch", 8, 6, 3), name="image")
+    model = mg.compile(mg.Graph(nhwc, ops.Conv(4, (3, 3), name="conv")(nhwc)))
+    params, state = model.init(jax.random.key(0))
+    nchw = np.ones((2, 3, 8, 6), np.float32)
+    with pytest.raises(mg.ShapeError, match=r"channels first: the graph takes them last; "
+                                            r"jnp.transpose\(x, \(0, 2, 3, 1\)\)"):
+        model.apply(params, state, nchw)
+    out, _ = model.apply(params, state, np.transpose(nchw, (0, 2, 3, 1)))  # the hint, followed
+    assert out.shape == (2, 6, 4, 4)
+    first = mg.Input(("batch", 3, 8), name="signal")   # NCW, given NWC
+    model = mg.compile(mg.Graph(first, ops.Conv(4, (3,), data_format="NCW", name="conv")(first)))
+    params, state = model.init(jax.random.key(0))
+    with pytest.raises(mg.ShapeError, match=r"channels on the other side \(first against "
+                                            r"last\): jnp.transpose\(x, \(0, 2, 1\)\)"):
+        model.apply(params, state, np.ones((2, 8, 3), np.float32))
+    with pytest.raises(mg.ShapeError, match=r"channels last: the graph takes them first; "
+                                            r"jnp.transpose\(x, \(0, 3, 1, 2\)\)"):
+        volume = mg.Input(("batch", 2, 5, 7), name="v")
+        m3 = mg.compile(mg.Graph(volume, ops.Conv(4, (3, 3), data_format="NCHW")(volume)))
+        m3.apply(*m3.init(jax.random.key(0)), np.ones((1, 5, 7, 2), np.float32))
+    with pytest.raises(mg.ShapeError) as info:   # another shape altogether: no such hint
+        model.apply(params, state, np.ones((2, 5, 8), np.float32))
+    assert "jnp.transpose(x" not in str(info.value)
+
+
+def test_one_hot_targets_for_class_ids_are_named():
+    x = mg.Input(("batch", 4), name="x")
+    trainer = mg.train.Trainer(mg.compile(mg.Graph(x, ops.Linear(3, name="logits")(x))),
+                               optax.sgd(0.1))
+    ts = trainer.init(jax.random.key(0))
+    with pytest.raises(mg.ShapeError, match=r"shaped like the output, as one-hot or soft targets "
+                                            r"are: give class ids \(targets.argmax\(-1\)\), or "
+                                            r"the loss that takes them: "
+                                            r"loss=optax.softmax_cross_entropy"):
+        trainer.eval_step(ts, jnp.ones((5, 4)), jnp.eye(3)[jnp.arange(5) % 3])
+    soft = mg.train.Trainer(trainer.model, optax.sgd(0.1), loss=optax.softmax_cross_entropy)
+    metrics = soft.eval_step(soft.init(jax.random.key(0)), jnp.ones((5, 4)),
+                             jnp.eye(3)[jnp.arange(5) % 3])
+    assert np.isfinite(float(metrics["loss"]))
+
+
 # --- checks=True --------------------------------------------------------------------------
 
 

@@ -210,6 +210,27 @@ def _fixed_batch_hint(dims: tuple, shape: tuple, graph) -> str:
             f"batch dim symbolically: mg.Input({form})")
 
 
+def _layout_hint(dims: Sequence[Any], shape: tuple) -> str:
+    """A hint when ``shape`` is the input's shape with its channels on the other side
+    (an NCHW image given to an NHWC input, or the reverse)."""
+    inner = list(dims[1:])
+    if len(dims) < 3 or len(shape) != len(dims) or not all(isinstance(d, int) for d in inner):
+        return ""
+    rank, got = len(dims), list(shape[1:])
+    if got == inner == inner[::-1]:
+        return ""
+    if rank == 3 and got == inner[::-1]:  # NCW and NWC: one swap either way
+        return (". It is the input's shape with the channels on the other side (first "
+                "against last): jnp.transpose(x, (0, 2, 1))")
+    if got == inner[-1:] + inner[:-1]:
+        return (f". It is the input's shape with the channels first: the graph takes them "
+                f"last; jnp.transpose(x, {(0, *range(2, rank), 1)})")
+    if got == inner[1:] + inner[:1]:
+        return (f". It is the input's shape with the channels last: the graph takes them "
+                f"first; jnp.transpose(x, {(0, rank - 1, *range(1, rank - 1))})")
+    return ""
+
+
 def check_inputs(graph, specs: Sequence[TensorSpec], inputs: Sequence[Any]) -> dict | None:
     """Checks the arrays given to ``apply`` against the graph's inputs; returns the
     values of the symbolic dims by name (ints, or symbolic dims when the arrays
@@ -225,7 +246,8 @@ def check_inputs(graph, specs: Sequence[TensorSpec], inputs: Sequence[Any]) -> d
         node = graph.node(name)
         if shape is None or not match_shape(spec.shape, shape, bindings):
             raise ShapeError(node_message(name, "input", "apply got an array of another shape"
-                                          + _fixed_batch_hint(spec.shape, tuple(shape or ()), graph),
+                                          + _fixed_batch_hint(spec.shape, tuple(shape or ()), graph)
+                                          + _layout_hint(spec.shape, tuple(shape or ())),
                                           got=got, expected=str(spec), source=node.source))
         if np.dtype(dtype) != spec.dtype:
             raise DTypeError(node_message(name, "input", "apply got an array of another dtype "

@@ -79,7 +79,11 @@ def check_targets(loss: str, outputs: Any, targets: Any, output_name: str) -> No
     if loss == "softmax_cross_entropy":
         if outputs.ndim < 1 or tuple(targets.shape) != tuple(outputs.shape[:-1]):
             hint = ""
-            if outputs.ndim > 2 and targets.ndim == 1:
+            if tuple(targets.shape) == tuple(outputs.shape):
+                hint = (". The targets are shaped like the output, as one-hot or soft targets "
+                        "are: give class ids (targets.argmax(-1)), or the loss that takes "
+                        "them: loss=optax.softmax_cross_entropy")
+            elif outputs.ndim > 2 and targets.ndim == 1:
                 hint = (f". The output has rank {outputs.ndim}: a layer such as Linear "
                         f"contracts only the last axis and keeps the others; flatten or pool "
                         f"before the classifier (ops.Flatten(), ops.GlobalAvgPool())")
