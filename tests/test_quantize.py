@@ -106,6 +106,36 @@ def test_int8_weights_and_outputs_equal_numpy(linear):
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, atol=1e-6)
 
 
+def test_layers_reading_one_value_read_one_quantize_node_and_equal_numpy():
+    """Llama's gate and up projections read one input: it is quantized once, and each
+    layer's output is NumPy's int8 product of that one int8 input; GPTQ rounds both with
+    the Hessian of the input they share."""
+    x = mg.Input(("batch", 64), name="x")
+    h = ops.RMSNorm(name="norm")(x)
+    gate, up = ops.Linear(32, name="gate")(h), ops.Linear(32, name="up")(h)
+    g = mg.Graph(x, [gate, up], name="two")
+    params, state = mg.compile(g).init(jax.random.key(0))
+    qg = mg.quantize(g, "int8")
+    assert [(n.name, [str(v) for v in n.inputs][:1]) for n in qg.nodes if n.op.op_name in (
+        "quantize", "quantized_linear")] == [("gate.quantize", ["%norm"]),
+                                             ("gate", ["%gate.quantize"]), ("up", ["%gate.quantize"])]
+    qp, qs = mg.quantize_weights(qg, params, state)
+    xs_ = np.asarray(jax.random.normal(jax.random.key(1), (6, 64)))
+    outs, _ = mg.compile(qg).apply(qp, qs, xs_)
+    normed = xs_ / np.sqrt(np.mean(xs_ ** 2, axis=-1, keepdims=True) + 1e-6)
+    normed = normed * np.asarray(params["norm"]["scale"])
+    xq, xscale = np_int8(normed.astype(np.float32), (1,))
+    for name, out in zip(("gate", "up"), outs):
+        q, s = np_int8(np.asarray(params[name]["kernel"]), (0,))
+        ref = (xq.astype(np.int32) @ q.astype(np.int32)).astype(np.float32) * xscale * s[0] \
+            + np.asarray(params[name]["bias"])
+        np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
+    calib = [np.asarray(jax.random.normal(jax.random.key(k), (96, 64))) for k in (2, 3)]
+    gp, _ = mg.quantize_weights(qg, params, state, calibration=calib, method="gptq")
+    for name in ("gate", "up"):   # both rounded by GPTQ, not left to absmax
+        assert not np.array_equal(np.asarray(gp[name]["kernel"]), np.asarray(qp[name]["kernel"]))
+
+
 def test_int8_after_gelu_is_asymmetric_with_a_zero_point_equal_to_numpy(linear):
     _, params, state, x = linear
     inp = mg.Input(("batch", 64), name="x")

@@ -203,7 +203,31 @@ def hessians(qgraph: Graph, params: Mapping, state: Mapping, batches: Iterable) 
     found: dict[str, dict[str, Any]] = {}
     for path, (layer, role) in wanted.items():
         found.setdefault(layer, {})[role] = np.asarray(total[path], np.float64)
+    for layer, first in _sharing(qgraph).items():  # one Quantize node read by several
+        if first in found:
+            found.setdefault(layer, {})["input"] = found[first]["input"]
     return found
+
+
+def _sharing(qgraph: Graph) -> dict[str, str]:
+    """``{layer path: path of the first layer reading the same Quantize node}`` for
+    each rounded layer after the first that reads a shared one (the probe, named after
+    the first, measures the input they share)."""
+    first: dict[str, str] = {}
+    out: dict[str, str] = {}
+    paths = dict(layer_paths(qgraph))
+    for path, node in paths.items():
+        if not (node.inputs and _rounded(node)):
+            continue
+        prefix = path.rpartition("/")[0]
+        source = (prefix + "/" if prefix else "") + node.inputs[0].node
+        if not isinstance(getattr(paths.get(source), "op", None), Quantize):
+            continue
+        if source in first:
+            out[path] = first[source]
+        else:
+            first[source] = path
+    return out
 
 
 def _warn_few_tokens(wanted: Mapping[str, tuple[str, str]], rows: Mapping[str, int],

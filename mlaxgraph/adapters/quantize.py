@@ -60,7 +60,8 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
     back into floats (the scales, the bias and the activation); with int8, one before a Linear whose
     input is the output of a one-signed activation (``ONE_SIGNED``: ReLU, GELU, SiLU
     ...) is asymmetric (``zero_point=True``: the token's range ``[min, max]`` over the
-    256 levels, a zero point as third output). An attention quantizes its projections'
+    256 levels, a zero point as third output). Layers reading one value read one
+    ``Quantize`` node (named after the first). An attention quantizes its projections'
     inputs inside it with int8 (per token), and dequantizes its kernels with the other
     schemes. A tied head (``embedding.attend``) is the same layer, quantized with it.
 
@@ -250,6 +251,11 @@ class _Quantize(Rule):
     group_size: int | None
     source: SourceInfo | None = dataclasses.field(compare=False, hash=False)
 
+    def prepare(self, graph: Graph) -> dict:
+        """The Quantize nodes made so far, by what they cast: layers reading one value
+        (Llama's gate and up projections) read one Quantize node."""
+        return {}
+
     def nested(self, node: Node) -> Rule | None:
         inner = frozenset(t[1:] for t in self.targets
                           if len(t) > 1 and t[0] in (node.name, node.layer))
@@ -267,11 +273,14 @@ class _Quantize(Rule):
             return node.replace(op=quantized)
         rank = rewrite.spec(x).rank
         axes = tuple(range(1, rank)) if isinstance(quantized, Conv) else (-1,)
-        name = rewrite.fresh(node.name + ".quantize")
         zero = (self.scheme == "int8" and isinstance(quantized, QuantizedLinear)
                 and _one_signed(rewrite, x))
-        cast = Quantize(quantized.input_dtype, axes, zero_point=zero, name=name)
-        q = rewrite.emit(Node(name, cast, (x,), (), name, self.source), infer=True)
+        q = rewrite.data.get((x, quantized.input_dtype, axes, zero))
+        if q is None:  # one cast of a value for all the layers reading it
+            name = rewrite.fresh(node.name + ".quantize")
+            cast = Quantize(quantized.input_dtype, axes, zero_point=zero, name=name)
+            q = rewrite.emit(Node(name, cast, (x,), (), name, self.source), infer=True)
+            rewrite.data[(x, quantized.input_dtype, axes, zero)] = q
         # The layer's product, then a Dequantize node: scales, bias, activation.
         activation = getattr(node.op, "activation", None)
         layer = quantized
