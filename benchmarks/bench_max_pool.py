@@ -1,7 +1,9 @@
-"""Max pooling's two formulations, side by side: ``ops.MaxPool`` as it computes (a select
+"""Pooling's two formulations, side by side: ``ops.MaxPool`` as it computes (a select
 over the window's strided slices) and as it computed before (``lax.reduce_window``,
 whose gradient is XLA's ``select_and_scatter``; every peer's form), by setting
-``mlaxgraph.ops.pooling.MAX_SLICED_TAPS`` to 0 for the second.
+``mlaxgraph.ops.pooling.MAX_SLICED_TAPS`` to 0 for the second; and ``ops.AvgPool``'s
+window sums the same two ways (a sum of slices, or ``reduce_window`` with ``add``; the
+counts without ``count_include_pad`` are a constant in both).
 
 1. The gradient of one pooling layer, jitted, for the windows the models use (median
    per call, interleaved).
@@ -36,6 +38,14 @@ LAYERS = {
         ((8, 32, 32, 64), ops.MaxPool((3, 3), strides=2, padding=((1, 1), (1, 1)))),
     "3x3 stride 1 SAME, 32 x 28 x 28 x 16": ((32, 28, 28, 16), ops.MaxPool((3, 3), strides=1,
                                                                           padding="SAME")),
+    # AvgPool's window sums (window_sum): the same switch, MAX_SLICED_TAPS
+    "AvgPool 2x2, 32 x 28 x 28 x 16": ((32, 28, 28, 16), ops.AvgPool((2, 2))),
+    "AvgPool 3x3 stride 2 SAME, 8 x 32 x 32 x 64":
+        ((8, 32, 32, 64), ops.AvgPool((3, 3), strides=2, padding="SAME")),
+    "AvgPool 3x3 stride 1 SAME, 32 x 28 x 28 x 16":
+        ((32, 28, 28, 16), ops.AvgPool((3, 3), strides=1, padding="SAME")),
+    "AvgPool 3x3 stride 1 SAME, pads not counted, 32 x 28 x 28 x 16":
+        ((32, 28, 28, 16), ops.AvgPool((3, 3), strides=1, padding="SAME", count_include_pad=False)),
 }
 
 
@@ -51,7 +61,7 @@ SLICED = pooling.MAX_SLICED_TAPS
 
 
 def layers(rounds: int) -> None:
-    print("| layer | gradient, reduce_window | gradient, slices | slices / reduce_window (95% CI) | equal |")
+    print("| layer | gradient, reduce_window | gradient, slices | slices / reduce_window (95% CI) | equal to the bit |")
     print("|---|---|---|---|---|")
     for name, (shape, layer) in LAYERS.items():
         x = jnp.maximum(jax.random.normal(jax.random.key(0), shape), 0)  # ReLU's ties

@@ -329,3 +329,27 @@ def test_max_pool_dilation_and_ceil_mode_and_its_gradient(kw):
     grad = jax.grad(lambda v: jnp.sum(model.apply(params, state, v)[0] * jnp.asarray(g.numpy())))(
         jnp.asarray(x.numpy()))
     np.testing.assert_allclose(np.asarray(grad), xt.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+                                dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
+                                     count_include_pad=False),
+                                dict(kernel_size=2, stride=2, ceil_mode=True),
+                                dict(kernel_size=3, stride=1, padding=1, count_include_pad=False)])
+def test_avg_pool_ceil_mode_and_count_include_pad_and_its_gradient(kw):
+    """AvgPool2d's ceil_mode (the room it adds never counts) and count_include_pad as
+    PyTorch pools, and the gradient PyTorch gives."""
+    torch.manual_seed(0)
+    module = nn.AvgPool2d(**kw).eval()
+    x = torch.randn(2, 3, 10, 11)
+    graph, params, state = mg.from_torch(module, (x,))
+    model = mg.compile(graph)
+    ours = np.asarray(model.apply(params, state, jnp.asarray(x.numpy()))[0])
+    theirs = module(x)
+    np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=1e-6, atol=1e-6)
+    g = torch.randn(theirs.shape)
+    xt = x.clone().requires_grad_(True)
+    (module(xt) * g).sum().backward()
+    grad = jax.grad(lambda v: jnp.sum(model.apply(params, state, v)[0] * jnp.asarray(g.numpy())))(
+        jnp.asarray(x.numpy()))
+    np.testing.assert_allclose(np.asarray(grad), xt.grad.numpy(), rtol=1e-6, atol=1e-6)

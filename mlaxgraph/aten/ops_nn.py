@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..ops.flops import size
-from ..ops.pooling import ceil_mode_extra, window_max
+from ..ops.pooling import ceil_mode_extra, window_max, window_mean, window_sum
 from .layer import define
 
 
@@ -100,14 +100,14 @@ def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fa
 def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
     k, s, p = _pool_window(x, kernel_size, stride, padding, 2)
-    pads = [(0, 0), (0, 0)] + [(pi, pi) for pi in p]
-    total = lax.reduce_window(x, 0.0, lax.add, (1, 1) + k, (1, 1) + s, pads)
+    # ceil_mode: room on the right for a last window starting inside the (padded) input
+    pads = [(pi, pi + (ceil_mode_extra(n, pi, pi, ki, si) if ceil_mode else 0))
+            for n, ki, si, pi in zip(x.shape[2:], k, s, p)]
     if divisor_override:
-        return total / divisor_override
-    if count_include_pad:
-        return total / (k[0] * k[1])
-    ones = jnp.ones((1, 1) + x.shape[2:], x.dtype)
-    return total / lax.reduce_window(ones, 0.0, lax.add, (1, 1) + k, (1, 1) + s, pads)
+        return window_sum(x, k, s, pads, (2, 3)) / divisor_override
+    # the taps each window counts: with count_include_pad the padding, not ceil_mode's room
+    return window_mean(x, k, s, pads, (2, 3),
+                       counted=[(pi, pi) for pi in p] if count_include_pad else None)
 
 
 @define("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default", flops="input")

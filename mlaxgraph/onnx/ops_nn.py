@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 from ..ops.flops import size
-from ..ops.pooling import ceil_mode_extra, window_max
+from ..ops.pooling import ceil_mode_extra, window_max, window_mean, window_sum
 from .dtypes import int64, to_dtype
 from .layer import define
 
@@ -108,7 +108,7 @@ def _conv_transpose(a, x, w, b=None):
     return out
 
 
-def _pool(a, x, init, op, average=False, p=None):
+def _pool(a, x, op, average=False, p=None):
     nd = x.ndim - 2
     kernel = tuple(a["kernel_shape"])
     strides = tuple(a.get("strides") or (1,) * nd)
@@ -119,27 +119,14 @@ def _pool(a, x, init, op, average=False, p=None):
                 for (lo, hi), n, k, s, d in zip(pads, x.shape[2:], kernel, strides, dilations)]
     if op is lax.max:
         return window_max(x, kernel, strides, pads, range(2, 2 + nd), dilations)
-    window, step = (1, 1) + kernel, (1, 1) + strides
-    dil, full = (1, 1) + dilations, [(0, 0), (0, 0)] + pads
+    if average:  # the taps each window counts: with count_include_pad the explicit
+        # padding, the room ceil_mode adds never
+        include = bool(a.get("count_include_pad", 0))
+        return window_mean(x, kernel, strides, pads, range(2, 2 + nd), dilations,
+                           counted=explicit if include else None).astype(x.dtype)
     y = x if p is None else jnp.abs(x) ** p
-    out = lax.reduce_window(y, jnp.asarray(init, x.dtype), op, window, step, full,
-                            window_dilation=dil)
-    if p is not None:
-        return (out ** (1.0 / p)).astype(x.dtype)
-    if not average:
-        return out
-    # the taps each window counts, per dim (a box window's count is their product),
-    # computed now: the shapes are static. With count_include_pad the explicit padding
-    # counts, the room ceil_mode adds does not.
-    include = bool(a.get("count_include_pad", 0))
-    counts = np.ones((), np.float64)
-    for n, (lo, _), (e_lo, e_hi), k, st, d, m in zip(x.shape[2:], pads, explicit, kernel,
-                                                      strides, dilations, out.shape[2:]):
-        first, last = (-e_lo, n + e_hi) if include else (0, n)
-        taps = np.arange(m)[:, None] * st - lo + np.arange(k)[None, :] * d
-        per_dim = ((taps >= first) & (taps < last)).sum(-1)
-        counts = np.multiply.outer(counts, per_dim)
-    return (out / jnp.asarray(counts, out.dtype)).astype(x.dtype)
+    out = window_sum(y, kernel, strides, pads, range(2, 2 + nd), dilations)
+    return out if p is None else (out ** (1.0 / p)).astype(x.dtype)
 
 
 def _pool_flops(inputs, outputs, a):
@@ -148,7 +135,7 @@ def _pool_flops(inputs, outputs, a):
 
 @define("MaxPool", flops=_pool_flops)
 def _max_pool(a, x):
-    out = _pool(a, x, None, lax.max)  # window_max pads with the dtype's lowest value
+    out = _pool(a, x, lax.max)  # window_max pads with the dtype's lowest value
     if a.outputs > 1:
         return out, _max_pool_indices(a, x, out)
     return out
@@ -183,12 +170,12 @@ def _max_pool_indices(a, x, out):
 
 @define("AveragePool", flops=_pool_flops)
 def _average_pool(a, x):
-    return _pool(a, x, 0, lax.add, average=True)
+    return _pool(a, x, lax.add, average=True)
 
 
 @define("LpPool", flops=_pool_flops)
 def _lp_pool(a, x):
-    return _pool(a, x, 0, lax.add, p=a.get("p", 2))
+    return _pool(a, x, lax.add, p=a.get("p", 2))
 
 
 define("GlobalAveragePool", flops="input")(
