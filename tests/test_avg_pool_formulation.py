@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
+from _pooling import pads as _pads
+from _pooling import pool as _pool
 
 import mlaxgraph as mg
 from mlaxgraph import ops
@@ -64,17 +65,6 @@ def reference(x, g, window, strides, pads, count_include_pad, channels_last=True
     if not channels_last:
         y, y_abs, dx, dx_abs = (np.moveaxis(a, -1, 1) for a in (y, y_abs, dx, dx_abs))
     return y, y_abs, dx, dx_abs
-
-
-def _pads(layer, shape):
-    spatial = shape[1:-1] if layer.channels_last else shape[2:]
-    if isinstance(layer.padding, str):
-        return lax.padtype_to_pads(spatial, layer.window, layer.strides, layer.padding)
-    return list(layer.padding)
-
-
-def _pool(layer, x):
-    return layer.apply({}, {}, (x,), rng=None, inference_mode=False)[0][0]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -8,8 +8,9 @@ reference exactly. Each input's gradient is the sum of the output gradients of t
 windows whose first maximum it is (row-major order within a window, as
 ``select_and_scatter`` and PyTorch choose); with non-overlapping windows that is one
 value, exact; with overlapping ones a float32 sum of at most ``taps`` values, within
-``taps * eps * sum |g|`` of the float64 sum (eps = float32's machine epsilon). Against ``reduce_window`` the outputs and gradients are
-equal to the bit, ties, NaNs, bfloat16 and integers included.
+``taps * eps * sum |g|`` of the float64 sum (eps = float32's machine epsilon). Against
+``reduce_window`` the outputs and gradients are equal to the bit, ties, NaNs, bfloat16
+and integers included.
 """
 
 import itertools
@@ -18,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _pooling import pads as _pads
+from _pooling import pool as _pool
 from jax import lax
 
 import mlaxgraph as mg
@@ -64,17 +67,6 @@ def reference(x, g, window, strides, pads, channels_last=True):
     if not channels_last:
         y, dx, dx_abs = (np.moveaxis(a, -1, 1) for a in (y, dx, dx_abs))
     return y, dx, dx_abs
-
-
-def _pads(layer, shape):
-    spatial = shape[1:-1] if layer.channels_last else shape[2:]
-    if isinstance(layer.padding, str):
-        return lax.padtype_to_pads(spatial, layer.window, layer.strides, layer.padding)
-    return list(layer.padding)
-
-
-def _pool(layer, x):
-    return layer.apply({}, {}, (x,), rng=None, inference_mode=False)[0][0]
 
 
 def _reduce_window(layer, x):
@@ -168,4 +160,4 @@ def test_symbolic_dims_and_large_windows_keep_reduce_window():
     x = jax.random.normal(jax.random.key(7), (5, 8, 8, 3))
     np.testing.assert_array_equal(np.asarray(exported.call(params, state, x)[0]),
                                   np.asarray(model.apply(params, state, x)[0]))
-    assert not ops.MaxPool((2, 2))._by_slices((mg.Input(("b", "h", 8, 3)).spec.shape))
+    assert not ops.MaxPool((2, 2))._by_slices(mg.Input(("b", "h", 8, 3)).spec.shape)

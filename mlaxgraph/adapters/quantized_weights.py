@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..compiler.compile import compile
-from ..compiler.program import get_in, leaf_paths, set_in
+from ..compiler.program import get_in, has_in, leaf_paths, set_in
 from ..core.errors import ConfigError, GraphError, node_message
 from ..decode.inputs import check_vocabulary
 from ..ir.graph import Graph
@@ -121,13 +121,6 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
     return out, dict(state)
 
 
-def _has(tree: Any, keys: tuple[str, ...]) -> bool:
-    try:
-        get_in(tree, keys)
-    except (KeyError, TypeError):
-        return False
-    return True
-
 
 def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
              found: Mapping[str, Any]) -> tuple[dict, dict, list[str]]:
@@ -154,7 +147,7 @@ def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
         try:
             given = get_in(params, keys)
         except (KeyError, TypeError):
-            swapped = _has(state, keys)
+            swapped = has_in(state, keys)
             raise GraphError(node_message(
                 path, node.op.op_name, "params have no weights for this layer " + (
                     "but state has them: params and state are swapped (it takes "

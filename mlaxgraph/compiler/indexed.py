@@ -29,7 +29,7 @@ from jax import lax
 
 from ..core.errors import GraphError
 from ..core.specs import flatten_specs
-from .program import Program, ScanStep, Step, get_in, set_in
+from .program import Program, ScanStep, Step, get_in, has_in, set_in
 
 __all__ = ["indexed_apply", "per_block_layers", "unstack_frozen", "MIN_PER_BLOCK_BYTES",
            "PER_BLOCK_OPS", "PER_BLOCK_BACKENDS"]
@@ -120,7 +120,7 @@ def per_block_layers(scan: ScanStep, params: Any) -> dict[tuple[str, ...], tuple
         stacked = {}
     found: dict[tuple[str, ...], tuple] = {}
     for step in scan.body.owners():
-        if isinstance(step, ScanStep) or not step.param_specs or _has(stacked, step.weights):
+        if isinstance(step, ScanStep) or not step.param_specs or has_in(stacked, step.weights):
             continue
         blocks = []
         for name in scan.blocks:
@@ -132,13 +132,6 @@ def per_block_layers(scan: ScanStep, params: Any) -> dict[tuple[str, ...], tuple
             found[step.weights] = tuple(blocks)
     return found
 
-
-def _has(tree: Any, keys: tuple[str, ...]) -> bool:
-    try:
-        get_in(tree, keys)
-    except (KeyError, TypeError, IndexError):
-        return False
-    return True
 
 
 def _qualifies(scan: ScanStep, step: Step, frozen: frozenset[str]) -> bool:
@@ -173,7 +166,7 @@ def unstack_frozen(program: Program, params: Mapping, frozen: frozenset[str]) ->
             continue
         parent = scan.weights[:-1]
         for step in scan.body.owners():
-            if not _qualifies(scan, step, frozen) or not _has(out, scan.weights + step.weights):
+            if not _qualifies(scan, step, frozen) or not has_in(out, scan.weights + step.weights):
                 continue
             stacked = get_in(out, scan.weights + step.weights)
             out = _without(out, scan.weights + step.weights)

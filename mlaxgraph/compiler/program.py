@@ -258,6 +258,15 @@ def get_in(tree: Any, keys: tuple[str, ...]) -> Any:
     return tree
 
 
+
+def has_in(tree: Any, keys: tuple[str, ...]) -> bool:
+    """Whether ``tree[k0][k1]...`` exists."""
+    try:
+        get_in(tree, keys)
+    except (KeyError, TypeError, IndexError):
+        return False
+    return True
+
 def set_in(tree: Mapping, keys: tuple[str, ...], value: Any) -> dict:
     """A copy of ``tree`` with ``value`` at ``keys`` (the dicts along the way copied,
     the rest shared)."""

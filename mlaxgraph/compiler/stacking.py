@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from ..core.errors import GraphError
-from .program import Program, ScanStep, Step, get_in, set_in
+from .program import Program, ScanStep, Step, get_in, has_in, set_in
 
 __all__ = ["stack_weights", "unstack_weights"]
 
@@ -32,21 +32,14 @@ def _names(step: ScanStep) -> tuple[str, ...]:
     return step.blocks
 
 
-def _has(tree: Mapping, keys: tuple[str, ...]) -> bool:
-    try:
-        get_in(tree, keys)
-    except (KeyError, TypeError):
-        return False
-    return True
-
 
 def _holds_blocks(tree: Any, step: ScanStep) -> bool:
     parent = step.weights[:-1]
-    return isinstance(tree, Mapping) and all(_has(tree, parent + (n,)) for n in _names(step))
+    return isinstance(tree, Mapping) and all(has_in(tree, parent + (n,)) for n in _names(step))
 
 
 def _holds_stack(tree: Any, step: Step) -> bool:
-    return isinstance(tree, Mapping) and _has(tree, step.weights)
+    return isinstance(tree, Mapping) and has_in(tree, step.weights)
 
 
 def _merged(old: Any, new: Any) -> Any:
