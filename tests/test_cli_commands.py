@@ -182,6 +182,8 @@ def test_a_builder_in_a_python_file(run):
     (["hlo", "cnn.mlg", "--batch", "two"], "argument --batch: not an integer: 'two'"),
     (["hlo", "cnn.mlg", "--batch", "2", "--dim", "length=3"], "has no symbolic dim 'length'"),
     (["cost", "cnn.mlg", "--batch", "2", "--policy", "int8"], "unknown policy 'int8'"),
+    (["cost", "cnn.mlg", "--batch", "2", "--policy", "bf16"],
+     "unknown policy 'bf16' (did you mean 'bfloat16'?)"),
     (["cost"], "the following arguments are required: MODEL"),
     (["cost", "cnn.mlg", "--batch", "2", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["summary", "cnn.mlg", "--out", "no/such/folder/x.txt"], "no such folder"),

@@ -79,7 +79,10 @@ class Policy:
         """
         key = str(name).lower().removeprefix("mixed_")
         if key not in ("float32", "bfloat16", "float16"):
-            raise DTypeError(f"unknown policy {name!r}: use float32, bfloat16 or float16")
+            short = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "half": "float16",
+                     "fp32": "float32", "f32": "float32"}.get(key)
+            hint = f" (did you mean {short!r}?)" if short else ""
+            raise DTypeError(f"unknown policy {name!r}{hint}: use float32, bfloat16 or float16")
         return cls(compute_dtype=key)
 
     def __repr__(self) -> str:
