@@ -214,15 +214,6 @@ class _Pool(Layer):
         """``window - 1`` per output element: XLA's count of a reduce_window."""
         return size(outputs[0]) * (size(self.window) - 1)
 
-    def _reduce(self, x, init, op):
-        if self.channels_last:
-            window, strides = (1, *self.window, 1), (1, *self.strides, 1)
-            padding = self.padding if isinstance(self.padding, str) else ((0, 0), *self.padding, (0, 0))
-        else:
-            window, strides = (1, 1, *self.window), (1, 1, *self.strides)
-            padding = self.padding if isinstance(self.padding, str) else ((0, 0), (0, 0), *self.padding)
-        return lax.reduce_window(x, init, op, window, strides, padding)
-
 
 @register("max_pool")
 @dataclasses.dataclass(frozen=True)
