@@ -275,12 +275,13 @@ class _Quantize(Rule):
         axes = tuple(range(1, rank)) if isinstance(quantized, Conv) else (-1,)
         zero = (self.scheme == "int8" and isinstance(quantized, QuantizedLinear)
                 and _one_signed(rewrite, x))
-        q = rewrite.data.get((x, quantized.input_dtype, axes, zero))
+        cast_of = (x, quantized.input_dtype, axes, zero)
+        q = rewrite.data.get(cast_of)
         if q is None:  # one cast of a value for all the layers reading it
             name = rewrite.fresh(node.name + ".quantize")
             cast = Quantize(quantized.input_dtype, axes, zero_point=zero, name=name)
-            q = rewrite.emit(Node(name, cast, (x,), (), name, self.source), infer=True)
-            rewrite.data[(x, quantized.input_dtype, axes, zero)] = q
+            q = rewrite.data[cast_of] = rewrite.emit(Node(name, cast, (x,), (), name, self.source),
+                                                     infer=True)
         # The layer's product, then a Dequantize node: scales, bias, activation.
         activation = getattr(node.op, "activation", None)
         layer = quantized

@@ -142,10 +142,10 @@ def window_mean(x, window, strides, pads, axes, dilation=None, counted=None):
     slower than ``reduce_window``'s (benchmarks/RESULTS.md, section 14)."""
     extents = [x.shape[a] for a in axes]
     counts = window_counts(extents, window, strides, pads, dilation, counted)
-    if counts.size and np.all(counts == counts.flat[0]):
-        total = window_sum(x, window, strides, pads, axes, dilation)
+    uniform = bool(np.all(counts == counts.flat[0]))
+    total = window_sum(x, window, strides, pads, axes, dilation, by_slices=uniform)
+    if uniform:
         return total / jnp.asarray(counts.flat[0], x.dtype)
-    total = window_sum(x, window, strides, pads, axes, dilation, by_slices=False)
     shape = [1] * x.ndim
     for a, n in zip(axes, counts.shape):
         shape[a] = n
