@@ -432,6 +432,15 @@ def test_step_checks_its_ids_and_refuses_a_consumed_cache(gpt2):
                                rtol=1e-4, atol=1e-4)
 
 
+def test_max_length_counts_the_prompt_as_hugging_faces_does(gpt2):
+    model, params, state, ids = gpt2  # 6 prompt tokens
+    by_count = np.asarray(mg.generate(model, params, state, ids, max_new_tokens=4))
+    by_length = np.asarray(mg.generate(model, params, state, ids, max_length=10))
+    assert by_length.shape == (2, 10) and by_length.tolist() == by_count.tolist()
+    streamed = list(mg.generate_stream(model, params, state, ids, max_length=10))
+    assert np.stack(streamed, 1).tolist() == by_count[:, 6:].tolist()
+
+
 def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
     model, params, state, ids = gpt2
     free = np.asarray(mg.generate(model, params, state, ids, max_new_tokens=10))
@@ -471,9 +480,18 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
     (lambda m, p, s: list(mg.generate_stream(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
                                              num_beams=4)),
      mg.ConfigError, "generate_stream got num_beams=4, which it does not take; it takes "
-                     "max_new_tokens, attention_mask, sampler"),
+                     r"max_new_tokens \(or max_length\), attention_mask, sampler"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]])),
+     mg.ConfigError, r"generate needs max_new_tokens \(the new tokens per row\) or max_length"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=3, max_length=5),
+     mg.ConfigError, r"got max_new_tokens=3 and max_length=5: give one \(max_length counts the "
+                     r"prompt's 2 tokens too\)"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2, 3]]), max_length=3),
+     mg.ConfigError, r"max_length counts the prompt's 3 tokens and the new ones, so it must be "
+                     r"an int > 3, got 3"),
 ], ids=["int_key", "eos_out_of_vocabulary", "eos_not_int", "eos_empty_list", "pad_out_of_vocabulary",
-        "cache_dtype_typo", "cache_dtype_int", "hugging_face_sampling", "beams"])
+        "cache_dtype_typo", "cache_dtype_int", "hugging_face_sampling", "beams", "no_length",
+        "both_lengths", "max_length_within_the_prompt"])
 def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error, message):
     model, params, state, _ = gpt2
     with pytest.raises(error, match=message):

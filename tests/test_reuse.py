@@ -95,7 +95,7 @@ def test_base_weights_a_full_fine_tuning_step_deleted_are_named_by_apply_and_reu
     p2, s2 = adapted.init(jax.random.key(1), reuse=(own, state))
     trainer = mg.train.Trainer(adapted, optax.sgd(0.1))  # every weight trains: all donated
     trainer.train_step(trainer.init(jax.random.key(0)).replace(params=p2, state=s2), IDS, IDS)
-    with pytest.raises(mg.GraphError, match=r"apply: weight h\.0/\S+ was deleted: .*"
+    with pytest.raises(mg.GraphError, match=r"apply: params\['h\.0'\]\S+ was deleted: .*"
                                             r"Trainer\(trainable=\.\.\.\)"):
         base.apply(own, state, IDS, inference_mode=True)
     with pytest.raises(mg.GraphError, match=r"weight h\.0/.* of reuse was deleted"):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from ..compiler.program import get_in, set_in
+from ..core.donated import refuse_deleted
 from ..core.errors import GraphError
 from ..ir.graph import Graph
 from ..ir.node import Node, Value
@@ -149,6 +150,7 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
       >>> merged == g, sorted(merged_params)
       (True, ['fc'])
     """
+    refuse_deleted("merge_lora", params=params)
     if not isinstance(graph, Graph):
         raise GraphError(f"merge_lora works on a Graph, got {type(graph).__name__}")
     if not isinstance(params, Mapping):

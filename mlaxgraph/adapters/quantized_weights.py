@@ -13,6 +13,7 @@ import numpy as np
 
 from ..compiler.compile import compile
 from ..compiler.program import get_in, has_in, leaf_paths, set_in
+from ..core.donated import refuse_deleted
 from ..core.errors import ConfigError, GraphError, node_message
 from ..decode.inputs import check_vocabulary
 from ..ir.graph import Graph
@@ -73,6 +74,7 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
       >>> jax.tree.map(lambda w: (w.dtype.name, w.shape), qparams)
       {'fc': {'bias': ('float32', (16,)), 'kernel': ('int8', (8, 16)), 'kernel_scale': ('float32', (16,))}}
     """
+    refuse_deleted("quantize_weights", params=params, state=state)
     if not isinstance(qgraph, Graph):
         raise GraphError(f"quantize_weights works on a Graph, got {type(qgraph).__name__}")
     if not isinstance(params, Mapping):

@@ -16,8 +16,8 @@ from typing import Any
 
 import jax
 
+from ..core.donated import reraise_deleted
 from ..core.errors import GraphError
-from .reuse import deleted_weight
 from .taps import Taps
 
 __all__ = ["model_apply"]
@@ -79,17 +79,9 @@ def model_apply(plain: Callable, make: Callable[[Taps, tuple], Callable]) -> Cal
             if keywords.keys() <= _PLAIN:
                 return plain(params, state, *inputs, **keywords)
             return tapped_call(params, state, *inputs, **keywords)
-        except RuntimeError as e:
-            path = deleted_weight(params, state)
-            if path is None:
-                raise
-            raise GraphError(
-                f"apply: weight {path} was deleted: a jitted function it was donated to took "
-                f"its buffer (a Trainer step donates the train state it is given; init(key, "
-                f"reuse=...) gives an adapted model the base model's very arrays). Use the "
-                f"params the step returned, train an adapted model with Trainer(trainable=...) "
-                f"(frozen weights are not donated), or give the Trainer a copy "
-                f"(jax.tree.map(jnp.copy, params))") from e
+        except (RuntimeError, ValueError) as e:
+            reraise_deleted(e, "apply", params=params, state=state)
+            raise
 
     for name in _JIT_ATTRIBUTES:
         if hasattr(plain, name):

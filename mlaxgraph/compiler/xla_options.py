@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from ..core.donated import reraise_deleted
 from ..core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -108,16 +109,20 @@ class TopLevelJit:
     call to the jit without them (whose trace counts once more, the first time)."""
 
     def __init__(self, fn: Callable, compiler_options: Mapping[str, Any] | None,
-                 **jit_kwargs: Any):
+                 name: str | None = None, argnames: tuple[str, ...] = (), **jit_kwargs: Any):
         self._plain = jax.jit(fn, **jit_kwargs)
         self._top = (jax.jit(fn, compiler_options=dict(compiler_options), **jit_kwargs)
                      if compiler_options else self._plain)
+        # given: a failed call whose arguments hold a deleted (donated) array names it
+        self._name, self._argnames = name, argnames
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self._top(*args, **kwargs)
-        except ValueError as e:
+        except (ValueError, RuntimeError) as e:
             if self._top is self._plain or "top-level" not in str(e):
+                if self._name is not None:
+                    reraise_deleted(e, self._name, **dict(zip(self._argnames, args)), **kwargs)
                 raise
         return self._plain(*args, **kwargs)
 

@@ -15,6 +15,7 @@ from ..compiler.compile import CompiledModel, compile
 from ..compiler.passes.fold_repeated_blocks import repeated_runs
 from ..compiler.policy import Policy
 from ..compiler.program import Program, ScanStep, get_in, set_in
+from ..core.donated import reraise_deleted
 from ..core.errors import ConfigError, GraphError, ShapeError, ShardingError
 from ..ir.graph import Graph
 from ..ops.cached_attention import CachedAttention
@@ -243,7 +244,12 @@ class Decoder:
         padded = bucket_length(seq, self.max_length - room)
         ids_p, mask_p = _left_pad(ids, mask, padded)
         batch = ids.shape[0]
-        logits, cache = self._jit("prefill", batch)(params, state, self.empty_cache(batch), ids_p, mask_p)
+        try:
+            logits, cache = self._jit("prefill", batch)(params, state, self.empty_cache(batch),
+                                                        ids_p, mask_p)
+        except (RuntimeError, ValueError) as e:
+            reraise_deleted(e, "prefill", params=params, state=state)
+            raise
         return logits[:, padded - seq:], dataclasses.replace(cache, filled=padded)
 
     def step(self, params: Any, state: Any, cache: Cache, token_ids: Any):
@@ -262,7 +268,11 @@ class Decoder:
                              f"slots used, {ids.shape[1]} more asked; make the decoder with a "
                              f"larger max_length")
         traced = dataclasses.replace(cache, filled=0)  # static: the host's count stays out of jit
-        logits, new = self._jit("step", ids.shape[0])(params, state, traced, ids)
+        try:
+            logits, new = self._jit("step", ids.shape[0])(params, state, traced, ids)
+        except (RuntimeError, ValueError) as e:
+            reraise_deleted(e, "step", params=params, state=state)
+            raise
         return logits, dataclasses.replace(new, filled=cache.filled + ids.shape[1])
 
     def _prompt(self, input_ids: Any, attention_mask: Any) -> tuple[jax.Array, jax.Array]:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..compiler.compile import CompiledModel
+from ..core.donated import reraise_deleted
 from ..core.errors import ConfigError, GraphError, ShapeError
 from ..ir.graph import Graph
 from .decoder import MIN_BUCKET, Cache, Decoder, _left_pad, bucket_length, decoder, prompt_positions
@@ -60,17 +61,35 @@ def _decoder_for(source: Any, prompt: int, new: int) -> Decoder:
     return made[length]
 
 
-def _check_new(max_new_tokens: Any) -> int:
-    if (not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool)
-            or max_new_tokens < 0):
-        raise ConfigError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    return int(max_new_tokens)
+def _is_count(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
 
 
-def _prepare(source, input_ids, attention_mask, max_new_tokens, sampler, key, eos_token_id,
-             pad_token_id):
-    new = _check_new(max_new_tokens)
+def _new_tokens(max_new_tokens: Any, max_length: Any, prompt: int) -> int:
+    """The new tokens per row: ``max_new_tokens``, or Hugging Face's ``max_length``
+    (the prompt's columns and the new tokens together) less the prompt's columns."""
+    if max_length is None:
+        if max_new_tokens is None:
+            raise ConfigError("generate needs max_new_tokens (the new tokens per row) or "
+                              "max_length (Hugging Face's: the prompt's length and them)")
+        if not _is_count(max_new_tokens):
+            raise ConfigError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        return int(max_new_tokens)
+    if max_new_tokens is not None:
+        raise ConfigError(f"generate got max_new_tokens={max_new_tokens!r} and "
+                          f"max_length={max_length!r}: give one (max_length counts the "
+                          f"prompt's {prompt} tokens too)")
+    if not _is_count(max_length) or max_length <= prompt:
+        raise ConfigError(f"max_length counts the prompt's {prompt} tokens and the new ones, "
+                          f"so it must be an int > {prompt}, got {max_length!r} (or give "
+                          f"max_new_tokens)")
+    return int(max_length) - prompt
+
+
+def _prepare(source, input_ids, attention_mask, max_new_tokens, max_length, sampler, key,
+             eos_token_id, pad_token_id):
     prompt = int(np.shape(input_ids)[1]) if np.ndim(input_ids) == 2 else 0
+    new = _new_tokens(max_new_tokens, max_length, prompt)
     dec = _decoder_for(source, prompt, new)
     ids, mask = dec._prompt(input_ids, attention_mask)
     seq = ids.shape[1]
@@ -95,9 +114,10 @@ def _stopped(token: jax.Array, eos: jax.Array) -> jax.Array:
 
 
 def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
-             max_new_tokens: int, attention_mask: Any = None, sampler: Any = "greedy",
-             key: jax.Array | None = None, eos_token_id: int | Sequence[int] | None = None,
-             pad_token_id: int | None = None, **unknown: Any) -> jax.Array:
+             max_new_tokens: int | None = None, attention_mask: Any = None,
+             sampler: Any = "greedy", key: jax.Array | None = None,
+             eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
+             max_length: int | None = None, **unknown: Any) -> jax.Array:
     """The prompt followed by up to ``max_new_tokens`` new tokens per row:
     ``int32 (batch, prompt + max_new_tokens)``.
 
@@ -113,6 +133,8 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
         row is aligned to the right before it runs, so each row generates what it
         generates alone; the prompt is given back as it came.
       max_new_tokens: the new tokens per row.
+      max_length: instead of ``max_new_tokens``, as Hugging Face's: the prompt's
+        columns (``input_ids.shape[1]``, padding included) and the new tokens together.
       sampler: ``"greedy"``, an ``mg.sampling`` sampler or a list of them.
       key: the random key of a drawing sampler, ``jax.random.key(...)`` (step ``i``
         uses ``fold_in(key, i)``).
@@ -142,15 +164,19 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
     """
     refuse_unknown("generate", unknown)
     dec, given, ids, mask, new, padded, sample, eos, pad = _prepare(
-        model_or_decoder, input_ids, attention_mask, max_new_tokens, sampler, key, eos_token_id,
-        pad_token_id)
+        model_or_decoder, input_ids, attention_mask, max_new_tokens, max_length, sampler, key,
+        eos_token_id, pad_token_id)
     if new == 0:
         return given
     ids_p, mask_p = _left_pad(ids, mask, padded)
     run = _loop(dec, ids.shape[0], padded, sample)
-    tokens = run(params, state, ids_p, mask_p,
-                 jnp.asarray(new, jnp.int32), jax.random.key(0) if key is None else key,
-                 eos, jnp.asarray(pad, jnp.int32))
+    try:
+        tokens = run(params, state, ids_p, mask_p,
+                     jnp.asarray(new, jnp.int32), jax.random.key(0) if key is None else key,
+                     eos, jnp.asarray(pad, jnp.int32))
+    except (RuntimeError, ValueError) as e:
+        reraise_deleted(e, "generate", params=params, state=state)
+        raise
     return jnp.concatenate([given, tokens[:, :new]], axis=1)
 
 
@@ -219,9 +245,11 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
 
 
 def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
-                    max_new_tokens: int, attention_mask: Any = None, sampler: Any = "greedy",
-                    key: jax.Array | None = None, eos_token_id: int | Sequence[int] | None = None,
-                    pad_token_id: int | None = None, **unknown: Any) -> Iterator[jax.Array]:
+                    max_new_tokens: int | None = None, attention_mask: Any = None,
+                    sampler: Any = "greedy", key: jax.Array | None = None,
+                    eos_token_id: int | Sequence[int] | None = None,
+                    pad_token_id: int | None = None, max_length: int | None = None,
+                    **unknown: Any) -> Iterator[jax.Array]:
     """``generate`` one token at a time: yields each step's new tokens, int32
     ``(batch,)`` (``pad_token_id`` for rows that have stopped), until every row has
     stopped or ``max_new_tokens`` were made. The same tokens as ``generate`` with the
@@ -237,8 +265,8 @@ def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: A
     """
     refuse_unknown("generate_stream", unknown)
     dec, _, ids, mask, new, padded, sample, eos, pad = _prepare(
-        model_or_decoder, input_ids, attention_mask, max_new_tokens, sampler, key, eos_token_id,
-        pad_token_id)
+        model_or_decoder, input_ids, attention_mask, max_new_tokens, max_length, sampler, key,
+        eos_token_id, pad_token_id)
     if new == 0:
         return
     key = jax.random.key(0) if key is None else key

@@ -157,6 +157,6 @@ def refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
                 f"the order written, as Hugging Face's; add the top_k or top_p your "
                 f"generation config sets; without a sampler, greedy)")
     else:
-        hint = ("; it takes max_new_tokens, attention_mask, sampler, key, eos_token_id and "
-                "pad_token_id")
+        hint = ("; it takes max_new_tokens (or max_length), attention_mask, sampler, key, "
+                "eos_token_id and pad_token_id")
     raise ConfigError(f"{function} got {names}, which it does not take{hint}")

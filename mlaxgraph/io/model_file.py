@@ -28,6 +28,7 @@ from ..compiler.flatten import flatten
 from ..compiler.passes.fold_repeated_blocks import unfold_scans
 from ..compiler.policy import Policy
 from ..compiler.stacking import unstack_weights
+from ..core.donated import refuse_deleted
 from ..core.errors import MlaxGraphError, SerializationError
 from ..core.specs import flatten_specs
 from ..ir.graph import Graph
@@ -114,6 +115,7 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
                 if isinstance(getattr(graph, "graph", None), Graph) else "")
         raise SerializationError(f"mg.save takes a Graph, got {type(graph).__name__}{hint}")
     state = {} if state is None else state
+    refuse_deleted("mg.save", params=params, state=state)
     graph, params, state = _unscanned(graph, params, state)
     text = graph_to_json(graph)
     arrays = {**flatten_tree(params, "params", "params"), **flatten_tree(state, "state", "state")}

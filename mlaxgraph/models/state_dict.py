@@ -23,6 +23,7 @@ import numpy as np
 from ..adapters.quantized_weights import quantize_weights
 from ..compiler.flatten import flatten
 from ..compiler.program import Step, get_in, leaf_paths, set_in
+from ..core.donated import refuse_deleted
 from ..core.errors import SerializationError
 from ..core.registry import lookup
 from ..core.specs import flatten_specs
@@ -159,6 +160,7 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
       >>> sd["h.0.attn.c_attn.weight"].shape
       (8, 24)
     """
+    refuse_deleted("to_state_dict", params=params, state=state)
     layout = layout_for(graph.name)
     state = state or {}
     out: dict[str, np.ndarray] = {}

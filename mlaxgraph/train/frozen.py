@@ -18,6 +18,7 @@ from typing import Any
 import jax
 
 from ..compiler.xla_options import TopLevelJit
+from ..core.donated import reraise_deleted
 from .state import TrainState
 
 __all__ = ["FrozenStep", "given_arrays"]
@@ -41,8 +42,8 @@ class FrozenStep:
     targets)``."""
 
     def __init__(self, fn: Callable, trainable: frozenset[str],
-                 compiler_options: dict[str, Any] | None = None):
-        self._fn = fn
+                 compiler_options: dict[str, Any] | None = None, name: str = "train_step"):
+        self._fn, self._name = fn, name
         self._trainable = trainable
         self._masks: dict[Any, tuple[bool, ...]] = {}
         self._jitted = TopLevelJit(self._inner, compiler_options, static_argnums=(0, 1),
@@ -79,7 +80,11 @@ class FrozenStep:
         return new.replace(params=jax.tree.unflatten(treedef, _merge(mask, new.params, frozen))), metrics
 
     def __call__(self, ts: TrainState, *args: Any):
-        return self._run(self._jitted, ts, args, static=True)
+        try:
+            return self._run(self._jitted, ts, args, static=True)
+        except (ValueError, RuntimeError) as e:
+            reraise_deleted(e, self._name, ts=ts)
+            raise
 
     def lower(self, ts: TrainState, *args: Any) -> _Lowered:
         return _Lowered(self, self._jitted.lower(*self._split(ts, args)[0]))

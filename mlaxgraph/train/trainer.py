@@ -179,12 +179,12 @@ class Trainer:
         self.train_steps: Any
         options = self.compiler_options
         if self.trainable is None:  # every weight is replaced: the whole state donated
-            self.train_step = TopLevelJit(self.step_fn, options, donate_argnums=0)
-            self.train_steps = TopLevelJit(self.steps_fn, options, donate_argnums=0)
+            self.train_step = TopLevelJit(self.step_fn, options, "train_step", ("ts",), donate_argnums=0)
+            self.train_steps = TopLevelJit(self.steps_fn, options, "train_steps", ("ts",), donate_argnums=0)
         else:  # the frozen weights and the model's state neither donated nor copied
-            self.train_step = FrozenStep(self.step_fn, self.trainable, options)
-            self.train_steps = FrozenStep(self.steps_fn, self.trainable, options)
-        self.eval_step = jax.jit(self.eval_fn)
+            self.train_step = FrozenStep(self.step_fn, self.trainable, options, "train_step")
+            self.train_steps = FrozenStep(self.steps_fn, self.trainable, options, "train_steps")
+        self.eval_step = TopLevelJit(self.eval_fn, None, "eval_step", ("ts",))
 
     def _check_loss_signature(self, loss: Callable) -> None:
         if self._captures:
