@@ -70,6 +70,17 @@ def test_an_image_with_its_channels_on_the_other_side_is_named_with_the_transpos
     assert "jnp.transpose(x" not in str(info.value)
 
 
+def test_a_list_given_to_apply_is_named_with_the_conversion():
+    x = mg.Input(("batch", 3), name="x")
+    model = mg.compile(mg.Graph(x, ops.Linear(2)(x)))
+    params, state = model.init(jax.random.key(0))
+    with pytest.raises(mg.ShapeError, match=r"layer 'x' \(op input\): apply takes arrays \(JAX's "
+                                            r"or NumPy's\), got a list: pass jnp.asarray\(x\)"):
+        model.apply(params, state, [[1.0, 2.0, 3.0]])
+    out, _ = model.apply(params, state, jnp.asarray([[1.0, 2.0, 3.0]]))  # the hint, followed
+    assert out.shape == (1, 2)
+
+
 def test_one_hot_targets_for_class_ids_are_named():
     x = mg.Input(("batch", 4), name="x")
     trainer = mg.train.Trainer(mg.compile(mg.Graph(x, ops.Linear(3, name="logits")(x))),

@@ -70,6 +70,9 @@ def test_acting_on_nothing_names_near_paths(gpt2):
     g = gpt2[0]
     with pytest.raises(mg.GraphError, match=r"no layer 'h.1/mlp.ac'.*near names: h.1/mlp.act"):
         g.replace("h.1/mlp.ac", lambda layer, x: x)
+    with pytest.raises(mg.GraphError, match=r"no layer 'h\.1/mlp'; 'h\.1/mlp' is a module, not a "
+                                            r"layer: its layers are mlp\.c_fc, .*'h\.1/mlp\.\*'"):
+        g.replace("h.1/mlp", lambda layer, x: x)
     with pytest.raises(mg.GraphError, match="pattern 'h.*/atn' matches no layer.*h.0/attn"):
         g.remove("h.*/atn")
     with pytest.raises(mg.GraphError, match="the selection is empty"):

@@ -108,6 +108,11 @@ def test_taps_errors_are_mlaxgraph_errors(base):
         model.apply(params, state, IDS, captur=["h.*"])
     with pytest.raises(mg.GraphError, match="'h.\\*/atn' names no layer or block.*near names"):
         model.apply(params, state, IDS, inference_mode=True, capture=["h.*/atn"])
+    # a Hugging Face module whose layers are named after it (h.0's mlp.c_fc ...)
+    with pytest.raises(mg.GraphError, match=r"'h\.\*/mlp' is a module, not a layer: its layers "
+                                            r"are mlp\.c_fc, mlp\.act, .*select them with "
+                                            r"'h\.\*/mlp\.\*'"):
+        model.apply(params, state, IDS, inference_mode=True, capture=["h.*/mlp"])
     with pytest.raises(mg.GraphError, match="intervene takes a dict"):
         model.apply(params, state, IDS, inference_mode=True, intervene=lambda v: v)
     with pytest.raises(mg.ShapeError, match="intervene at 'h.1/attn'.*shape"):

@@ -242,12 +242,17 @@ def check_inputs(graph, specs: Sequence[TensorSpec], inputs: Sequence[Any]) -> d
     bindings: dict[str, Any] = {}
     for name, spec, x in zip(graph.inputs, specs, inputs):
         shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
-        got = f"{dtype}{list(shape) if shape is not None else '?'}"
+        got = f"{dtype}{list(shape) if shape is not None else ''}"
         node = graph.node(name)
-        if shape is None or not match_shape(spec.shape, shape, bindings):
+        if shape is None or dtype is None:  # a list, a scalar: as jax.numpy, no conversion
+            raise ShapeError(node_message(name, "input", f"apply takes arrays (JAX's or NumPy's), "
+                                          f"got a {type(x).__name__}: pass jnp.asarray(x)",
+                                          got=type(x).__name__, expected=str(spec),
+                                          source=node.source))
+        if not match_shape(spec.shape, shape, bindings):
             raise ShapeError(node_message(name, "input", "apply got an array of another shape"
-                                          + _fixed_batch_hint(spec.shape, tuple(shape or ()), graph)
-                                          + _layout_hint(spec.shape, tuple(shape or ())),
+                                          + _fixed_batch_hint(spec.shape, tuple(shape), graph)
+                                          + _layout_hint(spec.shape, tuple(shape)),
                                           got=got, expected=str(spec), source=node.source))
         if np.dtype(dtype) != spec.dtype:
             raise DTypeError(node_message(name, "input", "apply got an array of another dtype "

@@ -12,7 +12,6 @@ blocks it changes and those it leaves alone.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import inspect
 from collections.abc import Callable, Hashable, Mapping
@@ -25,7 +24,7 @@ import numpy as np
 from ..core.errors import DTypeError, GraphError, ShapeError
 from ..core.signatures import call_problem
 from ..ir.graph import InputLayer
-from ..ir.paths import is_pattern, module_view, path_matcher
+from ..ir.paths import is_pattern, module_view, near_names, path_matcher
 from ..ir.scan import Scan
 from .program import Program, Ref, ScanStep, Step
 from .tap_functions import TapFunction, tap_function
@@ -261,10 +260,8 @@ def plan_taps(program: Program, taps: Taps) -> TapPlan:
     for pattern in list(taps.capture) + [p for p, _ in taps.intervene]:
         matches = path_matcher(pattern)
         if not any(matches(path) for path in known):
-            plain = pattern.replace("*", "").replace("?", "")
-            close = difflib.get_close_matches(plain, known, n=4, cutoff=0.5)
             kind = "pattern" if is_pattern(pattern) else "path"
-            hint = f"; near names: {', '.join(close)}" if close else ""
+            hint = near_names(pattern, known)
             if any(isinstance(inner, ScanStep) for step in program.steps
                    if isinstance(step, ScanStep) for inner in step.block.steps):
                 hint += ("; a scan nested in a scanned block is not tapped: compile without "

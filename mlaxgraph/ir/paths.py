@@ -4,10 +4,11 @@ with ``/`` for its dots (``module_view``)."""
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-__all__ = ["path_matcher", "is_pattern", "module_view"]
+__all__ = ["path_matcher", "is_pattern", "module_view", "near_names"]
 
 _GLOB = re.compile(r"\*\*|\*|\?|\[[^\]]*\]|[^*?\[]+")
 
@@ -55,3 +56,22 @@ def path_matcher(pattern: str) -> Callable[[str], bool]:
 
 def is_pattern(text: str) -> bool:
     return any(c in text for c in "*?[")
+
+
+def near_names(name: str, known: Sequence[str]) -> str:
+    """The hint of an error about a path or pattern ``name`` that names none of
+    ``known``: for a module whose layers are named after it (Llama's ``mlp``, whose
+    layers are ``mlp.gate_proj`` ...), its layers and the pattern that selects them;
+    else the names closest to it; ``""`` when there are none."""
+    if not name.endswith(("*", "/")):
+        matches = path_matcher(name + ".*")
+        inside = [path for path in known if matches(path)]
+        if inside:
+            names = list(dict.fromkeys(path.rpartition("/")[2] for path in inside))
+            more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+            return (f"; {name!r} is a module, not a layer: its layers are "
+                    f"{', '.join(names[:4])}{more}, named {name + '.<name>'!r}; select them "
+                    f"with {name + '.*'!r}, or name one")
+    plain = name.replace("*", "").replace("?", "")
+    close = difflib.get_close_matches(plain, known, n=4, cutoff=0.5)
+    return f"; near names: {', '.join(close)}" if close else ""

@@ -24,7 +24,7 @@ from .builder import Call, SymbolicTensor, trace_graph
 from .graph import Graph, InputLayer
 from .node import Node, Value
 from .op import Layer
-from .paths import is_pattern, module_view, path_matcher
+from .paths import is_pattern, module_view, near_names, path_matcher
 from .rewrite import Rewrite, Rule, rewrite
 from .scan import unfold_scans
 from .verify import verify
@@ -156,7 +156,7 @@ def resolve_selection(graph: Graph, selection: Any, action: str, calls: bool = F
             if not matched:
                 kind = "layer, block or call" if calls else "layer"
                 raise GraphError(f"{what}: pattern {item!r} matches no {kind} of graph "
-                                 f"{graph.name!r}{_near(item, known + others)}")
+                                 f"{graph.name!r}{near_names(item, known + others)}")
             paths.extend(matched)
         elif item in known_set or item in others:
             paths.append(item)
@@ -165,7 +165,7 @@ def resolve_selection(graph: Graph, selection: Any, action: str, calls: bool = F
         else:
             problem = (f"{item!r} is a block, not a layer: select its layers ({item}/*)"
                        if item in blocks else f"graph {graph.name!r} has no layer {item!r}")
-            raise GraphError(f"{what}: {problem}{_near(item, known + others)}")
+            raise GraphError(f"{what}: {problem}{near_names(item, known + others)}")
     return list(dict.fromkeys(paths))
 
 
@@ -175,12 +175,6 @@ def _views(paths: Sequence[str]) -> dict[str, str]:
     taken = set(paths)
     views = {module_view(path): path for path in paths}
     return {view: path for view, path in views.items() if view not in taken}
-
-
-def _near(name: str, known: Sequence[str]) -> str:
-    plain = name.replace("*", "").replace("?", "")
-    close = difflib.get_close_matches(plain, known, n=4, cutoff=0.5)
-    return f"; near names: {', '.join(close)}" if close else ""
 
 
 def surgery(graph: Graph, action: str, selection: Any, fn: Any) -> Graph:
