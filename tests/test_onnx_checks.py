@@ -34,6 +34,12 @@ def test_to_onnx_checks_the_weights_as_apply_does():
         graph.to_onnx(None, wrong, state)
     with pytest.raises(mg.GraphError, match="no weight head/bias"):
         graph.to_onnx(None, {**params, "head": {"kernel": params["head"]["kernel"]}}, state)
+    with pytest.raises(mg.GraphError, match=r"to_onnx writes graph .*'s weights into the file: "
+                                            r"pass them, graph\.to_onnx\(path, params, state\)"):
+        graph.to_onnx(None)
+    with pytest.raises(mg.GraphError, match="params has no entry 'body'.*state has it: params and "
+                                            "state are swapped"):
+        graph.to_onnx(None, state, params)
 
 
 def test_to_onnx_writes_float64_weights_in_the_graphs_dtype():

@@ -81,6 +81,18 @@ def test_a_list_given_to_apply_is_named_with_the_conversion():
     assert out.shape == (1, 2)
 
 
+def test_params_and_state_swapped_are_named():
+    x = mg.Input(("batch", 3), name="x")
+    model = mg.compile(mg.Graph(x, ops.BatchNorm(name="bn")(ops.Linear(2, name="fc")(x))))
+    params, state = model.init(jax.random.key(0))
+    with pytest.raises(mg.GraphError, match=r"layer 'fc' \(op linear\): params has no entry 'fc'.*"
+                                            r"state has it: params and state are swapped"):
+        model.apply(state, params, jnp.ones((2, 3)))
+    with pytest.raises(mg.GraphError, match=r"params has no entry 'fc'; pass the params made by "
+                                            r"this model's init\n"):  # nowhere else: no swap named
+        model.apply({}, state, jnp.ones((2, 3)))
+
+
 def test_one_hot_targets_for_class_ids_are_named():
     x = mg.Input(("batch", 4), name="x")
     trainer = mg.train.Trainer(mg.compile(mg.Graph(x, ops.Linear(3, name="logits")(x))),

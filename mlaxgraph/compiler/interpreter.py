@@ -264,8 +264,8 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context,
     elif isinstance(step, ScanStep) and (per_block := per_block_layers(step, context.params)):
         p = read_weights(without_layers(step, per_block), context.params, "params")
     else:
-        p = read_weights(step, context.params, "params")
-    s = read_weights(step, state, "state")
+        p = read_weights(step, context.params, "params", state)
+    s = read_weights(step, state, "state", context.params)
     rng = context.rng
     with jax.named_scope(scope_name(step.path)):
         key = step_key(rng, step.rng_path) if step.random and rng is not None else None

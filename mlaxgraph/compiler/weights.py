@@ -15,15 +15,16 @@ import numpy as np
 
 from ..core.errors import DTypeError, GraphError, ShapeError, node_message
 from ..core.specs import flatten_specs, is_symbolic
-from .program import Program, ScanStep, Step, get_in, set_in
+from .program import Program, ScanStep, Step, get_in, has_in, set_in
 
 __all__ = ["read_weights", "check_weights", "per_block_weights", "without_layers"]
 
 _EMPTY: Mapping[str, Any] = {}
 
 
-def read_weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
-    """The step's weights from ``params`` or ``state``, checked against its specs."""
+def read_weights(step: Step, tree: Any, which: str, other: Any = None) -> Mapping[str, Any]:
+    """The step's weights from ``params`` or ``state``, checked against its specs;
+    ``other``, the other of the two, names a swap of them."""
     specs = step.param_specs if which == "params" else step.state_specs
     if not specs:
         return _EMPTY
@@ -31,10 +32,14 @@ def read_weights(step: Step, tree: Any, which: str) -> Mapping[str, Any]:
     try:
         found = get_in(tree, step.weights)
     except (KeyError, TypeError, IndexError):
+        swapped = other is not None and has_in(other, step.weights)
+        hint = (f"; {'state' if which == 'params' else 'params'} has it: params and state are "
+                f"swapped (they go in the order init returns them, params first)"
+                if swapped else _quantized_hint(node))
         raise GraphError(node_message(
             step.path, node.op.op_name,
             f"{which} has no entry {step.weights_path!r}; pass the {which} made by this "
-            f"model's init{_quantized_hint(node)}", source=node.source)) from None
+            f"model's init{hint}", source=node.source)) from None
     for path, spec in flatten_specs(specs):
         try:
             leaf = get_in(found, tuple(path.split("/")))
@@ -101,5 +106,5 @@ def check_weights(program: Program, params: Any, state: Any) -> None:
     layer does not take), made for every layer at once without running anything."""
     for step in program.owners():
         if not isinstance(step, ScanStep):
-            read_weights(step, params, "params")
-            read_weights(step, state, "state")
+            read_weights(step, params, "params", state)
+            read_weights(step, state, "state", params)

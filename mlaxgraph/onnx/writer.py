@@ -19,7 +19,7 @@ import numpy as np
 from ..compiler.flatten import flatten
 from ..compiler.program import get_in, set_in
 from ..compiler.weights import check_weights
-from ..core.errors import ConfigError, SerializationError
+from ..core.errors import ConfigError, GraphError, SerializationError
 from ..core.specs import flatten_specs, is_symbolic
 from ..ir.graph import Graph
 from .dtypes import to_code
@@ -212,6 +212,10 @@ def _checked_weights(graph: Graph, params: Any, state: Any) -> tuple[Any, Any]:
     ``apply`` casts it (float64 or bfloat16 weights of a float32 graph are float32 in
     the file, whose operators take one dtype)."""
     program = flatten(graph)
+    if params is None and any(step.param_specs for step in program.owners()):
+        raise GraphError(f"to_onnx writes graph {graph.name!r}'s weights into the file: pass "
+                         f"them, graph.to_onnx(path, params, state), as init or a loader gives "
+                         f"them")
     params, state = params or {}, state or {}
     check_weights(program, params, state)
     trees = {"params": params, "state": state}
