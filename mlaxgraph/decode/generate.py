@@ -65,18 +65,18 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
 
 
-def _new_tokens(max_new_tokens: Any, max_length: Any, prompt: int) -> int:
+def _new_tokens(where: str, max_new_tokens: Any, max_length: Any, prompt: int) -> int:
     """The new tokens per row: ``max_new_tokens``, or Hugging Face's ``max_length``
     (the prompt's columns and the new tokens together) less the prompt's columns."""
     if max_length is None:
         if max_new_tokens is None:
-            raise ConfigError("generate needs max_new_tokens (the new tokens per row) or "
-                              "max_length (Hugging Face's: the prompt's length and them)")
+            raise ConfigError(f"{where} needs max_new_tokens (the new tokens per row) or "
+                              f"max_length (Hugging Face's: the prompt's length and them)")
         if not _is_count(max_new_tokens):
             raise ConfigError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         return int(max_new_tokens)
     if max_new_tokens is not None:
-        raise ConfigError(f"generate got max_new_tokens={max_new_tokens!r} and "
+        raise ConfigError(f"{where} got max_new_tokens={max_new_tokens!r} and "
                           f"max_length={max_length!r}: give one (max_length counts the "
                           f"prompt's {prompt} tokens too)")
     if not _is_count(max_length) or max_length <= prompt:
@@ -86,10 +86,10 @@ def _new_tokens(max_new_tokens: Any, max_length: Any, prompt: int) -> int:
     return int(max_length) - prompt
 
 
-def _prepare(source, input_ids, attention_mask, max_new_tokens, max_length, sampler, key,
+def _prepare(where, source, input_ids, attention_mask, max_new_tokens, max_length, sampler, key,
              eos_token_id, pad_token_id):
     prompt = int(np.shape(input_ids)[1]) if np.ndim(input_ids) == 2 else 0
-    new = _new_tokens(max_new_tokens, max_length, prompt)
+    new = _new_tokens(where, max_new_tokens, max_length, prompt)
     dec = _decoder_for(source, prompt, new)
     ids, mask = dec._prompt(input_ids, attention_mask)
     seq = ids.shape[1]
@@ -164,8 +164,8 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
     """
     refuse_unknown("generate", unknown)
     dec, given, ids, mask, new, padded, sample, eos, pad = _prepare(
-        model_or_decoder, input_ids, attention_mask, max_new_tokens, max_length, sampler, key,
-        eos_token_id, pad_token_id)
+        "generate", model_or_decoder, input_ids, attention_mask, max_new_tokens, max_length,
+        sampler, key, eos_token_id, pad_token_id)
     if new == 0:
         return given
     ids_p, mask_p = _left_pad(ids, mask, padded)
@@ -265,8 +265,8 @@ def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: A
     """
     refuse_unknown("generate_stream", unknown)
     dec, _, ids, mask, new, padded, sample, eos, pad = _prepare(
-        model_or_decoder, input_ids, attention_mask, max_new_tokens, max_length, sampler, key,
-        eos_token_id, pad_token_id)
+        "generate_stream", model_or_decoder, input_ids, attention_mask, max_new_tokens,
+        max_length, sampler, key, eos_token_id, pad_token_id)
     if new == 0:
         return
     key = jax.random.key(0) if key is None else key
