@@ -156,6 +156,19 @@ def test_fit_traces_each_step_once_and_learns():
     assert history["val_accuracy"][-1] > 0.85
 
 
+def test_fit_without_a_train_state_is_named_as_keras_users_call_it():
+    x, y = _data(16)
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1))
+    for call in (lambda: trainer.fit((x, y), epochs=1, batch_size=8),
+                 lambda: trainer.fit(x, y, epochs=1, batch_size=8)):
+        with pytest.raises(mg.GraphError, match=r"fit trains a train state: trainer\.fit\(ts, "
+                                                r"\(inputs, targets\), \.\.\.\), ts from "
+                                                r"trainer\.init\(key\).*got (tuple|ndarray) first"):
+            call()
+    with pytest.raises(mg.ShapeError, match="training data must be a pair"):
+        trainer.fit(trainer.init(jax.random.key(0)), epochs=1, batch_size=8)
+
+
 def test_fit_with_fused_steps_traces_once_and_matches_single_steps():
     x, y = _data(128)
     runs = []

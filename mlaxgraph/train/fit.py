@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import ShapeError
+from ..core.errors import GraphError, ShapeError
 from .state import TrainState
 
 __all__ = ["fit", "evaluate"]
@@ -87,7 +87,7 @@ def evaluate(trainer, ts: TrainState, data: tuple, batch_size: int) -> dict[str,
     return {name: float(total) / n for name, total in sums.items()}
 
 
-def fit(trainer, ts: TrainState, train: tuple, *, epochs: int, batch_size: int,
+def fit(trainer, ts: TrainState, train: tuple | None = None, *, epochs: int, batch_size: int,
         initial_epoch: int | None = None,
         validation: tuple | None = None, shuffle: bool = True, seed: int = 0,
         steps_per_dispatch: int = 1, checkpoints=None, patience: int | None = None,
@@ -127,6 +127,10 @@ def fit(trainer, ts: TrainState, train: tuple, *, epochs: int, batch_size: int,
       ``(ts, history)``: the final state and, per epoch, the mean train metrics and
       ``val_``-prefixed validation metrics (``history["epoch"]`` counts from 1).
     """
+    if not isinstance(ts, TrainState):  # Keras's fit(x, y) or fit((x, y)), the state left out
+        raise GraphError(f"fit trains a train state: trainer.fit(ts, (inputs, targets), ...), "
+                         f"ts from trainer.init(key) (or a checkpoint), got "
+                         f"{type(ts).__name__} first")
     tqdm = _progress_bar()
     inputs, targets = _prepare(trainer, train, "training data")
     n = len(targets)

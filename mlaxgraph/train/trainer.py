@@ -410,7 +410,7 @@ class Trainer:
                                       inference_mode=True)
         return outputs
 
-    def fit(self, ts: TrainState, train: tuple, **kwargs):
+    def fit(self, ts: TrainState, train: tuple | None = None, **kwargs):
         """Trains over numpy arrays for some epochs; see ``mg.train.fit``."""
         return fit(self, ts, train, **kwargs)
 
