@@ -189,6 +189,12 @@ def test_a_builder_in_a_python_file(run):
     (["summary", "cnn.mlg", "--out", "no/such/folder/x.txt"], "no such folder"),
     (["export", "cnn.mlg", "--out", "cnn.json"], "exists and is not a folder"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["summry", "cnn.mlg"], "invalid choice: 'summry' (choose from 'demo', 'summary', 'render', "
+                            "'view', 'hlo', 'export', 'cost', 'compare', 'generate'); did you mean "
+                            "'summary'?"),
+    (["hlo", "cnn.mlg", "--batch", "2", "--optimised"],
+     "unrecognized arguments: --optimised; did you mean '--optimized'?"),
+    (["generate", "--model", "gtp2", "--prompt-ids", "1"], "did you mean 'gpt2'?"),
 ])
 def test_bad_arguments_and_missing_files_exit_2_with_one_line(run, argv, message):
     status, out, err = run(*argv)

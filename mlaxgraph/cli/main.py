@@ -5,7 +5,9 @@ Errors print as one line; ``--verbose`` prints all of them and the traceback."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -38,7 +40,30 @@ class _Parser(argparse.ArgumentParser):
     """Reports a wrong argument as one line (and exit status 2), not the usage text."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._suggestion(message)} "
+                     f"(see `{self.prog} --help`)\n")
+
+    def _options(self) -> list[str]:
+        """This parser's option strings and its commands' ones."""
+        options: list[str] = []
+        for action in self._actions:
+            options += action.option_strings
+            if isinstance(action.choices, dict):  # the commands: name -> parser
+                options += [o for sub in action.choices.values() if isinstance(sub, _Parser)
+                            for o in sub._options()]
+        return options
+
+    def _suggestion(self, message: str) -> str:
+        """``; did you mean ...?`` for a misspelt command or option."""
+        choice = re.match(r"argument .*: invalid choice: '?([^' ]*)'? \(choose from (.*)\)", message)
+        if choice:
+            word, known = choice.group(1), re.findall(r"[\w.-]+", choice.group(2))
+        elif unknown := re.match(r"unrecognized arguments: (-[^\s=]+)", message):
+            word, known = unknown.group(1), self._options()
+        else:
+            return ""
+        close = difflib.get_close_matches(word, known, n=1)
+        return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _demo(args: argparse.Namespace) -> int:
