@@ -8,6 +8,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from _torch_file import write_torch_file
 from safetensors.numpy import load_file, save_file
 
 import mlaxgraph as mg
@@ -213,12 +214,30 @@ def test_bad_folders_are_errors(gpt2_adapter, tmp_path):
                                        np.zeros((4, 16))}, "extra")
     with pytest.raises(mg.SerializationError, match="(?s)does not hold.*c_proj.lora_A"):
         mg.models.load_state_dict(adapted, base, adapter=extra)
-    pickled = tmp_path / "pickled"
-    pickled.mkdir()
-    (pickled / "adapter_config.json").write_text(json.dumps(config))
-    (pickled / "adapter_model.bin").write_bytes(b"\x80\x04")
-    with pytest.raises(mg.SerializationError, match="pickles are not read"):
-        mg.models.load_state_dict(adapted, base, adapter=pickled)
+    empty = _folder(tmp_path, config, {}, "empty")
+    (empty / "adapter_model.safetensors").unlink()
+    with pytest.raises(mg.SerializationError, match=r"adapter_model\.safetensors: no such file "
+                                                    r"\(nor adapter_model\.bin\)"):
+        mg.models.load_state_dict(adapted, base, adapter=empty)
+    (empty / "adapter_model.bin").write_bytes(b"\x80\x04")  # a bare pickle: never unpickled
+    with pytest.raises(mg.SerializationError, match="adapter_model.bin"):
+        mg.models.load_state_dict(adapted, base, adapter=empty)
+
+
+def test_an_adapter_model_bin_of_peft_before_safetensors_loads_without_torch(gpt2_adapter, tmp_path):
+    import sys
+
+    g, base, _, weights, folder = gpt2_adapter
+    adapted = mg.lora_from_peft(g, folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    legacy = _folder(tmp_path, config, {}, "legacy")
+    (legacy / "adapter_model.safetensors").unlink()
+    write_torch_file(legacy / "adapter_model.bin", weights)
+    expected, _ = mg.models.load_state_dict(adapted, base, adapter=folder)
+    got, _ = mg.models.load_state_dict(adapted, base, adapter=legacy)
+    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    jax.tree.map(np.testing.assert_array_equal, got, expected)
+    assert "torch" not in sys.modules
     with pytest.raises(mg.SerializationError, match="has no adapters"):
         mg.models.load_state_dict(g, base, adapter=folder)
     # the folder given first (save_adapter takes graph, params, folder)

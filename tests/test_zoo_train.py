@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from _torch_file import write_torch_file
 from jax.sharding import PartitionSpec as P
 
 import mlaxgraph as mg
@@ -466,71 +467,6 @@ def test_builders_take_per_layer_axes(mesh):
 # --- loaders: folders, PyTorch files without torch, mismatches ------------------------------
 
 
-def _write_torch_file(path, state_dict, *, pickle_bytes=None):
-    """A file in torch.save's zip layout, written from its documented structure:
-    ``archive/data.pkl`` (protocol 2; storages as persistent ids ``("storage",
-    torch.FloatStorage, key, "cpu", numel)``; tensors rebuilt by
-    ``torch._utils._rebuild_tensor_v2``), ``archive/data/<key>`` (raw little-endian
-    bytes), ``archive/version``. torch's globals are pickled by name from stand-in
-    modules that exist only while writing."""
-    import collections
-    import io
-    import pickle
-    import sys
-    import types
-    import zipfile
-
-    torch, utils = types.ModuleType("torch"), types.ModuleType("torch._utils")
-
-    class FloatStorage:
-        pass
-
-    class _Tensor:
-        def __init__(self, key, array):
-            self.key, self.array = key, array
-
-        def __reduce__(self):
-            return (utils._rebuild_tensor_v2, (_Storage(self.key, self.array), 0, self.array.shape,
-                                               tuple(s // self.array.itemsize for s in self.array.strides),
-                                               False, collections.OrderedDict()))
-
-    class _Storage:
-        def __init__(self, key, array):
-            self.key, self.array = key, array
-
-    def _rebuild_tensor_v2(*args):
-        raise AssertionError("never called while writing")
-
-    FloatStorage.__module__, FloatStorage.__qualname__ = "torch", "FloatStorage"
-    _rebuild_tensor_v2.__module__, _rebuild_tensor_v2.__qualname__ = "torch._utils", "_rebuild_tensor_v2"
-    torch.FloatStorage, utils._rebuild_tensor_v2, torch._utils = FloatStorage, _rebuild_tensor_v2, utils
-
-    class Pickler(pickle.Pickler):
-        def persistent_id(self, obj):
-            if isinstance(obj, _Storage):
-                return ("storage", FloatStorage, obj.key, "cpu", obj.array.size)
-            return None
-
-    tensors = collections.OrderedDict(
-        (name, _Tensor(str(i), np.ascontiguousarray(a, np.float32))) for i, (name, a) in enumerate(state_dict.items()))
-    saved = {k: sys.modules.get(k) for k in ("torch", "torch._utils")}
-    sys.modules.update({"torch": torch, "torch._utils": utils})
-    try:
-        buffer = io.BytesIO()
-        Pickler(buffer, protocol=2).dump(tensors)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-    with zipfile.ZipFile(path, "w") as z:
-        z.writestr("archive/data.pkl", pickle_bytes if pickle_bytes is not None else buffer.getvalue())
-        z.writestr("archive/version", "3\n")
-        for t in tensors.values():
-            z.writestr(f"archive/data/{t.key}", t.array.tobytes())
-
-
 def test_a_torchvision_pth_loads_without_torch(tmp_path):
     """The user's call: a torchvision .pth file (it read as a safetensors header claiming
     578712552184433488 bytes)."""
@@ -540,7 +476,7 @@ def test_a_torchvision_pth_loads_without_torch(tmp_path):
     params, state = mg.compile(graph).init(jax.random.key(0))
     sd = mg.models.to_state_dict(graph, params, state)
     sd = {k: v for k, v in sd.items() if not k.endswith("num_batches_tracked")}  # int64 in torch's
-    _write_torch_file(tmp_path / "resnet18.pth", sd)
+    write_torch_file(tmp_path / "resnet18.pth", sd)
     assert "torch" not in sys.modules
     loaded_params, loaded_state = mg.models.load_state_dict(graph, tmp_path / "resnet18.pth")
     for path, value in _leaves(params).items():
@@ -555,7 +491,7 @@ def test_a_pytorch_model_bin_in_a_checkpoint_folder(tmp_path):
     config = dict(tf.gpt2_config(), model_type="gpt2")
     (tmp_path / "config.json").write_text(json.dumps(config))
     sd = tf.state_dict("gpt2", tf.gpt2_config())
-    _write_torch_file(tmp_path / "pytorch_model.bin", {f"transformer.{k}": v for k, v in sd.items()})
+    write_torch_file(tmp_path / "pytorch_model.bin", {f"transformer.{k}": v for k, v in sd.items()})
     graph = mg.models.gpt2(tmp_path)
     params, state = mg.models.load_state_dict(graph, tmp_path)
     ids = np.arange(12, dtype=np.int32).reshape(2, 6)
@@ -579,7 +515,7 @@ def test_a_hostile_pickle_is_refused_and_runs_nothing(tmp_path, target):
     module, name = target.split()
     hostile = (b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\n"
                + b"X\x0b\x00\x00\x00touch pwned\x85R.")
-    _write_torch_file(tmp_path / "evil.pth", {}, pickle_bytes=hostile)
+    write_torch_file(tmp_path / "evil.pth", {}, pickle_bytes=hostile)
     graph = mg.models.resnet18(num_classes=10, width=4)
     with pytest.raises(mg.SerializationError, match=rf"refers to {module}\.{name}.*nothing in it was run"):
         mg.models.load_state_dict(graph, tmp_path / "evil.pth")
@@ -591,7 +527,7 @@ def test_damaged_and_legacy_pytorch_files_are_named(tmp_path):
     (tmp_path / "old.pth").write_bytes(b"\x80\x02\x8a\x0alegacy torch pickle")
     with pytest.raises(mg.SerializationError, match="old.pth: not a zip archive"):
         mg.models.load_state_dict(graph, tmp_path / "old.pth")
-    _write_torch_file(tmp_path / "short.pth", {"w": np.ones(4, np.float32)})
+    write_torch_file(tmp_path / "short.pth", {"w": np.ones(4, np.float32)})
     import zipfile
 
     with zipfile.ZipFile(tmp_path / "short.pth") as z, zipfile.ZipFile(tmp_path / "cut.pth", "w") as out:

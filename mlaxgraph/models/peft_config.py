@@ -22,10 +22,13 @@ from typing import Any
 
 from ..core.errors import ConfigError
 
-__all__ = ["AdapterConfig", "read_adapter_config", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS"]
+__all__ = ["AdapterConfig", "read_adapter_config", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS",
+           "LEGACY_ADAPTER_WEIGHTS"]
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: What PEFT wrote before safetensors (``torch.save``), read when the above is absent.
+LEGACY_ADAPTER_WEIGHTS = "adapter_model.bin"
 
 #: Fields that describe the adapter without changing what it computes.
 DESCRIPTIVE = frozenset({

@@ -28,7 +28,7 @@ from ..core.errors import SerializationError
 from ..core.registry import lookup
 from ..core.specs import flatten_specs
 from ..ir.graph import Graph
-from .peft_config import ADAPTER_WEIGHTS, read_adapter_config
+from .peft_config import ADAPTER_WEIGHTS, LEGACY_ADAPTER_WEIGHTS, read_adapter_config
 from .sources import StateDictSource
 from .torch_layout import (
     TorchLayout,
@@ -285,11 +285,12 @@ def _load_with_adapter(graph, layout, layers, state_dict, folder, strict, dtype)
              or config.saves(layer.module)]
     weights = os.path.join(os.path.dirname(config.path), ADAPTER_WEIGHTS)
     if not os.path.exists(weights):
-        others = [f for f in os.listdir(os.path.dirname(config.path)) if f.startswith("adapter_model")]
-        raise SerializationError(
-            f"{weights}: no such file" + (f" (the folder has {', '.join(others)}: pickles are "
-                                          f"not read, since loading one can run code; save the "
-                                          f"adapter with safe_serialization)" if others else ""))
+        # PEFT before safetensors: torch.save's zip archive, read as PEFT falls back to it
+        # (its arrays and names only: the pickle's code is never run, mlaxgraph.io.torch_file)
+        legacy = os.path.join(os.path.dirname(config.path), LEGACY_ADAPTER_WEIGHTS)
+        if not os.path.exists(legacy):
+            raise SerializationError(f"{weights}: no such file (nor {LEGACY_ADAPTER_WEIGHTS})")
+        weights = legacy
     peft = dataclasses.replace(layout, tied=(), prefixes=tuple(
         PEFT_PREFIX + p for p in dict.fromkeys((layout.model_prefix, "", *layout.prefixes))))
     adapter_params, adapter_state = _load_from(graph, peft, adapters + saved, weights, True, dtype)
