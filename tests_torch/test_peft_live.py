@@ -65,12 +65,14 @@ def _randomize_saved_modules(peft_model):
                 value.add_(torch.randn_like(value) * 0.5)
 
 
-def test_gpt2_folder_written_by_peft_reads_as_peft_runs_it(tmp_path):
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "adapter_model_bin"])
+def test_gpt2_folder_written_by_peft_reads_as_peft_runs_it(tmp_path, safe):
     model, graph, sd = _base("gpt2")
     config = peft.LoraConfig(r=4, lora_alpha=12, target_modules=["c_attn", "c_fc", "wte"],
                              fan_in_fan_out=True, lora_dropout=0.0, init_lora_weights=False)
     theirs = peft.get_peft_model(model, config).eval()
-    theirs.save_pretrained(tmp_path)
+    theirs.save_pretrained(tmp_path, safe_serialization=safe)  # False: torch.save's .bin
+    assert (tmp_path / ("adapter_model.safetensors" if safe else "adapter_model.bin")).exists()
     adapted = mg.lora_from_peft(graph, tmp_path)
     params, state = mg.models.load_state_dict(adapted, sd, adapter=tmp_path)
     ids = _ids()
