@@ -18,13 +18,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..core.donated import deleted_error
 from ..core.errors import GraphError
 from ..core.specs import trains
 from .lowering import make_init
 from .program import Program, leaf_paths
 from .stacking import stack_weights
 
-__all__ = ["ModelInit", "ReuseReport", "reuse_report", "deleted_weight"]
+__all__ = ["ModelInit", "ReuseReport", "reuse_report"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +68,12 @@ def _leaves(fresh: tuple[Any, Any]) -> dict[str, Any]:
     return {**leaf_paths(fresh[0]), **{"state/" + k: v for k, v in leaf_paths(fresh[1]).items()}}
 
 
-def deleted_weight(params: Any, state: Any, paths: Any = None) -> str | None:
-    """The path of the first weight of ``(params, state)`` (among ``paths``, if given)
-    whose array was deleted: donated to a jitted function (a ``Trainer`` step donates
-    the train state), which took its buffer."""
+def _deleted_weight(params: Any, state: Any, paths: Any) -> str | None:
+    """The path of the first of the weights ``paths`` of ``(params, state)`` (those
+    ``reuse`` keeps) whose array was deleted by a donation."""
     leaves = _leaves((params if isinstance(params, Mapping) else {},
                       state if isinstance(state, Mapping) else {}))
-    for path in leaves if paths is None else paths:
+    for path in paths:
         deleted = getattr(leaves.get(path), "is_deleted", None)
         if deleted is not None and deleted():
             return path
@@ -193,11 +193,9 @@ class ModelInit:
         ours, given = _leaves(shapes), _leaves(old)
         report = _report(ours, given)
         _check_report(report, ours, given)
-        path = deleted_weight(*old, report.kept)
+        path = _deleted_weight(*old, report.kept)
         if path is not None:
-            raise GraphError(f"init(reuse=...): weight {path} of reuse was deleted (a "
-                             f"jitted function it was donated to, such as a Trainer "
-                             f"step, took its buffer); reuse the params it returned")
+            raise deleted_error("init(reuse=...)", f"weight {path} of reuse")
         pure, jitted = self._draw(frozenset(report.new))
         drawn = (pure if traced else jitted)(key)
         shardings = (None, None) if self._sharding is None else (self._sharding.params,

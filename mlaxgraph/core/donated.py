@@ -17,7 +17,7 @@ import jax
 
 from .errors import GraphError
 
-__all__ = ["deleted_path", "refuse_deleted", "reraise_deleted"]
+__all__ = ["deleted_path", "deleted_error", "refuse_deleted", "reraise_deleted"]
 
 FIX = ("it was donated to a jitted function, which took its buffer. A Trainer step "
        "donates the train state it is given: use the one it returns, `ts, metrics = "
@@ -38,7 +38,8 @@ def deleted_path(**trees: Any) -> str | None:
     return None
 
 
-def _error(where: str, path: str) -> GraphError:
+def deleted_error(where: str, path: str) -> GraphError:
+    """The error of ``where`` given the deleted array at ``path``."""
     return GraphError(f"{where}: {path} was deleted: {FIX}")
 
 
@@ -46,7 +47,7 @@ def refuse_deleted(where: str, **trees: Any) -> None:
     """A ``GraphError`` naming the first deleted array of ``trees``."""
     path = deleted_path(**trees)
     if path is not None:
-        raise _error(where, path)
+        raise deleted_error(where, path)
 
 
 def reraise_deleted(error: BaseException, where: str, **trees: Any) -> None:
@@ -56,4 +57,4 @@ def reraise_deleted(error: BaseException, where: str, **trees: Any) -> None:
     if isinstance(error, (RuntimeError, ValueError)):
         path = deleted_path(**trees)
         if path is not None:
-            raise _error(where, path) from error
+            raise deleted_error(where, path) from error
