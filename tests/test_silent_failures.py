@@ -81,6 +81,32 @@ def test_a_list_given_to_apply_is_named_with_the_conversion():
     assert out.shape == (1, 2)
 
 
+def test_keyword_arguments_a_function_does_not_take_name_the_one_meant():
+    x = mg.Input(("batch", 3), name="x")
+    graph = mg.Graph(x, ops.Linear(2, name="fc")(x))
+    model = mg.compile(graph)
+    params, state = model.init(jax.random.key(0))
+    cases = [
+        (lambda: model.apply(params, state, jnp.ones((2, 3)), inference_mod=True),
+         r"apply got unexpected keyword argument 'inference_mod' \(did you mean inference_mode\?\); "
+         r"it takes apply\(params, state, \*inputs, rng=None"),
+        (lambda: model.apply(params, state, jnp.ones((2, 3)), training=False),
+         r"'training' \(Keras's training=True is inference_mode=False\)"),
+        (lambda: model.init(jax.random.key(0), resue=(params, state)),
+         r"init got unexpected keyword argument 'resue' \(did you mean reuse\?\)"),
+        (lambda: mg.quantize(graph, "int8", target="fc"),
+         r"quantize got unexpected keyword argument 'target' \(did you mean targets\?\)"),
+        (lambda: mg.quantize(graph, "int8", method="gptq"),
+         r"'method' \(method is mg\.quantize_weights's\)"),
+        (lambda: mg.quantize_weights(mg.quantize(graph, "int8"), params, state, group_size=32),
+         r"quantize_weights got unexpected keyword argument 'group_size' \(group_size is "
+         r"mg\.quantize's\)"),
+    ]
+    for call, message in cases:
+        with pytest.raises(mg.MlaxGraphError, match=message):
+            call()
+
+
 def test_params_and_state_swapped_are_named():
     x = mg.Input(("batch", 3), name="x")
     model = mg.compile(mg.Graph(x, ops.BatchNorm(name="bn")(ops.Linear(2, name="fc")(x))))

@@ -13,6 +13,7 @@ import warnings
 from typing import Any
 
 from ..core.errors import ConfigError, GraphError, QuantizeWarning, ShapeError, SourceInfo, capture_source, node_message
+from ..core.signatures import unknown_keywords
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.rewrite import Rewrite, Rule, rewrite
@@ -42,7 +43,7 @@ DEFAULT_GROUP = 128
 
 
 def quantize(graph: Graph, scheme: str, *, targets: Any = None,
-             group_size: int | None = None) -> Graph:
+             group_size: int | None = None, **unknown: Any) -> Graph:
     """``graph`` with the layers ``targets`` selects quantized by ``scheme``.
 
     ``scheme`` is ``"int8"`` (int8 weights, one scale per output channel; the input
@@ -83,6 +84,10 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
       >>> [n.name for n in qg.nodes], qg.node("fc").op.op_name
       (['x', 'fc.quantize', 'fc', 'fc.dequantize', 'head.quantize', 'head', 'head.dequantize'], 'quantized_linear')
     """
+    if unknown:
+        raise ConfigError(unknown_keywords(
+            "quantize", unknown, "quantize(graph, scheme, targets=None, group_size=None)",
+            {k: f"{k} is mg.quantize_weights's" for k in ("calibration", "method", "static_scales")}))
     source = capture_source()
     if not isinstance(graph, Graph):
         raise GraphError(f"quantize works on a Graph, got {type(graph).__name__}")

@@ -15,6 +15,7 @@ from ..compiler.compile import compile
 from ..compiler.program import get_in, has_in, leaf_paths, set_in
 from ..core.donated import refuse_deleted
 from ..core.errors import ConfigError, GraphError, node_message
+from ..core.signatures import unknown_keywords
 from ..decode.inputs import check_vocabulary
 from ..ir.graph import Graph
 from ..ir.node import Node
@@ -32,7 +33,7 @@ __all__ = ["quantize_weights", "quantize_params"]
 
 def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = None, *,
                      calibration: Iterable | None = None, method: str = "absmax",
-                     static_scales: bool | None = None) -> tuple[dict, dict]:
+                     static_scales: bool | None = None, **unknown: Any) -> tuple[dict, dict]:
     """The weights of quantized graph ``qgraph`` (what ``mg.quantize`` made) from the
     float model's ``(params, state)``: each quantized layer's float weight quantized
     by absmax (the largest magnitude of each output channel, row or group maps to the
@@ -74,6 +75,11 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
       >>> jax.tree.map(lambda w: (w.dtype.name, w.shape), qparams)
       {'fc': {'bias': ('float32', (16,)), 'kernel': ('int8', (8, 16)), 'kernel_scale': ('float32', (16,))}}
     """
+    if unknown:
+        raise ConfigError(unknown_keywords(
+            "quantize_weights", unknown, "quantize_weights(qgraph, params, state=None, "
+            "calibration=None, method='absmax', static_scales=None)",
+            {k: f"{k} is mg.quantize's" for k in ("group_size", "targets", "scheme")}))
     refuse_deleted("quantize_weights", params=params, state=state)
     if not isinstance(qgraph, Graph):
         raise GraphError(f"quantize_weights works on a Graph, got {type(qgraph).__name__}")

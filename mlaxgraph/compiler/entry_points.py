@@ -18,6 +18,7 @@ import jax
 
 from ..core.donated import reraise_deleted
 from ..core.errors import GraphError
+from ..core.signatures import unknown_keywords
 from .taps import Taps
 
 __all__ = ["model_apply"]
@@ -25,6 +26,10 @@ __all__ = ["model_apply"]
 _PLAIN = frozenset(("rng", "inference_mode"))
 _APPLY_SIGNATURE = ("apply(params, state, *inputs, rng=None, inference_mode=False, "
                     "capture=None, intervene=None)")
+#: Keras's and Flax's spellings of apply's arguments.
+_APPLY_HINTS = {"training": "Keras's training=True is inference_mode=False",
+                "deterministic": "Flax's deterministic=True is inference_mode=True",
+                "rngs": "Flax's rngs={'dropout': key} is rng=key"}
 
 
 #: The jitted function's attributes the model's ``apply`` passes on (``apply.lower(...)``).
@@ -44,8 +49,7 @@ def model_apply(plain: Callable, make: Callable[[Taps, tuple], Callable]) -> Cal
     def tapped_call(params, state, *inputs, rng=None, inference_mode: bool = False,
                     capture: Any = None, intervene: Any = None, **unknown: Any):
         if unknown:
-            raise GraphError(f"apply got unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
-                             f"{', '.join(map(repr, unknown))}; it takes {_APPLY_SIGNATURE}")
+            raise GraphError(unknown_keywords("apply", unknown, _APPLY_SIGNATURE, _APPLY_HINTS))
         taps = Taps.of(capture, intervene)
         if taps is None:
             return plain(params, state, *inputs, rng=rng, inference_mode=inference_mode)

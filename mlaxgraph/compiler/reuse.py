@@ -20,6 +20,7 @@ import numpy as np
 
 from ..core.donated import deleted_error
 from ..core.errors import GraphError
+from ..core.signatures import unknown_keywords
 from ..core.specs import trains
 from .lowering import make_init
 from .program import Program, leaf_paths
@@ -182,8 +183,7 @@ class ModelInit:
 
     def __call__(self, key: jax.Array, reuse: Any = None, **unknown: Any):
         if unknown:
-            raise GraphError(f"init got unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
-                             f"{', '.join(map(repr, unknown))}; it takes init(key, reuse=None)")
+            raise GraphError(unknown_keywords("init", unknown, "init(key, reuse=None)"))
         # init is compiled with its own XLA options, which only a top-level jit takes.
         traced = isinstance(key, jax.core.Tracer)
         if reuse is None:
