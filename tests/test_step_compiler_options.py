@@ -1,6 +1,8 @@
 """Trainer(compiler_options=...): the XLA options of the train step, chosen from the
 model's layers by default (region-based copy analysis without convolutions), given
-by name, checked against this jaxlib; the same results as XLA's defaults."""
+by name, checked against this jaxlib; the same results as XLA's defaults. The copies the
+options drop, and the bit-for-bit equality, are those of XLA's default CPU emitter
+(``xla_default``)."""
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,8 @@ import mlaxgraph as mg
 from mlaxgraph.compiler.xla_options import STEP_COMPILER_OPTIONS, step_compiler_options
 from mlaxgraph.examples import mlp, residual_cnn
 from mlaxgraph.train import Trainer
+
+pytestmark = pytest.mark.xla_default
 
 REGION = "xla_cpu_copy_insertion_use_region_analysis"
 
