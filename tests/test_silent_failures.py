@@ -101,10 +101,62 @@ def test_keyword_arguments_a_function_does_not_take_name_the_one_meant():
         (lambda: mg.quantize_weights(mg.quantize(graph, "int8"), params, state, group_size=32),
          r"quantize_weights got unexpected keyword argument 'group_size' \(group_size is "
          r"mg\.quantize's\)"),
+        # the peers' spellings: PEFT's LoraConfig, Keras's compile and fit, generate's
+        (lambda: mg.lora(graph, "fc", rank=2, lora_alpha=4),
+         r"lora got unexpected keyword argument 'lora_alpha' \(PEFT's lora_alpha is alpha=\)"),
+        (lambda: mg.lora(graph, "fc", rank=2, target_modules=["fc"]),
+         r"'target_modules' \(PEFT's target_modules are lora's second argument, targets\)"),
+        (lambda: mg.lora(graph, "fc", rank=2, dropuot=0.1),
+         r"'dropuot' \(did you mean dropout\?\); it takes lora\(graph, targets, rank"),
+        (lambda: mg.train.Trainer(model, optax.sgd(0.1), learning_rate=0.1),
+         r"Trainer got unexpected keyword argument 'learning_rate' \(the learning rate is the "
+         r"optimizer's: optax.adam\(learning_rate\)\)"),
+        (lambda: mg.train.Trainer(model, optax.sgd(0.1), epochs=3),
+         r"'epochs' \(epochs is fit's: trainer.fit\(ts, \(inputs, targets\), epochs=...\)\)"),
+        (lambda: mg.train.Trainer(model, optax.sgd(0.1), metric=("accuracy",)),
+         r"'metric' \(did you mean metrics\?\)"),
+        (lambda: trainer.fit(ts, data, epochs=1, batch_size=2, validation_data=data),
+         r"fit got unexpected keyword argument 'validation_data' \(Keras's validation_data is "
+         r"validation=\)"),
+        (lambda: trainer.fit(ts, data, epochs=1, batch_size=2, verbose=0),
+         r"'verbose' \(Keras's verbose is progress=\)"),
     ]
+    trainer = mg.train.Trainer(model, optax.sgd(0.1))
+    ts = trainer.init(jax.random.key(0))
+    data = (np.ones((4, 3), np.float32), np.zeros(4, np.int32))
     for call, message in cases:
         with pytest.raises(mg.MlaxGraphError, match=message):
             call()
+    lm = mg.models.gpt2({"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 32})
+    with pytest.raises(mg.ConfigError, match=r"decoder got unexpected keyword argument "
+                                             r"'max_new_tokens' \(max_new_tokens is "
+                                             r"mg.generate's, which takes a decoder\)"):
+        mg.decoder(lm, max_length=16, max_new_tokens=4)
+    with pytest.raises(mg.ConfigError, match=r"'dtype' \(did you mean cache_dtype\?\)"):
+        mg.decoder(lm, max_length=16, dtype=jnp.bfloat16)
+    assert int(ts.step) == 0  # nothing ran
+
+
+@pytest.mark.parametrize("function, written", [
+    ("lora", "mlaxgraph.adapters.lora._LORA_SIGNATURE"),
+    ("train.Trainer", "mlaxgraph.train.arguments.TRAINER_SIGNATURE"),
+    ("train.fit", "mlaxgraph.train.fit._FIT_SIGNATURE"),
+])
+def test_the_signatures_the_messages_write_out_are_the_functions(function, written):
+    """An unknown keyword's message lists what the function takes, written out once: it
+    names the function's own parameters, no more and no fewer."""
+    import importlib
+    import inspect
+    import re
+
+    target = mg
+    for part in function.split("."):
+        target = getattr(target, part)
+    module, _, name = written.rpartition(".")
+    text = getattr(importlib.import_module(module), name)
+    real = [p.name for p in inspect.signature(target).parameters.values()
+            if p.kind is not p.VAR_KEYWORD and p.name not in ("self", "trainer")]
+    assert re.findall(r"[(,]\s*\**(\w+)", text) == real
 
 
 def test_params_and_state_swapped_are_named():

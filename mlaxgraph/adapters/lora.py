@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import ConfigError, GraphError, SourceInfo, capture_source, node_message
+from ..core.signatures import unknown_keywords
 from ..ir.graph import Graph
 from ..ir.node import Node, Value
 from ..ir.paths import is_pattern, path_matcher
@@ -78,9 +79,19 @@ def _scale(rank: Any, alpha: Any, dropout: Any, use_rslora: Any) -> float:
 INIT_WEIGHTS = (True, False, "gaussian")
 
 
+_LORA_SIGNATURE = ("lora(graph, targets, rank, alpha=None, dropout=0.0, use_rslora=False, "
+                   "init_weights=True)")
+#: PEFT's ``LoraConfig`` spellings of lora's arguments.
+_PEFT_NAMES = {"r": "PEFT's r is rank=", "lora_alpha": "PEFT's lora_alpha is alpha=",
+               "lora_dropout": "PEFT's lora_dropout is dropout=",
+               "target_modules": "PEFT's target_modules are lora's second argument, targets",
+               "init_lora_weights": "PEFT's init_lora_weights is init_weights=",
+               "use_dora": "mg.lora makes LoRA adapters; DoRA is not built"}
+
+
 def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
          dropout: float = 0.0, use_rslora: bool = False,
-         init_weights: bool | str = True) -> Graph:
+         init_weights: bool | str = True, **unknown: Any) -> Graph:
     """``graph`` with a low-rank adapter beside each layer ``targets`` selects.
 
     Each target's output ``y`` becomes ``y + scale * B(A(dropout(x)))``, ``scale`` being
@@ -121,6 +132,8 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
       >>> [node.name for node in g2.nodes]
       ['x', 'fc', 'fc.lora_A', 'fc.lora_B', 'fc.lora_scale', 'fc.lora', 'head']
     """
+    if unknown:
+        raise ConfigError(unknown_keywords("lora", unknown, _LORA_SIGNATURE, _PEFT_NAMES))
     source = capture_source()
     scale = _scale(rank, alpha, dropout, use_rslora)
     if not any(init_weights == v and type(init_weights) is type(v) for v in INIT_WEIGHTS):

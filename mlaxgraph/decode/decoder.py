@@ -17,6 +17,7 @@ from ..compiler.policy import Policy
 from ..compiler.program import Program, ScanStep, get_in, set_in
 from ..core.donated import reraise_deleted
 from ..core.errors import ConfigError, GraphError, ShapeError, ShardingError
+from ..core.signatures import unknown_keywords
 from ..ir.graph import Graph
 from ..ops.cached_attention import CachedAttention
 from ..ops.embedding import Embedding
@@ -334,8 +335,16 @@ def _vocab_size(graph: Graph) -> int | None:
     return None
 
 
+#: What ``mg.decoder`` does not take and where it belongs.
+_DECODER_HINTS = {**{k: f"{k} is mg.generate's, which takes a decoder"
+                     for k in ("max_new_tokens", "sampler", "eos_token_id", "pad_token_id",
+                               "temperature", "top_k", "top_p", "do_sample")},
+                  **{k: f"{k} is mg.compile's: pass the CompiledModel, whose {k} the decoder keeps"
+                     for k in ("policy", "scan_blocks")}}
+
+
 def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None, mesh: Any = None,
-            rules: Any = None) -> Decoder:
+            rules: Any = None, **unknown: Any) -> Decoder:
     """The decoder of a causal language model: ``prefill`` and ``step`` over a
     key/value cache of ``max_length`` slots, derived from its graph.
 
@@ -369,6 +378,10 @@ def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None, me
       >>> logits.shape, cache.filled
       ((1, 1, 64), 65)
     """
+    if unknown:
+        raise ConfigError(unknown_keywords(
+            "decoder", unknown, "decoder(model_or_graph, max_length, cache_dtype=None, mesh=None, "
+            "rules=None)", _DECODER_HINTS))
     if rules is not None and mesh is None:
         raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
     if isinstance(model_or_graph, CompiledModel):

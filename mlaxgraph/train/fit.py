@@ -17,12 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core.errors import GraphError, ShapeError
+from ..core.signatures import unknown_keywords
 from .state import TrainState
 
-__all__ = ["fit", "evaluate"]
+__all__ = ["fit", "evaluate", "as_inputs"]
 
 
-def _inputs_tuple(inputs: Any) -> tuple:
+def as_inputs(inputs: Any) -> tuple:
+    """A graph's inputs as a tuple: an array, or a tuple or list of arrays."""
     return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
 
@@ -30,7 +32,7 @@ def _prepare(trainer, data: Any, what: str) -> tuple[tuple[np.ndarray, ...], np.
     """(inputs, targets) as numpy arrays in the graph's input dtypes, checked for length."""
     if not isinstance(data, (tuple, list)) or len(data) != 2:
         raise ShapeError(f"{what} must be a pair (inputs, targets), got {type(data).__name__}")
-    inputs, targets = _inputs_tuple(data[0]), np.asarray(data[1])
+    inputs, targets = as_inputs(data[0]), np.asarray(data[1])
     specs = trainer.model.graph.input_specs
     if len(inputs) != len(specs):
         raise ShapeError(f"{what}: graph {trainer.model.graph.name!r} takes {len(specs)} "
@@ -87,11 +89,24 @@ def evaluate(trainer, ts: TrainState, data: tuple, batch_size: int) -> dict[str,
     return {name: float(total) / n for name, total in sums.items()}
 
 
+_FIT_SIGNATURE = ("fit(ts, train, epochs, batch_size, initial_epoch=None, validation=None, "
+                  "shuffle=True, seed=0, steps_per_dispatch=1, checkpoints=None, patience=None, "
+                  "progress=True)")
+#: Keras's ``Model.fit`` spellings of fit's arguments.
+_KERAS_FIT_NAMES = {
+    "validation_data": "Keras's validation_data is validation=",
+    "verbose": "Keras's verbose is progress=",
+    "steps_per_execution": "Keras's steps_per_execution is steps_per_dispatch=",
+    "callbacks": "fit takes checkpoints= (an mg.train.CheckpointManager) and patience= "
+                 "where Keras takes ModelCheckpoint and EarlyStopping callbacks",
+    "validation_split": "fit takes validation=(inputs, targets): split the arrays first"}
+
+
 def fit(trainer, ts: TrainState, train: tuple | None = None, *, epochs: int, batch_size: int,
         initial_epoch: int | None = None,
         validation: tuple | None = None, shuffle: bool = True, seed: int = 0,
         steps_per_dispatch: int = 1, checkpoints=None, patience: int | None = None,
-        progress: bool = True) -> tuple[TrainState, dict[str, list[float]]]:
+        progress: bool = True, **unknown: Any) -> tuple[TrainState, dict[str, list[float]]]:
     """Trains ``ts`` over ``train = (inputs, targets)``: ``epochs`` more epochs, or, with
     ``initial_epoch``, from that epoch up to epoch ``epochs`` (Keras's meaning of both).
 
@@ -127,6 +142,8 @@ def fit(trainer, ts: TrainState, train: tuple | None = None, *, epochs: int, bat
       ``(ts, history)``: the final state and, per epoch, the mean train metrics and
       ``val_``-prefixed validation metrics (``history["epoch"]`` counts from 1).
     """
+    if unknown:
+        raise GraphError(unknown_keywords("fit", unknown, _FIT_SIGNATURE, _KERAS_FIT_NAMES))
     if not isinstance(ts, TrainState):  # Keras's fit(x, y) or fit((x, y)), the state left out
         raise GraphError(f"fit trains a train state: trainer.fit(ts, (inputs, targets), ...), "
                          f"ts from trainer.init(key) (or a checkpoint), got "

@@ -21,10 +21,11 @@ from ..compiler.program import leaf_paths
 from ..compiler.taps import Taps
 from ..compiler.xla_options import TopLevelJit, checked_compiler_options, step_compiler_options
 from ..core.errors import GraphError
-from ..core.signatures import call_problem
+from ..core.signatures import call_problem, unknown_keywords
 from ..core.specs import trains
+from .arguments import TRAINER_HINTS, TRAINER_SIGNATURE
 from .chunked_loss import ChunkedHead
-from .fit import fit
+from .fit import as_inputs, fit
 from .frozen import FrozenStep, given_arrays
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import check_targets, resolve_loss, resolve_metrics
@@ -44,10 +45,6 @@ def _standard_promotion(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
 
     return wrapped
-
-def _as_inputs(x: Any) -> tuple:
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
 
 class Trainer:
     """Training for a compiled model.
@@ -130,7 +127,10 @@ class Trainer:
                  loss: str | Callable = "softmax_cross_entropy",
                  metrics: Any = None, loss_scale: Any = "auto", *,
                  capture: Any = None, intervene: Any = None, trainable: Any = None,
-                 compiler_options: Mapping[str, Any] | None = None, loss_chunk: int | None = None):
+                 compiler_options: Mapping[str, Any] | None = None, loss_chunk: int | None = None,
+                 **unknown: Any):
+        if unknown:
+            raise GraphError(unknown_keywords("Trainer", unknown, TRAINER_SIGNATURE, TRAINER_HINTS))
         if not hasattr(model, "apply_fn") or not hasattr(model, "init_fn"):
             raise GraphError(f"Trainer takes a compiled model (mg.compile(graph)), got "
                              f"{type(model).__name__}")
@@ -317,7 +317,7 @@ class Trainer:
 
     def _forward(self, params, state, inputs, rng, inference_mode: bool):
         """``(outputs, new_state, captured)`` (``captured`` empty without taps)."""
-        result = self._apply_fn(params, state, *_as_inputs(inputs),
+        result = self._apply_fn(params, state, *as_inputs(inputs),
                                 rng=rng if self._needs_rng else None,
                                 inference_mode=inference_mode)
         return result if self._taps is not None else (*result, {})
@@ -406,7 +406,7 @@ class Trainer:
 
     def predict(self, ts: TrainState, inputs: Any):
         """The model's outputs in inference mode (the jitted ``model.apply``)."""
-        outputs, _ = self.model.apply(ts.params, ts.state, *_as_inputs(inputs),
+        outputs, _ = self.model.apply(ts.params, ts.state, *as_inputs(inputs),
                                       inference_mode=True)
         return outputs
 
