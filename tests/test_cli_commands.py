@@ -192,8 +192,9 @@ def test_a_builder_in_a_python_file(run):
     (["summry", "cnn.mlg"], "invalid choice: 'summry' (choose from 'demo', 'summary', 'render', "
                             "'view', 'hlo', 'export', 'cost', 'compare', 'generate'); did you mean "
                             "'summary'?"),
-    (["hlo", "cnn.mlg", "--batch", "2", "--optimised"],
-     "unrecognized arguments: --optimised; did you mean '--optimized'?"),
+    (["hlo", "cnn.mlg", "--batch", "2", "--optimised"],  # the command's parser reports it
+     "mlaxgraph hlo: error: unrecognized arguments: --optimised; did you mean '--optimized'? "
+     "(see `mlaxgraph hlo --help`)"),
     (["generate", "--model", "gtp2", "--prompt-ids", "1"], "did you mean 'gpt2'?"),
 ])
 def test_bad_arguments_and_missing_files_exit_2_with_one_line(run, argv, message):

@@ -110,10 +110,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of ``command`` (``parser`` itself without one)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the command's parser: its usage, its options' spellings
+            _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
         return int(e.code or 0)
     if args.command is None:
