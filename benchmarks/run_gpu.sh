@@ -31,3 +31,10 @@ JAX_PLATFORMS=cuda timeout 260 $PY benchmarks/bench_train.py --quick 2>&1 | tee 
 JAX_PLATFORMS=cuda timeout 150 $PY benchmarks/bench_lora.py --seq 64 --loss-chunk 16 --rounds 10 \
   --out "$OUT/lora.json" > "$OUT/lora.txt" 2>&1
 tail -n 3 "$OUT/lora.txt"
+
+# what the LoRA step's temporaries are (XLA's buffer assignment), and the forms of the
+# tied head's vocabulary-wide contraction that might leave out the padded copy of the table
+JAX_PLATFORMS=cuda timeout 200 $PY benchmarks/lora_buffers.py --seq 64 --loss-chunk 16 --remat none,full \
+  --top 6 > "$OUT/lora_buffers.txt" 2>&1
+JAX_PLATFORMS=cuda timeout 120 $PY benchmarks/vocab_contraction.py --rounds 50 > "$OUT/vocab.txt" 2>&1
+tail -n 8 "$OUT/vocab.txt"
