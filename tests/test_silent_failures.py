@@ -278,3 +278,25 @@ def test_trainer_checks_the_regression_losses_and_several_outputs():
     trainer = mg.train.Trainer(mg.compile(two), optax.sgd(0.1))
     with pytest.raises(mg.ShapeError, match="takes one model output, and the graph has 2"):
         trainer.eval_step(trainer.init(jax.random.key(0)), jnp.ones((3, 4)), jnp.zeros((3,), jnp.int32))
+
+
+def test_base_params_given_to_an_adapted_model_name_init_with_reuse():
+    """A LoRA-adapted model's apply given the base model's params (the adapters missing)
+    names the init that makes the adapters and keeps the base weights."""
+    x = mg.Input(("batch", 3), name="x")
+    graph = mg.Graph(x, ops.Linear(2, name="fc")(ops.Linear(4, name="hidden")(x)))
+    base = mg.compile(graph)
+    params, state = base.init(jax.random.key(0))
+    adapted = mg.compile(mg.lora(graph, "hidden", rank=2))
+    with pytest.raises(mg.GraphError, match=r"layer 'hidden.lora_A' \(op linear\): params has no "
+                                            r"entry 'hidden.lora_A'; .*an adapted graph's init "
+                                            r"makes the adapters and keeps the base weights given: "
+                                            r"params, state = model.init\(key, reuse=\(base_params, "
+                                            r"base_state\)\)"):
+        adapted.apply(params, state, jnp.ones((2, 3)))
+    with pytest.raises(mg.GraphError) as plain:  # a base layer's weight missing: no such hint
+        base.apply({"fc": params["fc"]}, state, jnp.ones((2, 3)))
+    assert "init(key, reuse=" not in str(plain.value)
+    new_params, new_state = adapted.init(jax.random.key(1), reuse=(params, state))  # the hint
+    np.testing.assert_array_equal(adapted.apply(new_params, new_state, jnp.ones((2, 3)))[0],
+                                  base.apply(params, state, jnp.ones((2, 3)))[0])

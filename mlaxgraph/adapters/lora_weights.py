@@ -5,13 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..core.errors import GraphError
+from ..ir.paths import is_adapter
 
 __all__ = ["lora_params", "is_adapter"]
-
-
-def is_adapter(key: str) -> bool:
-    """Whether ``key`` names an adapter's layer (``<target>.lora_A`` or ``.lora_B``)."""
-    return key.endswith(".lora_A") or key.endswith(".lora_B")
 
 
 def lora_params(params: Mapping) -> dict:

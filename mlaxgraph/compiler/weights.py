@@ -15,6 +15,7 @@ import numpy as np
 
 from ..core.errors import DTypeError, GraphError, ShapeError, node_message
 from ..core.specs import flatten_specs, is_symbolic
+from ..ir.paths import is_adapter
 from .program import Program, ScanStep, Step, get_in, has_in, set_in
 
 __all__ = ["read_weights", "check_weights", "per_block_weights", "without_layers"]
@@ -35,7 +36,7 @@ def read_weights(step: Step, tree: Any, which: str, other: Any = None) -> Mappin
         swapped = other is not None and has_in(other, step.weights)
         hint = (f"; {'state' if which == 'params' else 'params'} has it: params and state are "
                 f"swapped (they go in the order init returns them, params first)"
-                if swapped else _quantized_hint(node))
+                if swapped else _quantized_hint(node) or _adapter_hint(step.weights_path))
         raise GraphError(node_message(
             step.path, node.op.op_name,
             f"{which} has no entry {step.weights_path!r}; pass the {which} made by this "
@@ -47,7 +48,8 @@ def read_weights(step: Step, tree: Any, which: str, other: Any = None) -> Mappin
             raise GraphError(node_message(
                 step.path, node.op.op_name,
                 f"{which} has no weight {step.weights_path}/{path}; pass the {which} made by "
-                f"this model's init{_quantized_hint(node)}", source=node.source)) from None
+                f"this model's init{_quantized_hint(node) or _adapter_hint(path)}",
+                source=node.source)) from None
         shape = getattr(leaf, "shape", None)
         if shape is None or (not any(is_symbolic(d) for d in spec.shape)
                              and tuple(shape) != tuple(spec.shape)):
@@ -78,6 +80,14 @@ def _quantized_hint(node: Any) -> str:
         return ""
     return ("; a quantized graph's weights and state come from the float model's: "
             "mg.quantize_weights(qgraph, params, state)")
+
+
+def _adapter_hint(path: str) -> str:
+    """What a LoRA adapter's missing weights call for: the base model's params lack them."""
+    if not any(is_adapter(part) for part in path.split("/")):
+        return ""
+    return ("; an adapted graph's init makes the adapters and keeps the base weights given: "
+            "params, state = model.init(key, reuse=(base_params, base_state))")
 
 
 def per_block_weights(step: Step, blocks: tuple) -> tuple:

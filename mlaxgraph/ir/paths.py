@@ -8,7 +8,7 @@ import difflib
 import re
 from collections.abc import Callable, Sequence
 
-__all__ = ["path_matcher", "is_pattern", "module_view", "near_names"]
+__all__ = ["path_matcher", "is_pattern", "module_view", "near_names", "is_adapter"]
 
 _GLOB = re.compile(r"\*\*|\*|\?|\[[^\]]*\]|[^*?\[]+")
 
@@ -75,3 +75,9 @@ def near_names(name: str, known: Sequence[str]) -> str:
     plain = name.replace("*", "").replace("?", "")
     close = difflib.get_close_matches(plain, known, n=4, cutoff=0.5)
     return f"; near names: {', '.join(close)}" if close else ""
+
+
+def is_adapter(key: str) -> bool:
+    """Whether ``key`` names a LoRA adapter's layer (``<target>.lora_A`` or ``.lora_B``,
+    the names ``mg.lora`` gives them)."""
+    return key.endswith(".lora_A") or key.endswith(".lora_B")
