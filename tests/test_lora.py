@@ -132,6 +132,22 @@ def test_merged_equals_unmerged_and_gives_the_base_graph_back(gpt2):
     np.testing.assert_allclose(np.asarray(merged["h.1"]["mlp.c_proj"]["kernel"]), want, rtol=1e-5, atol=1e-6)
 
 
+def test_merge_lora_given_the_base_params_names_the_adapter_and_the_init(gpt2):
+    g, params, state, _ = gpt2
+    for targets, adapter in (("h.*/mlp.c_fc", "h.0/mlp.c_fc.lora_A/kernel"),
+                             ("h.*/attn/qkv", "h.0/attn.qkv.lora_A/kernel")):
+        with pytest.raises(mg.GraphError, match=rf"merge_lora: params have no adapter weight "
+                                                rf"'{adapter}' .*model.init\(key, "
+                                                rf"reuse=\(base_params, base_state\)\)"):
+            mg.merge_lora(mg.lora(g, targets, rank=2), params)
+    g2 = mg.lora(g, "h.*/mlp.c_fc", rank=2)
+    stacked = mg.compile(g2, scan_blocks="always").init(jax.random.key(0), reuse=(params, state))[0]
+    with pytest.raises(mg.GraphError, match=r"params have no weight 'h.0/mlp.c_fc/kernel' of "
+                                            r"'h.0/mlp.c_fc' \(give the adapted graph's params, "
+                                            r"unscanned: model.unstack_weights gives them\)"):
+        mg.merge_lora(g2, stacked)
+
+
 def test_a_tied_embedding_is_not_merged(gpt2):
     g, params, state, _ = gpt2
     g2 = mg.lora(g, "wte", rank=2)

@@ -136,6 +136,20 @@ def test_file_layout_is_plain_safetensors(tmp_path):
     assert recorded == hashlib.blake2b(zeroed, digest_size=16).hexdigest()
 
 
+def test_saving_to_a_folder_or_into_a_missing_one_names_it(tmp_path):
+    x = mg.Input(("batch", 3), name="x")
+    g = mg.Graph(x, ops.Linear(2, name="fc")(x))
+    params, state = mg.compile(g).init(jax.random.key(0))
+    with pytest.raises(mg.SerializationError, match=r"it is a folder; give the path of a file in it"):
+        mg.save(tmp_path, g, params, state)
+    missing = tmp_path / "no" / "m.mlg"
+    with pytest.raises(mg.SerializationError, match=r"folder '.*no' does not exist \(os.makedirs"):
+        mg.save(missing, g, params, state)
+    assert sorted(os.listdir(tmp_path)) == []  # nothing written, no temporary file left
+    mg.save(tmp_path / "m.mlg", g, params, state)  # a file in the folder
+    assert os.listdir(tmp_path) == ["m.mlg"]
+
+
 def test_saving_twice_gives_the_same_bytes(tmp_path):
     graph = examples.transformer_block()
     params, state = random_weights(graph)

@@ -16,6 +16,7 @@ from ..core.donated import refuse_deleted
 from ..core.errors import GraphError
 from ..ir.graph import Graph
 from ..ir.node import Node, Value
+from ..ir.paths import is_adapter
 from ..ir.rewrite import Rewrite, Rule, rewrite
 from ..ir.scan import unfold_scans
 from ..ir.surgery import layer_paths
@@ -106,15 +107,9 @@ def _merge_attention(params: dict, nodes: Mapping[str, Node], owner: str, projec
                          f"then quantize")
     base = f"{owner}.{projection}"
     scale = nodes[base + ".lora_scale"].op.constant  # type: ignore[attr-defined]
-    try:
-        a = get_in(params, (*(base + ".lora_A").split("/"), "kernel"))
-        b = get_in(params, (*(base + ".lora_B").split("/"), "kernel"))
-        kernels = {p: get_in(params, (*owner.split("/"), p, "kernel"))
-                   for p in ("query", "key", "value", "out")}
-    except (KeyError, TypeError):
-        raise GraphError(f"merge_lora: params have no weights for {owner!r} and its adapter "
-                         f"(give the adapted graph's params, unscanned: model.unstack_weights "
-                         f"gives them)") from None
+    kernels = {p: _read(params, f"{owner}/{p}/kernel", owner) for p in ("query", "key", "value", "out")}
+    a = _read(params, f"{base}.lora_A/kernel", owner)
+    b = _read(params, f"{base}.lora_B/kernel", owner)
     delta = scale * jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32),
                                precision=jax.lax.Precision.HIGHEST)
     if projection == "qkv":
@@ -128,6 +123,22 @@ def _merge_attention(params: dict, nodes: Mapping[str, Node], owner: str, projec
         new = (w.astype(jnp.float32) + jnp.reshape(d, w.shape)).astype(w.dtype)
         params = set_in(params, (*owner.split("/"), p, "kernel"), new)
     return params
+
+
+def _read(params: Mapping, path: str, layer: str) -> Any:
+    """The weight at ``path`` (``/``-separated) in ``params``; a ``GraphError`` naming
+    what is missing: the adapter of base params, or the layer in another layout."""
+    try:
+        return get_in(params, tuple(path.split("/")))
+    except (KeyError, TypeError):
+        pass
+    if any(is_adapter(part) for part in path.split("/")):
+        raise GraphError(f"merge_lora: params have no adapter weight {path!r} of {layer!r}: "
+                         f"pass the adapted model's params (model.init(key, reuse=(base_params, "
+                         f"base_state)) makes the adapters beside the base weights), unscanned: "
+                         f"model.unstack_weights gives them from a scanned model's")
+    raise GraphError(f"merge_lora: params have no weight {path!r} of {layer!r} (give the adapted "
+                     f"graph's params, unscanned: model.unstack_weights gives them)")
 
 
 def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
@@ -188,14 +199,9 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
         scale_op: Any = nodes[base + ".lora_scale"].op
         scale = scale_op.constant
         weight = "embedding" if isinstance(nodes[base].op, Embedding) else "kernel"
-        try:
-            w = get_in(params, (*base.split("/"), weight))
-            a = get_in(params, (*path.split("/"), "embedding" if weight == "embedding" else "kernel"))
-            b = get_in(params, (*f"{base}.lora_B".split("/"), "kernel"))
-        except (KeyError, TypeError):
-            raise GraphError(f"merge_lora: params have no weights for {base!r} and its adapter "
-                             f"(give the adapted graph's params, unscanned: "
-                             f"model.unstack_weights gives them)") from None
+        w = _read(params, f"{base}/{weight}", base)
+        a = _read(params, f"{path}/{weight}", base)
+        b = _read(params, f"{base}.lora_B/kernel", base)
         if isinstance(nodes[base].op, Conv):
             new = _merge_conv(w, a, b, scale)
             merged = set_in(merged, (*base.split("/"), weight), new)

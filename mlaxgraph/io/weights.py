@@ -130,8 +130,12 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
-    if not base:
-        raise SerializationError(f"cannot save to {path!r}: it names a directory")
+    if not base or os.path.isdir(path):
+        raise SerializationError(f"cannot save to {path!r}: it is a folder; give the path of a "
+                                 f"file in it (os.path.join({path!r}, name))")
+    if not os.path.isdir(directory):
+        raise SerializationError(f"cannot save to {path!r}: folder {directory!r} does not exist "
+                                 f"(os.makedirs({directory!r}) makes it)")
     try:
         info = os.stat(path)
         # Keep the permissions of the file replaced (not of a directory in the way).
