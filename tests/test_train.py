@@ -293,3 +293,14 @@ def test_bad_arguments_raise_mlaxgraph_errors():
         trainer.fit(ts, (x, y[:5]), epochs=1, batch_size=4, progress=False)
     with pytest.raises(mg.ShapeError, match="takes 1 inputs, got 2"):
         trainer.fit(ts, ((x, x), y), epochs=1, batch_size=4, progress=False)
+    # class ids outside the output's 3 classes: named before any step (the loss gives NaN)
+    with pytest.raises(mg.ShapeError, match=r"training data: the targets hold class id 3, and the "
+                                            r"graph's output 'logits' has 3 classes: ids must be "
+                                            r"in \[0, 3\); they run from 1 to 3: class ids count "
+                                            r"from 0 \(targets - 1\)"):
+        trainer.fit(ts, (x, y + 1), epochs=1, batch_size=4, progress=False)
+    with pytest.raises(mg.ShapeError, match=r"validation data: the targets hold class id -100, .*"
+                                            r"Hugging Face's labels"):
+        trainer.fit(ts, (x, y), epochs=1, batch_size=4, progress=False,
+                    validation=(x, np.where(y == 0, -100, y)))
+    assert int(ts.step) == 0  # nothing was trained

@@ -46,7 +46,29 @@ def _prepare(trainer, data: Any, what: str) -> tuple[tuple[np.ndarray, ...], np.
     if len(lengths) != 1:
         raise ShapeError(f"{what}: inputs and targets have different numbers of examples "
                          f"({', '.join(str(len(a)) for a in (*arrays, targets))})")
+    _check_class_ids(trainer, targets, what)
     return arrays, targets
+
+
+def _check_class_ids(trainer, targets: np.ndarray, what: str) -> None:
+    """Class ids outside the output's classes, which the step's loss would turn into NaN
+    (a gather out of range): checked once, on the host, before training."""
+    specs = trainer.model.graph.output_specs
+    if (trainer._loss_name != "softmax_cross_entropy" or len(specs) != 1 or not specs[0].shape
+            or not isinstance(classes := specs[0].shape[-1], int)
+            or not np.issubdtype(targets.dtype, np.integer) or not targets.size):
+        return
+    low, high = int(targets.min()), int(targets.max())
+    if low >= 0 and high < classes:
+        return
+    bad = low if low < 0 else high
+    hint = (f"; they run from 1 to {classes}: class ids count from 0 (targets - 1)"
+            if low == 1 and high == classes else
+            "; -100 marks an ignored position in Hugging Face's labels, which the named loss "
+            "does not have: give a loss function that masks it" if low == -100 else "")
+    raise ShapeError(f"{what}: the targets hold class id {bad}, and the graph's output "
+                     f"{trainer._output_name!r} has {classes} classes: ids must be in "
+                     f"[0, {classes}){hint}")
 
 
 def _take(inputs: tuple[np.ndarray, ...], index: np.ndarray):
@@ -150,6 +172,8 @@ def fit(trainer, ts: TrainState, train: tuple | None = None, *, epochs: int, bat
                          f"{type(ts).__name__} first")
     tqdm = _progress_bar()
     inputs, targets = _prepare(trainer, train, "training data")
+    if validation is not None:  # checked now, not after the first epoch's training
+        _prepare(trainer, validation, "validation data")
     n = len(targets)
     per_epoch = n // batch_size
     if batch_size <= 0 or per_epoch == 0:
