@@ -120,6 +120,12 @@ def test_keyword_arguments_a_function_does_not_take_name_the_one_meant():
          r"validation=\)"),
         (lambda: trainer.fit(ts, data, epochs=1, batch_size=2, verbose=0),
          r"'verbose' \(Keras's verbose is progress=\)"),
+        (lambda: mg.compile(graph, polcy="bfloat16"),
+         r"compile got unexpected keyword argument 'polcy' \(did you mean policy\?\)"),
+        (lambda: mg.compile(graph, dtype="bfloat16"),
+         r"'dtype' \(the dtypes are the policy's: policy='bfloat16' or mg.Policy"),
+        (lambda: mg.compile(graph, policy="bfloat"),
+         r"unknown policy 'bfloat' \(did you mean 'bfloat16'\?\)"),
     ]
     trainer = mg.train.Trainer(model, optax.sgd(0.1))
     ts = trainer.init(jax.random.key(0))
@@ -138,6 +144,7 @@ def test_keyword_arguments_a_function_does_not_take_name_the_one_meant():
 
 
 @pytest.mark.parametrize("function, written", [
+    ("compile", "mlaxgraph.compiler.compile._COMPILE_SIGNATURE"),
     ("lora", "mlaxgraph.adapters.lora._LORA_SIGNATURE"),
     ("train.Trainer", "mlaxgraph.train.arguments.TRAINER_SIGNATURE"),
     ("train.fit", "mlaxgraph.train.fit._FIT_SIGNATURE"),
@@ -300,3 +307,17 @@ def test_base_params_given_to_an_adapted_model_name_init_with_reuse():
     new_params, new_state = adapted.init(jax.random.key(1), reuse=(params, state))  # the hint
     np.testing.assert_array_equal(adapted.apply(new_params, new_state, jnp.ones((2, 3)))[0],
                                   base.apply(params, state, jnp.ones((2, 3)))[0])
+
+
+def test_a_policy_given_by_name_is_policy_named():
+    """``mg.compile(graph, policy="mixed_bfloat16")``, as Keras users name policies, is
+    ``Policy.named``'s policy: the same casts and outputs."""
+    x = mg.Input(("batch", 3), name="x")
+    graph = mg.Graph(x, ops.Linear(2, name="fc")(x))
+    by_name = mg.compile(graph, policy="mixed_bfloat16")
+    explicit = mg.compile(graph, policy=mg.Policy.named("bfloat16"))
+    assert by_name.policy == explicit.policy and by_name.policy.compute_dtype == jnp.bfloat16
+    params, state = explicit.init(jax.random.key(0))
+    a, _ = by_name.apply(params, state, jnp.ones((2, 3)))
+    b, _ = explicit.apply(params, state, jnp.ones((2, 3)))
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ..core.errors import GraphError, ShardingError
+from ..core.signatures import unknown_keywords
 from ..core.specs import dim_names
 from ..ir.graph import Graph
 from . import stages
@@ -267,17 +268,28 @@ def _check_overrides(graph: Graph, policy: Policy) -> None:
                              f"{graph.name!r}{hint}")
 
 
-def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
+_COMPILE_SIGNATURE = ("compile(graph, policy=None, mesh=None, rules=None, scan_blocks=False, "
+                      "remat=None, memory_budget=None, dims=None, checks=False)")
+_POLICY_HINT = "the dtypes are the policy's: policy='bfloat16' or mg.Policy(compute_dtype=...)"
+#: Where what mg.compile does not take belongs.
+_COMPILE_HINTS = {"dtype": _POLICY_HINT, "compute_dtype": _POLICY_HINT, "param_dtype": _POLICY_HINT,
+                  "scan": "scan_blocks=True folds runs of equal blocks on lax.scan",
+                  "checkpoint": "remat='full' recomputes each block in the backward pass",
+                  "jit": "init and apply are always jitted"}
+
+
+def compile(graph: Graph, policy: Policy | str | None = None, mesh: Any = None,
             rules: Any = None, *, scan_blocks: bool | str = False, remat: Any = None,
             memory_budget: Any = None, dims: Mapping[str, int] | None = None,
-            checks: bool = False) -> CompiledModel:
+            checks: bool = False, **unknown: Any) -> CompiledModel:
     """Runs the compiler's passes on ``graph`` and lowers it to a jitted init/apply.
 
     Args:
       graph: the graph to compile.
-      policy: the dtype policy. Without one, no casts are inserted: each layer
-        computes in the dtype of its inputs (float32 for a float32 graph) and
-        weights are float32.
+      policy: the dtype policy, an ``mg.Policy`` or a name of ``Policy.named``
+        (``"bfloat16"``, ``"float16"``, ``"float32"``; Keras's ``"mixed_bfloat16"``).
+        Without one, no casts are inserted: each layer computes in the dtype of its
+        inputs (float32 for a float32 graph) and weights are float32.
       mesh: a ``jax.sharding.Mesh`` to run on (docs/sharding.md): ``init`` then
         creates the weights sharded and ``apply`` runs with matching shardings.
       rules: logical axis -> mesh axis (``{"batch": "data", "mlp": "model"}``); a
@@ -308,11 +320,16 @@ def compile(graph: Graph, policy: Policy | None = None, mesh: Any = None,
         layer and where it was created.
       ShardingError: for rules and axes that do not fit the mesh, naming the layer.
     """
+    if unknown:
+        raise GraphError(unknown_keywords("compile", unknown, _COMPILE_SIGNATURE, _COMPILE_HINTS))
     checks = bool(checks)
     if not isinstance(graph, Graph):
         raise GraphError(f"mg.compile takes a Graph, got {type(graph).__name__}")
+    if isinstance(policy, str):  # Keras's mixed_precision.Policy("mixed_bfloat16") by name
+        policy = Policy.named(policy)
     if policy is not None and not isinstance(policy, Policy):
-        raise GraphError(f"policy must be an mg.Policy, got {type(policy).__name__}")
+        raise GraphError(f"policy must be an mg.Policy or its name ('bfloat16', 'float16', "
+                         f"'float32'), got {type(policy).__name__}")
     if policy is not None:
         _check_overrides(graph, policy)
     if rules is not None and mesh is None:

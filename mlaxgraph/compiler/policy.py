@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -81,7 +82,9 @@ class Policy:
         if key not in ("float32", "bfloat16", "float16"):
             short = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "half": "float16",
                      "fp32": "float32", "f32": "float32"}.get(key)
-            hint = f" (did you mean {short!r}?)" if short else ""
+            near = short or next(iter(difflib.get_close_matches(key, ("float32", "bfloat16",
+                                                                       "float16"), n=1)), None)
+            hint = f" (did you mean {near!r}?)" if near else ""
             raise DTypeError(f"unknown policy {name!r}{hint}: use float32, bfloat16 or float16")
         return cls(compute_dtype=key)
 
