@@ -35,6 +35,21 @@ def test_missing_dim_binding_is_a_shape_error(cnn):
         cnn.hlo()
 
 
+def test_a_dim_value_naming_no_dim_is_refused_not_ignored(cnn):
+    """``**dims`` takes any keyword: a misspelt one (``optimised=True``) would be a dim
+    nobody reads, and the call would return the unoptimized HLO."""
+    with pytest.raises(mg.ShapeError, match=r"optimised=True names no symbolic dim of graph "
+                                            r"'residual_cnn' \(its inputs' symbolic dims: "
+                                            r"batch\); did you mean optimized=\?"):
+        cnn.hlo(optimised=True, batch=2)
+    with pytest.raises(mg.ShapeError, match=r"bacth=2 .*did you mean batch=\?"):
+        cnn.cost_table(bacth=2)
+    with pytest.raises(mg.ShapeError, match=r"give example arrays or the symbolic dims' values "
+                                            r"\(batch=2\), not both"):
+        cnn.jaxpr(jnp.zeros((5, 8, 8, 1)), batch=2)
+    assert "HloModule" in cnn.hlo(optimized=True, batch=2)  # spelt right
+
+
 def test_stablehlo_names_every_layer(cnn):
     text = cnn.hlo(batch=8)
     assert "module @jit_apply" in text

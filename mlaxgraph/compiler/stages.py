@@ -7,6 +7,7 @@ dims are bound by name (``batch=8``) or taken from example arrays."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 from typing import Any
 
@@ -24,8 +25,31 @@ def _rng_spec(model, inference_mode: bool):
     return jax.eval_shape(jax.random.key, 0)
 
 
+#: The inspection methods' keyword arguments, which a misspelling turns into a dim name.
+_KEYWORDS = ("optimized", "inference_mode", "debug_info", "xla", "every")
+
+
+def _check_dims(model, example: tuple, dims: dict[str, Any]) -> None:
+    """Dim values name symbolic dims of the graph's inputs (a misspelt keyword such as
+    ``optimised=True`` would otherwise be a dim nobody reads), and come without example
+    arrays, whose shapes give the dims."""
+    known = list(dict.fromkeys(n for s in model.graph.input_specs for n in dim_names(s.shape)))
+    for name in dims:
+        if name not in known:
+            near = difflib.get_close_matches(name, [*known, *_KEYWORDS], n=1)
+            hint = f"; did you mean {near[0]}=?" if near else ""
+            raise ShapeError(f"{name}={dims[name]!r} names no symbolic dim of graph "
+                             f"{model.graph.name!r} (its inputs' symbolic dims: "
+                             f"{', '.join(known) or 'none'}){hint}")
+    if example and dims:
+        raise ShapeError(f"give example arrays or the symbolic dims' values "
+                         f"({', '.join(f'{k}={v!r}' for k, v in dims.items())}), not both: the "
+                         f"arrays' shapes give the dims")
+
+
 def abstract_args(model, example: tuple, dims: dict[str, int], inference_mode: bool):
     """(params, state, inputs, rng) as ShapeDtypeStructs for ``model.apply``."""
+    _check_dims(model, example, dims)
     specs = model.graph.input_specs
     if example:
         if len(example) != len(specs):
@@ -46,6 +70,7 @@ def abstract_args(model, example: tuple, dims: dict[str, int], inference_mode: b
 def dim_values(model, example: tuple, dims: dict[str, int]) -> dict[str, int]:
     """The value of each symbolic dim of the graph's inputs, by name: from ``dims`` or
     read off the example arrays' shapes."""
+    _check_dims(model, example, dims)
     specs = model.graph.input_specs
     if example:
         if len(example) != len(specs):

@@ -117,6 +117,16 @@ def rebuild_tree(template: Mapping, prefix: str, leaf: Callable[[str], Any]) -> 
 # --- writing --------------------------------------------------------------------------
 
 
+class _IsAFolder(SerializationError, IsADirectoryError):
+    """A path to save to that is a folder (an ``mg.SerializationError`` that Python's
+    ``except IsADirectoryError`` catches too)."""
+
+
+class _NoFolder(SerializationError, FileNotFoundError):
+    """A path to save to in a folder that does not exist (an ``mg.SerializationError``
+    that Python's ``except FileNotFoundError`` catches too)."""
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
     """Writes a file so that ``path`` holds either its old content or the complete new
     one, whenever the process or the machine stops.
@@ -131,11 +141,11 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
     if not base or os.path.isdir(path):
-        raise SerializationError(f"cannot save to {path!r}: it is a folder; give the path of a "
-                                 f"file in it (os.path.join({path!r}, name))")
+        raise _IsAFolder(f"cannot save to {path!r}: it is a folder; give the path of a file in "
+                         f"it (os.path.join({path!r}, name))")
     if not os.path.isdir(directory):
-        raise SerializationError(f"cannot save to {path!r}: folder {directory!r} does not exist "
-                                 f"(os.makedirs({directory!r}) makes it)")
+        raise _NoFolder(f"cannot save to {path!r}: folder {directory!r} does not exist "
+                        f"(os.makedirs({directory!r}) makes it)")
     try:
         info = os.stat(path)
         # Keep the permissions of the file replaced (not of a directory in the way).
