@@ -492,5 +492,13 @@ def test_a_typo_d_option_and_an_html_render_are_named_errors():
         g.to_html(expand_nestd=True)
     with pytest.raises(mg.GraphError, match=r"unknown option 'fodl' \(did you mean 'fold'\?\)"):
         mg.compile(g).to_html(fodl=False)
+    # the diff page and the Model Explorer files take dims the same way (a typo was a dim
+    # nobody read)
+    with pytest.raises(mg.GraphError, match=r"diff_html got an unknown option 'bacth' "
+                                            r"\(did you mean 'batch'\?\)"):
+        mg.diff_html(g, g, bacth=2)
+    with pytest.raises(mg.GraphError, match=r"to_model_explorer got an unknown option 'sq' "
+                                            r"\(did you mean 'seq'\?\)"):
+        g.to_model_explorer("never_written.json", batch=1, sq=8)
     with pytest.raises(mg.GraphError, match=r"unknown format 'html'.*graph.to_html\(path\)"):
         g.render("x.html")

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...compiler.compile import CompiledModel
 from ...core.errors import GraphError
-from .page import page_html, payload_of, write_page
+from .page import check_dims, page_html, payload_of, write_page
 from .payload import walk_payload
 
 __all__ = ["diff_payload", "diff_html"]
@@ -122,6 +122,8 @@ def _label(obj) -> str:
 
 def diff_payload(a, b, *, labels: tuple[str, str] | None = None, **dims: Any) -> dict:
     """The page data comparing ``a`` (before) with ``b`` (after)."""
+    for side in (a, b):
+        check_dims("diff_html", side, dims, ["labels"])
     pa = payload_of(a, fold=False, **dims)
     pb = payload_of(b, fold=False, **dims)
     if labels is None:

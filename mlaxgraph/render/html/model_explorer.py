@@ -22,7 +22,7 @@ import os
 import pathlib
 from typing import Any
 
-from .page import write_page
+from .page import check_dims, write_page
 from .payload import scope_of, walk_payload
 
 __all__ = ["model_explorer_graph", "model_explorer_node_data", "write_model_explorer",
@@ -121,6 +121,7 @@ def write_model_explorer(graph, path: Any, *, overlay=None, **dims: int) -> list
       overlay: a dict of layer path -> number for a node-data file of its own.
       **dims: values of symbolic dims for the numbers (a dim without one counts as 1).
     """
+    check_dims("to_model_explorer", graph, dims, ["overlay"])
     if isinstance(overlay, str):
         overlay = None  # a named overlay: its file is written anyway
     root, _ = scope_of(graph, dims=dims, overlay=overlay, fold=False)

@@ -139,14 +139,14 @@ def to_html(obj, path: Any = None, *, overlay=None, hlo: bool = False, title: st
       **dims: values of symbolic dims (``batch=8``) at which FLOPs and activation bytes
         are evaluated (a dim without one counts as 1, and the legend says so).
     """
-    _check_dims("to_html", obj, dims, ["overlay", "hlo", "title", "fold"])
+    check_dims("to_html", obj, dims, ["overlay", "hlo", "title", "fold"])
     text = page_html(payload_of(obj, overlay=overlay, hlo=hlo, title=title, fold=fold, **dims))
     if path is None:
         return text
     return write_page(path, text)
 
 
-def _check_dims(function: str, obj: Any, dims: dict, options: list[str]) -> None:
+def check_dims(function: str, obj: Any, dims: dict, options: list[str]) -> None:
     """Each keyword beyond ``options`` must be a symbolic dim of the graph's inputs: a
     typo'd option is an error suggesting the near name, not a dim binding."""
     graph = obj.graph if isinstance(obj, CompiledModel) else obj
