@@ -480,7 +480,14 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
     (lambda m, p, s: list(mg.generate_stream(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
                                              num_beams=4)),
      mg.ConfigError, "generate_stream got num_beams=4, which it does not take; it takes "
-                     r"max_new_tokens \(or max_length\), attention_mask, sampler"),
+                     r"max_new_tokens \(or max_length\), attention_mask, sampler.*\(beam search "
+                     r"is not built"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
+                                 repetition_penalty=1.2),
+     mg.ConfigError, r"repetition_penalty=1\.2, which it does not take.*\(of Hugging Face's "
+                     r"logits processors, generate has temperature, top-k and top-p"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, eos_token=1),
+     mg.ConfigError, r"eos_token=1, which it does not take.*\(did you mean eos_token_id\?\)"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]])),
      mg.ConfigError, r"generate needs max_new_tokens \(the new tokens per row\) or max_length"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=3, max_length=5),
@@ -490,7 +497,8 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
      mg.ConfigError, r"max_length counts the prompt's 3 tokens and the new ones, so it must be "
                      r"an int > 3, got 3"),
 ], ids=["int_key", "eos_out_of_vocabulary", "eos_not_int", "eos_empty_list", "pad_out_of_vocabulary",
-        "cache_dtype_typo", "cache_dtype_int", "hugging_face_sampling", "beams", "no_length",
+        "cache_dtype_typo", "cache_dtype_int", "hugging_face_sampling", "beams",
+        "repetition_penalty", "misspelt", "no_length",
         "both_lengths", "max_length_within_the_prompt"])
 def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error, message):
     model, params, state, _ = gpt2
