@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup graphviz chromium lint test test-torch soak demo bench bench-jort docs clean
+.PHONY: setup graphviz chromium lint test test-xla-default test-torch soak demo bench bench-jort docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -52,6 +52,10 @@ PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 test: setup chromium lint
 	MLAXGRAPH_TEST_EMITTER=elemental $(PYTEST) -m "not xla_default"
 	$(PYTEST) -m xla_default
+
+# Every test under XLA's default CPU emitter, as users compile (about 16 minutes on 2 cores).
+test-xla-default: setup chromium lint
+	$(PYTEST)
 
 # mg.from_torch against PyTorch itself: torch (about 5 GB with its CUDA libraries),
 # torchvision and transformers go into their own environment, never into $(VENV);
