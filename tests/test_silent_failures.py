@@ -126,6 +126,12 @@ def test_keyword_arguments_a_function_does_not_take_name_the_one_meant():
          r"'dtype' \(the dtypes are the policy's: policy='bfloat16' or mg.Policy"),
         (lambda: mg.compile(graph, policy="bfloat"),
          r"unknown policy 'bfloat' \(did you mean 'bfloat16'\?\)"),
+        (lambda: graph.to_onnx(None, params, state, opset_version=17),
+         r"to_onnx got unexpected keyword argument 'opset_version' \(torch.onnx.export's "
+         r"opset_version is opset=\)"),
+        (lambda: model.to_onnx(None, params, state, dynamic_axes={"x": {0: "batch"}}),
+         r"'dynamic_axes' \(the graph's symbolic dims are written as dim_param: they are "
+         r"dynamic already\)"),
     ]
     trainer = mg.train.Trainer(model, optax.sgd(0.1))
     ts = trainer.init(jax.random.key(0))

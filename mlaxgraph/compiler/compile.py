@@ -165,12 +165,13 @@ class CompiledModel:
         symbolic dims kept symbolic."""
         return stages.export(self, inference_mode=inference_mode, platforms=platforms)
 
-    def to_onnx(self, path: Any, params: Any = None, state: Any = None, *, opset: int = 21):
+    def to_onnx(self, path: Any, params: Any = None, state: Any = None, *, opset: int = 21,
+                **unknown: Any):
         """The compiled graph (with the casts its policy inserted) written as ONNX with
         its weights; see ``Graph.to_onnx``."""
         from ..onnx.writer import to_onnx
 
-        return to_onnx(self.graph, path, params, state, opset=opset)
+        return to_onnx(self.graph, path, params, state, opset=opset, **unknown)
 
     def save_hlo(self, directory, *example: Any, params=None, state=None,
                  inference_mode: bool = True, **dims: int):

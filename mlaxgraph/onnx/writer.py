@@ -20,6 +20,7 @@ from ..compiler.flatten import flatten
 from ..compiler.program import get_in, set_in
 from ..compiler.weights import check_weights
 from ..core.errors import ConfigError, GraphError, SerializationError
+from ..core.signatures import unknown_keywords
 from ..core.specs import flatten_specs, is_symbolic
 from ..ir.graph import Graph
 from .dtypes import to_code
@@ -236,8 +237,18 @@ def _value_info(onnx: Any, name: str, spec: Any) -> Any:
     return onnx.helper.make_tensor_value_info(name, to_code(spec.dtype), shape)
 
 
+#: ``torch.onnx.export``'s spellings of what ``to_onnx`` does another way.
+_TORCH_EXPORT_NAMES = {
+    "opset_version": "torch.onnx.export's opset_version is opset=",
+    "dynamic_axes": "the graph's symbolic dims are written as dim_param: they are dynamic already",
+    "input_names": "the inputs are named after the graph's Inputs (mg.Input(..., name=))",
+    "output_names": "the outputs are named after the layers that make them (name= of the layer)",
+    "export_params": "the weights are written when params (and state) are given",
+}
+
+
 def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mapping | None = None,
-            *, opset: int = DEFAULT_OPSET) -> Any:
+            *, opset: int = DEFAULT_OPSET, **unknown: Any) -> Any:
     """Writes ``graph`` with its weights as an ONNX model to ``path`` (None: only
     returned) and returns the ``onnx.ModelProto``: symbolic dims as ``dim_param``, a
     ``Linear`` as MatMul + Add, casts as Cast, each node named ``/layer path/Op``
@@ -264,6 +275,10 @@ def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mappi
       >>> [node.name for node in proto.graph.node]
       ['/fc/MatMul', '/fc/Add', '/relu/Relu']
     """
+    if unknown:
+        raise ConfigError(unknown_keywords("to_onnx", unknown,
+                                           "to_onnx(path, params=None, state=None, opset=21)",
+                                           _TORCH_EXPORT_NAMES))
     writer = _Writer(_check_opset(graph, opset))
     onnx = writer.onnx
     inputs = [writer.fresh(name) for name in graph.inputs]
