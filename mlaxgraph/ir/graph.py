@@ -354,8 +354,7 @@ class Graph:
         from ..io.json_format import graph_from_json
         return graph_from_json(text)
 
-    def to_onnx(self, path: Any, params: Any = None, state: Any = None, *, opset: int = 21,
-                **unknown: Any):
+    def to_onnx(self, path: Any, params: Any = None, state: Any = None, *, opset: int = 21, **unknown: Any):
         """The graph and its weights written as ONNX to ``path`` (``mlaxgraph.onnx.writer``)."""
         from ..onnx.writer import to_onnx
         return to_onnx(self, path, params, state, opset=opset, **unknown)
