@@ -142,6 +142,21 @@ def as_sampler(value: Any) -> Sampler:
 _HF_SAMPLING = {"temperature": "Temperature", "top_k": "TopK", "top_p": "TopP"}
 
 
+#: What generate takes, for the nearest spelling of one it does not.
+_TAKES = ("max_new_tokens", "max_length", "attention_mask", "sampler", "key", "eos_token_id",
+          "pad_token_id")
+_BEAMS = "beam search is not built: generate takes one token per row and step, greedy or drawn"
+_PROCESSORS = ("of Hugging Face's logits processors, generate has temperature, top-k and top-p "
+               "(mg.sampling); repetition and length penalties and banned words are not built")
+_OUTPUTS = "generate returns the token ids; model.apply gives the logits of a sequence"
+#: Hugging Face ``generate`` arguments for what mlaxgraph's does not do.
+_NOT_BUILT = {**dict.fromkeys(("num_beams", "num_beam_groups", "early_stopping"), _BEAMS),
+              **dict.fromkeys(("repetition_penalty", "no_repeat_ngram_size", "length_penalty",
+                               "bad_words_ids", "min_new_tokens", "min_length"), _PROCESSORS),
+              **dict.fromkeys(("output_scores", "return_dict_in_generate", "output_logits"),
+                              _OUTPUTS)}
+
+
 def refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
     """A ``ConfigError`` naming arguments ``function`` does not take; Hugging Face's
     sampling arguments (``do_sample``, ``temperature``, ``top_k``, ``top_p``) are
@@ -167,17 +182,3 @@ def refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
             hint += f" (did you mean {close[0]}?)"
     raise ConfigError(f"{function} got {names}, which it does not take{hint}")
 
-
-#: What generate takes, for the nearest spelling of one it does not.
-_TAKES = ("max_new_tokens", "max_length", "attention_mask", "sampler", "key", "eos_token_id",
-          "pad_token_id")
-_BEAMS = "beam search is not built: generate takes one token per row and step, greedy or drawn"
-_PROCESSORS = ("of Hugging Face's logits processors, generate has temperature, top-k and top-p "
-               "(mg.sampling); repetition and length penalties and banned words are not built")
-_OUTPUTS = "generate returns the token ids; model.apply gives the logits of a sequence"
-#: Hugging Face ``generate`` arguments for what mlaxgraph's does not do.
-_NOT_BUILT = {**dict.fromkeys(("num_beams", "num_beam_groups", "early_stopping"), _BEAMS),
-              **dict.fromkeys(("repetition_penalty", "no_repeat_ngram_size", "length_penalty",
-                               "bad_words_ids", "min_new_tokens", "min_length"), _PROCESSORS),
-              **dict.fromkeys(("output_scores", "return_dict_in_generate", "output_logits"),
-                              _OUTPUTS)}
