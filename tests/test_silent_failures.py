@@ -149,11 +149,55 @@ def test_keyword_arguments_a_function_does_not_take_name_the_one_meant():
     assert int(ts.step) == 0  # nothing ran
 
 
+def test_the_readers_name_the_peers_keywords_before_reading_anything():
+    """The functions that bring a model or its weights in take the peers' spellings
+    (onnxruntime's, torch's, transformers' and PEFT's) as a ConfigError naming the
+    argument meant, before any file is opened (the sources here do not exist)."""
+    lm = mg.models.gpt2({"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 32})
+    cases = [
+        (lambda: mg.from_onnx("missing.onnx", providers=["CPUExecutionProvider"]),
+         r"from_onnx got unexpected keyword argument 'providers' \(onnxruntime's providers "
+         r"are not needed; the graph runs on JAX's devices"),
+        (lambda: mg.from_onnx("missing.onnx", input_shapes={"x": (1, 3)}),
+         r"'input_shapes' \(input_shapes is shapes=: \{input name: shape\}\)"),
+        (lambda: mg.from_onnx("missing.onnx", dim={"batch": 2}),
+         r"'dim' \(did you mean dims\?\); it takes from_onnx\(source, dims=None"),
+        (lambda: mg.from_torch("missing", kwargs={"x": 1}),
+         r"from_torch got unexpected keyword argument 'kwargs' \(keyword inputs are not taken"),
+        (lambda: mg.from_torch("missing", dynamic_axes={"x": {0: "batch"}}),
+         r"'dynamic_axes' \(torch.onnx.export's dynamic_axes are dynamic_shapes="),
+        (lambda: mg.models.load_state_dict(lm, "missing", torch_dtype="bfloat16"),
+         r"load_state_dict got unexpected keyword argument 'torch_dtype' \(transformers' "
+         r"torch_dtype is dtype=\)"),
+        (lambda: mg.models.load_state_dict(lm, "missing", stric=False),
+         r"'stric' \(did you mean strict\?\); it takes load_state_dict\(graph, state_dict"),
+        (lambda: mg.models.load_state_dict(lm, "missing", map_location="cpu"),
+         r"'map_location' \(torch.load's map_location is not needed: the arrays are read as "
+         r"NumPy on the host"),
+        (lambda: mg.models.to_state_dict(lm, {}, adapters_only=True),
+         r"to_state_dict got unexpected keyword argument 'adapters_only' \(did you mean "
+         r"adapter_only\?\)"),
+        (lambda: mg.models.lora_from_peft(lm, "missing", is_trainable=True),
+         r"lora_from_peft got unexpected keyword argument 'is_trainable' \(adapters are "
+         r"weights like the others: mg.train.Trainer\(..., trainable='\*/lora_\*'\)"),
+        (lambda: mg.models.lora_from_peft(lm, "missing", adapter_name="default"),
+         r"'adapter_name' \(PEFT's adapter_name is not needed: one adapter a graph"),
+    ]
+    for call, message in cases:
+        with pytest.raises(mg.ConfigError, match=message):
+            call()
+
+
 @pytest.mark.parametrize("function, written", [
     ("compile", "mlaxgraph.compiler.compile._COMPILE_SIGNATURE"),
     ("lora", "mlaxgraph.adapters.lora._LORA_SIGNATURE"),
     ("train.Trainer", "mlaxgraph.train.arguments.TRAINER_SIGNATURE"),
     ("train.fit", "mlaxgraph.train.fit._FIT_SIGNATURE"),
+    ("from_onnx", "mlaxgraph.onnx.arguments.FROM_ONNX_SIGNATURE"),
+    ("from_torch", "mlaxgraph.aten.api.FROM_TORCH_SIGNATURE"),
+    ("models.load_state_dict", "mlaxgraph.models.arguments.LOAD_STATE_DICT_SIGNATURE"),
+    ("models.to_state_dict", "mlaxgraph.models.arguments.TO_STATE_DICT_SIGNATURE"),
+    ("models.lora_from_peft", "mlaxgraph.models.arguments.LORA_FROM_PEFT_SIGNATURE"),
 ])
 def test_the_signatures_the_messages_write_out_are_the_functions(function, written):
     """An unknown keyword's message lists what the function takes, written out once: it

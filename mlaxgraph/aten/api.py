@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..core.errors import GraphError, ShapeError
+from ..core.errors import ConfigError, GraphError, ShapeError
+from ..core.signatures import unknown_keywords
 from ..ir.graph import Graph
 from . import program as program_file
 from .layer import TABLE, Mode
@@ -14,6 +15,18 @@ from .layers import LAYER_TARGETS
 from .reader import read_program
 
 __all__ = ["from_torch", "save_program", "supported_ops", "inference_mode"]
+
+FROM_TORCH_SIGNATURE = "from_torch(source, example_args=None, dynamic_shapes=None)"
+#: torch.export's and torch.onnx.export's names for what from_torch takes.
+FROM_TORCH_HINTS = {
+    "args": "torch.export's args are example_args=",
+    "kwargs": "keyword inputs are not taken: pass the module's inputs in order in example_args",
+    "strict": "from_torch exports as torch.export does by default (strict=False); to export "
+              "otherwise, pass the ExportedProgram you made",
+    "dynamic_axes": "torch.onnx.export's dynamic_axes are dynamic_shapes=, a "
+                    "torch.export.Dim for each dim that varies",
+    "input_names": "the graph's inputs are named after the module's forward arguments",
+}
 
 
 def supported_ops() -> list[str]:
@@ -93,7 +106,7 @@ def _capture(program: Any, dynamic_shapes: Any = None) -> tuple[dict, dict]:
 
 
 def from_torch(source: Any, example_args: Any = None, *,
-               dynamic_shapes: Any = None) -> tuple[Graph, dict, dict]:
+               dynamic_shapes: Any = None, **unknown: Any) -> tuple[Graph, dict, dict]:
     """A PyTorch model as ``(graph, params, state)``.
 
     Args:
@@ -129,6 +142,9 @@ def from_torch(source: Any, example_args: Any = None, *,
       >>> sorted(mg.models.to_state_dict(graph, params, state))[:2]
       ['head.bias', 'head.weight']
     """
+    if unknown:
+        raise ConfigError(unknown_keywords("from_torch", unknown, FROM_TORCH_SIGNATURE,
+                                           FROM_TORCH_HINTS))
     if isinstance(source, (str, os.PathLike)):
         record, tensors = program_file.load_program(source)
         name = os.path.basename(os.path.normpath(source)) or "torch"

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..adapters.lora import lora
 from ..core.errors import ConfigError, GraphError, SerializationError
+from ..core.signatures import unknown_keywords
 from ..io.weights import write_atomic, write_safetensors
 from ..ir.graph import Graph
 from ..ir.scan import unfold_scans
@@ -31,6 +32,7 @@ from ..ir.surgery import layer_paths
 from ..ops.attention import MultiHeadAttention
 from ..ops.embedding import Embedding
 from ..ops.initializers import zeros
+from .arguments import LORA_FROM_PEFT_HINTS, LORA_FROM_PEFT_SIGNATURE
 from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
 from .state_dict import to_state_dict
 from .torch_layout import float_name, layout_for, unnamed_projection
@@ -64,7 +66,7 @@ def _outputs(graph: Graph) -> set[str]:
     return {value.node for value in graph.outputs}
 
 
-def lora_from_peft(graph: Graph, folder: Any) -> Graph:
+def lora_from_peft(graph: Graph, folder: Any, **unknown: Any) -> Graph:
     """``graph`` with the LoRA adapters a PEFT folder's ``adapter_config.json``
     describes: ``target_modules`` (a list of module names, matched as PEFT matches them:
     the whole name or its last dotted parts; a regular expression matching whole names;
@@ -85,6 +87,9 @@ def lora_from_peft(graph: Graph, folder: Any) -> Graph:
     not a Linear, Conv, Embedding or attention projection is an ``mg.ConfigError``
     naming it.
     """
+    if unknown:
+        raise ConfigError(unknown_keywords("lora_from_peft", unknown, LORA_FROM_PEFT_SIGNATURE,
+                                           LORA_FROM_PEFT_HINTS))
     if not isinstance(graph, Graph):
         raise GraphError(f"lora_from_peft works on a Graph, got {type(graph).__name__}")
     config = read_adapter_config(folder)

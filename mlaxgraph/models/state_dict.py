@@ -24,10 +24,17 @@ from ..adapters.quantized_weights import quantize_weights
 from ..compiler.flatten import flatten
 from ..compiler.program import Step, get_in, leaf_paths, set_in
 from ..core.donated import refuse_deleted
-from ..core.errors import SerializationError
+from ..core.errors import ConfigError, SerializationError
 from ..core.registry import lookup
+from ..core.signatures import unknown_keywords
 from ..core.specs import flatten_specs
 from ..ir.graph import Graph
+from .arguments import (
+    LOAD_STATE_DICT_HINTS,
+    LOAD_STATE_DICT_SIGNATURE,
+    TO_STATE_DICT_HINTS,
+    TO_STATE_DICT_SIGNATURE,
+)
 from .peft_config import ADAPTER_WEIGHTS, LEGACY_ADAPTER_WEIGHTS, read_adapter_config
 from .sources import StateDictSource
 from .torch_layout import (
@@ -135,7 +142,8 @@ def _expected(layers: list, layout: TorchLayout) -> dict[str, tuple[Step, str, t
 
 
 def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *,
-                  dtype: Any = None, adapter_only: bool = False) -> dict[str, np.ndarray]:
+                  dtype: Any = None, adapter_only: bool = False,
+                  **unknown: Any) -> dict[str, np.ndarray]:
     """``graph``'s weights under the original framework's names and layouts, as NumPy
     arrays (what ``safetensors.numpy.save_file`` writes and torch's
     ``load_state_dict`` reads after ``torch.from_numpy``).
@@ -160,6 +168,9 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
       >>> sd["h.0.attn.c_attn.weight"].shape
       (8, 24)
     """
+    if unknown:
+        raise ConfigError(unknown_keywords("to_state_dict", unknown, TO_STATE_DICT_SIGNATURE,
+                                           TO_STATE_DICT_HINTS))
     refuse_deleted("to_state_dict", params=params, state=state)
     layout = layout_for(graph.name)
     state = state or {}
@@ -213,7 +224,8 @@ def _side_by_side(missing: list[str], unexpected: list[str], limit: int = 12) ->
 
 
 def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
-                    dtype: Any = "float32", adapter: Any = None) -> tuple[dict, dict]:
+                    dtype: Any = "float32", adapter: Any = None,
+                    **unknown: Any) -> tuple[dict, dict]:
     """``(params, state)`` for ``graph`` from a state dict in the original framework's
     names and layouts.
 
@@ -245,6 +257,9 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
       SerializationError: a weight is missing, extra (``strict``), of another shape
         or not floating; a tied copy differs from its weight; a file is damaged.
     """
+    if unknown:
+        raise ConfigError(unknown_keywords("load_state_dict", unknown,
+                                           LOAD_STATE_DICT_SIGNATURE, LOAD_STATE_DICT_HINTS))
     layout = layout_for(graph.name)
     layers = _layers(graph, layout, "read")
     if adapter is not None:

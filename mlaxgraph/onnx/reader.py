@@ -17,9 +17,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..core.errors import GraphError, MlaxGraphError, SerializationError, ShapeError
+from ..core.errors import ConfigError, GraphError, MlaxGraphError, SerializationError, ShapeError
+from ..core.signatures import unknown_keywords
 from ..ir.graph import Graph, Input
 from ..ops.param import Param
+from .arguments import FROM_ONNX_HINTS, FROM_ONNX_SIGNATURE
 from .checks import check_kernel_shape
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
@@ -330,7 +332,8 @@ class _Reader:
 def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
               layers: bool = True, blocks: bool = True,
               sizes: Mapping[str, Any] | None = None,
-              shapes: Mapping[str, Any] | None = None) -> tuple[Graph, dict, dict]:
+              shapes: Mapping[str, Any] | None = None,
+              **unknown: Any) -> tuple[Graph, dict, dict]:
     """An ONNX model as ``(graph, params, state)``.
 
     Args:
@@ -387,6 +390,9 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
       >>> graph.output_specs
       (f32[batch,4],)
     """
+    if unknown:
+        raise ConfigError(unknown_keywords("from_onnx", unknown, FROM_ONNX_SIGNATURE,
+                                           FROM_ONNX_HINTS))
     return read_model(source, dims=dims, layers=layers, blocks=blocks, sizes=sizes,
                       shapes=shapes)[:3]
 

@@ -1,0 +1,40 @@
+"""The arguments of the zoo's weight readers and writers (``load_state_dict``,
+``to_state_dict``, ``lora_from_peft``), written out for their message on an unknown
+keyword, and where PyTorch's, transformers' and PEFT's names for them go here."""
+
+from __future__ import annotations
+
+__all__ = ["LOAD_STATE_DICT_HINTS", "LOAD_STATE_DICT_SIGNATURE", "LORA_FROM_PEFT_HINTS",
+           "LORA_FROM_PEFT_SIGNATURE", "TO_STATE_DICT_HINTS", "TO_STATE_DICT_SIGNATURE"]
+
+LOAD_STATE_DICT_SIGNATURE = ("load_state_dict(graph, state_dict, strict=True, dtype='float32', "
+                             "adapter=None)")
+TO_STATE_DICT_SIGNATURE = ("to_state_dict(graph, params, state=None, dtype=None, "
+                           "adapter_only=False)")
+LORA_FROM_PEFT_SIGNATURE = "lora_from_peft(graph, folder)"
+
+_ON_HOST = ("the arrays are read as NumPy on the host; place them with jax.device_put, or "
+            "shard them with the compiled model's sharding")
+_ONE_ADAPTER = "one adapter a graph: lora_from_peft(graph, folder) for each folder"
+LOAD_STATE_DICT_HINTS = {
+    "assign": "torch's assign is not needed: load_state_dict returns new (params, state)",
+    "torch_dtype": "transformers' torch_dtype is dtype=",
+    "map_location": f"torch.load's map_location is not needed: {_ON_HOST}",
+    "device_map": f"transformers' device_map is not needed: {_ON_HOST}",
+    "weights_only": "files are read as safetensors, which hold no code: nothing to allow",
+    "adapter_name": f"PEFT's adapter_name is not needed: {_ONE_ADAPTER}, then adapter=folder",
+    "model_id": "PEFT's model_id is adapter=, the adapter's folder",
+}
+TO_STATE_DICT_HINTS = {
+    "keep_vars": "the arrays are NumPy copies: there are no variables to keep",
+    "safe_serialization": "to_state_dict returns the arrays, which "
+                          "safetensors.numpy.save_file writes; mg.models.save_adapter writes "
+                          "the folder PEFT reads",
+}
+LORA_FROM_PEFT_HINTS = {
+    "adapter_name": f"PEFT's adapter_name is not needed: {_ONE_ADAPTER}",
+    "is_trainable": "adapters are weights like the others: mg.train.Trainer(..., "
+                    "trainable='*/lora_*') trains only them",
+    "config": "a config is given as folder: lora_from_peft(graph, config_dict)",
+    "model_id": "PEFT's model_id is folder, the second argument",
+}

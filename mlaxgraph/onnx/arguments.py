@@ -1,0 +1,24 @@
+"""The arguments ``mg.from_onnx`` takes, written out for its message on an unknown
+keyword, and where the peers' names for them (onnxruntime's ``InferenceSession``,
+onnx2torch, jaxonnxruntime) go here."""
+
+from __future__ import annotations
+
+__all__ = ["FROM_ONNX_HINTS", "FROM_ONNX_SIGNATURE"]
+
+FROM_ONNX_SIGNATURE = "from_onnx(source, dims=None, layers=True, blocks=True, sizes=None, shapes=None)"
+
+_RUN_ON = ("the graph runs on JAX's devices: mg.compile it, and place the weights with "
+           "jax.device_put")
+FROM_ONNX_HINTS = {
+    "providers": f"onnxruntime's providers are not needed; {_RUN_ON}",
+    "provider_options": f"onnxruntime's provider_options are not needed; {_RUN_ON}",
+    "sess_options": "onnxruntime's sess_options are not needed: mg.compile(graph) "
+                    "gives the jitted model, which XLA optimizes",
+    "input_shapes": "input_shapes is shapes=: {input name: shape}",
+    "input_shape": "input_shape is shapes=: {input name: shape}",
+    "dynamic_axes": "symbolic dims stay symbolic; dims= binds them by name",
+    "opset": "the file's opset is read from the file",
+    "opset_version": "the file's opset is read from the file",
+    "load_external_data": "external data is read from the file's folder whenever it has any",
+}
