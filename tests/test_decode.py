@@ -484,8 +484,23 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
                      r"is not built"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
                                  repetition_penalty=1.2),
-     mg.ConfigError, r"repetition_penalty=1\.2, which it does not take.*\(of Hugging Face's "
-                     r"logits processors, generate has temperature, top-k and top-p"),
+     mg.ConfigError, r"repetition_penalty=1\.2, which it does not take: .*here "
+                     r"sampler=mg\.sampling\.RepetitionPenalty\(1\.2\) \(the samplers run"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, top_k=5,
+                                 no_repeat_ngram_size=3, do_sample=True),
+     mg.ConfigError, r"here sampler=mg\.sampling\.NoRepeatNGram\(3\) \+ mg\.sampling\.TopK\(5\) "
+                     r"with key=jax\.random\.key"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, length_penalty=2.0),
+     mg.ConfigError, r"\(beam search is not built \(length_penalty scores beams\)"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
+                                 sampler=mg.sampling.BadWords([[3], []])),
+     mg.ConfigError, r"BadWords takes a non-empty list of non-empty lists of token ids >= 0"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
+                                 sampler=mg.sampling.RepetitionPenalty(0)),
+     mg.ConfigError, r"RepetitionPenalty: penalty must be a number > 0 \(1\.0: no penalty\), got 0"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
+                                 sampler=mg.sampling.NoRepeatNGram(2.5)),
+     mg.ConfigError, r"NoRepeatNGram: size must be a positive int, got 2\.5"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, eos_token=1),
      mg.ConfigError, r"eos_token=1, which it does not take.*\(did you mean eos_token_id\?\)"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]])),
@@ -498,7 +513,8 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
                      r"an int > 3, got 3"),
 ], ids=["int_key", "eos_out_of_vocabulary", "eos_not_int", "eos_empty_list", "pad_out_of_vocabulary",
         "cache_dtype_typo", "cache_dtype_int", "hugging_face_sampling", "beams",
-        "repetition_penalty", "misspelt", "no_length",
+        "repetition_penalty", "ngram_and_top_k", "length_penalty", "bad_words_empty",
+        "penalty_zero", "ngram_float", "misspelt", "no_length",
         "both_lengths", "max_length_within_the_prompt"])
 def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error, message):
     model, params, state, _ = gpt2
@@ -565,6 +581,13 @@ def test_cli_generate_from_ids_and_from_text(llama_folder, capsys):
     printed = capsys.readouterr().out
     assert f"ids: {','.join(str(t) for t in want[0])}" in printed
     assert "text: " + " ".join(f"w{t}" for t in want[0]) in printed
+    penalised = np.asarray(mg.generate(
+        mg.compile(g), params, state, np.array([[4, 9, 2]]), max_new_tokens=6,
+        sampler=mg.sampling.RepetitionPenalty(1.5) + mg.sampling.NoRepeatNGram(2)))
+    assert main(["generate", "--model", "llama", "--weights", str(folder), "--prompt-ids", "4,9,2",
+                 "--max-new-tokens", "6", "--repetition-penalty", "1.5",
+                 "--no-repeat-ngram-size", "2"]) == 0
+    assert f"ids: {','.join(str(t) for t in penalised[0])}" in capsys.readouterr().out
 
 
 def test_cli_generate_bad_input(llama_folder, capsys):

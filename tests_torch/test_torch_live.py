@@ -350,3 +350,39 @@ def test_avg_pool_ceil_mode_and_count_include_pad_and_its_gradient(kw):
     PyTorch pools, and the gradient PyTorch gives."""
     torch.manual_seed(0)
     _pooled_as_torch(nn.AvgPool2d(**kw).eval(), (2, 3, 10, 11), exact=False)
+
+
+def test_logits_processors_make_the_tokens_transformers_generate_makes():
+    """repetition_penalty, no_repeat_ngram_size, bad_words_ids and min_new_tokens in
+    transformers' generate (greedy, left padding, a stop token) and the same
+    mg.sampling processors in mg.generate: the same tokens, padding after the stop."""
+    transformers = pytest.importorskip("transformers")
+    config = dict(vocab_size=96, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    torch.manual_seed(3)
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.mul_(3.0)  # away from near-ties
+    graph = mg.models.gpt2(config)
+    params, state = mg.models.load_state_dict(
+        graph, {k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    ids = np.array([[5, 17, 5, 17, 22, 9, 41], [0, 0, 0, 8, 30, 8, 30]])
+    mask = np.array([[1] * 7, [0] * 3 + [1] * 4])
+    with torch.no_grad():
+        plain = theirs.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                                max_new_tokens=12, do_sample=False, pad_token_id=0).numpy()
+    eos = int(plain[0, 8])  # row 0's second new token: min_new_tokens holds it back
+    hf = dict(repetition_penalty=1.5, no_repeat_ngram_size=2, bad_words_ids=[[7], [9, 40]],
+              min_new_tokens=4)
+    with torch.no_grad():
+        want = theirs.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                               max_new_tokens=12, do_sample=False, pad_token_id=0,
+                               eos_token_id=eos, **hf).numpy()
+    sampler = (mg.sampling.RepetitionPenalty(1.5) + mg.sampling.NoRepeatNGram(2)
+               + mg.sampling.BadWords([[7], [9, 40]]) + mg.sampling.MinNewTokens(4))
+    got = np.asarray(mg.generate(mg.compile(graph), params, state, ids, attention_mask=mask,
+                                 max_new_tokens=12, sampler=sampler, eos_token_id=eos,
+                                 pad_token_id=0))
+    assert not np.array_equal(want, plain[:, :want.shape[1]])  # the processors changed the choices
+    np.testing.assert_array_equal(got[:, :want.shape[1]], want)
+    assert (got[:, want.shape[1]:] == 0).all()

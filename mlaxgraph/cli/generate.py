@@ -44,6 +44,11 @@ def add_generate(commands) -> None:
     prompt.add_argument("--prompt", help="the prompt text (tokenized by tokenizer.json)")
     prompt.add_argument("--prompt-ids", metavar="IDS", help="the prompt as token ids: 1,2,3")
     p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens (default 32)")
+    p.add_argument("--repetition-penalty", type=float, metavar="P",
+                   help="divide the positive logits of the tokens so far by P, multiply the "
+                        "negative ones (Hugging Face's repetition_penalty)")
+    p.add_argument("--no-repeat-ngram-size", type=int, metavar="N",
+                   help="no n-gram of N tokens twice (Hugging Face's no_repeat_ngram_size)")
     p.add_argument("--temperature", type=float, help="draw at this temperature (default: greedy)")
     p.add_argument("--top-k", type=int, help="draw among the k most likely tokens")
     p.add_argument("--top-p", type=float, help="draw among the tokens of this probability mass")
@@ -84,7 +89,11 @@ def _tokenizer(args):
 
 
 def _sampler(args):
-    parts: list = []
+    parts: list = []  # Hugging Face's order: its logits processors, then its warpers
+    if args.repetition_penalty is not None:
+        parts.append(sampling.RepetitionPenalty(args.repetition_penalty))
+    if args.no_repeat_ngram_size is not None:
+        parts.append(sampling.NoRepeatNGram(args.no_repeat_ngram_size))
     if args.temperature is not None:
         parts.append(sampling.Temperature(args.temperature))
     if args.top_k is not None:

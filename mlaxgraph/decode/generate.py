@@ -17,10 +17,11 @@ from ..compiler.compile import CompiledModel
 from ..core.donated import reraise_deleted
 from ..core.errors import ConfigError, GraphError, ShapeError
 from ..ir.graph import Graph
+from .arguments import refuse_unknown
 from .decoder import MIN_BUCKET, Cache, Decoder, _left_pad, bucket_length, decoder, prompt_positions
 from .derive import position_limit
 from .inputs import check_key, stop_ids, token_id
-from .sampling import Sampler, as_sampler, refuse_unknown
+from .sampling import History, Sampler, as_sampler
 
 __all__ = ["generate", "generate_stream"]
 
@@ -173,7 +174,7 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
     try:
         tokens = run(params, state, ids_p, mask_p,
                      jnp.asarray(new, jnp.int32), jax.random.key(0) if key is None else key,
-                     eos, jnp.asarray(pad, jnp.int32))
+                     eos, jnp.asarray(pad, jnp.int32), jnp.asarray(padded - ids.shape[1], jnp.int32))
     except (RuntimeError, ValueError) as e:
         reraise_deleted(e, "generate", params=params, state=state)
         raise
@@ -214,16 +215,25 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
         return Cache(layers, jnp.asarray(prefix, jnp.int32),
                      jnp.sum(mask[:, :-1], axis=1, dtype=jnp.int32), cache_mask, 0)
 
-    def loop(params, state, ids, mask, new, key, eos, pad):
+    def seen(ids, start, tokens, i, eos):
+        """The tokens so far, for a sampler that reads them: the prompt's columns as
+        given (from ``start`` in the bucket) and the ``i`` new ones."""
+        if not sample.reads_history:
+            return None
+        return History(jnp.concatenate([ids, tokens], axis=1), start, padded + i,
+                       jnp.asarray(padded, jnp.int32), eos)
+
+    def loop(params, state, ids, mask, new, key, eos, pad, start):
         dec.compile_count += 1  # runs when traced only
         if padded > 1:  # the prompt's last token (left padding: every row's) through a step,
             # so that the head runs on one position, not on the whole bucket
             logits, cache = step(params, state, prompt(params, state, ids, mask), ids[:, -1:])
         else:
             logits, cache = prefill(params, state, dec.empty_cache(batch), ids, mask)
-        token = sample(logits[:, -1], jax.random.fold_in(key, 0))
+        tokens = jnp.full((batch, room), pad, jnp.int32)
+        token = sample(logits[:, -1], jax.random.fold_in(key, 0), seen(ids, start, tokens, 0, eos))
         done = _stopped(token, eos)
-        tokens = jnp.full((batch, room), pad, jnp.int32).at[:, 0].set(token)
+        tokens = tokens.at[:, 0].set(token)
 
         def cond(carry):
             i, _, _, done, _ = carry
@@ -232,7 +242,8 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
         def body(carry):
             i, token, cache, done, tokens = carry
             logits, cache = step(params, state, cache, token[:, None])
-            token = sample(logits[:, -1], jax.random.fold_in(key, i))
+            token = sample(logits[:, -1], jax.random.fold_in(key, i),
+                           seen(ids, start, tokens, i, eos))
             token = jnp.where(done, pad, token)
             tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
             return i + 1, token, cache, done | _stopped(token, eos), tokens
@@ -273,13 +284,20 @@ def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: A
     pick = dec._jitted.get(("sample", sample))
     if pick is None:
         pick = dec._jitted[("sample", sample)] = jax.jit(
-            lambda logits, key, i, done, pad: jnp.where(
-                done, pad, sample(logits[:, -1], jax.random.fold_in(key, i))))
+            lambda logits, key, i, done, pad, history: jnp.where(
+                done, pad, sample(logits[:, -1], jax.random.fold_in(key, i), history)))
     logits, cache = dec.prefill(params, state, ids, mask, room=new)
     done = jnp.zeros((ids.shape[0],), bool)
+    seq = ids.shape[1]
+    history = (History(jnp.pad(ids, ((0, 0), (0, new)), constant_values=pad), jnp.asarray(0, jnp.int32),
+                       jnp.asarray(seq, jnp.int32), jnp.asarray(seq, jnp.int32), eos)
+               if sample.reads_history else None)
     for i in range(new):
-        token = pick(logits, key, jnp.asarray(i, jnp.int32), done, jnp.asarray(pad, jnp.int32))
+        token = pick(logits, key, jnp.asarray(i, jnp.int32), done, jnp.asarray(pad, jnp.int32), history)
         done = done | _stopped(token, eos)
+        if history is not None:
+            history = history._replace(ids=history.ids.at[:, seq + i].set(token),
+                                       end=history.end + 1)
         yield token
         if i + 1 == new or bool(jnp.all(done)):
             return

@@ -1,23 +1,48 @@
 """Samplers: how ``mg.generate`` picks the next token from the logits.
 
 ``"greedy"`` takes the most likely token. ``Temperature(t)``, ``TopK(k)`` and
-``TopP(p)`` each reshape the distribution and then draw from it; they compose in order
-with ``+`` or as a list (``TopK(40) + TopP(0.9) + Temperature(0.7)``, as Hugging Face's
-logits processors do one after the other). A drawing sampler needs ``key``.
+``TopP(p)`` each reshape the distribution and then draw from it. The logits processors
+``RepetitionPenalty``, ``NoRepeatNGram``, ``BadWords``, ``MinNewTokens`` and
+``MinLength`` change the logits by the tokens so far (the prompt's columns, its
+padding included, as Hugging Face's ``input_ids``, and the new ones); alone, or with
+no drawing sampler, the most likely token left is taken. They compose in order with
+``+`` or as a list (``RepetitionPenalty(1.2) + TopK(40) + TopP(0.9)``, as Hugging
+Face's logits processors do one after the other: its penalties first, then its
+warpers). A drawing sampler needs ``key``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-from typing import Any
+import numbers
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from ..core.errors import ConfigError
 
-__all__ = ["Sampler", "Greedy", "Temperature", "TopK", "TopP", "Chain", "as_sampler"]
+__all__ = ["Sampler", "Greedy", "Temperature", "TopK", "TopP", "Chain", "as_sampler", "History",
+           "RepetitionPenalty", "NoRepeatNGram", "BadWords", "MinNewTokens", "MinLength"]
+
+
+class History(NamedTuple):
+    """The tokens so far, for the processors that read them: ``ids (batch, width)``
+    int32, whose columns ``start`` (inclusive) to ``end`` (exclusive) hold each row's
+    sequence (the prompt's columns as given, then the new tokens from column
+    ``prompt_end``); ``eos`` the stop tokens (-1: none). All rows share the columns,
+    the prompts being left-padded."""
+
+    ids: jax.Array
+    start: jax.Array
+    end: jax.Array
+    prompt_end: jax.Array
+    eos: jax.Array
+
+    def valid(self) -> jax.Array:
+        """``(width,)`` bool: the columns that hold the sequence."""
+        column = jnp.arange(self.ids.shape[1])
+        return (column >= self.start) & (column < self.end)
 
 
 class Sampler:
@@ -25,13 +50,17 @@ class Sampler:
 
     #: Whether it draws at random (and needs a key).
     draws: bool = True
+    #: Whether it reads the tokens so far (a ``History``).
+    reads_history: bool = False
 
-    def process(self, logits: jax.Array) -> jax.Array:
+    def process(self, logits: jax.Array, history: History | None = None) -> jax.Array:
         """The logits reshaped (masked tokens at the dtype's lowest value)."""
         return logits
 
-    def __call__(self, logits: jax.Array, key: Any) -> jax.Array:
-        logits = self.process(logits.astype(jnp.float32))
+    def __call__(self, logits: jax.Array, key: Any, history: History | None = None) -> jax.Array:
+        logits = self.process(logits.astype(jnp.float32), history)
+        if not self.draws:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
         return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
     def __add__(self, other: Sampler) -> Chain:
@@ -48,9 +77,6 @@ class Greedy(Sampler):
 
     draws = False
 
-    def __call__(self, logits, key):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
 
 @dataclasses.dataclass(frozen=True)
 class Temperature(Sampler):
@@ -62,7 +88,7 @@ class Temperature(Sampler):
         if not float(self.temperature) > 0:
             raise ConfigError(f"Temperature: temperature must be > 0, got {self.temperature!r}")
 
-    def process(self, logits):
+    def process(self, logits, history=None):
         return logits / jnp.asarray(self.temperature, logits.dtype)
 
 
@@ -76,7 +102,7 @@ class TopK(Sampler):
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
             raise ConfigError(f"TopK: k must be a positive int, got {self.k!r}")
 
-    def process(self, logits):
+    def process(self, logits, history=None):
         k = min(self.k, logits.shape[-1])
         kth = jax.lax.top_k(logits, k)[0][..., -1:]
         return jnp.where(logits < kth, jnp.finfo(logits.dtype).min, logits)
@@ -93,7 +119,7 @@ class TopP(Sampler):
         if not 0 < float(self.p) <= 1:
             raise ConfigError(f"TopP: p must be in (0, 1], got {self.p!r}")
 
-    def process(self, logits):
+    def process(self, logits, history=None):
         order = jnp.argsort(-logits, axis=-1)
         ranked = jnp.take_along_axis(logits, order, axis=-1)
         probs = jax.nn.softmax(ranked, axis=-1)
@@ -104,9 +130,153 @@ class TopP(Sampler):
         return jnp.where(keep, logits, jnp.finfo(logits.dtype).min)
 
 
+# --- logits processors: Hugging Face's, by the tokens so far ------------------------------
+
+class _Processor(Sampler):
+    draws = False
+    reads_history = True
+
+    def process(self, logits, history=None):
+        if history is None:
+            raise ConfigError(f"{self!r} reads the tokens so far: it runs inside mg.generate "
+                              f"(or is given an mg.sampling.History)")
+        return self.change(logits, history)
+
+    def change(self, logits: jax.Array, history: History) -> jax.Array:
+        raise NotImplementedError
+
+
+def _banned(logits: jax.Array, tokens: jax.Array, hit: jax.Array) -> jax.Array:
+    """``logits`` with ``tokens[b, j]`` at -inf in row ``b`` wherever ``hit[b, j]``."""
+    rows = jnp.arange(logits.shape[0])[:, None]
+    ban = jnp.zeros(logits.shape, bool).at[rows, tokens].max(hit, mode="drop")
+    return jnp.where(ban, -jnp.inf, logits)
+
+
+def _positive_int(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{owner}: {name} must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RepetitionPenalty(_Processor):
+    """Hugging Face's ``repetition_penalty``: the logit of each token already in the
+    sequence divided by ``penalty`` where positive, multiplied where negative (> 1
+    makes repeats less likely)."""
+
+    penalty: float
+
+    def __post_init__(self):
+        if (not isinstance(self.penalty, numbers.Real) or isinstance(self.penalty, bool)
+                or not self.penalty > 0):
+            raise ConfigError(f"RepetitionPenalty: penalty must be a number > 0 (1.0: no "
+                              f"penalty), got {self.penalty!r}")
+
+    def change(self, logits, history):
+        rows = jnp.arange(logits.shape[0])[:, None]
+        valid = jnp.broadcast_to(history.valid(), history.ids.shape)
+        seen = jnp.zeros(logits.shape, bool).at[rows, history.ids].max(valid, mode="drop")
+        penalty = jnp.asarray(self.penalty, logits.dtype)
+        return jnp.where(seen, jnp.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoRepeatNGram(_Processor):
+    """Hugging Face's ``no_repeat_ngram_size``: no n-gram of ``size`` tokens occurs
+    twice; a token that would complete one already in the sequence gets -inf."""
+
+    size: int
+
+    def __post_init__(self):
+        _positive_int("NoRepeatNGram", "size", self.size)
+
+    def change(self, logits, history):
+        n, ids = self.size, history.ids
+        width = ids.shape[1]
+        if n > width:
+            return logits
+        starts = jnp.arange(width - n + 1)  # the n-gram at columns j .. j + n - 1
+        hit = (starts >= history.start) & (starts <= history.end - n)
+        for k in range(n - 1):  # its first n - 1 tokens equal the sequence's last n - 1
+            last = jax.lax.dynamic_index_in_dim(ids, history.end - (n - 1) + k, 1)
+            hit = hit & (ids[:, k:width - n + 1 + k] == last)
+        return _banned(logits, ids[:, n - 1:], hit)
+
+
+@dataclasses.dataclass(frozen=True)
+class BadWords(_Processor):
+    """Hugging Face's ``bad_words_ids``: token sequences that never occur. A sequence
+    of one token is never taken (unless it is a stop token, which Hugging Face keeps);
+    a longer one's last token gets -inf when the sequence ends with the others."""
+
+    sequences: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self):
+        value = self.sequences
+        ok = (isinstance(value, (list, tuple)) and len(value) > 0
+              and all(isinstance(s, (list, tuple)) and len(s) > 0 for s in value)
+              and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0
+                      for s in value for t in s))
+        if not ok:
+            raise ConfigError(f"BadWords takes a non-empty list of non-empty lists of token "
+                              f"ids >= 0 (Hugging Face's bad_words_ids), got {value!r}")
+        object.__setattr__(self, "sequences", tuple(tuple(int(t) for t in s) for s in value))
+
+    def change(self, logits, history):
+        vocab = logits.shape[1]
+        singles = [s[0] for s in self.sequences if len(s) == 1 and s[0] < vocab]
+        if singles:
+            banned = jnp.zeros((vocab,), bool).at[jnp.asarray(singles)].set(True)
+            banned = banned & ~jnp.isin(jnp.arange(vocab), history.eos)
+            logits = jnp.where(banned, -jnp.inf, logits)
+        length = history.end - history.start
+        for s in (s for s in self.sequences if len(s) > 1 and s[-1] < vocab):
+            m = len(s)
+            if m - 1 > history.ids.shape[1]:
+                continue
+            tail = jax.lax.dynamic_slice_in_dim(history.ids, history.end - (m - 1), m - 1, 1)
+            hit = jnp.all(tail == jnp.asarray(s[:-1], tail.dtype), axis=1) & (length >= m)
+            logits = logits.at[:, s[-1]].set(jnp.where(hit, -jnp.inf, logits[:, s[-1]]))
+        return logits
+
+
+def _no_stop(logits: jax.Array, history: History, early: jax.Array) -> jax.Array:
+    stop = jnp.isin(jnp.arange(logits.shape[1]), history.eos)
+    return jnp.where(stop & early, -jnp.inf, logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class MinNewTokens(_Processor):
+    """Hugging Face's ``min_new_tokens``: no stop token (``eos_token_id``) before
+    ``count`` new tokens."""
+
+    count: int
+
+    def __post_init__(self):
+        _positive_int("MinNewTokens", "count", self.count)
+
+    def change(self, logits, history):
+        return _no_stop(logits, history, history.end - history.prompt_end < self.count)
+
+
+@dataclasses.dataclass(frozen=True)
+class MinLength(_Processor):
+    """Hugging Face's ``min_length``: no stop token before the sequence (the prompt's
+    columns, its padding included, and the new tokens) holds ``length`` tokens."""
+
+    length: int
+
+    def __post_init__(self):
+        _positive_int("MinLength", "length", self.length)
+
+    def change(self, logits, history):
+        return _no_stop(logits, history, history.end - history.start < self.length)
+
+
 @dataclasses.dataclass(frozen=True)
 class Chain(Sampler):
-    """Samplers applied in order, then one draw (``a + b`` or a list)."""
+    """Samplers applied in order, then one draw (``a + b`` or a list); the most likely
+    token left when none of them draws."""
 
     parts: tuple[Sampler, ...]
 
@@ -114,15 +284,14 @@ class Chain(Sampler):
     def draws(self) -> bool:  # type: ignore[override]
         return any(p.draws for p in self.parts)
 
-    def process(self, logits):
-        for part in self.parts:
-            logits = part.process(logits)
-        return logits
+    @property
+    def reads_history(self) -> bool:  # type: ignore[override]
+        return any(p.reads_history for p in self.parts)
 
-    def __call__(self, logits, key):
-        if not self.draws:
-            return Greedy()(logits, key)
-        return super().__call__(logits, key)
+    def process(self, logits, history=None):
+        for part in self.parts:
+            logits = part.process(logits, history)
+        return logits
 
 
 def as_sampler(value: Any) -> Sampler:
@@ -135,50 +304,3 @@ def as_sampler(value: Any) -> Sampler:
         return Chain(tuple(p for v in value for p in _parts(v)))
     raise ConfigError(f"sampler must be 'greedy', an mg.sampling sampler or a list of them, "
                       f"got {value!r}")
-
-
-#: Hugging Face ``generate`` arguments that a sampler expresses, in the order its
-#: logits warpers run (temperature, then top-k, then top-p).
-_HF_SAMPLING = {"temperature": "Temperature", "top_k": "TopK", "top_p": "TopP"}
-
-
-#: What generate takes, for the nearest spelling of one it does not.
-_TAKES = ("max_new_tokens", "max_length", "attention_mask", "sampler", "key", "eos_token_id",
-          "pad_token_id")
-_BEAMS = "beam search is not built: generate takes one token per row and step, greedy or drawn"
-_PROCESSORS = ("of Hugging Face's logits processors, generate has temperature, top-k and top-p "
-               "(mg.sampling); repetition and length penalties and banned words are not built")
-_OUTPUTS = "generate returns the token ids; model.apply gives the logits of a sequence"
-#: Hugging Face ``generate`` arguments for what mlaxgraph's does not do.
-_NOT_BUILT = {**dict.fromkeys(("num_beams", "num_beam_groups", "early_stopping"), _BEAMS),
-              **dict.fromkeys(("repetition_penalty", "no_repeat_ngram_size", "length_penalty",
-                               "bad_words_ids", "min_new_tokens", "min_length"), _PROCESSORS),
-              **dict.fromkeys(("output_scores", "return_dict_in_generate", "output_logits"),
-                              _OUTPUTS)}
-
-
-def refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
-    """A ``ConfigError`` naming arguments ``function`` does not take; Hugging Face's
-    sampling arguments (``do_sample``, ``temperature``, ``top_k``, ``top_p``) are
-    translated into the sampler that does what they ask."""
-    if not unknown:
-        return
-    names = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
-    parts = [f"mg.sampling.{cls}({unknown[k]!r})" for k, cls in _HF_SAMPLING.items()
-             if k in unknown]
-    if parts or "do_sample" in unknown:
-        chain = " + ".join(parts) or "mg.sampling.Temperature(1.0)"
-        hint = (f": it takes sampler= (Hugging Face's do_sample/temperature/top_k/top_p), "
-                f"here sampler={chain} with key=jax.random.key(...) (the samplers run in "
-                f"the order written, as Hugging Face's; add the top_k or top_p your "
-                f"generation config sets; without a sampler, greedy)")
-    else:
-        hint = ("; it takes max_new_tokens (or max_length), attention_mask, sampler, key, "
-                "eos_token_id and pad_token_id")
-        missing = [_NOT_BUILT[k] for k in unknown if k in _NOT_BUILT]
-        if missing:  # Hugging Face's arguments for what generate does not do
-            hint += f" ({'; '.join(dict.fromkeys(missing))})"
-        elif close := difflib.get_close_matches(next(iter(unknown)), _TAKES, n=1):
-            hint += f" (did you mean {close[0]}?)"
-    raise ConfigError(f"{function} got {names}, which it does not take{hint}")
-
