@@ -68,8 +68,11 @@ def _memory(trainer, ts, ids) -> dict:
 def _qlora_memory(g, scheme: str, ids) -> dict:
     """The QLoRA step's memory: ``lora``'s adapters on ``mg.quantize(g, scheme)``."""
     graph = mg.lora(mg.quantize(g, scheme), "h.*/attn/qkv", rank=8, alpha=16)
-    trainer = mg.train.Trainer(mg.compile(graph, scan_blocks=True), optax.adamw(1e-4),
-                               loss="softmax_cross_entropy", trainable="**/*.lora_*")
+    try:
+        trainer = mg.train.Trainer(mg.compile(graph, scan_blocks=True), optax.adamw(1e-4),
+                                   loss="softmax_cross_entropy", trainable="**/*.lora_*")
+    except mg.GraphError as e:  # int8 or float8 activations: no usable adapter gradient
+        return {"refused": str(e)}
     ts = jax.eval_shape(trainer.init_fn, jax.random.key(0))  # shapes: the memory needs no values
     return {**_memory(trainer, ts, ids), "param_bytes": _bytes(ts.params)}
 

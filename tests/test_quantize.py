@@ -507,8 +507,12 @@ def test_integer_sums_are_not_trainable():
     model = mg.compile(q)
     with pytest.raises(mg.GraphError, match="fc2/kernel_sum is stored in int32.*cannot train"):
         mg.train.Trainer(model, optax.adam(1e-2), trainable="fc2/kernel_sum")
+    # fc1's bias is upstream of fc2's Quantize: rounding to int8 passes it no gradient
+    with pytest.raises(mg.GraphError, match=r"weight fc1/bias/? ?.*would train on a wrong gradient: "
+                                            r"it passes through 'fc2.quantize' \(op quantize\)"):
+        mg.train.Trainer(model, optax.adam(1e-2), trainable="**/bias")
     trainer = mg.train.Trainer(model, optax.adam(1e-2), loss="mean_squared_error",
-                               trainable="**/bias")
+                               trainable="fc2/bias")
     params, state = mg.quantize_weights(q, *mg.compile(g).init(jax.random.key(1)))
     ts = trainer.init(jax.random.key(0), reuse=(params, state))
     _, metrics = trainer.train_step(ts, jnp.ones((8, 16)), jnp.ones((8, 4)))
@@ -517,11 +521,17 @@ def test_integer_sums_are_not_trainable():
 
 def test_qlora_trains_only_the_adapters(gpt2, tmp_path):
     g, params, state, ids = gpt2
-    qg = mg.quantize(g, "int8")
+    int8 = mg.lora(mg.quantize(g, "int8"), ["h.0/mlp.c_fc", "h.1/attn"], rank=2)
+    c_fc = int8.node("h.0").op.subgraph()
+    assert c_fc.node("mlp.c_fc.lora_A").inputs == c_fc.node("mlp.c_fc.quantize").inputs
+    # int8 activations: the adapters' gradients would pass through roundings to int8
+    with pytest.raises(mg.GraphError, match=r"weight h.0/mlp.c_fc.lora_A/kernel would train on a "
+                                            r"wrong gradient: it passes through 'h.0/mlp.c_proj.quantize'.*"
+                                            r"mg.quantize\(graph, \"int8_weight_only\"\)"):
+        mg.train.Trainer(mg.compile(int8), optax.adam(1e-2), trainable="**/*.lora_*")
+    qg = mg.quantize(g, "int8_weight_only")   # QLoRA's form: activations float
     qp, qs = mg.quantize_weights(qg, params, state)
     ag = mg.lora(qg, ["h.0/mlp.c_fc", "h.1/attn"], rank=2)
-    c_fc = ag.node("h.0").op.subgraph()
-    assert c_fc.node("mlp.c_fc.lora_A").inputs == c_fc.node("mlp.c_fc.quantize").inputs
     model = mg.compile(ag)
     with pytest.raises(mg.GraphError, match="stored in int8.*cannot train"):
         mg.train.Trainer(model, optax.adam(1e-2))
@@ -553,6 +563,36 @@ def test_qlora_trains_only_the_adapters(gpt2, tmp_path):
         mg.merge_lora(ag, ap)
     with pytest.raises(mg.GraphError, match="'h.1/attn' is quantized"):
         mg.merge_lora(mg.lora(qg, "h.1/attn", rank=2), ap)
+
+
+def test_qlora_weight_only_adapter_gradients_follow_the_float_ones(gpt2):
+    """On a weight-only quantization the adapters' gradients are the float LoRA's up to
+    the weights' rounding (a cosine near 1): what QLoRA trains on."""
+    from mlaxgraph.train.selection import combine
+
+    g, params, state, ids = gpt2
+    targets = ["h.0/mlp.c_fc", "h.1/attn"]
+
+    def adapter_grads(graph, base):
+        model = mg.compile(graph)
+        p, s = model.init(jax.random.key(1), reuse=base)
+        p = jax.tree_util.tree_map_with_path(
+            lambda k, w: w + 0.1 if ".lora_B" in jax.tree_util.keystr(k) else w, p)
+
+        def loss(adapters):
+            logits, _ = model.apply(combine(p, adapters), s, ids, inference_mode=True)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, ids).mean()
+
+        return jax.grad(loss)(mg.lora_params(p))
+
+    want = adapter_grads(mg.lora(g, targets, rank=2), (params, state))
+    for scheme in ("int8_weight_only", "int4_weight_only"):
+        qg = mg.quantize(g, scheme, group_size=16) if scheme == "int4_weight_only" else mg.quantize(g, scheme)
+        got = adapter_grads(mg.lora(qg, targets, rank=2), mg.quantize_weights(qg, params, state))
+        for path, a in leaf_paths(want).items():
+            b = leaf_paths(got)[path]
+            cosine = float(jnp.vdot(a, b) / (jnp.linalg.norm(a) * jnp.linalg.norm(b)))
+            assert cosine > (0.999 if scheme == "int8_weight_only" else 0.97), (scheme, path, cosine)
 
 
 @pytest.mark.parametrize("scheme", ["int4_weight_only", "float8"])

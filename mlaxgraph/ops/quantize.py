@@ -240,6 +240,9 @@ class Quantize(Layer):
     axes: tuple[int, ...] = field(default=(-1,), converter=_to_axes)
     zero_point: bool = False
 
+    #: Its output carries no usable gradient to its input (``mg.train`` reads it).
+    casts_activations = True
+
     def validate(self):
         super().validate()
         if not isinstance(self.zero_point, bool):

@@ -64,6 +64,12 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
     def quantizes_inputs(self) -> bool:
         return False
 
+    @property
+    def casts_activations(self) -> bool:
+        """Whether it casts its projections' inputs to int8 itself (``"int8"``), so
+        that no usable gradient reaches its input (``mg.train`` reads it)."""
+        return self.scheme == "int8"
+
     def param_specs(self, inputs):
         specs = {name: dict(group) for name, group in super().param_specs(inputs).items()}
         for name in PROJECTIONS:

@@ -27,6 +27,7 @@ from .arguments import TRAINER_HINTS, TRAINER_SIGNATURE
 from .chunked_loss import ChunkedHead
 from .fit import as_inputs, fit
 from .frozen import FrozenStep, given_arrays
+from .gradient_paths import check_trainable
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import check_targets, resolve_loss, resolve_metrics
 from .selection import ADAPTER, combine, glob_test, subtree
@@ -216,7 +217,7 @@ class Trainer:
         holding them, is an error."""
         if trainable is None:
             shapes, _ = jax.eval_shape(self.model.init_fn, jax.random.key(0))
-            self._check_trainable(shapes, None)
+            check_trainable(self.model.program, shapes, None)
             return None
         if isinstance(trainable, str):
             test = glob_test(trainable)
@@ -241,16 +242,8 @@ class Trainer:
             raise GraphError(f"Trainer(trainable=...): {what} matches no weight of model "
                              f"{self.model.graph.name!r}, so nothing would train; weight paths "
                              f"such as {', '.join(near)}{hint}")
-        self._check_trainable(shapes, chosen)
+        check_trainable(self.model.program, shapes, chosen)
         return chosen
-
-    def _check_trainable(self, shapes: Any, chosen: frozenset[str] | None) -> None:
-        for path, leaf in leaf_paths(shapes).items():
-            if (chosen is None or path in chosen) and not trains(leaf.dtype):
-                raise GraphError(
-                    f"Trainer: weight {path} is stored in {leaf.dtype} (a quantized layer's) "
-                    f"and cannot train; freeze it: Trainer(trainable=...) naming the weights "
-                    f"that train (\"**/*.lora_*\" for adapters added by mg.lora)")
 
     def _train_part(self, params: Any) -> Any:
         """The weights that train (all of ``params`` without ``trainable``)."""
