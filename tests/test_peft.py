@@ -144,6 +144,28 @@ def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
     ids = np.random.default_rng(3).integers(0, 40, (2, 6)).astype(np.int32)
     want = _apply(g, *mg.models.load_state_dict(g, merged), ids)
     np.testing.assert_allclose(_apply(adapted, params, state, ids), want, rtol=2e-4, atol=2e-4)
+    # written back like the folder read: its modules_to_save's weights, its descriptive fields
+    out = tmp_path / "out"
+    mg.models.save_adapter(adapted, params, out, like=folder)
+    written = json.loads((out / "adapter_config.json").read_text())
+    assert (written["modules_to_save"], written["task_type"], written["base_model_name_or_path"]) == (
+        ["norm"], "CAUSAL_LM", "x")
+    from safetensors.numpy import load_file
+    files = load_file(str(out / "adapter_model.safetensors"))
+    assert sorted(files) == sorted(weights)
+    for name, value in weights.items():
+        np.testing.assert_allclose(files[name], value, rtol=1e-6, atol=1e-7)
+    again = mg.models.load_state_dict(mg.lora_from_peft(g, out), base, adapter=out)
+    np.testing.assert_allclose(_apply(adapted, *again, ids), want, rtol=2e-4, atol=2e-4)
+    # without like=, modules_to_save= names them; the descriptive fields given
+    mg.models.save_adapter(adapted, params, tmp_path / "named", modules_to_save=["model.norm"],
+                           task_type="CAUSAL_LM")
+    named = load_file(str(tmp_path / "named" / "adapter_model.safetensors"))
+    assert "base_model.model.model.norm.weight" in named
+    assert "base_model.model.model.layers.0.input_layernorm.weight" not in named
+    with pytest.raises(mg.ConfigError, match=r"modules_to_save names 'model.nrom', which is no "
+                                             r"module of graph 'llama'; near names: model.norm"):
+        mg.models.save_adapter(adapted, params, tmp_path / "typo", modules_to_save=["model.nrom"])
     regex = _folder(tmp_path, {"r": 4, "lora_alpha": 8, "target_modules": r".*layers\.1\.self_attn\.(q|v)_proj"},
                     {}, name="regex")
     assert [p for p in mg.lora_from_peft(g, regex).select("**/*.lora_A")] == [

@@ -93,6 +93,12 @@ def test_llama_rslora_patterns_and_modules_to_save_read_as_peft_runs_them(tmp_pa
     adapted = mg.lora_from_peft(graph, tmp_path)
     params, state = mg.models.load_state_dict(adapted, sd, adapter=tmp_path)
     _close(_ours(adapted, params, state, _ids(2)), _theirs(theirs, _ids(2)))
+    # written back like the folder read (like=): PEFT loads its saved norms and adapters
+    mg.models.save_adapter(adapted, params, tmp_path / "back", like=tmp_path)
+    again = peft.PeftModel.from_pretrained(_base("llama")[0], tmp_path / "back").eval()
+    assert again.peft_config["default"].modules_to_save == {"norm"} or \
+        list(again.peft_config["default"].modules_to_save) == ["norm"]
+    _close(_theirs(again, _ids(2)), _theirs(theirs, _ids(2)))
 
 
 @pytest.mark.parametrize("kind, targets, rslora", [

@@ -10,7 +10,7 @@ __all__ = ["LOAD_STATE_DICT_HINTS", "LOAD_STATE_DICT_SIGNATURE", "LORA_FROM_PEFT
 LOAD_STATE_DICT_SIGNATURE = ("load_state_dict(graph, state_dict, strict=True, dtype='float32', "
                              "adapter=None)")
 TO_STATE_DICT_SIGNATURE = ("to_state_dict(graph, params, state=None, dtype=None, "
-                           "adapter_only=False)")
+                           "adapter_only=False, modules_to_save=())")
 LORA_FROM_PEFT_SIGNATURE = "lora_from_peft(graph, folder)"
 
 _ON_HOST = ("the arrays are read as NumPy on the host; place them with jax.device_put, or "

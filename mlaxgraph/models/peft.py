@@ -33,7 +33,7 @@ from ..ops.attention import MultiHeadAttention
 from ..ops.embedding import Embedding
 from ..ops.initializers import zeros
 from .arguments import LORA_FROM_PEFT_HINTS, LORA_FROM_PEFT_SIGNATURE
-from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
+from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, DESCRIPTIVE, read_adapter_config
 from .state_dict import to_state_dict
 from .torch_layout import float_name, layout_for, unnamed_projection
 
@@ -194,7 +194,8 @@ def _init_weights(nodes: Mapping, target: str) -> bool | str:
 
 def save_adapter(graph: Graph, params: Any, folder: Any, *,
                  base_model_name_or_path: str | None = None,
-                 lora_dropout: float | None = None) -> None:
+                 lora_dropout: float | None = None, modules_to_save: Any = None,
+                 state: Any = None, task_type: str | None = None, like: Any = None) -> None:
     """Writes the LoRA adapters of ``graph`` (made by ``mg.lora`` or
     ``mg.lora_from_peft``) with their weights ``params`` (the adapted graph's, unscanned)
     as a PEFT adapter folder: ``adapter_model.safetensors`` (PEFT's names and layouts,
@@ -209,6 +210,14 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
     naming them, unless ``lora_dropout=`` gives the one value to write (dropout acts in
     training only; the weights are written as they are). An Embedding's adapter has no
     dropout (its input is ids) and does not count.
+
+    ``modules_to_save`` (PEFT's names: ``["lm_head"]``) writes those modules' full
+    weights from ``params`` (and ``state``) with the adapters', and the field.
+    ``like``, the folder (or config dict) the adapter was read from, carries its
+    ``modules_to_save`` and its descriptive fields (``base_model_name_or_path``,
+    ``task_type``, ``revision`` ...) over: ``save_adapter(graph, params, out,
+    like=folder)`` writes a folder like the one ``lora_from_peft`` read. The keywords
+    given override it.
     """
     if not isinstance(graph, Graph) or not isinstance(params, Mapping):
         raise GraphError(f"save_adapter(graph, params, folder) takes the adapted Graph and its "
@@ -244,17 +253,25 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
     dropout = _one_dropout(dropouts, lora_dropout)
     inits = collections.Counter(_init_weights(nodes, path[: -len(".lora_A")])
                                 for path in nodes if path.endswith(".lora_A"))
-    weights = to_state_dict(graph, params, adapter_only=True)
+    carried = {} if like is None else {k: v for k, v in read_adapter_config(like).fields.items()
+                                       if k in DESCRIPTIVE | {"modules_to_save"}}
+    if modules_to_save is None:
+        modules_to_save = carried.get("modules_to_save") or None
+    weights = to_state_dict(graph, params, state, adapter_only=True,
+                            modules_to_save=modules_to_save or ())
     (rank, alpha), _ = collections.Counter(settings.values()).most_common(1)[0]
+    given = {"base_model_name_or_path": base_model_name_or_path, "task_type": task_type}
     config = {
-        "peft_type": "LORA", "base_model_name_or_path": base_model_name_or_path,
+        **carried, **{k: v for k, v in given.items() if v is not None or k not in carried},
+        "peft_type": "LORA",
         "r": rank, "lora_alpha": alpha, "lora_dropout": dropout,
         "target_modules": sorted(settings), "use_rslora": False,
-        "fan_in_fan_out": layout.linear == "in_out", "bias": "none", "modules_to_save": None,
+        "fan_in_fan_out": layout.linear == "in_out", "bias": "none",
+        "modules_to_save": list(modules_to_save) if modules_to_save else None,
         "rank_pattern": {re.escape(k): r for k, (r, _) in settings.items() if r != rank},
         "alpha_pattern": {re.escape(k): a for k, (_, a) in settings.items() if a != alpha},
         # one value for the file (PEFT has no per-module one): the most common
-        "init_lora_weights": inits.most_common(1)[0][0], "use_dora": False, "task_type": None,
+        "init_lora_weights": inits.most_common(1)[0][0], "use_dora": False,
     }
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)

@@ -5,8 +5,9 @@ Every field is read: the ones LoRA's result depends on are honoured (``r``,
 ``lora_alpha``, ``lora_dropout``, ``target_modules``, ``exclude_modules``,
 ``use_rslora``, ``rank_pattern``, ``alpha_pattern``, ``modules_to_save``,
 ``fan_in_fan_out``, ``init_lora_weights`` where it only chooses how the adapters start:
-true, false or ``"gaussian"``), the descriptive ones are kept (``base_model_name_or_path``,
-``task_type`` ...), and a field asking for something else (DoRA, a bias that trains,
+true, false or ``"gaussian"``), the descriptive ones change nothing
+(``base_model_name_or_path``, ``task_type`` ...; ``save_adapter(..., like=folder)`` writes
+them back), and a field asking for something else (DoRA, a bias that trains,
 ``layers_to_transform``) is an ``mg.ConfigError`` naming it.
 """
 

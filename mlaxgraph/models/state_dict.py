@@ -12,8 +12,9 @@ served by the original code.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -72,11 +73,13 @@ class _Layer(NamedTuple):
     adapter: bool                          # a LoRA adapter's (PEFT's names and layouts)
 
 
-def _layers(graph: Graph, layout: TorchLayout, mode: str) -> list[_Layer]:
+def _layers(graph: Graph, layout: TorchLayout, mode: str,
+            saved: Callable[[str], bool] | None = None) -> list[_Layer]:
     """Each layer with weights, with its module name and converters. ``mode``:
     ``"read"`` (a quantized layer's float weights, which ``load_state_dict`` then
     quantizes; its ``Quantize`` nodes' state comes from ``quantize_weights``), ``"write"``
-    (a quantized layer is an error) or ``"adapters"`` (the LoRA adapters alone)."""
+    (a quantized layer is an error) or ``"adapters"`` (the LoRA adapters, and the layers
+    whose module name ``saved`` takes: PEFT's ``modules_to_save``)."""
     if not isinstance(graph, Graph):
         raise SerializationError(f"state dicts are read into an mg.Graph (the one the model "
                                  f"was built as), got {type(graph).__name__}")
@@ -91,10 +94,10 @@ def _layers(graph: Graph, layout: TorchLayout, mode: str) -> list[_Layer]:
         adapter = adapter_converter("/".join(step.weights), module, ops, layout)
         if adapter is not None:
             out.append(_Layer(step, adapter[0], shapes, adapter[1], adapter[2], True))
-        elif mode == "adapters":
+        elif mode == "adapters" and not (saved and saved(module)):
             continue
         elif is_quantized(step.op):
-            if mode == "write":
+            if mode != "read":
                 raise quantized_refusal(step.op, step.path, "to_state_dict")
             if float_name(step.op) is None:
                 continue  # a Quantize node: quantize_weights gives its state
@@ -143,6 +146,7 @@ def _expected(layers: list, layout: TorchLayout) -> dict[str, tuple[Step, str, t
 
 def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *,
                   dtype: Any = None, adapter_only: bool = False,
+                  modules_to_save: Sequence[str] = (),
                   **unknown: Any) -> dict[str, np.ndarray]:
     """``graph``'s weights under the original framework's names and layouts, as NumPy
     arrays (what ``safetensors.numpy.save_file`` writes and torch's
@@ -159,6 +163,10 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
         PEFT's ``adapter_model.safetensors`` holds them: ``base_model.model.<module>.lora_A.weight``
         ... (``mg.models.save_adapter`` writes the folder). Without it, adapters' weights
         are written under the same names without the ``base_model.model.`` prefix.
+      modules_to_save: with ``adapter_only``, PEFT's ``modules_to_save``: the modules
+        whose full weights go with the adapters' (``base_model.model.lm_head.weight``),
+        named as PEFT names them (a module whose name ends with an entry); an entry
+        naming no module is an ``mg.ConfigError``.
 
     Example:
       >>> import jax, mlaxgraph as mg
@@ -175,10 +183,11 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
     layout = layout_for(graph.name)
     state = state or {}
     out: dict[str, np.ndarray] = {}
-    layers = _layers(graph, layout, "adapters" if adapter_only else "write")
+    saved = _saved_modules(graph, layout, modules_to_save, adapter_only)
+    layers = _layers(graph, layout, "adapters" if adapter_only else "write", saved)
     prefix = ""
     if adapter_only:
-        if not layers:
+        if not any(layer.adapter for layer in layers):
             raise SerializationError(f"to_state_dict(adapter_only=True): graph {graph.name!r} "
                                      f"has no LoRA adapters (mg.lora adds them)")
         prefix = PEFT_PREFIX + layout.model_prefix
@@ -204,6 +213,31 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
         for relative, tensor in export(step.op, layout, ours, np).items():
             out[prefix + _join(module, relative)] = np.asarray(tensor, order="C")
     return out
+
+
+def _saved_modules(graph: Graph, layout: TorchLayout, names: Any,
+                   adapter_only: bool) -> Callable[[str], bool] | None:
+    """Which modules ``modules_to_save`` names, by PEFT's rule (the full name ends with
+    an entry, at a dot or not), each entry checked to name one."""
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"to_state_dict: modules_to_save takes a list of module names, "
+                          f"got {names!r}")
+    if not names:
+        return None
+    if not adapter_only:
+        raise ConfigError("to_state_dict: modules_to_save goes with adapter_only=True (the "
+                          "state dict of the whole model holds every module already)")
+    modules = [".".join(step.weights) for step in flatten(graph).owners()]
+
+    def saved(module: str) -> bool:
+        return any((layout.model_prefix + module).endswith(n) for n in names)
+
+    for name in names:
+        if not any((layout.model_prefix + m).endswith(name) for m in modules):
+            near = difflib.get_close_matches(name, modules, n=3, cutoff=0.5)
+            raise ConfigError(f"to_state_dict: modules_to_save names {name!r}, which is no module "
+                              f"of graph {graph.name!r}" + (f"; near names: {', '.join(near)}" if near else ""))
+    return saved
 
 
 def _side_by_side(missing: list[str], unexpected: list[str], limit: int = 12) -> str:
