@@ -49,6 +49,8 @@ def test_every_function_taking_weights_names_the_deleted_one(stepped, tmp_path):
         "to_state_dict": lambda: mg.models.to_state_dict(graph, params, state),
         "quantize_weights": lambda: mg.quantize_weights(mg.quantize(graph, "int8"), params, state),
         "merge_lora": lambda: mg.merge_lora(mg.lora(graph, "h.*/attn", rank=2), params),
+        "stack_weights": lambda: mg.compile(graph, scan_blocks="always").stack_weights(params, state),
+        "unstack_weights": lambda: model.unstack_weights(params, state),
     }
     for where, call in calls.items():
         with pytest.raises(mg.GraphError, match=rf"^{where}: params\['\S+'\]\S* " + FIX):

@@ -324,6 +324,13 @@ def test_bad_input_is_an_error_naming_it(gpt2):
                          ({"rank": 2, "dropout": -0.1}, "dropout")):
         with pytest.raises(mg.ConfigError, match=f"lora: {word} must"):
             mg.lora(g, "h.0/mlp.c_fc", **kwargs)
+    with pytest.raises(mg.ConfigError, match=r"lora got unexpected keyword argument 'r' "
+                                             r"\(PEFT's r is rank=\)"):
+        mg.lora(g, "h.0/mlp.c_fc", r=2)   # PEFT's spelling alone: named, not a TypeError
+    with pytest.raises(mg.ConfigError, match=r"lora needs targets \(PEFT's target_modules\) and "
+                                             r"rank= \(PEFT's r\); it takes lora\(graph, targets"):
+        mg.lora(g)
+    assert mg.lora(g, "h.0/mlp.c_fc", rank=np.int64(2)) == mg.lora(g, "h.0/mlp.c_fc", rank=2)
     with pytest.raises(mg.ConfigError, match="'h.0/ln_1'.*does not adapt op 'layer_norm'"):
         mg.lora(g, "h.*/ln_1", rank=2)
     with pytest.raises(mg.ConfigError, match="adapter already"):

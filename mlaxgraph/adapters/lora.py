@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -89,7 +90,7 @@ _PEFT_NAMES = {"r": "PEFT's r is rank=", "lora_alpha": "PEFT's lora_alpha is alp
                "use_dora": "mg.lora makes LoRA adapters; DoRA is not built"}
 
 
-def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
+def lora(graph: Graph, targets: Any = None, *, rank: int | None = None, alpha: float | None = None,
          dropout: float = 0.0, use_rslora: bool = False,
          init_weights: bool | str = True, **unknown: Any) -> Graph:
     """``graph`` with a low-rank adapter beside each layer ``targets`` selects.
@@ -134,6 +135,12 @@ def lora(graph: Graph, targets: Any, *, rank: int, alpha: float | None = None,
     """
     if unknown:
         raise ConfigError(unknown_keywords("lora", unknown, _LORA_SIGNATURE, _PEFT_NAMES))
+    if targets is None or rank is None:
+        missing = " and ".join(n for n, v in (("targets (PEFT's target_modules)", targets),
+                                              ("rank= (PEFT's r)", rank)) if v is None)
+        raise ConfigError(f"lora needs {missing}; it takes {_LORA_SIGNATURE}")
+    if isinstance(rank, numbers.Integral) and not isinstance(rank, bool):
+        rank = int(rank)  # NumPy's ints too
     source = capture_source()
     scale = _scale(rank, alpha, dropout, use_rslora)
     if not any(init_weights == v and type(init_weights) is type(v) for v in INIT_WEIGHTS):

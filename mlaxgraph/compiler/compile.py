@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
+from ..core.donated import refuse_deleted
 from ..core.errors import GraphError, ShardingError
 from ..core.signatures import unknown_keywords
 from ..core.specs import dim_names
@@ -196,10 +197,12 @@ class CompiledModel:
         name, as ``mg.load`` gives them) -> this model's layout, where each scanned
         run's weights are stacked under the scan's name. Any tree holding the layout
         works (gradients, optimizer states); either argument may be None."""
+        refuse_deleted("stack_weights", params=params, state=state)
         return stack_weights(self.program, params, state)
 
     def unstack_weights(self, params: Any, state: Any = None) -> tuple[Any, Any]:
         """The inverse of ``stack_weights``: this model's layout -> the graph's own."""
+        refuse_deleted("unstack_weights", params=params, state=state)
         return unstack_weights(self.program, params, state)
 
     def summary(self, expand_nested: bool = False) -> str:
