@@ -242,6 +242,49 @@ def test_calibration_bad_input_is_named(linear):
         mg.quantize_weights(mg.quantize(g, "int8"), params, state, calibration=x[0, 0])
     with pytest.raises(mg.ConfigError, match="has none"):
         mg.quantize_weights(mg.quantize(g, "int8_weight_only"), params, state, calibration=[x])
+    for bad in (np.full_like(x, np.nan), np.where(x > 1, np.inf, x)):
+        with pytest.raises(mg.ConfigError, match="calibration batch 1 holds NaN or inf values"):
+            mg.quantize_weights(mg.quantize(g, "int8"), params, state, calibration=[x, bad])
+
+
+def test_calibration_ignores_zero_tokens_and_keeps_per_call_scales_where_all_are_zero(linear):
+    """An all-zero token's per-call scale is 1 by convention (its values are 0 whatever
+    the scale): it says nothing of the range, so the static scale is the other tokens'
+    largest |x| / 127 (NumPy), and a node that saw only zeros keeps per-call scales."""
+    g, params, state, x = linear
+    qg = mg.quantize(g, "int8")
+    small = x * 0.01
+    small[2] = 0.0
+    _, qs = mg.quantize_weights(qg, params, state, calibration=[small])
+    np.testing.assert_allclose(float(qs["fc.quantize"]["scale"]), np.abs(small).max() / 127,
+                               rtol=1e-6)
+    with pytest.warns(mg.QuantizeWarning, match=r"only zeros at Quantize node\(s\) 'fc.quantize', "
+                                                r"so they keep per-call scales"):
+        _, qs = mg.quantize_weights(qg, params, state, calibration=[np.zeros_like(x)])
+    assert float(qs["fc.quantize"]["scale"]) == 0.0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_weights_quantize_as_their_float32_values(linear, dtype):
+    """A bfloat16 or float16 checkpoint: the quantized weights are those of its values
+    in float32, and the weights kept float (the bias) come out in float32, as the
+    quantized graph's init makes them."""
+    g, params, state, x = linear
+    half = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
+    wide = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), half)
+    for scheme in ("int8_weight_only", "int8"):
+        qg = mg.quantize(g, scheme)
+        got, _ = mg.quantize_weights(qg, half, state)
+        want, _ = mg.quantize_weights(qg, wide, state)
+        q, _ = np_int8(np.asarray(wide["fc"]["kernel"]), (0,))
+        np.testing.assert_array_equal(np.asarray(got["fc"]["kernel"]), q)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    int8 = mg.quantize_weights(mg.quantize(g, "int8"), params, state)
+    with pytest.raises(mg.GraphError, match=r"no float 'kernel' for this layer to quantize \(it is "
+                                            r"int8: weights another quantization made\?"):
+        mg.quantize_weights(mg.quantize(g, "int4_weight_only", group_size=16), *int8)
 
 
 def test_int8_weight_only_equals_numpy(linear):
@@ -655,14 +698,21 @@ def test_bad_input_is_named():
     with pytest.raises(mg.ConfigError, match="scheme must be one of"):
         mg.quantize(g, "int3")
     # a misspelt scheme names the one it most likely meant
+    # (the peers' names too: torchao's, the W<bits>A<bits> shorthand)
     for given, meant in (("int4", "int4_weight_only"), ("INT8", "int8"), ("fp8", "float8"),
-                         ("int8_weights_only", "int8_weight_only")):
+                         ("int8_weights_only", "int8_weight_only"), ("int8_wo", "int8_weight_only"),
+                         ("W8A8", "int8"), ("w4a16", "int4_weight_only"),
+                         ("int8_dynamic_activation_int8_weight", "int8")):
         with pytest.raises(mg.ConfigError, match=f"got '{given}' \\(did you mean '{meant}'\\?\\)"):
             mg.quantize(g, given)
     with pytest.raises(mg.ConfigError, match="group_size is for 'int4_weight_only'"):
         mg.quantize(g, "int8", group_size=32)
     with pytest.raises(mg.GraphError, match="matches no layer"):
         mg.quantize(g, "int8", targets="nothing*")
+    with pytest.raises(mg.ConfigError, match=r"layer 'fc.lora_A' \(op linear\): this is a LoRA "
+                                             r"adapter's layer: adapters stay float.*quantize the "
+                                             r"layer it adapts \('fc'\)"):
+        mg.quantize(mg.lora(g, "fc", rank=2), "int8", targets="fc.lora_A")
     x = mg.Input(("batch", 6, 6, 3), name="x")
     conv = mg.Graph(x, ops.LayerNorm(name="norm")(ops.Conv(4, (3, 3), name="conv")(x)))
     with pytest.raises(mg.ConfigError, match="layer 'conv' \\(op conv\\).*'float8' does not quantize"):

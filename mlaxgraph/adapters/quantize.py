@@ -130,6 +130,13 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
     return result
 
 
+#: The peers' names for the schemes: torchao's, and the W<bits>A<bits> shorthand.
+_OTHER_NAMES = {"int8_wo": "int8_weight_only", "w8a16": "int8_weight_only", "w8a8": "int8",
+                "int8_dynamic_activation_int8_weight": "int8", "int4_wo": "int4_weight_only",
+                "w4a16": "int4_weight_only", "int4": "int4_weight_only",
+                "float8_dynamic_activation_float8_weight": "float8", "w8a8_fp8": "float8"}
+
+
 def _near_scheme(scheme: Any) -> str | None:
     """The scheme a misspelt one most likely meant: another case, a prefix (``"int4"``),
     ``"fp8"``, or the closest spelling."""
@@ -138,6 +145,8 @@ def _near_scheme(scheme: Any) -> str | None:
     name = scheme.lower().replace("-", "_")
     if name in SCHEMES:
         return name
+    if name in _OTHER_NAMES:
+        return _OTHER_NAMES[name]
     prefixed = [s for s in SCHEMES if s.startswith(name) and s != "int8"]
     if prefixed:
         return prefixed[0]
@@ -153,6 +162,11 @@ def _check_target(path: str, node: Node, graph: Graph, scheme: str, group: int |
     if isinstance(op, tuple(QUANTIZED_OPS.values())):
         raise ConfigError(node_message(path, op.op_name, "this layer is quantized already",
                                        source=source))
+    if path.endswith((".lora_A", ".lora_B")):
+        raise ConfigError(node_message(
+            path, op.op_name, "this is a LoRA adapter's layer: adapters stay float, to train "
+            "(QLoRA) or to merge; quantize the layer it adapts "
+            f"({path.rpartition('.')[0]!r})", source=source))
     if op.op_name not in QUANTIZABLE[scheme]:
         raise ConfigError(node_message(
             path, op.op_name,

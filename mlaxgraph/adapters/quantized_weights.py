@@ -4,6 +4,7 @@ batches, the ``Quantize`` nodes' static scales."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 from ..compiler.compile import compile
 from ..compiler.program import get_in, has_in, leaf_paths, set_in
 from ..core.donated import refuse_deleted
-from ..core.errors import ConfigError, GraphError, node_message
+from ..core.errors import ConfigError, GraphError, QuantizeWarning, node_message
 from ..core.signatures import unknown_keywords
 from ..decode.inputs import check_vocabulary
 from ..ir.graph import Graph
@@ -163,7 +164,8 @@ def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
                     else "(give the float model's params, unscanned: model.unstack_weights "
                     "gives them)"))) from None
         if isinstance(node.op, tuple(QUANTIZED_OPS.values())) and not _stored(given, want):
-            given = _quantized(path, node, given, want, found.get(path))
+            given = _quantized(path, node, _to_float32(given), want, found.get(path))
+        given = _as_expected(given, want)
         if isinstance(want, Mapping) and "kernel_sum" in want and "kernel_sum" not in given:
             # the column sums a zero point's correction reads, from the int8 kernel
             given = {**given, "kernel_sum": jnp.sum(jnp.asarray(given["kernel"]), axis=0,
@@ -171,6 +173,31 @@ def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
         _check(path, node, given, want)
         out = set_in(out, keys, dict(given))
     return out, dict(state), casts
+
+
+def _is_float(dtype: Any) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.floating)) and np.dtype(dtype).itemsize > 1
+
+
+def _to_float32(tree: Any) -> Any:
+    """A layer's float weights (bfloat16, float16 ...) in float32, which the scales are
+    computed in: a bfloat16 checkpoint quantizes as its float32 values do."""
+    return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32) if _is_float(a.dtype) else a, tree)
+
+
+def _as_expected(given: Any, want: Any) -> Any:
+    """The float weights kept float in the quantized graph's float dtype (a bfloat16
+    model's LayerNorm and biases in float32, as the quantized graph's ``init`` makes
+    them); other dtypes are left to ``_check``."""
+    if isinstance(want, Mapping):
+        if not isinstance(given, Mapping):
+            return given
+        return {k: _as_expected(v, want[k]) if k in want else v for k, v in given.items()}
+    dtype = getattr(given, "dtype", None)
+    if (dtype is not None and _is_float(dtype) and _is_float(want.dtype)
+            and np.dtype(dtype) != np.dtype(want.dtype)):
+        return jnp.asarray(given, want.dtype)
+    return given
 
 
 def _check_vocabulary(qgraph: Graph, batches: list) -> None:
@@ -222,32 +249,56 @@ def _calibrated(qgraph: Graph, params: dict, state: dict, batches: Iterable,
         keys = tuple(path.split("/"))
         state = set_in(state, keys, {**get_in(state, keys), "scale": jnp.zeros((), jnp.float32)})
     apply = compile(qgraph).apply
+    axes = {path: node.op.axes for path, node in layer_paths(qgraph)
+            if path in casts and isinstance(node.op, Quantize)}
     largest: dict[str, jax.Array] = {}
     lowest: dict[str, jax.Array] = {}
-    for batch in batches:
+    for number, batch in enumerate(batches):
         inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        for array in inputs:
+            if jnp.issubdtype(np.asarray(array).dtype, jnp.inexact) and not np.all(np.isfinite(array)):
+                raise ConfigError(f"quantize_weights: calibration batch {number} holds NaN or "
+                                  f"inf values; static scales from it would be meaningless")
         _, _, captured = apply(params, state, *inputs, inference_mode=True, capture=casts)
         for path in casts:
             out = captured[path]
             scale = out[1].astype(jnp.float32)
+            # the scales of values all zero (1, by convention) say nothing of the range
+            zero = out[2] if len(out) == 3 else jnp.zeros((), out[0].dtype)
+            seen = jnp.any(out[0] != zero.astype(out[0].dtype), axis=axes[path], keepdims=True)
             if len(out) == 3:  # asymmetric: the range [low, high] each scale covers
-                zero = out[2].astype(jnp.float32)
-                top, bottom = jnp.max((127 - zero) * scale), jnp.min((-128 - zero) * scale)
+                zero = zero.astype(jnp.float32)
+                top = jnp.max(jnp.where(seen, (127 - zero) * scale, -jnp.inf))
+                bottom = jnp.min(jnp.where(seen, (-128 - zero) * scale, jnp.inf))
                 lowest[path] = bottom if path not in lowest else jnp.minimum(lowest[path],
                                                                             bottom)
             else:
-                top = jnp.max(scale)
+                top = jnp.max(jnp.where(seen, scale, -jnp.inf))
+            top = jnp.where(jnp.all(jnp.isfinite(scale)), top, jnp.nan)
             largest[path] = top if path not in largest else jnp.maximum(largest[path], top)
     if not largest:
         raise ConfigError("quantize_weights: calibration gave no batch; pass a few input "
                           "batches (or calibration=None for per-call scales)")
+    unseen = []
     for path in casts:
         keys = tuple(path.split("/"))
+        if np.isnan(float(largest[path])):
+            raise ConfigError(f"quantize_weights: the calibration batches make NaN or inf "
+                              f"values at Quantize node {path!r}, so a static scale from them "
+                              f"would be too (check the batches for NaN and inf)")
+        if not np.isfinite(float(largest[path])):  # only zeros: no range to calibrate
+            unseen.append(path)
+            continue
         if path in lowest:
             scale, zero = range_scale(jnp.stack([lowest[path], largest[path]]), (0,))
             state = set_in(state, keys, {"scale": scale[0], "zero": zero[0]})
         else:
             state = set_in(state, keys, {"scale": largest[path]})
+    if unseen:
+        warnings.warn(f"quantize_weights: the calibration batches give only zeros at "
+                      f"Quantize node(s) {', '.join(map(repr, unseen))}, so they keep per-call "
+                      f"scales (state scale 0): calibrate with batches like the model's "
+                      f"inputs", QuantizeWarning, stacklevel=3)
     return state
 
 
@@ -265,10 +316,12 @@ def _quantized(path: str, node: Node, given: Mapping, want: Mapping,
     op: Any = node.op
     weight = "embedding" if isinstance(op, QuantizedEmbedding) else "kernel"
     floats = [leaf for key, leaf in leaf_paths(given).items() if key.endswith(weight)]
-    if not floats or not all(np.issubdtype(np.dtype(leaf.dtype), np.floating) for leaf in floats):
-        raise GraphError(node_message(path, op.op_name,
-                                      f"params have no float {weight!r} for this layer to "
-                                      f"quantize"))
+    if not floats or not all(_is_float(leaf.dtype) for leaf in floats):
+        held = ", ".join(sorted({np.dtype(leaf.dtype).name for leaf in floats}))
+        raise GraphError(node_message(
+            path, op.op_name, f"params have no float {weight!r} for this layer to quantize"
+            + (f" (it is {held}: weights another quantization made? quantize_weights takes "
+               f"the float model's params)" if floats else "")))
     try:
         rounded = None if found is None else gptq_params(op, dict(given), found)
         out = quantize_params(op, dict(given)) if rounded is None else rounded
