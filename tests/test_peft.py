@@ -194,6 +194,8 @@ def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
     ("r", 0, "'r' = 0: must be an int"),
     ("lora_dropout", 1.5, "'lora_dropout' = 1.5"),
     ("peft_type", "IA3", "only LoRA"),
+    ("lora_aplha", 3, r"'lora_aplha' = 3: not a field mlaxgraph knows \(did you mean 'lora_alpha'\?\)"),
+    ("target_modules", ["attn.c_atn"], "names 'attn.c_atn', which is no module.*near names: attn.c_attn"),
 ])
 def test_fields_it_cannot_honour_are_named(tmp_path, field, value, words):
     folder = _folder(tmp_path, {"r": 2, "lora_alpha": 4, "target_modules": ["c_attn"], field: value}, {})
@@ -213,6 +215,8 @@ def test_a_config_dict_is_read_as_its_file(gpt2_adapter):
     assert adapted.node("h.0").op.subgraph().node("mlp.c_fc.lora_A").op.features == 4
     with pytest.raises(mg.ConfigError, match="adapter config .dict.: field 'r' = 0"):
         mg.lora_from_peft(g, {**fields, "r": 0})
+    # null for a flag (use_dora: null, as some configs hold it) is its default: no DoRA
+    assert mg.lora_from_peft(g, {**fields, "use_dora": None}) == mg.lora_from_peft(g, fields)
     with pytest.raises(mg.ConfigError, match="a folder, its adapter_config.json, or a dict"):
         mg.lora_from_peft(g, 3)
     with pytest.raises(mg.SerializationError, match="from a PEFT adapter folder"):

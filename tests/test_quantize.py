@@ -285,6 +285,10 @@ def test_half_precision_weights_quantize_as_their_float32_values(linear, dtype):
     with pytest.raises(mg.GraphError, match=r"no float 'kernel' for this layer to quantize \(it is "
                                             r"int8: weights another quantization made\?"):
         mg.quantize_weights(mg.quantize(g, "int4_weight_only", group_size=16), *int8)
+    with pytest.raises(mg.GraphError, match=r"quantize_weights: graph 'one': state holds "
+                                            r"\['fc.quantize'\], which the quantized graph does not "
+                                            r"have \(weights another quantization made\?"):
+        mg.quantize_weights(mg.quantize(g, "int8_weight_only"), *int8)
 
 
 def test_int8_weight_only_equals_numpy(linear):

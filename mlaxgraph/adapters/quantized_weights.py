@@ -346,10 +346,21 @@ def _check(path: str, node: Node | None, given: Any, want: Any, what: str = "par
     """``given`` has the keys, shapes and dtypes of ``want`` (eval_shape's structs)."""
     op_name = node.op.op_name if node is not None else "graph"
     if isinstance(want, Mapping):
-        if not isinstance(given, Mapping) or set(given) != set(want):
-            have = sorted(given) if isinstance(given, Mapping) else type(given).__name__
-            raise GraphError(node_message(path, op_name, f"{what} hold {have}, the quantized "
-                                                         f"layer needs {sorted(want)}"))
+        if not isinstance(given, Mapping):
+            raise GraphError(node_message(path, op_name, f"{what} hold a {type(given).__name__}, "
+                                                         f"the quantized layer needs {sorted(want)}"))
+        if set(given) != set(want):
+            extra, missing = sorted(set(given) - set(want)), sorted(set(want) - set(given))
+            whose, s = ("layer", "") if node is not None else ("graph", "s" if what == "state" else "")
+            found = [f"{what} hold{s} {extra}, which the quantized {whose} does not have"] if extra else []
+            found += [f"{what} lack{s} {missing}, which it needs"] if missing else []
+            stored = any(k.endswith(".quantize") or k in ("kernel_sum", "kernel_scale",
+                                                           "embedding_scale") for k in extra)
+            problem = "; ".join(found) + (" (weights another quantization made? quantize_weights "
+                                          "takes the float model's params and state)" if stored else "")
+            if node is None:
+                raise GraphError(f"quantize_weights: graph {path!r}: {problem}")
+            raise GraphError(node_message(path, op_name, problem))
         for key in want:
             _check(f"{path}/{key}", node, given[key], want[key], what)
         return

@@ -156,7 +156,11 @@ def _check_names(config, field: str, spec: Any, keys: list[str], full, graph: Gr
 
 
 def _near(name: str, keys: list[str]) -> str:
-    tails = sorted({k.rsplit(".", 1)[-1] for k in keys})
+    """The module names nearest ``name``: tails of as many dotted parts as it has
+    (``attention.self.query`` against ViT's ``attention.attention.query``), then the
+    last names."""
+    parts = name.count(".") + 1
+    tails = sorted({".".join(k.split(".")[-parts:]) for k in keys} | {k.rsplit(".", 1)[-1] for k in keys})
     close = difflib.get_close_matches(name, tails, n=4, cutoff=0.5)
     return f"; near names: {', '.join(close)}" if close else ""
 

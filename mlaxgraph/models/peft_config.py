@@ -14,6 +14,7 @@ them back), and a field asking for something else (DoRA, a bias that trains,
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -39,7 +40,7 @@ DESCRIPTIVE = frozenset({
 #: Fields that must hold their default: any other value asks for what LoRA here does
 #: not do. (The value a file may hold -> what to say.)
 DEFAULTS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "use_dora": ((False,), "DoRA (weight-decomposed LoRA)"),
+    "use_dora": ((False, None), "DoRA (weight-decomposed LoRA)"),
     "layers_to_transform": ((None, []), "adapting some layer indices only (name the layers "
                             "in target_modules instead)"),
     "layers_pattern": ((None, []), "a layers pattern (goes with layers_to_transform)"),
@@ -49,13 +50,13 @@ DEFAULTS: dict[str, tuple[tuple[Any, ...], str]] = {
     "corda_config": ((None,), "CorDA initialization"),
     "layer_replication": ((None, []), "layer replication"),
     "runtime_config": ((None, {}, {"ephemeral_gpu_offload": False}), "runtime options"),
-    "lora_bias": ((False,), "a bias on lora_B"),
+    "lora_bias": ((False, None), "a bias on lora_B"),
     "trainable_token_indices": ((None,), "training some token embeddings"),
     "target_parameters": ((None, []), "adapting parameters of non-linear modules"),
-    "use_qalora": ((False,), "QALoRA"),
+    "use_qalora": ((False, None), "QALoRA"),
     "alora_invocation_tokens": ((None,), "activated LoRA"),
     "arrow_config": ((None,), "Arrow routing"),
-    "ensure_weight_tying": ((False,), "tying adapters of tied weights"),
+    "ensure_weight_tying": ((False, None), "tying adapters of tied weights"),
     "bias": (("none",), "training biases (bias='all' or 'lora_only')"),
 }
 HONOURED = frozenset({
@@ -217,8 +218,10 @@ def read_adapter_config(folder: str | os.PathLike | Mapping) -> AdapterConfig:
                 raise _field_error(path, name, value, f"asks for {what}, which mlaxgraph's LoRA "
                                    f"does not do; allowed: {', '.join(map(repr, allowed))}")
         elif value not in (None, False, {}, [], ""):
-            raise _field_error(path, name, value, "not a field mlaxgraph knows; it would be "
-                               "ignored, so it is refused (remove it if it changes nothing)")
+            close = difflib.get_close_matches(name, sorted(HONOURED | DESCRIPTIVE | set(DEFAULTS)), n=1)
+            raise _field_error(path, name, value, "not a field mlaxgraph knows" + (
+                f" (did you mean {close[0]!r}?)" if close else "") + "; it would be ignored, so "
+                "it is refused (remove it if it changes nothing)")
     r = _number(path, fields, "r", 8, 1, float("inf"), integer=True)
     alpha = _number(path, fields, "lora_alpha", 8, 1e-12, float("inf"))
     dropout = _number(path, fields, "lora_dropout", 0.0, 0.0, 1.0)
