@@ -357,6 +357,14 @@ def test_base_params_given_to_an_adapted_model_name_init_with_reuse():
     new_params, new_state = adapted.init(jax.random.key(1), reuse=(params, state))  # the hint
     np.testing.assert_array_equal(adapted.apply(new_params, new_state, jnp.ones((2, 3)))[0],
                                   base.apply(params, state, jnp.ones((2, 3)))[0])
+    # the other way: the adapted params given to the base model, which would ignore the
+    # (trained) adapters and give the base model's outputs
+    with pytest.raises(mg.GraphError, match=r"graph 'graph': params hold LoRA adapters' weights "
+                                            r"\(hidden.lora_A, hidden.lora_B\) that it has no layer "
+                                            r"for, so it would compute without them.*mg.merge_lora"):
+        base.apply(new_params, new_state, jnp.ones((2, 3)))
+    merged_graph, merged = mg.merge_lora(mg.lora(graph, "hidden", rank=2), new_params)
+    assert mg.compile(merged_graph).apply(merged, new_state, jnp.ones((2, 3)))[0].shape == (2, 2)
 
 
 def test_a_policy_given_by_name_is_policy_named():

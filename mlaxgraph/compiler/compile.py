@@ -27,6 +27,7 @@ from .remat import resolve_remat
 from .reuse import ModelInit, ReuseReport
 from .stacking import stack_weights, unstack_weights
 from .taps import Taps, plan_taps
+from .weights import refusing_unread_adapters
 from .xla_options import INIT_COMPILER_OPTIONS, init_compiler_options
 
 if TYPE_CHECKING:
@@ -106,7 +107,8 @@ class CompiledModel:
         if checks:  # the checks are traced only here: checks=False costs nothing
             plain = checked(make_apply(program, sharding, checks=True))
         else:
-            plain = jax.jit(self.apply_fn, static_argnames=("inference_mode",))
+            plain = jax.jit(refusing_unread_adapters(program, self.apply_fn),
+                            static_argnames=("inference_mode",))
         self.apply = model_apply(plain, tapped)
 
     def tapped_apply_fn(self, taps: Taps) -> Any:

@@ -7,6 +7,7 @@ are read block by block.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,8 @@ from ..core.specs import flatten_specs, is_symbolic
 from ..ir.paths import is_adapter
 from .program import Program, ScanStep, Step, get_in, has_in, set_in
 
-__all__ = ["read_weights", "check_weights", "per_block_weights", "without_layers"]
+__all__ = ["read_weights", "check_weights", "per_block_weights", "without_layers",
+           "refusing_unread_adapters"]
 
 _EMPTY: Mapping[str, Any] = {}
 
@@ -88,6 +90,37 @@ def _adapter_hint(path: str) -> str:
         return ""
     return ("; an adapted graph's init makes the adapters and keeps the base weights given: "
             "params, state = model.init(key, reuse=(base_params, base_state))")
+
+
+def refusing_unread_adapters(program: Program, fn: Any) -> Any:
+    """``apply`` refusing params that hold LoRA adapters' weights the graph has no layer
+    for (an adapted model's params given to its base model, which would compute without
+    them): checked when traced, so a jitted call pays nothing."""
+    needed = {step.weights_path for step in program.owners()}
+
+    def unread(tree: Any, prefix: str = "") -> list[str]:
+        found: list[str] = []
+        for key, value in tree.items() if isinstance(tree, Mapping) else ():
+            path = prefix + str(key)
+            if is_adapter(str(key)) and path not in needed:
+                found.append(path)
+            elif isinstance(value, Mapping):
+                found += unread(value, path + "/")
+        return found
+
+    @functools.wraps(fn)  # its name and signature: the HLO module stays jit_apply
+    def apply(params, state, *inputs, **keywords):
+        extra = unread(params)
+        if extra:
+            raise GraphError(
+                f"graph {program.graph.name!r}: params hold LoRA adapters' weights "
+                f"({', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}) that it has no "
+                f"layer for, so it would compute without them: apply them with the adapted "
+                f"graph's model (mg.compile(mg.lora(...))), or fold them into the base "
+                f"weights: graph, params = mg.merge_lora(adapted, params)")
+        return fn(params, state, *inputs, **keywords)
+
+    return apply
 
 
 def per_block_weights(step: Step, blocks: tuple) -> tuple:
