@@ -190,7 +190,7 @@ def test_the_readers_name_the_peers_keywords_before_reading_anything():
 
 @pytest.mark.parametrize("function, written", [
     ("compile", "mlaxgraph.compiler.compile._COMPILE_SIGNATURE"),
-    ("lora", "mlaxgraph.adapters.lora._LORA_SIGNATURE"),
+    ("lora", "mlaxgraph.adapters.lora_arguments.LORA_SIGNATURE"),
     ("train.Trainer", "mlaxgraph.train.arguments.TRAINER_SIGNATURE"),
     ("train.fit", "mlaxgraph.train.fit._FIT_SIGNATURE"),
     ("from_onnx", "mlaxgraph.onnx.arguments.FROM_ONNX_SIGNATURE"),

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import ConfigError, GraphError, SourceInfo, capture_source, node_message
-from ..core.signatures import unknown_keywords
 from ..ir.graph import Graph
 from ..ir.node import Node, Value
 from ..ir.paths import is_pattern, path_matcher
@@ -38,6 +35,7 @@ from ..ops.embedding import normal as normal_init
 from ..ops.initializers import lora_a_uniform, lora_a_uniform_conv
 from ..ops.linear import Linear
 from ..ops.quantize import Quantize
+from .lora_arguments import checked_arguments
 from .lora_weights import is_adapter
 
 __all__ = ["lora", "lora_targets", "lora_a_uniform", "lora_a_uniform_conv"]
@@ -52,42 +50,6 @@ QUANTIZED_ADAPTED_OPS = tuple(f"quantized_{name}" for name in ADAPTED_OPS)
 #: The projections of an attention layer that naming the layer itself adapts, as PEFT's
 #: and Keras's defaults for attention (query and value).
 DEFAULT_PROJECTIONS = ("query", "value")
-
-
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"lora: {name} must be a number, got {value!r}")
-    return float(value)
-
-
-def _scale(rank: Any, alpha: Any, dropout: Any, use_rslora: Any) -> float:
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ConfigError(f"lora: rank must be a positive int, got {rank!r}")
-    alpha = float(rank) if alpha is None else _number("alpha", alpha)
-    if alpha <= 0:
-        raise ConfigError(f"lora: alpha must be > 0 (the adapter's output is scaled by "
-                          f"alpha / rank), got {alpha!r}")
-    dropout = _number("dropout", dropout)
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"lora: dropout must be in [0, 1), got {dropout!r}")
-    if not isinstance(use_rslora, bool):
-        raise ConfigError(f"lora: use_rslora must be a bool, got {use_rslora!r}")
-    return alpha / (math.sqrt(rank) if use_rslora else rank)
-
-
-#: ``init_weights`` values: PEFT's ``init_lora_weights`` that only choose how the adapters
-#: start (the others, PiSSA, OLoRA, LoftQ ..., change the base weights too).
-INIT_WEIGHTS = (True, False, "gaussian")
-
-
-_LORA_SIGNATURE = ("lora(graph, targets, rank, alpha=None, dropout=0.0, use_rslora=False, "
-                   "init_weights=True)")
-#: PEFT's ``LoraConfig`` spellings of lora's arguments.
-_PEFT_NAMES = {"r": "PEFT's r is rank=", "lora_alpha": "PEFT's lora_alpha is alpha=",
-               "lora_dropout": "PEFT's lora_dropout is dropout=",
-               "target_modules": "PEFT's target_modules are lora's second argument, targets",
-               "init_lora_weights": "PEFT's init_lora_weights is init_weights=",
-               "use_dora": "mg.lora makes LoRA adapters; DoRA is not built"}
 
 
 def lora(graph: Graph, targets: Any = None, *, rank: int | None = None, alpha: float | None = None,
@@ -133,19 +95,9 @@ def lora(graph: Graph, targets: Any = None, *, rank: int | None = None, alpha: f
       >>> [node.name for node in g2.nodes]
       ['x', 'fc', 'fc.lora_A', 'fc.lora_B', 'fc.lora_scale', 'fc.lora', 'head']
     """
-    if unknown:
-        raise ConfigError(unknown_keywords("lora", unknown, _LORA_SIGNATURE, _PEFT_NAMES))
-    if targets is None or rank is None:
-        missing = " and ".join(n for n, v in (("targets (PEFT's target_modules)", targets),
-                                              ("rank= (PEFT's r)", rank)) if v is None)
-        raise ConfigError(f"lora needs {missing}; it takes {_LORA_SIGNATURE}")
-    if isinstance(rank, numbers.Integral) and not isinstance(rank, bool):
-        rank = int(rank)  # NumPy's ints too
+    rank, scale = checked_arguments(targets, rank, alpha, dropout, use_rslora, init_weights,
+                                    unknown)
     source = capture_source()
-    scale = _scale(rank, alpha, dropout, use_rslora)
-    if not any(init_weights == v and type(init_weights) is type(v) for v in INIT_WEIGHTS):
-        raise ConfigError(f"lora: init_weights must be one of {INIT_WEIGHTS} (PEFT's "
-                          f"init_lora_weights), got {init_weights!r}")
     if not isinstance(graph, Graph):
         raise GraphError(f"lora works on a Graph, got {type(graph).__name__}")
     graph = unfold_scans(graph)

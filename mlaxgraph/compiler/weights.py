@@ -102,7 +102,9 @@ def refusing_unread_adapters(program: Program, fn: Any) -> Any:
         found: list[str] = []
         for key, value in tree.items() if isinstance(tree, Mapping) else ():
             path = prefix + str(key)
-            if is_adapter(str(key)) and path not in needed:
+            if path in needed:  # a layer's (or a scanned run's stacked) weights: read
+                continue
+            if is_adapter(str(key)):
                 found.append(path)
             elif isinstance(value, Mapping):
                 found += unread(value, path + "/")

@@ -19,12 +19,12 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import ConfigError
 
-__all__ = ["AdapterConfig", "read_adapter_config", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS",
+__all__ = ["AdapterConfig", "read_adapter_config", "saved_modules", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS",
            "LEGACY_ADAPTER_WEIGHTS"]
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -122,6 +122,27 @@ class AdapterConfig:
         weights in the adapter file). PEFT's rule: the name ends with an entry, at a dot
         or not (``"norm"`` names ``model.norm`` and every ``input_layernorm``)."""
         return any(key.endswith(name) for name in self.modules_to_save)
+
+
+def saved_modules(graph_name: str, modules: list[str], prefix: str, names: Any,
+                  adapter_only: bool) -> Callable[[str], bool] | None:
+    """Which of the graph's ``modules`` (dotted names, ``prefix`` the checkpoint's model
+    prefix) ``modules_to_save`` names, by PEFT's rule (the full name ends with an
+    entry, at a dot or not), each entry checked to name one; None for none."""
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"to_state_dict: modules_to_save takes a list of module names, "
+                          f"got {names!r}")
+    if not names:
+        return None
+    if not adapter_only:
+        raise ConfigError("to_state_dict: modules_to_save goes with adapter_only=True (the "
+                          "state dict of the whole model holds every module already)")
+    for name in names:
+        if not any((prefix + m).endswith(name) for m in modules):
+            near = difflib.get_close_matches(name, modules, n=3, cutoff=0.5)
+            raise ConfigError(f"to_state_dict: modules_to_save names {name!r}, which is no module "
+                              f"of graph {graph_name!r}" + (f"; near names: {', '.join(near)}" if near else ""))
+    return lambda module: any((prefix + module).endswith(n) for n in names)
 
 
 def _names(spec: str | tuple[str, ...], key: str) -> bool:

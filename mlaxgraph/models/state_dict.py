@@ -12,7 +12,6 @@ served by the original code.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -36,7 +35,7 @@ from .arguments import (
     TO_STATE_DICT_HINTS,
     TO_STATE_DICT_SIGNATURE,
 )
-from .peft_config import ADAPTER_WEIGHTS, LEGACY_ADAPTER_WEIGHTS, read_adapter_config
+from .peft_config import ADAPTER_WEIGHTS, LEGACY_ADAPTER_WEIGHTS, read_adapter_config, saved_modules
 from .sources import StateDictSource
 from .torch_layout import (
     TorchLayout,
@@ -183,7 +182,8 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
     layout = layout_for(graph.name)
     state = state or {}
     out: dict[str, np.ndarray] = {}
-    saved = _saved_modules(graph, layout, modules_to_save, adapter_only)
+    saved = saved_modules(graph.name, [".".join(step.weights) for step in flatten(graph).owners()],
+                          layout.model_prefix, modules_to_save, adapter_only)
     layers = _layers(graph, layout, "adapters" if adapter_only else "write", saved)
     prefix = ""
     if adapter_only:
@@ -213,31 +213,6 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
         for relative, tensor in export(step.op, layout, ours, np).items():
             out[prefix + _join(module, relative)] = np.asarray(tensor, order="C")
     return out
-
-
-def _saved_modules(graph: Graph, layout: TorchLayout, names: Any,
-                   adapter_only: bool) -> Callable[[str], bool] | None:
-    """Which modules ``modules_to_save`` names, by PEFT's rule (the full name ends with
-    an entry, at a dot or not), each entry checked to name one."""
-    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
-        raise ConfigError(f"to_state_dict: modules_to_save takes a list of module names, "
-                          f"got {names!r}")
-    if not names:
-        return None
-    if not adapter_only:
-        raise ConfigError("to_state_dict: modules_to_save goes with adapter_only=True (the "
-                          "state dict of the whole model holds every module already)")
-    modules = [".".join(step.weights) for step in flatten(graph).owners()]
-
-    def saved(module: str) -> bool:
-        return any((layout.model_prefix + module).endswith(n) for n in names)
-
-    for name in names:
-        if not any((layout.model_prefix + m).endswith(name) for m in modules):
-            near = difflib.get_close_matches(name, modules, n=3, cutoff=0.5)
-            raise ConfigError(f"to_state_dict: modules_to_save names {name!r}, which is no module "
-                              f"of graph {graph.name!r}" + (f"; near names: {', '.join(near)}" if near else ""))
-    return saved
 
 
 def _side_by_side(missing: list[str], unexpected: list[str], limit: int = 12) -> str:
