@@ -823,8 +823,10 @@ def test_flop_rules_match_xla_count(scheme):
 
 
 @pytest.mark.parametrize("scheme, category, stored", [
-    ("int8", "int", "i8"), ("float8", "float8", "f8e4m3"), ("int4_weight_only", "int", "u8")])
+    ("int8", "int", "i8"), ("float8", "float8", "f8e4m3"), ("int4_weight_only", "int", "u8"),
+    ("int8_weight_only", "int", "i8")])
 def test_explorer_colours_the_casts_and_layers_by_stored_dtype(scheme, category, stored):
+    from mlaxgraph.render.dot_style import DTYPE_COLORS
     from mlaxgraph.render.html.payload import scope_of
 
     qg = mg.quantize(_linear(), scheme, **({"group_size": 32} if "int4" in scheme else {}))
@@ -833,9 +835,12 @@ def test_explorer_colours_the_casts_and_layers_by_stored_dtype(scheme, category,
     assert nodes["x"]["cat"] == "float32" and nodes["fc"]["cat"] == category
     assert nodes["fc"]["weights"][0][:3] == ["kernel", "[64,24]" if "int4" not in scheme else "[32,24]",
                                               stored]
-    if scheme != "int4_weight_only":
+    if "weight_only" not in scheme:
         assert nodes["fc.quantize"]["cat"] == category
         assert nodes["fc.dequantize"]["cat"] == "float32"  # back to float, drawn as such
+    # the DOT picture by the same rule: a weight-only layer, whose output is float, too
+    line = next(line for line in qg.to_dot().splitlines() if "<B>fc</B>" in line)
+    assert f'BGCOLOR="{DTYPE_COLORS[category][0]}"' in line
 
 
 def test_int4_default_targets_leave_layers_the_group_does_not_divide_float_and_say_so():

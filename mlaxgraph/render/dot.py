@@ -47,6 +47,7 @@ from .dot_style import (
     _plain_id,
     check_options,
     dtype_category,
+    layer_category,
 )
 from .summary import count_params
 
@@ -252,7 +253,9 @@ class _Writer:
 
     def emit_layer(self, ident, node, graph, counts, indent, lines) -> None:
         many_out = len(node.outputs) > 1
-        fill, line = self.fill(node.outputs[0].dtype)
+        category = layer_category(node.op, graph.input_specs_of(node), node.outputs[0].dtype)
+        self.categories.setdefault(category)
+        fill, line = DTYPE_COLORS[category]
         op_line = node.op.op_name
         inner = node.op.subgraph()
         if inner is not None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import GraphError
+from ..core.specs import flatten_specs
 from ..ir.printer import format_attr, format_node, non_default_attrs
 
 __all__ = ["DEFAULT_OPTIONS", "check_options", "unknown_option", "OptionError", "DTYPE_COLORS",
@@ -115,6 +116,19 @@ DTYPE_COLORS: dict[str, tuple[str, str]] = {
 _BLOCK_FILL = "#f1f3f5"
 _BLOCK_LINE = "#868e96"
 _TEXT_GREY = "#495057"
+
+
+def layer_category(op: Any, input_specs: Any, output_dtype: Any) -> str:
+    """The colour category of a layer: a quantized layer's (its op has a ``scheme``) by
+    the dtype its weights are stored in (int8, packed int4's uint8, float8), so that a
+    weight-only layer, whose output is float, shows as quantized; any other by its
+    output's dtype."""
+    if getattr(op, "scheme", None) is not None:
+        stored = [spec.dtype for _, spec in flatten_specs(op.param_specs(input_specs))
+                  if spec.dtype is not None and spec.dtype.itemsize == 1]
+        if stored:
+            return dtype_category(stored[0])
+    return dtype_category(output_dtype)
 
 
 def dtype_category(dtype: Any) -> str:

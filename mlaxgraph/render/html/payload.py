@@ -32,6 +32,7 @@ from ...core.specs import dtype_str, flatten_specs, is_symbolic, shape_str
 from ...ir.graph import Graph, InputLayer
 from ...ir.printer import format_attr
 from ..dot import dtype_category
+from ..dot_style import layer_category
 from ..summary import count_params
 from .fold import fold_runs
 
@@ -134,10 +135,8 @@ class _Builder:
                                 ",".join(a if a is not None else "-" for a in spec.axes)])
         if weights:
             item["weights"] = weights
-        stored = [spec.dtype for _, spec in flatten_specs(op.param_specs(inputs))
-                  if spec.dtype is not None and spec.dtype.itemsize == 1]
-        if stored:  # a quantized layer: coloured by the dtype its weights are stored in
-            item["cat"] = dtype_category(stored[0])
+        if outputs:  # a quantized layer: by the dtype its weights are stored in
+            item["cat"] = layer_category(op, inputs, outputs[0].dtype)
         item["flops_f"], item["act_f"] = self.formulas(path)
         return item
 
