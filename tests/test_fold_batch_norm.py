@@ -315,6 +315,16 @@ def test_nothing_to_fold_gives_the_graph_back():
     with pytest.warns(mg.FoldWarning, match="kept 1 BatchNorm it cannot fold: bn "):
         same, _, s2 = mg.fold_batch_norm(g, params, state)
     assert same is g and sorted(s2) == ["bn"]
+    # after a quantized layer: fold the float graph first, then quantize
+    x = mg.Input(("batch", 6, 6, 3), name="x")
+    g = mg.Graph(x, ops.BatchNorm(name="bn")(ops.Conv(4, (3, 3), use_bias=False, name="conv")(x)))
+    params, state = mg.compile(g).init(jax.random.key(0))
+    for scheme, reads in (("int8", "dequantize 'conv.dequantize'"), ("int8_weight_only",
+                                                                    "quantized_conv 'conv'")):
+        qg = mg.quantize(g, scheme)
+        with pytest.warns(mg.FoldWarning, match=f"bn \\(it reads {reads}, a quantized layer's: "
+                                                f"fold the float graph, then quantize"):
+            mg.fold_batch_norm(qg, *mg.quantize_weights(qg, params, state))
 
 
 def test_bad_input_is_a_graph_error_naming_the_layer(resnet):

@@ -766,7 +766,11 @@ def test_float_weights_given_to_the_quantized_model_name_quantize_weights(linear
     with pytest.raises(mg.GraphError, match=r"state has no entry 'fc\.quantize'.*"
                                             r"mg\.quantize_weights\(qgraph, params, state\)"):
         qmodel.apply(params, state, x)
-    _, qstate = qmodel.init(jax.random.key(0))
+    # init draws the stored int8 weights as zeros, and says so
+    with pytest.warns(mg.QuantizeWarning, match=r"init draws the quantized weights of model 'one' "
+                                                r"\(fc/kernel\) as zeros.*mg.quantize_weights"):
+        zeros, qstate = qmodel.init(jax.random.key(0))
+    assert not np.asarray(zeros["fc"]["kernel"]).any()
     with pytest.raises(mg.DTypeError, match=r"fc/kernel is stored in int8 by this layer; .*"
                                             r"mg\.quantize_weights"):
         qmodel.apply(params, qstate, x)

@@ -72,6 +72,9 @@ def _why_not(graph: Graph, node: Node, shared: set[str]) -> str | None:
         return f"it reads the graph's input {producer.name!r}, not a layer's output"
     op: Any = producer.op
     name = f"{producer.op.op_name} {producer.name!r}"
+    if getattr(op, "scheme", None) is not None or op.op_name == "dequantize":
+        return (f"it reads {name}, a quantized layer's: fold the float graph, then quantize "
+                f"(mg.quantize(mg.fold_batch_norm(graph, params, state)[0], ...))")
     if type(op) not in FOLDS_INTO:
         return f"it reads {name}, not a Conv, ConvTranspose or Linear"
     if getattr(op, "activation", None) is not None:

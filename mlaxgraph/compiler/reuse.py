@@ -12,6 +12,7 @@ layer's stored ones, and arrays deleted by a donation are errors naming the weig
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ import jax
 import numpy as np
 
 from ..core.donated import deleted_error
-from ..core.errors import GraphError
+from ..core.errors import GraphError, QuantizeWarning
 from ..core.signatures import unknown_keywords
 from ..core.specs import trains
 from .lowering import make_init
@@ -187,6 +188,8 @@ class ModelInit:
         # init is compiled with its own XLA options, which only a top-level jit takes.
         traced = isinstance(key, jax.core.Tracer)
         if reuse is None:
+            if not traced:
+                self._warn_stored(list(leaf_paths(self.shapes()[0])))
             return (self._pure if traced else self._plain)(key)
         shapes = self.shapes()
         old = self.given(reuse)
@@ -196,11 +199,27 @@ class ModelInit:
         path = _deleted_weight(*old, report.kept)
         if path is not None:
             raise deleted_error("init(reuse=...)", f"weight {path} of reuse")
+        if not traced:
+            self._warn_stored(report.new)
         pure, jitted = self._draw(frozenset(report.new))
         drawn = (pure if traced else jitted)(key)
         shardings = (None, None) if self._sharding is None else (self._sharding.params,
                                                                  self._sharding.state)
         return tuple(_assemble(s, d, o, sh) for s, d, o, sh in zip(shapes, drawn, old, shardings))
+
+    def _warn_stored(self, drawn: Any) -> None:
+        """A ``QuantizeWarning`` when ``init`` would draw stored quantized weights
+        (``drawn``: param paths), which it makes zeros: their values come from
+        ``mg.quantize_weights``."""
+        params = leaf_paths(self.shapes()[0])
+        stored = [p for p in drawn if p in params and not trains(params[p].dtype)]
+        if stored:
+            warnings.warn(
+                f"init draws the quantized weights of model {self._program.graph.name!r} "
+                f"({', '.join(stored[:2])}{' ...' if len(stored) > 2 else ''}) as zeros, so "
+                f"its outputs are the biases alone: mg.quantize_weights(qgraph, params, state) "
+                f"gives them from the float model's weights (init(key, reuse=(qparams, "
+                f"qstate)) keeps them)", QuantizeWarning, stacklevel=3)
 
     def _draw(self, new: frozenset[str]) -> tuple[Callable, Callable]:
         """The init of the weights ``new`` alone: pure and jitted, made once per set."""
