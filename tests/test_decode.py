@@ -496,6 +496,9 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
                                  sampler=mg.sampling.BadWords([[3], []])),
      mg.ConfigError, r"BadWords takes a non-empty list of non-empty lists of token ids >= 0"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
+                                 sampler=mg.sampling.BadWords([[3], [5, 700]])),
+     mg.ConfigError, r"BadWords: token ids \[700\] are out of the model's vocabulary of 96"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
                                  sampler=mg.sampling.RepetitionPenalty(0)),
      mg.ConfigError, r"RepetitionPenalty: penalty must be a number > 0 \(1\.0: no penalty\), got 0"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
@@ -514,7 +517,7 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
 ], ids=["int_key", "eos_out_of_vocabulary", "eos_not_int", "eos_empty_list", "pad_out_of_vocabulary",
         "cache_dtype_typo", "cache_dtype_int", "hugging_face_sampling", "beams",
         "repetition_penalty", "ngram_and_top_k", "length_penalty", "bad_words_empty",
-        "penalty_zero", "ngram_float", "misspelt", "no_length",
+        "bad_words_beyond_vocabulary", "penalty_zero", "ngram_float", "misspelt", "no_length",
         "both_lengths", "max_length_within_the_prompt"])
 def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error, message):
     model, params, state, _ = gpt2

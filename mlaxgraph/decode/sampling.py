@@ -224,13 +224,17 @@ class BadWords(_Processor):
 
     def change(self, logits, history):
         vocab = logits.shape[1]
-        singles = [s[0] for s in self.sequences if len(s) == 1 and s[0] < vocab]
+        beyond = sorted({t for s in self.sequences for t in s if t >= vocab})
+        if beyond:  # as transformers refuses them
+            raise ConfigError(f"BadWords: token ids {beyond} are out of the model's vocabulary "
+                              f"of {vocab}")
+        singles = [s[0] for s in self.sequences if len(s) == 1]
         if singles:
             banned = jnp.zeros((vocab,), bool).at[jnp.asarray(singles)].set(True)
             banned = banned & ~jnp.isin(jnp.arange(vocab), history.eos)
             logits = jnp.where(banned, -jnp.inf, logits)
         length = history.end - history.start
-        for s in (s for s in self.sequences if len(s) > 1 and s[-1] < vocab):
+        for s in (s for s in self.sequences if len(s) > 1):
             m = len(s)
             if m - 1 > history.ids.shape[1]:
                 continue
