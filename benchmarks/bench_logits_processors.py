@@ -35,39 +35,45 @@ VARIANTS = {
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--batch", type=int, default=1)
-    args = parser.parse_args()
+def run(rounds: int = 9, batch: int = 1) -> str:
+    """The table (Markdown) of one run."""
     model = mg.compile(mg.models.gpt2())
     params, state = model.init(jax.random.key(0))
-    prompt = np.asarray(jax.random.randint(jax.random.key(1), (args.batch, 16), 0, 50257))
+    prompt = np.asarray(jax.random.randint(jax.random.key(1), (batch, 16), 0, 50257))
 
-    def run(sampler):
+    def generate(sampler):
         out = mg.generate(model, params, state, prompt, max_new_tokens=NEW, sampler=sampler,
                           eos_token_id=50256)
         return out.block_until_ready()
 
     for sampler in VARIANTS.values():
-        run(sampler)  # compile
+        generate(sampler)  # compile
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     order = list(VARIANTS)
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         random.shuffle(order)
         for name in order:
             start = time.perf_counter()
-            run(VARIANTS[name])
+            generate(VARIANTS[name])
             times[name].append((time.perf_counter() - start) / NEW)
-    print(f"GPT-2 small, batch {args.batch}, 16-token prompt, {NEW} new tokens, "
-          f"{args.rounds} rounds (greedy: the most likely token left)\n")
-    print("| sampler | per new token (median) | / plain greedy, per round | 95% CI |")
-    print("|---|---|---|---|")
+    lines = [f"GPT-2 small, batch {batch}, 16-token prompt, {NEW} new tokens, {rounds} rounds "
+             f"(greedy: the most likely token left)", "",
+             "| sampler | per new token (median) | / plain greedy, per round | 95% CI |",
+             "|---|---|---|---|"]
     for name in VARIANTS:
         ratios = [t / g for t, g in zip(times[name], times["greedy"])]
         low, high = bootstrap_median_ci(ratios)
-        print(f"| `{name}` | {fmt_time(median(times[name]))} | {median(ratios):.3f} | "
-              f"{low:.3f} – {high:.3f} |")
+        lines.append(f"| `{name}` | {fmt_time(median(times[name]))} | {median(ratios):.3f} | "
+                     f"{low:.3f} – {high:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--batch", type=int, default=1)
+    args = parser.parse_args()
+    print(run(args.rounds, args.batch))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ Benchmarks:
                         hand-written JAX KV-cache decoder, and a whole greedy ``generate``
                         against PyTorch's ``transformers`` and keras_hub (JAX backend), each
                         in its own environment (``.venv-torch``, ``.venv-kerashub``) when
-                        there
+                        there; and what Hugging Face's logits processors cost per token
+  bench_logits_processors  ``mg.generate`` with ``RepetitionPenalty``, ``NoRepeatNGram``,
+                        ``BadWords``, ``MinNewTokens`` against greedy, GPT-2 small
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import bench_compile_scale
 import bench_decode
 import bench_deep
 import bench_first_call
+import bench_logits_processors
 import bench_onnx
 import bench_scan_rule
 import bench_see_save
@@ -304,7 +307,10 @@ def main(argv=None) -> int:
         sections.append("## 12. Decoding with the derived key/value cache: GPT-2 small against a "
                         "hand-written JAX decoder, PyTorch and keras_hub\n\n"
                         + bench_decode.__doc__.split("\n\n", 1)[1].split("Run alone")[0]
-                        + bench_decode.markdown(res) + "\n")
+                        + bench_decode.markdown(res) + "\n\n### Hugging Face's logits processors "
+                        "in `generate`\n\n`benchmarks/bench_logits_processors.py`:\n\n"
+                        + "\n\n".join(bench_logits_processors.run(3 if args.quick else 9, batch)
+                                      for batch in (1, 8)) + "\n")
         loads.append(f"after decoding: {loadavg()}")
 
     if not args.skip_first:
