@@ -17,6 +17,7 @@ from ..compiler.program import get_in, has_in, leaf_paths, set_in
 from ..core.donated import refuse_deleted
 from ..core.errors import ConfigError, GraphError, QuantizeWarning, node_message
 from ..core.signatures import unknown_keywords
+from ..core.specs import trains
 from ..decode.inputs import check_vocabulary
 from ..ir.graph import Graph
 from ..ir.node import Node
@@ -175,14 +176,10 @@ def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
     return out, dict(state), casts
 
 
-def _is_float(dtype: Any) -> bool:
-    return bool(jnp.issubdtype(dtype, jnp.floating)) and np.dtype(dtype).itemsize > 1
-
-
 def _to_float32(tree: Any) -> Any:
     """A layer's float weights (bfloat16, float16 ...) in float32, which the scales are
     computed in: a bfloat16 checkpoint quantizes as its float32 values do."""
-    return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32) if _is_float(a.dtype) else a, tree)
+    return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32) if trains(a.dtype) else a, tree)
 
 
 def _as_expected(given: Any, want: Any) -> Any:
@@ -194,7 +191,7 @@ def _as_expected(given: Any, want: Any) -> Any:
             return given
         return {k: _as_expected(v, want[k]) if k in want else v for k, v in given.items()}
     dtype = getattr(given, "dtype", None)
-    if (dtype is not None and _is_float(dtype) and _is_float(want.dtype)
+    if (dtype is not None and trains(dtype) and trains(want.dtype)
             and np.dtype(dtype) != np.dtype(want.dtype)):
         return jnp.asarray(given, want.dtype)
     return given
@@ -316,7 +313,7 @@ def _quantized(path: str, node: Node, given: Mapping, want: Mapping,
     op: Any = node.op
     weight = "embedding" if isinstance(op, QuantizedEmbedding) else "kernel"
     floats = [leaf for key, leaf in leaf_paths(given).items() if key.endswith(weight)]
-    if not floats or not all(_is_float(leaf.dtype) for leaf in floats):
+    if not floats or not all(trains(leaf.dtype) for leaf in floats):
         held = ", ".join(sorted({np.dtype(leaf.dtype).name for leaf in floats}))
         raise GraphError(node_message(
             path, op.op_name, f"params have no float {weight!r} for this layer to quantize"

@@ -121,7 +121,7 @@ class AdapterConfig:
         """Whether the module ``key`` is one of ``modules_to_save`` (trained in full, its
         weights in the adapter file). PEFT's rule: the name ends with an entry, at a dot
         or not (``"norm"`` names ``model.norm`` and every ``input_layernorm``)."""
-        return any(key.endswith(name) for name in self.modules_to_save)
+        return _saves(self.modules_to_save, key)
 
 
 def saved_modules(graph_name: str, modules: list[str], prefix: str, names: Any,
@@ -138,11 +138,16 @@ def saved_modules(graph_name: str, modules: list[str], prefix: str, names: Any,
         raise ConfigError("to_state_dict: modules_to_save goes with adapter_only=True (the "
                           "state dict of the whole model holds every module already)")
     for name in names:
-        if not any((prefix + m).endswith(name) for m in modules):
+        if not any(_saves((name,), prefix + m) for m in modules):
             near = difflib.get_close_matches(name, modules, n=3, cutoff=0.5)
             raise ConfigError(f"to_state_dict: modules_to_save names {name!r}, which is no module "
                               f"of graph {graph_name!r}" + (f"; near names: {', '.join(near)}" if near else ""))
-    return lambda module: any((prefix + module).endswith(n) for n in names)
+    return lambda module: _saves(names, prefix + module)
+
+
+def _saves(names: Any, key: str) -> bool:
+    """PEFT's ``modules_to_save`` rule: the module's full name ends with an entry."""
+    return any(key.endswith(name) for name in names)
 
 
 def _names(spec: str | tuple[str, ...], key: str) -> bool:
