@@ -503,7 +503,8 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
      mg.ConfigError, r"RepetitionPenalty: penalty must be a number > 0 \(1\.0: no penalty\), got 0"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,
                                  sampler=mg.sampling.NoRepeatNGram(2.5)),
-     mg.ConfigError, r"NoRepeatNGram: size must be a positive int, got 2\.5"),
+     mg.ConfigError, r"NoRepeatNGram: size must be an int >= 0 \(0: no effect, as Hugging Face's "
+                     r"default\), got 2\.5"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, eos_token=1),
      mg.ConfigError, r"eos_token=1, which it does not take.*\(did you mean eos_token_id\?\)"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]])),

@@ -43,7 +43,8 @@ def bad_words(scores, input_ids, sequences, eos):
     sequences = [s for s in sequences if not (len(s) == 1 and s[0] in eos)]
     for b, row in enumerate(input_ids):
         for s in sequences:
-            if len(s) == 1 or (len(s) <= len(row) and list(row[len(row) - len(s) + 1:]) == s[:-1]):
+            # transformers skips a sequence only when its prefix is longer than the row
+            if len(s) == 1 or (len(s) - 1 <= len(row) and list(row[len(row) - len(s) + 1:]) == s[:-1]):
                 out[b, s[-1]] = -np.inf
     return out
 
@@ -77,7 +78,8 @@ def test_each_processor_equals_transformers_on_random_sequences():
         history = _history(rows, 12, start, start + prompt, eos)
         n = int(rng.integers(1, 4))
         seqs = [[int(rng.integers(0, vocab))], rng.integers(0, vocab, 2).tolist(), [eos[0]],
-                [rows[0][-1], int(rng.integers(0, vocab))]]
+                [rows[0][-1], int(rng.integers(0, vocab))],
+                rows[1] + [int(rng.integers(0, vocab))]]  # its prefix the whole row
         cases = [
             (mg.sampling.RepetitionPenalty(1.7), repetition_penalty(scores, rows, 1.7)),
             (mg.sampling.NoRepeatNGram(n), no_repeat_ngram(scores, rows, n)),
@@ -92,6 +94,17 @@ def test_each_processor_equals_transformers_on_random_sequences():
             np.testing.assert_allclose(got, want, rtol=1.2e-7, atol=0,
                                        err_msg=f"{processor!r}, trial {trial}")
             assert np.array_equal(np.isinf(got), np.isinf(want))
+
+
+def test_zero_is_no_effect_as_hugging_faces_default_and_counts_fit_int32():
+    scores = jnp.asarray(np.random.default_rng(1).normal(size=(2, 12)), jnp.float32)
+    history = _history([[1, 2, 1, 2], [3, 3, 3, 3]], 8, 1, 3, [5])
+    for processor in (mg.sampling.NoRepeatNGram(0), mg.sampling.MinNewTokens(0),
+                      mg.sampling.MinLength(0)):
+        np.testing.assert_array_equal(processor.process(scores, history), scores)
+    with pytest.raises(mg.ConfigError, match=r"MinLength: length must be an int >= 0 .* got "
+                                              r"1000000000000"):
+        mg.sampling.MinLength(10**12)
 
 
 def test_a_processor_outside_generate_says_what_it_needs():

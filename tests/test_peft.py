@@ -180,6 +180,10 @@ def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
     ("target_modules", ["c_atn"], "names 'c_atn', which is no module.*near names: c_attn"),
     ("target_modules", ["ln_1"], "selects 'h.0.ln_1'.*op layer_norm"),
     ("modules_to_save", ["score"], "modules_to_save names 'score'"),
+    ("modules_to_save", ["wte"], r"modules_to_save names 'wte', whose weights graph 'gpt2' calls "
+     r"twice \('wte' is the embedding and the tied output head\)"),
+    ("modules_to_save", ["lm_head"], r"names 'lm_head', which is no module of graph 'gpt2' \(its "
+     r"output head is tied to 'wte.weight'"),
     ("rank_pattern", {"c_atn": 2}, "rank_pattern key 'c_atn' matches none of the adapted "
      "modules.*near names: c_attn"),
     ("alpha_pattern", {"h.0.attn.c_attn": 2, "h.7.attn.c_attn": 2},

@@ -182,6 +182,20 @@ def test_the_readers_name_the_peers_keywords_before_reading_anything():
          r"weights like the others: mg.train.Trainer\(..., trainable='\*/lora_\*'\)"),
         (lambda: mg.models.lora_from_peft(lm, "missing", adapter_name="default"),
          r"'adapter_name' \(PEFT's adapter_name is not needed: one adapter a graph"),
+        (lambda: mg.models.lora_from_peft(lm, config={"r": 2}),
+         r"lora_from_peft got unexpected keyword argument 'config' \(a config is given as folder"),
+        (lambda: mg.models.lora_from_peft(lm),
+         r"lora_from_peft needs the adapter's folder \(or its config as a dict\)"),
+        (lambda: mg.models.save_adapter(lm, {}, "missing", modules_to_safe=[]),
+         r"save_adapter got unexpected keyword argument 'modules_to_safe' \(did you mean "
+         r"modules_to_save\?\)"),
+        (lambda: mg.models.save_adapter(lm, {}, "missing", task_type="CAUSAL"),
+         r"save_adapter: task_type must be one of PEFT's SEQ_CLS, .* got 'CAUSAL' \(did you mean "
+         r"'CAUSAL_LM'\?\)"),
+        (lambda: mg.decoder(lm, max_new_tokens=32),
+         r"decoder got unexpected keyword argument 'max_new_tokens' \(max_new_tokens is mg.generate's"),
+        (lambda: mg.decoder(lm),
+         r"decoder needs max_length=, the cache's slots"),
     ]
     for call, message in cases:
         with pytest.raises(mg.ConfigError, match=message):
@@ -198,6 +212,7 @@ def test_the_readers_name_the_peers_keywords_before_reading_anything():
     ("models.load_state_dict", "mlaxgraph.models.arguments.LOAD_STATE_DICT_SIGNATURE"),
     ("models.to_state_dict", "mlaxgraph.models.arguments.TO_STATE_DICT_SIGNATURE"),
     ("models.lora_from_peft", "mlaxgraph.models.arguments.LORA_FROM_PEFT_SIGNATURE"),
+    ("models.save_adapter", "mlaxgraph.models.arguments.SAVE_ADAPTER_SIGNATURE"),
 ])
 def test_the_signatures_the_messages_write_out_are_the_functions(function, written):
     """An unknown keyword's message lists what the function takes, written out once: it
@@ -365,6 +380,32 @@ def test_base_params_given_to_an_adapted_model_name_init_with_reuse():
         base.apply(new_params, new_state, jnp.ones((2, 3)))
     merged_graph, merged = mg.merge_lora(mg.lora(graph, "hidden", rank=2), new_params)
     assert mg.compile(merged_graph).apply(merged, new_state, jnp.ones((2, 3)))[0].shape == (2, 2)
+
+
+def test_adapted_params_given_to_a_scanned_base_or_its_decoder_are_refused():
+    """The refusal holds in every layout apply takes (a scanned run's weights stacked
+    or per block) and for the decoder, and the adapted model takes both layouts."""
+    g = mg.models.gpt2({"n_layer": 3, "n_embd": 16, "n_head": 2, "vocab_size": 40, "n_positions": 16})
+    params, state = mg.compile(g).init(jax.random.key(0))
+    adapted = mg.lora(g, ["h.*/attn/qkv", "h.*/mlp.c_fc"], rank=2)
+    ap, ast = mg.compile(adapted).init(jax.random.key(1), reuse=(params, state))
+    ids = jnp.ones((2, 5), jnp.int32)
+    scanned = mg.compile(adapted, scan_blocks="always")
+    stacked, stacked_state = scanned.stack_weights(ap, ast)
+    want = mg.compile(adapted).apply(ap, ast, ids, inference_mode=True)[0]
+    for p, s in ((ap, ast), (stacked, stacked_state)):   # per block, stacked: both taken
+        np.testing.assert_allclose(scanned.apply(p, s, ids, inference_mode=True)[0], want,
+                                   rtol=1e-5, atol=1e-6)
+    base = mg.compile(g, scan_blocks="always")
+    calls = {"stacked": lambda: base.apply(stacked, stacked_state, ids, inference_mode=True),
+             "per block": lambda: base.apply(ap, ast, ids, inference_mode=True),
+             "generate": lambda: mg.generate(g, ap, ast, ids, max_new_tokens=2),
+             "prefill": lambda: mg.decoder(g, max_length=16).prefill(ap, ast, ids)}
+    for where, call in calls.items():
+        with pytest.raises(mg.GraphError, match=r"graph 'gpt2': params hold LoRA adapters' "
+                                                r"weights \(h.0"):
+            call()
+    assert mg.generate(adapted, ap, ast, ids, max_new_tokens=2).shape == (2, 7)
 
 
 def test_a_policy_given_by_name_is_policy_named():

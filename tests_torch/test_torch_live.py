@@ -386,3 +386,12 @@ def test_logits_processors_make_the_tokens_transformers_generate_makes():
     assert not np.array_equal(want, plain[:, :want.shape[1]])  # the processors changed the choices
     np.testing.assert_array_equal(got[:, :want.shape[1]], want)
     assert (got[:, want.shape[1]:] == 0).all()
+    # a banned sequence whose prefix is the whole prompt: banned from the first new token
+    banned = [ids[0].tolist() + [int(plain[0, 7])]]
+    with torch.no_grad():
+        want = theirs.generate(torch.from_numpy(ids[:1]), max_new_tokens=4, do_sample=False,
+                               pad_token_id=0, bad_words_ids=banned).numpy()
+    got = np.asarray(mg.generate(mg.compile(graph), params, state, ids[:1], max_new_tokens=4,
+                                 sampler=mg.sampling.BadWords(banned)))
+    assert want[0, 7] != plain[0, 7]
+    np.testing.assert_array_equal(got, want)

@@ -20,7 +20,7 @@ from ..ir.paths import is_adapter
 from .program import Program, ScanStep, Step, get_in, has_in, set_in
 
 __all__ = ["read_weights", "check_weights", "per_block_weights", "without_layers",
-           "refusing_unread_adapters"]
+           "adapter_paths", "refuse_unread_adapters", "refusing_unread_adapters"]
 
 _EMPTY: Mapping[str, Any] = {}
 
@@ -92,37 +92,57 @@ def _adapter_hint(path: str) -> str:
             "params, state = model.init(key, reuse=(base_params, base_state))")
 
 
+def adapter_paths(program: Program, prefixes: tuple[str, ...] = ("",)) -> list[str]:
+    """Where ``params`` may hold the program's adapters' weights: each adapter layer's
+    weight path, and inside a scanned run both under the run's stacked name and under
+    each block's (the layouts ``apply`` takes)."""
+    out: list[str] = []
+    for step in program.owners():
+        if isinstance(step, ScanStep):
+            runs = (step.weights_path, *step.blocks)
+            out += adapter_paths(step.block, tuple(p + r + "/" for p in prefixes for r in runs))
+        elif any(is_adapter(part) for part in step.weights):
+            out += [p + step.weights_path for p in prefixes]
+    return out
+
+
 def refusing_unread_adapters(program: Program, fn: Any) -> Any:
     """``apply`` refusing params that hold LoRA adapters' weights the graph has no layer
-    for (an adapted model's params given to its base model, which would compute without
-    them): checked when traced, so a jitted call pays nothing."""
-    needed = {step.weights_path for step in program.owners()}
+    for (``refuse_unread_adapters``): checked when traced, so a jitted call pays
+    nothing."""
+
+    @functools.wraps(fn)  # its name and signature: the HLO module stays jit_apply
+    def apply(params, state, *inputs, **keywords):
+        refuse_unread_adapters(program, params)
+        return fn(params, state, *inputs, **keywords)
+
+    return apply
+
+
+def refuse_unread_adapters(program: Program, params: Any) -> None:
+    """A ``GraphError`` when ``params`` hold LoRA adapters' weights the program has no
+    layer for: an adapted model's params given to its base model (or its decoder),
+    which would compute without them."""
+    needed = set(adapter_paths(program))
 
     def unread(tree: Any, prefix: str = "") -> list[str]:
         found: list[str] = []
         for key, value in tree.items() if isinstance(tree, Mapping) else ():
             path = prefix + str(key)
-            if path in needed:  # a layer's (or a scanned run's stacked) weights: read
-                continue
-            if is_adapter(str(key)):
+            if is_adapter(str(key)) and path not in needed:
                 found.append(path)
             elif isinstance(value, Mapping):
                 found += unread(value, path + "/")
         return found
 
-    @functools.wraps(fn)  # its name and signature: the HLO module stays jit_apply
-    def apply(params, state, *inputs, **keywords):
-        extra = unread(params)
-        if extra:
-            raise GraphError(
-                f"graph {program.graph.name!r}: params hold LoRA adapters' weights "
-                f"({', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}) that it has no "
-                f"layer for, so it would compute without them: apply them with the adapted "
-                f"graph's model (mg.compile(mg.lora(...))), or fold them into the base "
-                f"weights: graph, params = mg.merge_lora(adapted, params)")
-        return fn(params, state, *inputs, **keywords)
-
-    return apply
+    extra = unread(params)
+    if extra:
+        raise GraphError(
+            f"graph {program.graph.name!r}: params hold LoRA adapters' weights "
+            f"({', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}) that it has no "
+            f"layer for, so it would compute without them: apply them with the adapted "
+            f"graph's model (mg.compile(mg.lora(...))), or fold them into the base "
+            f"weights: graph, params = mg.merge_lora(adapted, params)")
 
 
 def per_block_weights(step: Step, blocks: tuple) -> tuple:

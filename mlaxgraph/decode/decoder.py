@@ -15,6 +15,7 @@ from ..compiler.compile import CompiledModel, compile
 from ..compiler.passes.fold_repeated_blocks import repeated_runs
 from ..compiler.policy import Policy
 from ..compiler.program import Program, ScanStep, get_in, set_in
+from ..compiler.weights import refuse_unread_adapters
 from ..core.donated import reraise_deleted
 from ..core.errors import ConfigError, GraphError, ShapeError, ShardingError
 from ..core.signatures import unknown_keywords
@@ -312,6 +313,7 @@ def prompt_positions(mask: jax.Array) -> jax.Array:
 def _run(model: CompiledModel, paths, params, state, layers, ids, positions, index, cache_mask):
     """The decoding model's apply with the caches put into ``state``: ``(logits, the
     caches' new values)``."""
+    refuse_unread_adapters(model.program, params)  # traced once per jitted function
     full = state if isinstance(state, Mapping) else {}
     for path in paths:
         full = set_in(full, path, get_in(layers, path))
@@ -343,7 +345,7 @@ _DECODER_HINTS = {**{k: f"{k} is mg.generate's, which takes a decoder"
                      for k in ("policy", "scan_blocks")}}
 
 
-def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None, mesh: Any = None,
+def decoder(model_or_graph: Any, *, max_length: int | None = None, cache_dtype: Any = None, mesh: Any = None,
             rules: Any = None, **unknown: Any) -> Decoder:
     """The decoder of a causal language model: ``prefill`` and ``step`` over a
     key/value cache of ``max_length`` slots, derived from its graph.
@@ -382,6 +384,9 @@ def decoder(model_or_graph: Any, *, max_length: int, cache_dtype: Any = None, me
         raise ConfigError(unknown_keywords(
             "decoder", unknown, "decoder(model_or_graph, max_length, cache_dtype=None, mesh=None, "
             "rules=None)", _DECODER_HINTS))
+    if max_length is None:
+        raise ConfigError("decoder needs max_length=, the cache's slots (the prompt and the new "
+                          "tokens together); mg.generate makes a decoder of the size it needs")
     if rules is not None and mesh is None:
         raise ShardingError("rules map logical axes to the axes of a mesh: pass mesh= too")
     if isinstance(model_or_graph, CompiledModel):

@@ -153,9 +153,13 @@ def _banned(logits: jax.Array, tokens: jax.Array, hit: jax.Array) -> jax.Array:
     return jnp.where(ban, -jnp.inf, logits)
 
 
-def _positive_int(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{owner}: {name} must be a positive int, got {value!r}")
+def _count(owner: str, name: str, value: Any) -> None:
+    """A count of tokens: an int from 0 (Hugging Face's default: the processor does
+    nothing) to int32's largest."""
+    if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
+            or not 0 <= int(value) <= 2**31 - 1):
+        raise ConfigError(f"{owner}: {name} must be an int >= 0 (0: no effect, as Hugging "
+                          f"Face's default), got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,12 +192,12 @@ class NoRepeatNGram(_Processor):
     size: int
 
     def __post_init__(self):
-        _positive_int("NoRepeatNGram", "size", self.size)
+        _count("NoRepeatNGram", "size", self.size)
 
     def change(self, logits, history):
         n, ids = self.size, history.ids
         width = ids.shape[1]
-        if n > width:
+        if n == 0 or n > width:  # 0: Hugging Face's default, no n-gram banned
             return logits
         starts = jnp.arange(width - n + 1)  # the n-gram at columns j .. j + n - 1
         hit = (starts >= history.start) & (starts <= history.end - n)
@@ -239,7 +243,7 @@ class BadWords(_Processor):
             if m - 1 > history.ids.shape[1]:
                 continue
             tail = jax.lax.dynamic_slice_in_dim(history.ids, history.end - (m - 1), m - 1, 1)
-            hit = jnp.all(tail == jnp.asarray(s[:-1], tail.dtype), axis=1) & (length >= m)
+            hit = jnp.all(tail == jnp.asarray(s[:-1], tail.dtype), axis=1) & (length >= m - 1)
             logits = logits.at[:, s[-1]].set(jnp.where(hit, -jnp.inf, logits[:, s[-1]]))
         return logits
 
@@ -257,7 +261,7 @@ class MinNewTokens(_Processor):
     count: int
 
     def __post_init__(self):
-        _positive_int("MinNewTokens", "count", self.count)
+        _count("MinNewTokens", "count", self.count)
 
     def change(self, logits, history):
         return _no_stop(logits, history, history.end - history.prompt_end < self.count)
@@ -271,7 +275,7 @@ class MinLength(_Processor):
     length: int
 
     def __post_init__(self):
-        _positive_int("MinLength", "length", self.length)
+        _count("MinLength", "length", self.length)
 
     def change(self, logits, history):
         return _no_stop(logits, history, history.end - history.start < self.length)

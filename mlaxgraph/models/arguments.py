@@ -5,13 +5,20 @@ keyword, and where PyTorch's, transformers' and PEFT's names for them go here.""
 from __future__ import annotations
 
 __all__ = ["LOAD_STATE_DICT_HINTS", "LOAD_STATE_DICT_SIGNATURE", "LORA_FROM_PEFT_HINTS",
-           "LORA_FROM_PEFT_SIGNATURE", "TO_STATE_DICT_HINTS", "TO_STATE_DICT_SIGNATURE"]
+           "LORA_FROM_PEFT_SIGNATURE", "SAVE_ADAPTER_SIGNATURE", "TASK_TYPES", "TO_STATE_DICT_HINTS",
+           "TO_STATE_DICT_SIGNATURE"]
 
 LOAD_STATE_DICT_SIGNATURE = ("load_state_dict(graph, state_dict, strict=True, dtype='float32', "
                              "adapter=None)")
 TO_STATE_DICT_SIGNATURE = ("to_state_dict(graph, params, state=None, dtype=None, "
                            "adapter_only=False, modules_to_save=())")
 LORA_FROM_PEFT_SIGNATURE = "lora_from_peft(graph, folder)"
+SAVE_ADAPTER_SIGNATURE = ("save_adapter(graph, params, folder, base_model_name_or_path=None, "
+                          "lora_dropout=None, modules_to_save=None, state=None, task_type=None, "
+                          "like=None)")
+#: PEFT's ``TaskType`` values (``adapter_config.json``'s ``task_type``).
+TASK_TYPES = ("SEQ_CLS", "SEQ_2_SEQ_LM", "CAUSAL_LM", "TOKEN_CLS", "QUESTION_ANS",
+              "FEATURE_EXTRACTION")
 
 _ON_HOST = ("the arrays are read as NumPy on the host; place them with jax.device_put, or "
             "shard them with the compiled model's sharding")

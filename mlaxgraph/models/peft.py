@@ -32,7 +32,7 @@ from ..ir.surgery import layer_paths
 from ..ops.attention import MultiHeadAttention
 from ..ops.embedding import Embedding
 from ..ops.initializers import zeros
-from .arguments import LORA_FROM_PEFT_HINTS, LORA_FROM_PEFT_SIGNATURE
+from .arguments import LORA_FROM_PEFT_HINTS, LORA_FROM_PEFT_SIGNATURE, SAVE_ADAPTER_SIGNATURE, TASK_TYPES
 from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, DESCRIPTIVE, read_adapter_config
 from .state_dict import to_state_dict
 from .torch_layout import float_name, layout_for, unnamed_projection
@@ -66,7 +66,7 @@ def _outputs(graph: Graph) -> set[str]:
     return {value.node for value in graph.outputs}
 
 
-def lora_from_peft(graph: Graph, folder: Any, **unknown: Any) -> Graph:
+def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
     """``graph`` with the LoRA adapters a PEFT folder's ``adapter_config.json``
     describes: ``target_modules`` (a list of module names, matched as PEFT matches them:
     the whole name or its last dotted parts; a regular expression matching whole names;
@@ -90,6 +90,9 @@ def lora_from_peft(graph: Graph, folder: Any, **unknown: Any) -> Graph:
     if unknown:
         raise ConfigError(unknown_keywords("lora_from_peft", unknown, LORA_FROM_PEFT_SIGNATURE,
                                            LORA_FROM_PEFT_HINTS))
+    if folder is None:
+        raise ConfigError(f"lora_from_peft needs the adapter's folder (or its config as a "
+                          f"dict); it takes {LORA_FROM_PEFT_SIGNATURE}")
     if not isinstance(graph, Graph):
         raise GraphError(f"lora_from_peft works on a Graph, got {type(graph).__name__}")
     config = read_adapter_config(folder)
@@ -123,10 +126,22 @@ def lora_from_peft(graph: Graph, folder: Any, **unknown: Any) -> Graph:
         raise ConfigError(f"{config.path}: {field} key {pattern!r} matches none of the adapted "
                           f"modules (as PEFT matches it: the end of a name, at a dot), so it "
                           f"would be ignored{_near(pattern, chosen)}")
+    shared = {n.layer for n in unfold_scans(graph).nodes if n.shares_weights}
     for name in config.modules_to_save:   # PEFT's rule, as config.saves reads it
-        if not any(n.endswith(name) for k in keys for n in full(k)):
+        saved = [k for k in keys if any(n.endswith(name) for n in full(k))]
+        if not saved:
+            tied = [b for a, b in layout.tied if a.startswith(name + ".")]
             raise ConfigError(f"{config.path}: modules_to_save names {name!r}, which is no module "
-                              f"of graph {graph.name!r}{_near(name, keys)}")
+                              f"of graph {graph.name!r}" + (
+                                  f" (its output head is tied to {tied[0]!r}: the head's weights "
+                                  f"are the embedding's)" if tied else _near(name, keys)))
+        tied_saved = [k for k in saved if modules[k][0] in shared]
+        if tied_saved:
+            raise ConfigError(f"{config.path}: modules_to_save names {name!r}, whose weights graph "
+                              f"{graph.name!r} calls twice ({tied_saved[0]!r} is the embedding and "
+                              f"the tied output head). PEFT trains a copy for the embedding alone "
+                              f"and keeps the head's weights, which one shared layer cannot hold "
+                              f"apart: its outputs would differ from PEFT's")
     for key in chosen:
         path, op = modules[key]
         if op not in _ADAPTABLE and op != "attention":
@@ -199,7 +214,8 @@ def _init_weights(nodes: Mapping, target: str) -> bool | str:
 def save_adapter(graph: Graph, params: Any, folder: Any, *,
                  base_model_name_or_path: str | None = None,
                  lora_dropout: float | None = None, modules_to_save: Any = None,
-                 state: Any = None, task_type: str | None = None, like: Any = None) -> None:
+                 state: Any = None, task_type: str | None = None, like: Any = None,
+                 **unknown: Any) -> None:
     """Writes the LoRA adapters of ``graph`` (made by ``mg.lora`` or
     ``mg.lora_from_peft``) with their weights ``params`` (the adapted graph's, unscanned)
     as a PEFT adapter folder: ``adapter_model.safetensors`` (PEFT's names and layouts,
@@ -223,6 +239,12 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
     like=folder)`` writes a folder like the one ``lora_from_peft`` read. The keywords
     given override it.
     """
+    if unknown:
+        raise ConfigError(unknown_keywords("save_adapter", unknown, SAVE_ADAPTER_SIGNATURE))
+    if task_type is not None and task_type not in TASK_TYPES:
+        near = difflib.get_close_matches(str(task_type), TASK_TYPES, n=1, cutoff=0.4)
+        raise ConfigError(f"save_adapter: task_type must be one of PEFT's {', '.join(TASK_TYPES)}"
+                          f", got {task_type!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
     if not isinstance(graph, Graph) or not isinstance(params, Mapping):
         raise GraphError(f"save_adapter(graph, params, folder) takes the adapted Graph and its "
                          f"params (a dict), got {type(graph).__name__} and "
