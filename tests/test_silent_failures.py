@@ -378,6 +378,10 @@ def test_base_params_given_to_an_adapted_model_name_init_with_reuse():
                                             r"\(hidden.lora_A, hidden.lora_B\) that it has no layer "
                                             r"for, so it would compute without them.*mg.merge_lora"):
         base.apply(new_params, new_state, jnp.ones((2, 3)))
+    for call in (lambda: base.apply(new_params, new_state, jnp.ones((2, 3)), capture="hidden"),
+                 lambda: mg.compile(graph, checks=True).apply(new_params, new_state, jnp.ones((2, 3)))):
+        with pytest.raises(mg.GraphError, match=r"params hold LoRA adapters' weights"):
+            call()   # with taps, and with run-time checks: the same refusal
     merged_graph, merged = mg.merge_lora(mg.lora(graph, "hidden", rank=2), new_params)
     assert mg.compile(merged_graph).apply(merged, new_state, jnp.ones((2, 3)))[0].shape == (2, 2)
 

@@ -27,7 +27,7 @@ from .remat import resolve_remat
 from .reuse import ModelInit, ReuseReport
 from .stacking import stack_weights, unstack_weights
 from .taps import Taps, plan_taps
-from .weights import refusing_unread_adapters
+from .weights import refuse_unread_adapters, refusing_unread_adapters
 from .xla_options import INIT_COMPILER_OPTIONS, init_compiler_options
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ class CompiledModel:
             def run_tapped(params, state, *inputs, tap_values=(), rng=None,
                            inference_mode: bool = False):
                 # the intervention functions read their floats and arrays as traced values
+                refuse_unread_adapters(program, params)
                 bound = taps.bound(functions, tap_values)
                 return make_apply(program, sharding, checks=checks, taps=bound)(
                     params, state, *inputs, rng=rng, inference_mode=inference_mode)
@@ -105,7 +106,7 @@ class CompiledModel:
             return jax.jit(run_tapped, static_argnames=("inference_mode",))
 
         if checks:  # the checks are traced only here: checks=False costs nothing
-            plain = checked(make_apply(program, sharding, checks=True))
+            plain = checked(refusing_unread_adapters(program, make_apply(program, sharding, checks=True)))
         else:
             plain = jax.jit(refusing_unread_adapters(program, self.apply_fn),
                             static_argnames=("inference_mode",))
