@@ -576,6 +576,11 @@ def test_qlora_trains_only_the_adapters(gpt2, tmp_path):
                                             r"wrong gradient: it passes through 'h.0/mlp.c_proj.quantize'.*"
                                             r"mg.quantize\(graph, \"int8_weight_only\"\)"):
         mg.train.Trainer(mg.compile(int8), optax.adam(1e-2), trainable="**/*.lora_*")
+    # a tied embedding: its lookup is upstream of the cast even though its head is not
+    partial = mg.compile(mg.quantize(g, "int8", targets="h.0/mlp.c_fc"))
+    with pytest.raises(mg.GraphError, match=r"weight wte/embedding would train on a wrong gradient"):
+        mg.train.Trainer(partial, optax.adam(1e-2), trainable="wte")
+    mg.train.Trainer(partial, optax.adam(1e-2), trainable="ln_f")   # after every cast: trains
     qg = mg.quantize(g, "int8_weight_only")   # QLoRA's form: activations float
     qp, qs = mg.quantize_weights(qg, params, state)
     ag = mg.lora(qg, ["h.0/mlp.c_fc", "h.1/attn"], rank=2)

@@ -27,15 +27,15 @@ def _casts_activations(step: Step) -> bool:
     return bool(getattr(step.op, "casts_activations", False))
 
 
-def _owner(path: str, owners: dict[str, str]) -> str | None:
-    """The step whose weights hold the leaf at ``path`` (its longest prefix that is a
-    step's weight path)."""
+def _users(path: str, users: dict[str, list[str]]) -> list[str]:
+    """The steps reading the leaf at ``path`` (its longest prefix that is a step's
+    weight path; a shared layer's calls all read it, a tied embedding's head too)."""
     parts = path.split("/")
     for i in range(len(parts) - 1, 0, -1):
-        owner = owners.get("/".join(parts[:i]))
-        if owner is not None:
-            return owner
-    return None
+        found = users.get("/".join(parts[:i]))
+        if found:
+            return found
+    return []
 
 
 def check_trainable(program: Program, shapes: Any, chosen: Iterable[str] | None) -> None:
@@ -54,12 +54,14 @@ def check_trainable(program: Program, shapes: Any, chosen: Iterable[str] | None)
     if not casts:
         return
     steps = {s.path: s for s in program.steps}
-    owners = {s.weights_path: s.path for s in program.steps if s.weights}
+    users: dict[str, list[str]] = {}
+    for s in program.steps:
+        if s.weights:
+            users.setdefault(s.weights_path, []).append(s.path)
     by_step: dict[str, str] = {}
     for path in trained:
-        owner = _owner(path, owners)
-        if owner is not None:
-            by_step.setdefault(owner, path)
+        for user in _users(path, users):
+            by_step.setdefault(user, path)
     for cast in casts:
         upstream, stack = set(), [cast.path] if cast.body is not None else []
         stack += [ref[0] for ref in cast.inputs]
