@@ -81,6 +81,23 @@ def test_symbolic_dims_are_dim_params_and_layers_come_back():
     np.testing.assert_array_equal(params2["fc"]["kernel"], params["fc"]["kernel"])
 
 
+def test_a_block_after_a_strided_conv_reads_back_with_symbolic_sizes():
+    # the BatchNorm's block is built on the conv's output dims, -floordiv(-height, 2):
+    # called with that same expression it was refused ("built for other input shapes")
+    x = mg.Input(("batch", "height", "width", 3), name="images")
+    h = ops.Conv(8, (3, 3), strides=(2, 2), padding="SAME", name="conv1")(x)
+    graph = mg.Graph(x, ops.relu(ops.BatchNorm(name="bn1")(h)), name="tiny")
+    model = mg.compile(graph)
+    params, state = model.init(jax.random.key(0))
+    back, params2, state2 = mg.from_onnx(graph.to_onnx(None, params, state))
+    assert [n.op.op_name for n in back.nodes if n.name == "bn1"] == ["block"]
+    for size in (9, 16):
+        images = np.random.default_rng(size).normal(size=(2, size, size + 1, 3)).astype(np.float32)
+        want, _ = model.apply(params, state, images, inference_mode=True)
+        got, _ = mg.compile(back).apply(params2, state2, images, inference_mode=True)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_casts_are_written_as_cast():
     x = mg.Input(("batch", 3), name="x")
     graph = mg.Graph(x, ops.cast(x, "bfloat16") if hasattr(ops, "cast") else x, name="c")

@@ -107,3 +107,30 @@ def test_attention_adapters_unmerged_run_in_onnxruntime(opset):
                                    "n_positions": 8}), ["h.*/attn/qkv", "h.*/attn/out"], rank=2)
     types = _check(gpt2, [np.arange(10, dtype=np.int32).reshape(2, 5) % 32], opset, adapters=True)
     assert "Split" in types
+
+
+@pytest.mark.parametrize("opset", [21, 23])
+def test_a_bfloat16_policy_writes_bfloat16_weights_and_attention(opset):
+    # the weights in the dtype the layers compute in (bfloat16 is not a numpy floating
+    # type: it was written float32 beside bfloat16 activations), the mask's lowest value
+    # bfloat16's; onnxruntime's CPU provider has no bfloat16 MatMul: ONNX's reference
+    # evaluator runs the file
+    from onnx import TensorProto, checker
+    from onnx.reference import ReferenceEvaluator
+
+    from _zoo_transformers import llama_config
+
+    model = mg.compile(mg.models.llama(llama_config(num_hidden_layers=1)),
+                       mg.Policy(compute_dtype="bfloat16"))
+    params, state = model.init(jax.random.key(0))
+    proto = model.to_onnx(None, params, state, opset=opset)
+    checker.check_model(proto, full_check=True)
+    kinds = {t.name: t.data_type for t in proto.graph.initializer}
+    assert kinds["model.layers.0/self_attn.query.kernel"] == TensorProto.BFLOAT16
+    assert kinds["model.layers.0/input_layernorm.scale"] == TensorProto.FLOAT  # float32 layer
+    ids = np.random.default_rng(0).integers(0, 50, (2, 8)).astype(np.int32)
+    got = ReferenceEvaluator(proto).run(None, {proto.graph.input[0].name: ids})[0]
+    want, _ = model.apply(params, state, ids, inference_mode=True)
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               atol=4e-3)

@@ -141,7 +141,7 @@ class _Reader:
         array = self.tensors[target]
         key = (f"{placeholder}", 0)
         make: Any
-        if kind in _WEIGHT_KINDS and np.issubdtype(array.dtype, np.floating):
+        if kind in _WEIGHT_KINDS and jnp.issubdtype(array.dtype, jnp.floating):
             make = lambda n: Param(array.shape, name=n)  # noqa: E731
             store = self.params
         else:

@@ -200,11 +200,22 @@ def match_shape(spec_shape: Iterable[Dim], shape: Iterable[Any], bindings: dict[
         else:
             deferred.append((want, got))
     for want, got in deferred:
+        if _identical(want, got):  # the same expression (a block built on its caller's dims)
+            continue
         if any(v not in bindings for v in want._get_vars()):
             return False
         if not want._evaluate(dict(bindings)) == got:
             return False
     return True
+
+
+def _identical(want: Any, got: Any) -> bool:
+    """Whether two dims are one expression (``-floordiv(-height, 2)`` both); False where
+    jax cannot say (dims of different symbolic scopes)."""
+    try:
+        return bool(is_symbolic(got) and want == got)
+    except Exception:  # noqa: BLE001  (jax's inconclusive comparison)
+        return False
 
 
 def substitute(shape: Iterable[Dim], bindings: Mapping[str, Any]) -> tuple[Dim, ...]:

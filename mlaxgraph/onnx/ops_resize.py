@@ -83,8 +83,10 @@ def _axis(x, axis: int, n_out: int, scale: float, a, roi: tuple):
     moved = jnp.moveaxis(x, axis, -1)
     gathered = jnp.take(moved, jnp.asarray(index.reshape(-1)), axis=-1)
     gathered = gathered.reshape(moved.shape[:-1] + index.shape)
-    out = jnp.sum(gathered * jnp.asarray(weights, np.float64).astype(
-        jnp.promote_types(x.dtype, jnp.float32)), axis=-1)
+    # the weights in the input's float type, from their float64 values (a jax float64
+    # array would be float32 already, with a warning, where x64 is off)
+    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    out = jnp.sum(gathered * jnp.asarray(np.asarray(weights, np.float64).astype(dtype)), axis=-1)
     if a.get("coordinate_transformation_mode") == "tf_crop_and_resize":
         outside = (coord < 0) | (coord > n_in - 1)
         out = jnp.where(jnp.asarray(outside), a.get("extrapolation_value", 0.0), out)

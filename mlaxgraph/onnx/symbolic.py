@@ -28,6 +28,16 @@ def _known(reader: Any, name: str) -> np.ndarray | None:
     return reader.dimvals.get(name)
 
 
+def _array(value: Any) -> np.ndarray:
+    """``value`` as an object array: numpy gives a scalar index's element (a symbolic
+    dim) as itself, not as a 0-d array."""
+    if isinstance(value, np.ndarray):
+        return value
+    out = np.empty((), object)
+    out[()] = value
+    return out
+
+
 def _axes(reader: Any, node: Any, attrs: dict) -> list[int] | None:
     if "axes" in attrs:
         return [int(a) for a in attrs["axes"]]
@@ -54,7 +64,7 @@ def _compute(reader: Any, node: Any, attrs: dict) -> np.ndarray | None:
         index = reader.values.get(ins[1])
         if not isinstance(index, np.ndarray):
             return None
-        return np.take(data, index.astype(np.int64), axis=int(attrs.get("axis", 0)))
+        return _array(np.take(data, index.astype(np.int64), axis=int(attrs.get("axis", 0))))
     if op in ("Unsqueeze", "Squeeze"):
         axes = _axes(reader, node, attrs)
         if axes is None:
@@ -109,7 +119,7 @@ def track(reader: Any, node: Any, attrs: dict) -> None:
     except (ValueError, TypeError, IndexError):
         return
     if value is not None:
-        reader.dimvals[out] = value
+        reader.dimvals[out] = _array(value)
 
 
 def _name(reader: Any, node: Any) -> str:

@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..compiler.flatten import flatten
@@ -30,6 +31,7 @@ from .protos import require_onnx
 from .versions import MIN_OPSET
 from .writer_rules import RULES, write_bounded
 from .writer_types import narrow_outputs, widen_inputs
+from .writer_versions import differs, write_converted
 
 __all__ = ["to_onnx", "DEFAULT_OPSET", "MIN_WRITE_OPSET"]
 
@@ -160,21 +162,26 @@ class _Writer:
                     f"layer {path!r} (op {op.op_name}) has a body that reads values of "
                     f"the graph around it ({', '.join(inner.get('__outer__', ())) or 'a gradient'}); "
                     f"to_onnx cannot write such a body")
-            full, dtypes, it = [], [], iter(zip(args, self.input_specs))
+            full, specs, it = [], [], iter(zip(args, self.input_specs))
             statics = dict(op.static)
             for position, given in enumerate(op.present or (True,) * (len(args) + len(statics))):
-                name, dtype = "", None
+                name, spec = "", None
                 if given and position in statics:
                     name = self.constant(f"{path}.in{position}", decode_array(statics[position]))
                 elif given:
                     name, spec = next(it)
-                    dtype = spec.dtype
                 full.append(name)
-                dtypes.append(dtype)
-            full = widen_inputs(self, op.onnx_type, full, dtypes, path)
+                specs.append(spec)
+            widened = widen_inputs(self, op.onnx_type, full,
+                                   [None if s is None else s.dtype for s in specs], path)
+            specs = [None if s is None else (s.shape, s.dtype if a == b else np.dtype(np.int64))
+                     for a, b, s in zip(full, widened, specs)]  # (shape, dtype) as written
+            full = widened
             attrs = {k: _attr(v) for k, v in op.attributes}
             if op.onnx_type in BOUNDED and "size" in attrs:
                 outs = write_bounded(self, op, full, attrs, path)
+            elif differs(self.onnx, op, self.opset):
+                outs = write_converted(self, op, full, specs, attrs, node.outputs, path)
             else:
                 outs = self.node(op.onnx_type, full, path, op.outputs, **attrs)
             return narrow_outputs(self, op.onnx_type, outs, node.outputs, path)
@@ -227,7 +234,7 @@ def _checked_weights(graph: Graph, params: Any, state: Any) -> tuple[Any, Any]:
                 keys = step.weights + tuple(path.split("/"))
                 leaf = get_in(trees[which], keys)
                 if spec.dtype is None and np.dtype(leaf.dtype) != dtype and \
-                        np.issubdtype(dtype, np.floating):
+                        jnp.issubdtype(dtype, jnp.floating):
                     trees[which] = set_in(trees[which], keys, np.asarray(leaf).astype(dtype))
     return trees["params"], trees["state"]
 

@@ -11,6 +11,7 @@ of the output projection reads the attended values, the node's second output.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..ops.rotary import inverse_frequencies
@@ -116,7 +117,7 @@ def _decomposed(w, node, args, q, k, v, head_dim, path) -> str:
     (scores,) = w.node("MatMul", [q, k], f"{path}/scores", part=True)
     mask = _mask(w, node, args, path)
     if mask is not None:
-        low = w.constant(f"{path}.low", np.asarray(np.finfo(dtype).min, dtype))
+        low = w.constant(f"{path}.low", np.asarray(jnp.finfo(dtype).min, dtype))
         (scores,) = w.node("Where", [mask, scores, low], f"{path}/scores", part=True)
     (probs,) = w.node("Softmax", [scores], f"{path}/scores", part=True, axis=-1)
     (y,) = w.node("MatMul", [probs, v], f"{path}/attend", part=True)

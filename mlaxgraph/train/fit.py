@@ -40,7 +40,7 @@ def _prepare(trainer, data: Any, what: str) -> tuple[tuple[np.ndarray, ...], np.
     arrays = tuple(np.asarray(x, dtype=spec.dtype) for x, spec in zip(inputs, specs))
     if np.issubdtype(targets.dtype, np.integer):
         targets = targets.astype(np.int32)
-    elif np.issubdtype(targets.dtype, np.floating):
+    elif jnp.issubdtype(targets.dtype, jnp.floating):
         targets = targets.astype(np.float32)
     lengths = {len(a) for a in arrays} | {len(targets)}
     if len(lengths) != 1:
