@@ -142,6 +142,11 @@ def test_damaged_and_foreign_folders(tmp_path):
         mg.from_torch(str(folder))
     with pytest.raises(mg.SerializationError, match="program.json"):
         mg.from_torch(str(tmp_path))
+    # a checkpoint file given where a program folder goes (it said NotADirectoryError)
+    (tmp_path / "model.pth").write_bytes(b"PK")
+    with pytest.raises(mg.SerializationError, match=r"reads a program folder.*is a file.*"
+                                                    r"mg.models.load_state_dict"):
+        mg.from_torch(str(tmp_path / "model.pth"))
     shutil.copy(os.path.join(HERE, "small_cnn", "program.json"), folder / "program.json")
     (folder / "tensors.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
     with pytest.raises(mg.SerializationError, match="tensors"):

@@ -168,6 +168,36 @@ def test_a_folder_of_shards_with_its_index(tmp_path):
         mg.models.load_state_dict(graph, str(tmp_path))
 
 
+def test_a_missing_shard_a_truncated_file_odd_names_and_non_float_dtypes_are_named(tmp_path):
+    from _torch_file import write_torch_file
+
+    config = tf.gpt2_config()
+    sd = tf.state_dict("gpt2", config)
+    graph = mg.models.gpt2(config)
+    names = sorted(sd)
+    save_file({n: sd[n] for n in names[1::2]}, str(tmp_path / "b.safetensors"))
+    index = {"weight_map": {n: "ab"[i % 2] + ".safetensors" for i, n in enumerate(names)}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(mg.SerializationError, match=r"shard 'a.safetensors' is not in the folder"):
+        mg.models.load_state_dict(graph, str(tmp_path))
+    path = str(tmp_path / "pytorch_model.bin")
+    write_torch_file(path, sd)
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[:-200])
+    with pytest.raises(mg.SerializationError, match="cut short or damaged"):
+        mg.models.load_state_dict(graph, path)
+    with pytest.raises(mg.SerializationError, match=r"names are strings.*got 3 \(int\)"):
+        mg.models.load_state_dict(graph, {**sd, 3: sd[names[0]]})
+    for dtype in ("int8", "bool", "floaty", "complex64"):
+        with pytest.raises(mg.ConfigError, match=f"float dtype.*got '{dtype}'"):
+            mg.models.load_state_dict(graph, sd, dtype=dtype)
+    params, state = mg.models.load_state_dict(graph, sd, dtype="bfloat16")
+    with pytest.raises(mg.ConfigError, match="to_state_dict: dtype is the dtype of the floating"):
+        mg.models.to_state_dict(graph, params, state, dtype="int8")
+
+
 def test_lm_head_files_with_prefixes_buffers_and_tied_copies():
     """GPT2LMHeadModel's state dict: ``transformer.`` before each name, the tied
     ``lm_head.weight`` and the causal-mask buffers; BertForPreTraining's: ``bert.``

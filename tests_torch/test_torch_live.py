@@ -115,6 +115,26 @@ def test_dims_that_contradict_the_module():
                       dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=8)},))
 
 
+def test_what_from_torch_cannot_take_is_named(tmp_path):
+    with pytest.raises(mg.GraphError, match="takes a torch.nn.Module.*got function"):
+        mg.from_torch(lambda t: t * 2, (torch.randn(3),))
+    with pytest.raises(mg.ShapeError, match=r"names axis 5 of example argument 0, which has 2 axes"):
+        mg.from_torch(nn.Linear(8, 4), (torch.randn(2, 8),),
+                      dynamic_shapes=({5: torch.export.Dim("batch")},))
+
+    class Out:
+        def __init__(self, t):
+            self.t = t
+
+    class Cached(nn.Module):  # as transformers' DynamicCache in a model's output
+        def forward(self, x):
+            return x * 2, Out(x)
+
+    with pytest.raises(mg.GraphError, match=r"output holds an object torch.export cannot "
+                                            r"flatten .*Out.*return tensors"):
+        mg.from_torch(Cached(), (torch.randn(3),))
+
+
 def test_unsupported_op_names_it_and_the_module():
     class Odd(nn.Module):
         def forward(self, x):

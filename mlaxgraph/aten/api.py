@@ -4,6 +4,7 @@ folder as ``(graph, params, state)``."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from ..core.errors import ConfigError, GraphError, ShapeError
@@ -63,13 +64,27 @@ def _export(module: Any, example_args: Any, dynamic_shapes: Any) -> Any:
     from .capture import require_torch
 
     torch = require_torch()
+    if not isinstance(module, torch.nn.Module):
+        raise GraphError(f"from_torch takes a torch.nn.Module (exported with example_args), a "
+                         f"torch.export.ExportedProgram or the folder of a saved program, got "
+                         f"{type(module).__name__}: wrap a function in an nn.Module's forward")
     args = tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,)
+    _check_dims_axes(torch, args, dynamic_shapes)
     try:
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
     except Exception as e:  # torch's own errors: data-dependent flow, bad dims
         text = (str(e).strip().splitlines() or [type(e).__name__])[0][:400]
         kind = type(e).__name__
-        if "Constraint" in kind or "dynamic" in text.lower() or "Dim" in text:
+        if "in output, which is not a known type" in text:
+            cache = "Cache" in text
+            raise GraphError(
+                f"torch.export could not export {type(module).__name__}: its output holds an "
+                f"object torch.export cannot flatten ({text.split(' in output')[0]}); "
+                + ("build the model with use_cache=False (config.use_cache = False): "
+                   "mg.decoder derives the key/value cache from the graph" if cache else
+                   "return tensors (or tuples, lists and dicts of them)")) from None
+        if "Constraint" in kind or "dynamic_shapes" in text or "dynamic dim" in text.lower() \
+                or re.search(r"\bDim\b", text):
             raise ShapeError(f"torch.export could not export {type(module).__name__} with these "
                              f"dims: {kind}: {text}") from None
         if "data-dependent" in text.lower() or "control flow" in text.lower() or "DataDependent" in kind:
@@ -80,6 +95,20 @@ def _export(module: Any, example_args: Any, dynamic_shapes: Any) -> Any:
             hint = "the module runs on these inputs in PyTorch, but torch.export cannot trace it"
         raise GraphError(f"torch.export could not export {type(module).__name__} ({kind}): {text}; "
                          f"{hint}") from None
+
+
+def _check_dims_axes(torch: Any, args: tuple, dynamic_shapes: Any) -> None:
+    """Each axis ``dynamic_shapes`` names (``{axis: Dim}`` per tensor argument, in a tuple
+    or list) lies inside its tensor (torch's own check fails on an IndexError)."""
+    if not isinstance(dynamic_shapes, (tuple, list)):
+        return
+    for number, (arg, spec) in enumerate(zip(args, dynamic_shapes)):
+        if isinstance(spec, dict) and isinstance(arg, torch.Tensor):
+            for axis in spec:
+                if isinstance(axis, int) and not -arg.dim() <= axis < arg.dim():
+                    raise ShapeError(f"from_torch: dynamic_shapes names axis {axis} of example "
+                                     f"argument {number}, which has {arg.dim()} axes "
+                                     f"(shape {tuple(arg.shape)})")
 
 
 def _fails_eagerly(torch: Any, module: Any, args: tuple) -> bool:

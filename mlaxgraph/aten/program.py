@@ -87,6 +87,12 @@ def load_program(folder: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
+    if not os.path.isdir(folder):
+        what = "a file" if os.path.exists(folder) else "nothing"
+        raise SerializationError(f"{folder}: from_torch reads a program folder (its "
+                                 f"{PROGRAM_FILE}, which mg.aten.save_program writes), and this "
+                                 f"path is {what}; a PyTorch checkpoint (.pth, .bin, "
+                                 f".safetensors) is read by mg.models.load_state_dict")
     path = os.path.join(folder, PROGRAM_FILE)
     try:
         with open(path, "rb") as f:

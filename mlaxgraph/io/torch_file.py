@@ -133,6 +133,12 @@ class TorchReader:
     def __enter__(self) -> TorchReader:
         where = self.path
         if not zipfile.is_zipfile(where):
+            with open(where, "rb") as f:
+                if f.read(4) == b"PK\x03\x04":  # a zip's first entry, without its directory
+                    raise SerializationError(
+                        f"{where}: a zip archive cut short or damaged (its directory, at the "
+                        f"end of the file, is missing or unreadable): the file is truncated; "
+                        f"copy or download it again")
             raise SerializationError(
                 f"{where}: not a zip archive: PyTorch files are read in torch.save's zip format "
                 f"(PyTorch 1.6 and later); an older file can be re-saved with a current torch, "

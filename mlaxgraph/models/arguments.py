@@ -4,7 +4,14 @@ keyword, and where PyTorch's, transformers' and PEFT's names for them go here.""
 
 from __future__ import annotations
 
-__all__ = ["LOAD_STATE_DICT_HINTS", "LOAD_STATE_DICT_SIGNATURE", "LORA_FROM_PEFT_HINTS",
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..core.errors import ConfigError
+
+__all__ = ["float_dtype", "LOAD_STATE_DICT_HINTS", "LOAD_STATE_DICT_SIGNATURE", "LORA_FROM_PEFT_HINTS",
            "LORA_FROM_PEFT_SIGNATURE", "SAVE_ADAPTER_SIGNATURE", "TASK_TYPES", "TO_STATE_DICT_HINTS",
            "TO_STATE_DICT_SIGNATURE"]
 
@@ -45,3 +52,18 @@ LORA_FROM_PEFT_HINTS = {
     "config": "a config is given as folder: lora_from_peft(graph, config_dict)",
     "model_id": "PEFT's model_id is folder, the second argument",
 }
+
+
+def float_dtype(dtype: Any, where: str) -> np.dtype | None:
+    """``dtype=`` of the readers and writers: None or a float dtype (an int8 or bool
+    dtype would turn the weights into another thing)."""
+    if dtype is None:
+        return None
+    try:
+        out = np.dtype(jnp.dtype(dtype))
+    except (TypeError, ValueError):
+        out = None
+    if out is None or not (np.issubdtype(out, np.floating) or out.name == "bfloat16"):
+        raise ConfigError(f"{where}: dtype is the dtype of the floating weights, a float dtype "
+                          f"('float32', 'bfloat16', 'float16'), got {dtype!r}")
+    return out

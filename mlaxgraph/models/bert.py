@@ -28,8 +28,10 @@ BERT = Family(
     checked={"position_embedding_type": ("absolute",), "is_decoder": (False,),
              "add_cross_attention": (False,)},
     # classifier_dropout: the task heads'; pooler_* and directionality: fields of the
-    # original TensorFlow checkpoints' configs (bert-base-chinese) that the model ignores.
-    harmless=frozenset({"classifier_dropout", "directionality", "pooler_fc_size",
+    # original TensorFlow checkpoints' configs (bert-base-chinese) that the model ignores;
+    # tie_word_embeddings (transformers 5.x writes it): the masked-LM head's, not built.
+    harmless=frozenset({"classifier_dropout", "directionality", "tie_word_embeddings",
+                        "pooler_fc_size",
                         "pooler_num_attention_heads", "pooler_num_fc_layers",
                         "pooler_size_per_head", "pooler_type"}))
 

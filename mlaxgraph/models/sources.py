@@ -28,6 +28,10 @@ class StateDictSource:
         if isinstance(source, Mapping):
             self.mapping = source
             self.label = "the state dict"
+            odd = [k for k in source if not isinstance(k, str)]
+            if odd:
+                raise SerializationError(f"the state dict's names are strings (PyTorch's module "
+                                         f"paths), got {odd[0]!r} ({type(odd[0]).__name__})")
             return
         if not isinstance(source, (str, os.PathLike)):
             raise SerializationError(f"a state dict is a mapping of names to arrays, a "
@@ -91,6 +95,11 @@ class StateDictSource:
                 raise SerializationError(f"{index_path}: {name!r} is in {shard!r}, which is not "
                                          f"a file name in the folder")
         for shard in sorted(set(weight_map.values())):
+            if not os.path.isfile(os.path.join(folder, shard)):
+                names = sorted(n for n, s in weight_map.items() if s == shard)
+                raise SerializationError(f"{index_path}: shard {shard!r} is not in the folder "
+                                         f"(it holds {len(names)} weight(s), {names[0]!r} among "
+                                         f"them): copy every shard the index lists")
             self._open(os.path.join(folder, shard), index_path)
         listed, found = set(weight_map), set(self.where)
         if listed != found:

@@ -34,6 +34,7 @@ from .arguments import (
     LOAD_STATE_DICT_SIGNATURE,
     TO_STATE_DICT_HINTS,
     TO_STATE_DICT_SIGNATURE,
+    float_dtype,
 )
 from .peft_config import ADAPTER_WEIGHTS, LEGACY_ADAPTER_WEIGHTS, read_adapter_config, saved_modules
 from .sources import StateDictSource
@@ -179,6 +180,7 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
         raise ConfigError(unknown_keywords("to_state_dict", unknown, TO_STATE_DICT_SIGNATURE,
                                            TO_STATE_DICT_HINTS))
     refuse_deleted("to_state_dict", params=params, state=state)
+    dtype = float_dtype(dtype, "to_state_dict")
     layout = layout_for(graph.name)
     state = state or {}
     out: dict[str, np.ndarray] = {}
@@ -269,6 +271,7 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
     if unknown:
         raise ConfigError(unknown_keywords("load_state_dict", unknown,
                                            LOAD_STATE_DICT_SIGNATURE, LOAD_STATE_DICT_HINTS))
+    dtype = float_dtype(dtype, "load_state_dict")
     layout = layout_for(graph.name)
     layers = _layers(graph, layout, "read")
     if adapter is not None:
