@@ -135,6 +135,59 @@ def test_what_from_torch_cannot_take_is_named(tmp_path):
         mg.from_torch(Cached(), (torch.randn(3),))
 
 
+def test_integer_and_boolean_buffers_keep_their_values():
+    """Buffers were stored in float32: an index past 2**24 came out rounded."""
+    class Indexed(nn.Module):
+        def __init__(self, big):
+            super().__init__()
+            self.register_buffer("idx", torch.tensor([16777217, 3, 1]) + big)
+            self.register_buffer("keep", torch.tensor([True, False, True]))
+
+        def forward(self, x):
+            return torch.where(self.keep, x + self.idx, x)
+
+    x = torch.zeros(3, dtype=torch.int64)
+    module = Indexed(0).eval()
+    graph, params, state = mg.from_torch(module, (x,))
+    assert state["idx"]["value"].dtype == np.int32 and state["keep"]["value"].dtype == np.bool_
+    out, _ = mg.compile(graph).apply(params, state, x.numpy().astype(np.int32), inference_mode=True)
+    np.testing.assert_array_equal(np.asarray(out), module(x).numpy())
+    sd = mg.models.to_state_dict(graph, params, state)
+    np.testing.assert_array_equal(sd["idx"], module.idx.numpy())
+    with pytest.raises(mg.DTypeError, match=r"buffer 'idx' holds int64 values outside int32's range"):
+        mg.from_torch(Indexed(2 ** 40).eval(), (x,))
+
+
+def test_state_dict_round_trips_without_non_persistent_buffers_and_constants(tmp_path):
+    """A buffer registered with persistent=False and a tensor constant torch.export lifts
+    are values of the graph, not state: the graph's state dict is the module's
+    ``state_dict()``, each way, also through a saved program folder."""
+    class Held(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.register_buffer("pos", torch.arange(4.0), persistent=False)
+            self.register_buffer("count", torch.tensor([3]))
+            self.scale = torch.tensor(2.5)
+
+        def forward(self, x):
+            return self.fc(x) * self.scale + self.pos + self.count
+
+    torch.manual_seed(0)
+    module, x = Held().eval(), torch.randn(2, 4)
+    for source in (module, mg.aten.save_program(module, tmp_path / "held", (x,))):
+        graph, params, state = mg.from_torch(source, (x,))
+        sd = mg.models.to_state_dict(graph, params, state)
+        assert sorted(sd) == sorted(module.state_dict()) == ["count", "fc.bias", "fc.weight"]
+        fresh = Held().eval()
+        fresh.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in sd.items()})
+        loaded = mg.models.load_state_dict(graph, {k: v.numpy() for k, v in module.state_dict().items()})
+        out, _ = mg.compile(graph).apply(*loaded, x.numpy(), inference_mode=True)
+        _close(out, module(x))
+        with torch.no_grad():
+            _close(fresh(x).numpy(), module(x))
+
+
 def test_unsupported_op_names_it_and_the_module():
     class Odd(nn.Module):
         def forward(self, x):

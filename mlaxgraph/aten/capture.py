@@ -202,15 +202,19 @@ def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
         program = program.run_decompositions({})
     sig = program.graph_signature
     kinds: dict[str, tuple[str, str | None]] = {}
+    transient = set()  # buffers registered with persistent=False: not in the state dict
     for spec in sig.input_specs:
         name = getattr(spec.arg, "name", None)
         kinds[str(name)] = (spec.kind.name.lower(), spec.target)
+        if getattr(spec, "persistent", None) is False:
+            transient.add(str(name))
     inputs: list[dict] = []
     nodes: list[dict] = []
     for node in program.graph.nodes:
         if node.op == "placeholder":
             kind, target = kinds.get(node.name, ("user_input", None))
             inputs.append({"name": node.name, "kind": kind, "target": target,
+                           **({"persistent": False} if node.name in transient else {}),
                            **(_spec(node.meta.get("val")) or {})})
     outputs = _Body(program.graph_module, nodes).read(program.graph, "", {})
     mutations = {o.arg.name: o.target for o in sig.output_specs

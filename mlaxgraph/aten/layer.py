@@ -25,7 +25,7 @@ import numpy as np
 from ..core.registry import register
 from ..core.specs import ParamSpec, TensorSpec, is_symbolic, substitute
 from ..ops.base import Layer
-from ..ops.foreign import Family, ForeignOp, OpDef
+from ..ops.foreign import Family, ForeignOp, OpDef, decode_array
 from ..ops.tensor import Identity
 
 __all__ = ["OpDef", "AtenOp", "Buffer", "Mode", "TABLE", "define", "op_class", "TENSOR"]
@@ -112,10 +112,15 @@ def _zeros(key, shape, dtype):
 @dataclasses.dataclass(frozen=True)
 class Buffer(Layer):
     """A module's buffer (a tensor it holds but does not learn: a causal mask, position
-    ids), as state named ``value``; called with no inputs."""
+    ids), as state named ``value``; called with no inputs. A buffer the module's
+    ``state_dict()`` leaves out (registered with ``persistent=False``: Llama's rotary
+    ``inv_freq``, BERT's ``position_ids``) and a tensor constant ``torch.export`` lifted
+    hold their ``value`` in the layer instead (``encode_array``'s form), so that the
+    graph's state is what the state dict holds."""
 
     shape: tuple = ()
     dtype: str = "float32"
+    value: tuple = ()
 
     @property
     def default_name(self) -> str:
@@ -125,10 +130,17 @@ class Buffer(Layer):
         return (TensorSpec(tuple(self.shape), np.dtype(jnp.dtype(self.dtype))),)
 
     def state_specs(self, inputs):
-        return {"value": ParamSpec(tuple(self.shape), _zeros)}
+        if self.value:
+            return {}
+        # an integer or boolean buffer (indices, a mask) is stored in its own dtype: the
+        # policy's float param dtype would round ints past 2**24
+        dtype = np.dtype(jnp.dtype(self.dtype))
+        fixed = None if jnp.issubdtype(dtype, jnp.floating) else dtype
+        return {"value": ParamSpec(tuple(self.shape), _zeros, dtype=fixed)}
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
-        return (jnp.asarray(state["value"]).astype(jnp.dtype(self.dtype)),), state
+        value = decode_array(self.value) if self.value else state["value"]
+        return (jnp.asarray(value).astype(jnp.dtype(self.dtype)),), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         return 0

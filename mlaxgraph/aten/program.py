@@ -6,7 +6,9 @@ A folder holding ``program.json`` and ``tensors.safetensors``. The JSON record:
   that exported it, ``training``: whether the module was exported in train mode;
 - ``inputs``: the program's placeholders in order, each ``{"name", "kind", "target",
   "shape", "dtype"}``; ``kind`` is ``user_input``, ``parameter``, ``buffer``,
-  ``constant_tensor`` (``target`` names its tensor) or ``token``;
+  ``constant_tensor`` (``target`` names its tensor) or ``token``; a buffer the module's
+  ``state_dict()`` leaves out (``register_buffer(..., persistent=False)``) has
+  ``"persistent": false`` too;
 - ``nodes``: its ``call_function`` nodes in order, each ``{"name", "target"`` (the
   ATen overload: ``aten.convolution.default``, or ``getitem``), ``"args"``,
   ``"kwargs"``, ``"outputs"`` (``{"shape", "dtype"}`` or null per output),

@@ -4,7 +4,8 @@ call a nested block named by its path relative to its parent (``layer1`` >> ``0`
 ``nn.Conv2d``, norms and ``nn.Embedding`` as mlaxgraph's layers (``layers.py``) under
 the module's name, so the weights' paths joined by dots are the state-dict names;
 every other ATen operator a layer of the ``aten`` family; parameters read directly
-as ``param`` layers, buffers as ``aten.buffer`` state."""
+as ``param`` layers, buffers as ``aten.buffer`` state (the non-persistent ones and
+lifted constants as values the layer holds)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import re
 from collections.abc import Hashable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import GraphError, MlaxGraphError, ShapeError
+from ..core.errors import DTypeError, GraphError, MlaxGraphError, ShapeError
 from ..core.specs import as_dim
 from ..ir.graph import Graph, Input
 from ..ir.outline import Scope, Step, outline
+from ..ops.foreign import encode_array
 from ..ops.param import Param
 from . import ops_nn, ops_table, ops_tensor  # noqa: F401  (they fill the table)
 from .layer import TABLE, TENSOR, Buffer, Mode, op_class
@@ -141,17 +144,23 @@ class _Reader:
         array = self.tensors[target]
         key = (f"{placeholder}", 0)
         make: Any
+        store: dict[str, Any] | None
         if kind in _WEIGHT_KINDS and jnp.issubdtype(array.dtype, jnp.floating):
             make = lambda n: Param(array.shape, name=n)  # noqa: E731
             store = self.params
         else:
             dtype = jnp.dtype(dtype_of(array.dtype.name, array.dtype)).name
-            make = lambda n: Buffer(tuple(int(d) for d in array.shape), dtype, name=n)  # noqa: E731
-            store = self.state
+            # not in the module's state_dict(): a value of the graph, not state
+            constant = kind == "constant_tensor" or \
+                self.inputs.get(placeholder, {}).get("persistent") is False
+            value = encode_array(_buffer_value(array, target)) if constant else ()
+            make = lambda n: Buffer(tuple(int(d) for d in array.shape), dtype, value,  # noqa: E731
+                                    name=n)
+            store = None if constant else self.state
         layer = self.layer(scopes, name, make)
-        # state is kept in float32 as weights are (exact for indices below 2**24)
-        self.put(store, scopes, layer.name, {"value": array if store is self.params else
-                                             np.asarray(array, np.float32)})
+        if store is not None:
+            self.put(store, scopes, layer.name, {"value": array if store is self.params else
+                                                 _buffer_value(array, target)})
         self.steps.append(Step(scopes, (), (key,), lambda layer=layer: (layer(),)))
         self.made[placeholder] = key
         return key
@@ -387,6 +396,23 @@ class _Reader:
                 outputs.append(self.key(out["ref"]))
         graph = outline(inputs, self.steps, outputs, name=name)
         return graph, self.params, self.state
+
+
+def _buffer_value(array: np.ndarray, target: str) -> np.ndarray:
+    """A buffer's value as its layer stores it: a float one in float32 (as weights are),
+    an integer or boolean one in its own dtype, 64-bit narrowed to 32 unless
+    ``jax_enable_x64`` is on (a value 32 bits cannot hold is an error, not wrapped)."""
+    if jnp.issubdtype(array.dtype, jnp.floating):
+        return np.asarray(array, np.float32)
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(array.dtype))
+    if dtype != array.dtype and array.size and jnp.issubdtype(dtype, jnp.integer):
+        info = np.iinfo(dtype)
+        if array.min() < info.min or array.max() > info.max:
+            raise DTypeError(f"buffer {target!r} holds {array.dtype} values outside {dtype}'s "
+                             f"range (up to {array.max()}); without jax_enable_x64 JAX computes "
+                             f"in 32 bits: enable it (jax.config.update('jax_enable_x64', True)) "
+                             f"before from_torch")
+    return array.astype(dtype)
 
 
 def read_program(record: dict, tensors: dict, name: str = "torch") -> tuple[Graph, dict, dict]:

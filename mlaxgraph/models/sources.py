@@ -9,13 +9,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..core.errors import SerializationError
 from ..io.torch_file import TorchReader, is_torch_zip
 from ..io.weights import SafetensorsReader
 
-__all__ = ["StateDictSource"]
+__all__ = ["StateDictSource", "stored_dtype", "as_stored"]
 
 
 class StateDictSource:
@@ -132,3 +133,20 @@ class StateDictSource:
         return self.readers[self.where[name]].array(name)
 
 
+def stored_dtype(step: Any) -> np.dtype | None:
+    """The integer or boolean dtype ``from_torch``'s buffer layer stores its value in,
+    else None (the weights are floating)."""
+    if step.op.op_name != "aten.buffer" or jnp.issubdtype(step.op.dtype, jnp.floating):
+        return None
+    return np.dtype(jnp.dtype(step.op.dtype))
+
+
+def as_stored(array: np.ndarray, dtype: np.dtype, name: str, label: str) -> np.ndarray:
+    if jnp.issubdtype(array.dtype, jnp.floating) != jnp.issubdtype(dtype, jnp.floating) or (
+            array.dtype.kind == "b") != (dtype.kind == "b"):
+        raise SerializationError(f"{label}: {name!r} is {array.dtype}; the buffer holds {dtype}")
+    if dtype.kind in "iu" and array.size and (array.min() < np.iinfo(dtype).min
+                                              or array.max() > np.iinfo(dtype).max):
+        raise SerializationError(f"{label}: {name!r} holds values outside {dtype}'s range "
+                                 f"(without jax_enable_x64 JAX computes in 32 bits)")
+    return array.astype(dtype)

@@ -37,7 +37,7 @@ from .arguments import (
     float_dtype,
 )
 from .peft_config import ADAPTER_WEIGHTS, LEGACY_ADAPTER_WEIGHTS, read_adapter_config, saved_modules
-from .sources import StateDictSource
+from .sources import StateDictSource, as_stored, stored_dtype
 from .torch_layout import (
     TorchLayout,
     adapter_converter,
@@ -380,6 +380,10 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
                 f"{source.label}: {file_name!r} has shape {tuple(got)}; layer {step.path!r} of "
                 f"graph {graph.name!r} needs {shape}")
         array = source.array(aliases.get(file_name, file_name))
+        stored = stored_dtype(step)
+        if stored is not None:  # an integer or boolean buffer (an imported module's)
+            arrays[name] = as_stored(array, stored, file_name, source.label)
+            continue
         if not _is_float(array.dtype):
             raise SerializationError(f"{source.label}: {file_name!r} is {array.dtype}; the "
                                      f"weights of layer {step.path!r} are floating point")

@@ -26,7 +26,7 @@ from ..core.errors import ShapeError
 from ..core.registry import register
 from ..core.specs import TensorSpec
 from ..ops.base import Layer
-from ..ops.foreign import Family, ForeignOp, OpDef
+from ..ops.foreign import Family, ForeignOp, OpDef, decode_array, encode_array
 
 __all__ = ["OpDef", "Attrs", "OnnxOp", "Constant", "TABLE", "DOMAINS", "define", "op_class",
            "encode_array", "decode_array", "ONNX_OPS"]
@@ -54,30 +54,6 @@ class Attrs:
 
     def __contains__(self, name: str) -> bool:
         return name in self._items
-
-
-def encode_array(value: Any) -> tuple:
-    """An array as a hashable hyperparameter: ``("tensor", dtype, shape, values)``."""
-    array = np.asarray(value)
-    flat = array.reshape(-1)
-    if array.dtype.kind == "f" or array.dtype.name == "bfloat16":
-        values: tuple = tuple(float(v) for v in flat.astype(np.float64))
-    elif array.dtype.kind == "c":
-        values = tuple(complex(v) for v in flat)
-    elif array.dtype.kind == "b":
-        values = tuple(bool(v) for v in flat)
-    elif array.dtype.kind in "iu":
-        values = tuple(int(v) for v in flat)
-    else:
-        values = tuple(str(v) for v in flat)
-    return ("tensor", array.dtype.name, tuple(int(d) for d in array.shape), values)
-
-
-def decode_array(encoded: tuple) -> np.ndarray:
-    _, dtype, shape, values = encoded
-    dtype = jnp.dtype(dtype)
-    return np.asarray(values, dtype=np.float64 if dtype.name == "bfloat16" else None) \
-        .astype(dtype).reshape(shape) if values else np.zeros(shape, dtype)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,7 @@ from ..core.specs import TensorSpec
 from .base import Layer
 from .flops import size
 
-__all__ = ["OpDef", "Family", "ForeignOp", "DTYPE_KINDS"]
+__all__ = ["OpDef", "Family", "ForeignOp", "DTYPE_KINDS", "encode_array", "decode_array"]
 
 #: What an ``OpDef.dtypes`` allows of the operator's first input.
 DTYPE_KINDS: dict[str, Callable[[Any], bool]] = {
@@ -143,3 +143,27 @@ class ForeignOp(Layer):
         if rule == "none":
             return 0
         return rule(inputs, outputs, self.rule_args())
+
+
+def encode_array(value: Any) -> tuple:
+    """An array as a hashable hyperparameter: ``("tensor", dtype, shape, values)``."""
+    array = np.asarray(value)
+    flat = array.reshape(-1)
+    if array.dtype.kind == "f" or array.dtype.name == "bfloat16":
+        values: tuple = tuple(float(v) for v in flat.astype(np.float64))
+    elif array.dtype.kind == "c":
+        values = tuple(complex(v) for v in flat)
+    elif array.dtype.kind == "b":
+        values = tuple(bool(v) for v in flat)
+    elif array.dtype.kind in "iu":
+        values = tuple(int(v) for v in flat)
+    else:
+        values = tuple(str(v) for v in flat)
+    return ("tensor", array.dtype.name, tuple(int(d) for d in array.shape), values)
+
+
+def decode_array(encoded: tuple) -> np.ndarray:
+    _, dtype, shape, values = encoded
+    dtype = jnp.dtype(dtype)
+    return np.asarray(values, dtype=np.float64 if dtype.name == "bfloat16" else None) \
+        .astype(dtype).reshape(shape) if values else np.zeros(shape, dtype)
