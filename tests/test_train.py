@@ -99,6 +99,8 @@ def test_fused_steps_equal_single_steps_with_dropout_and_batchnorm():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                  (ts_a.params, ts_a.state), (ts_b.params, ts_b.state))
     assert int(ts_b.step) == 8 and fused.trace_counts["train_steps"] == 1
+    with pytest.raises(mg.ShapeError, match=r"inputs and targets give \[2, 8\]"):
+        fused.train_steps(ts_b, images, labels[:2])  # was scan's own ValueError
 
 
 def test_by_default_the_step_reports_the_loss_only_and_carries_raw_key_data():
@@ -196,6 +198,29 @@ def test_evaluate_pads_the_last_batch_and_weighs_it_out():
     assert trainer.trace_counts["eval_step"] == 1
 
 
+@pytest.mark.parametrize("batch_size", [4, 8])  # batch 8 = the sequence length
+def test_evaluate_of_a_sequence_model_weighs_examples_not_positions(batch_size):
+    # per-position losses (batch, length) against per-example weights (batch,): the
+    # weights lined up with the positions (val_loss 8x, accuracy above 1, or a shape error)
+    vocab, length = 11, 8
+    x = mg.Input(("batch", length), "int32", name="ids")
+    graph = mg.Graph(x, ops.Linear(vocab, name="head")(ops.Embedding(vocab, 6, name="embed")(x)))
+    trainer = Trainer(mg.compile(graph), optax.sgd(0.1), metrics=("accuracy",))
+    ts = trainer.init(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab, (13, length)).astype(np.int32)
+    labels = rng.integers(0, vocab, (13, length)).astype(np.int32)
+    result = evaluate(trainer, ts, (ids, labels), batch_size=batch_size)
+    logits = np.asarray(trainer.predict(ts, ids), np.float64)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    picked = np.take_along_axis(logp, labels[..., None], -1)[..., 0]
+    np.testing.assert_allclose(result["loss"], -picked.mean(), rtol=1e-5)
+    np.testing.assert_allclose(result["accuracy"], (logits.argmax(-1) == labels).mean(), rtol=1e-6)
+    with pytest.raises(mg.ShapeError, match=r"weights has shape \(3,\); it takes one weight per "
+                                            r"example, shape \(13,\)"):
+        trainer.eval_step(ts, ids, labels, np.ones(3, np.float32))
+
+
 def test_early_stopping_returns_the_history_so_far():
     x, y = _data(64)
     trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.0))  # never improves
@@ -289,6 +314,12 @@ def test_bad_arguments_raise_mlaxgraph_errors():
     x, y = _data(10)
     with pytest.raises(mg.ShapeError, match="batch_size=16 does not fit the 10"):
         trainer.fit(ts, (x, y), epochs=1, batch_size=16, progress=False)
+    # a ZeroDivisionError, a TypeError, or a dispatch of no steps that ran
+    for bad in ({"batch_size": 0}, {"batch_size": 4.0}, {"steps_per_dispatch": 0},
+                {"steps_per_dispatch": -2}, {"epochs": -1}):
+        name = next(iter(bad))
+        with pytest.raises(mg.ConfigError, match=f"fit: {name} is an int >= "):
+            trainer.fit(ts, (x, y), **{"epochs": 1, "batch_size": 4, **bad}, progress=False)
     with pytest.raises(mg.ShapeError, match="different numbers of examples"):
         trainer.fit(ts, (x, y[:5]), epochs=1, batch_size=4, progress=False)
     with pytest.raises(mg.ShapeError, match="takes 1 inputs, got 2"):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import GraphError, ShapeError
+from ..core.errors import ConfigError, GraphError, ShapeError
 from ..core.signatures import unknown_keywords
 from .state import TrainState
 
@@ -175,21 +175,24 @@ def fit(trainer, ts: TrainState, train: tuple | None = None, *, epochs: int, bat
     if validation is not None:  # checked now, not after the first epoch's training
         _prepare(trainer, validation, "validation data")
     n = len(targets)
+    for argument, given in (("batch_size", batch_size), ("steps_per_dispatch", steps_per_dispatch)):
+        if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given < 1:
+            raise ConfigError(f"fit: {argument} is an int >= 1, got {given!r}")
     per_epoch = n // batch_size
-    if batch_size <= 0 or per_epoch == 0:
+    if per_epoch == 0:
         raise ShapeError(f"batch_size={batch_size} does not fit the {n} training examples")
-    k = max(1, int(steps_per_dispatch))
+    k = int(steps_per_dispatch)
     history: dict[str, list[float]] = {"epoch": []}
     best, stale = math.inf, 0
     step = int(ts.step)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-        raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+        raise ConfigError(f"fit: epochs is an int >= 0, got {epochs!r}")
     if initial_epoch is None:
         start = -(-step // per_epoch)  # the epochs ts has done, a partial one counted
         step, stop = max(step, start * per_epoch), start + epochs
     else:
         if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or initial_epoch < 0:
-            raise ValueError(f"initial_epoch must be an int >= 0, got {initial_epoch!r}")
+            raise ConfigError(f"fit: initial_epoch is an int >= 0, got {initial_epoch!r}")
         start, stop = initial_epoch, epochs
         if not initial_epoch * per_epoch <= step < (initial_epoch + 1) * per_epoch:
             step = initial_epoch * per_epoch  # the state is not inside that epoch: start it

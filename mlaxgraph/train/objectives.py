@@ -13,7 +13,8 @@ import optax
 
 from ..core.errors import DTypeError, GraphError, ShapeError
 
-__all__ = ["LOSSES", "METRICS", "resolve_loss", "resolve_metrics", "check_targets"]
+__all__ = ["LOSSES", "METRICS", "resolve_loss", "resolve_metrics", "check_targets",
+           "weighted_mean"]
 
 Objective = Callable[[Any, Any], Any]
 
@@ -127,3 +128,21 @@ def resolve_metrics(metrics) -> dict[str, Objective]:
     if "loss" in out:
         raise GraphError("'loss' is always reported; name the metric otherwise")
     return out
+
+
+def weighted_mean(values: Any, weights: Any, name: str) -> Any:
+    """The mean of a loss's or metric's ``values`` with one weight per example (0 for
+    a padding row): each example's values (its positions, for a sequence model's
+    ``(batch, length)`` losses) weigh its weight, so that all ones give ``jnp.mean``.
+    A value already reduced to a scalar is returned as it is."""
+    values = jnp.asarray(values)
+    weights = jnp.asarray(weights, jnp.float32)
+    if values.ndim == 0:
+        return values
+    if weights.ndim != 1 or weights.shape[0] != values.shape[0]:
+        raise ShapeError(f"eval_step: weights has shape {tuple(weights.shape)}; it takes one "
+                         f"weight per example, shape ({values.shape[0]},) for the batch whose "
+                         f"{name!r} has shape {tuple(values.shape)}")
+    each = jnp.broadcast_to(weights.reshape(weights.shape + (1,) * (values.ndim - 1)),
+                            values.shape)
+    return jnp.sum(values * each) / jnp.maximum(jnp.sum(each), 1.0)

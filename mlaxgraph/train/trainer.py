@@ -20,7 +20,7 @@ from ..compiler.lowering import make_apply
 from ..compiler.program import leaf_paths
 from ..compiler.taps import Taps
 from ..compiler.xla_options import TopLevelJit, checked_compiler_options, step_compiler_options
-from ..core.errors import GraphError
+from ..core.errors import GraphError, ShapeError
 from ..core.signatures import call_problem, unknown_keywords
 from ..core.specs import trains
 from .arguments import TRAINER_HINTS, TRAINER_SIGNATURE
@@ -29,7 +29,7 @@ from .fit import as_inputs, fit
 from .frozen import FrozenStep, given_arrays
 from .gradient_paths import check_trainable
 from .loss_scale import DynamicLossScale, all_finite
-from .objectives import check_targets, resolve_loss, resolve_metrics
+from .objectives import check_targets, resolve_loss, resolve_metrics, weighted_mean
 from .selection import ADAPTER, combine, glob_test, subtree
 from .state import TrainState
 
@@ -333,9 +333,7 @@ class Trainer:
                                for name, fn in self.metric_fns.items()}}
         if weights is None:
             return {name: jnp.mean(v) for name, v in values.items()}
-        weights = weights.astype(jnp.float32)
-        total = jnp.maximum(jnp.sum(weights), 1.0)
-        return {name: jnp.sum(v * weights) / total for name, v in values.items()}
+        return {name: weighted_mean(v, weights, name) for name, v in values.items()}
 
     def step_fn(self, ts: TrainState, inputs: Any, targets: Any):
         """One optimizer step, pure: ``(ts, inputs, targets) -> (ts, metrics)``."""
@@ -386,6 +384,11 @@ class Trainer:
         """``k`` optimizer steps on ``lax.scan``; inputs and targets have a leading
         ``k`` axis. Pure: ``(ts, inputs, targets) -> (ts, stacked metrics)``."""
         self.trace_counts["train_steps"] += 1
+        counts = {int(np.shape(a)[0]) if np.ndim(a) else 0 for a in jax.tree.leaves((inputs, targets))}
+        if len(counts) > 1:
+            raise ShapeError(f"train_steps: the leading axis counts the steps, and inputs and "
+                             f"targets give {sorted(counts)} of them: stack as many batches of "
+                             f"each")
         return jax.lax.scan(lambda carry, batch: self._step(carry, *batch), ts,
                             (inputs, targets))
 
