@@ -74,9 +74,33 @@ def test_reuse_that_keeps_nothing_is_an_error_naming_a_weight(gpt2):
         mg.compile(g).init(jax.random.key(1), reuse=(params, state))
     scanned = mg.compile(other, scan_blocks="always")
     stacked, stacked_state = scanned.init(jax.random.key(0))
-    with pytest.raises(mg.GraphError, match=r"scanned layout.*unstack_weights"):
+    # unstacked into the blocks (below), then all of another shape
+    with pytest.raises(mg.GraphError, match=r"keeps no weight of the 36 in reuse: 36 are of "
+                                            r"another shape"):
         mg.compile(mg.models.gpt2({**CONFIG, "n_embd": 64})).init(
             jax.random.key(1), reuse=(stacked, stacked_state))
+
+
+@pytest.mark.parametrize("scan", [False, "always"])
+def test_a_scanned_models_stacked_weights_are_kept_per_block(scan):
+    # they were dropped, and every block drawn again, without a word
+    g = mg.models.gpt2({**CONFIG, "n_layer": 3})
+    scanned = mg.compile(g, scan_blocks="always")
+    stacked, stacked_state = scanned.init(jax.random.key(0))
+    assert "h.0..h.2" in stacked
+    per_block, per_block_state = scanned.unstack_weights(stacked, stacked_state)
+    # h.0 adapted: a model that scans h.1..h.2 alone (scan), or none (unscanned)
+    adapted = mg.compile(mg.lora(g, "h.0/mlp.c_fc", rank=4), scan_blocks=scan)
+    report = adapted.reuse_report(stacked, stacked_state)
+    assert not report.dropped and not report.changed and len(report.new) == 2
+    params, state = adapted.init(jax.random.key(1), reuse=(stacked, stacked_state))
+    ours = adapted.unstack_weights(params, state)[0] if scan else params
+    for block in ("h.0", "h.1", "h.2"):
+        np.testing.assert_array_equal(ours[block]["attn"]["query"]["kernel"],
+                                      per_block[block]["attn"]["query"]["kernel"])
+    want, _ = scanned.apply(stacked, stacked_state, IDS, inference_mode=True)
+    out, _ = adapted.apply(params, state, IDS, inference_mode=True)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
 def test_float_weights_for_a_quantized_graph_are_an_error(gpt2):

@@ -25,7 +25,7 @@ from ..core.signatures import unknown_keywords
 from ..core.specs import trains
 from .lowering import make_init
 from .program import Program, leaf_paths
-from .stacking import stack_weights
+from .stacking import stack_weights, unstack_given
 
 __all__ = ["ModelInit", "ReuseReport", "reuse_report"]
 
@@ -175,8 +175,10 @@ class ModelInit:
 
     def given(self, reuse: Any) -> tuple[Mapping, Mapping]:
         """``reuse`` in this model's layout: stacked where it scans runs of blocks and
-        ``reuse`` has them one by one."""
+        ``reuse`` has them one by one, per block where it holds them one by one and
+        ``reuse`` has them stacked (a scanned model's)."""
         params, state = _check_reuse(reuse)
+        params, state = unstack_given(self._program, params, state)
         return stack_weights(self._program, params, state)
 
     def report(self, reuse: Any) -> ReuseReport:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from ..core.errors import GraphError
 from .program import Program, ScanStep, Step, get_in, has_in, set_in
 
-__all__ = ["stack_weights", "unstack_weights"]
+__all__ = ["stack_weights", "unstack_weights", "unstack_given"]
 
 
 def _scans(program: Program) -> list[ScanStep]:
@@ -122,3 +122,43 @@ def unstack_weights(program: Program, params: Any, state: Any = None) -> tuple[A
     """``(params, state)`` in the scanned layout -> the graph's own layout."""
     params, state = _convert(program, (params, state), _holds_stack, _unstack_one)
     return params, state
+
+
+def unstack_given(program: Program, params: Any, state: Any = None) -> tuple[Any, Any]:
+    """``(params, state)`` another model compiled with ``scan_blocks=True`` stacked (a
+    run under ``"<first>..<last>"``) for ``program``, which holds those blocks one by one
+    (an unscanned model, or one that scans other runs): each stack sliced back into its
+    blocks, found by the run's first and last names in ``program``'s order. What does
+    not match (another count of blocks, names the program lacks) is left as it is."""
+    order: dict[tuple[str, ...], list[str]] = {}  # parent -> its children, in program order
+    runs: set[tuple[str, ...]] = set()  # the runs program scans itself
+    for step in program.owners():
+        for i, name in enumerate(step.weights):
+            parent = tuple(step.weights[:i])
+            names = order.setdefault(parent, [])
+            scanned = isinstance(step, ScanStep) and i == len(step.weights) - 1
+            if scanned:
+                runs.add(parent + (name,))
+            for member in (step.blocks if scanned else (name,)):  # a run: its blocks
+                if member not in names:
+                    names.append(member)
+
+    def walk(tree: Any, parent: tuple[str, ...]) -> Any:
+        if not isinstance(tree, Mapping):
+            return tree
+        out: dict[str, Any] = {}
+        names = order.get(parent, [])
+        for key, value in tree.items():
+            first, _, last = str(key).partition("..")
+            if last and parent + (key,) not in runs and first in names and last in names \
+                    and isinstance(value, Mapping):
+                members = names[names.index(first):names.index(last) + 1]
+                if {jnp.shape(a)[0] if jnp.ndim(a) else -1
+                        for a in jax.tree.leaves(value)} == {len(members)}:
+                    for i, member in enumerate(members):
+                        out[member] = jax.tree.map(lambda a, i=i: a[i], value)
+                    continue
+            out[key] = walk(value, parent + (str(key),))
+        return out
+
+    return walk(params, ()), None if state is None else walk(state, ())
