@@ -136,10 +136,11 @@ def unstack_given(program: Program, params: Any, state: Any = None) -> tuple[Any
         for i, name in enumerate(step.weights):
             parent = tuple(step.weights[:i])
             names = order.setdefault(parent, [])
-            scanned = isinstance(step, ScanStep) and i == len(step.weights) - 1
-            if scanned:
+            members: tuple[str, ...] = (name,)
+            if isinstance(step, ScanStep) and i == len(step.weights) - 1:
                 runs.add(parent + (name,))
-            for member in (step.blocks if scanned else (name,)):  # a run: its blocks
+                members = step.blocks  # a run: its blocks
+            for member in members:
                 if member not in names:
                     names.append(member)
 
