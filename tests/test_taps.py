@@ -166,6 +166,18 @@ def test_trainer_loss_reads_captures():
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(mg.GraphError, match="the loss reads the captured outputs"):
         mg.train.Trainer(model, optax.sgd(0.5), loss="mean_squared_error", capture=["fc1"])
+    # a selection of nothing (graph.select gives []) captures nothing: still three values,
+    # and the loss still gets its third argument (apply gave two, the loss was called with two)
+    params, state = model.init(jax.random.key(0))
+    out, _, captured = model.apply(params, state, data, capture=model.graph.select(op="conv"))
+    assert captured == {}
+    np.testing.assert_array_equal(out, model.apply(params, state, data)[0])
+    out, _, captured = model.apply(params, state, data, capture=[], intervene={"fc1": lambda v: v})
+    assert captured == {}
+    empty = mg.train.Trainer(model, optax.sgd(0.5), loss=lambda o, t, c: jnp.mean((o - t) ** 2, -1) + len(c),
+                             capture=[])
+    _, metrics = empty.train_step(empty.init(jax.random.key(0)), data, targets)
+    assert np.isfinite(metrics["loss"])
 
 
 def test_taps_on_a_mesh_give_the_numbers_without_one(base):

@@ -52,7 +52,9 @@ def model_apply(plain: Callable, make: Callable[[Taps, tuple], Callable]) -> Cal
             raise GraphError(unknown_keywords("apply", unknown, _APPLY_SIGNATURE, _APPLY_HINTS))
         taps = Taps.of(capture, intervene)
         if taps is None:
-            return plain(params, state, *inputs, rng=rng, inference_mode=inference_mode)
+            out = plain(params, state, *inputs, rng=rng, inference_mode=inference_mode)
+            # capture=[] (a selection of nothing) still gives the three values
+            return out if capture is None else (*out, {})
         functions = taps.functions()
         key = taps.key(functions)
         if key in concrete:  # Python control flow on a float it reads: floats as constants
@@ -72,7 +74,7 @@ def model_apply(plain: Callable, make: Callable[[Taps, tuple], Callable]) -> Cal
             return tapped_call(params, state, *inputs, rng=rng, inference_mode=inference_mode,
                                capture=capture, intervene=intervene)
         outputs, new_state, captured = result
-        if not taps.capture:
+        if capture is None:
             return outputs, new_state
         return outputs, new_state, captured
 

@@ -141,7 +141,7 @@ class Trainer:
         self.model = model
         self.optimizer = optimizer
         self._taps = Taps.of(capture, intervene)
-        self._captures = bool(self._taps is not None and self._taps.capture)
+        self._captures = capture is not None  # capture=[]: the loss still gets {}
         if self._captures and not callable(loss):
             raise GraphError(f"Trainer(capture=...): the loss reads the captured outputs, so it "
                              f"is a function (outputs, targets, captured) -> losses, got {loss!r}")
