@@ -293,3 +293,16 @@ def test_a_block_of_a_graph_named_with_a_slash_gets_a_usable_name():
     g = mg.Graph(y, inner(y))
     assert [n.name for n in g.nodes] == ["y", "enc_dec"]
     assert g.select() == ["enc_dec/relu"]
+
+
+def test_a_replacement_named_as_the_layer_it_replaces_keeps_the_name(gpt2):
+    # its name is free once it is replaced: it got mlp.c_fc_1, and to_state_dict wrote
+    # h.0.mlp.c_fc_1.weight, a name transformers does not know
+    g = gpt2[0]
+    named = g.replace("h.0/mlp.c_fc", lambda layer, x: ops.Linear(256, name="mlp.c_fc")(x))
+    assert named.select("h.0/mlp.*")[:2] == ["h.0/mlp.c_fc", "h.0/mlp.act"]
+    params, state = mg.compile(named).init(jax.random.key(0))
+    assert params["h.0"]["mlp.c_fc"]["kernel"].shape == (32, 256)
+    # the old layer called again keeps the name: a new one named so is a clash, named
+    with pytest.raises(mg.GraphError, match="two different layers are named 'mlp.c_fc'"):
+        g.replace("h.0/mlp.c_fc", lambda layer, x: layer(x) + ops.Linear(128, name="mlp.c_fc")(x))

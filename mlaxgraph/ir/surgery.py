@@ -355,9 +355,10 @@ def _splice(rewrite: Rewrite, old: Node, values: list[Value], build: Callable,
         if node.op is old.op and not node.shares_weights:
             new_name = old.name  # the old layer called again keeps its name and weights
             rewrite.names.add(new_name)
-        elif (keep_name and node.op.name is None and node.name in produced
+        elif (keep_name and node.op.name in (None, old.name) and node.name in produced
               and len(produced) == 1 and old.name not in names.values()):
-            new_name = old.name  # the layer in its place takes its name
+            # the layer in its place takes its name (also when named so: it is free)
+            new_name = old.name
         else:
             new_name = rewrite.fresh(node.name) if node.name in rewrite.names else node.name
             rewrite.names.add(new_name)
