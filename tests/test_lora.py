@@ -290,6 +290,11 @@ def test_trainable_matching_nothing_lists_weight_paths():
         mg.train.Trainer(mg.compile(g), optax.sgd(0.1), trainable="fc.lora_*")
     with pytest.raises(mg.GraphError, match="glob over weight paths"):
         mg.train.Trainer(mg.compile(g), optax.sgd(0.1), trainable=3)
+    # a block folded into a scanned run: its path is the run's (surgery and capture take h.1)
+    scanned = mg.compile(mg.models.gpt2(CONFIG), scan_blocks="always")
+    with pytest.raises(mg.GraphError, match=r"block 'h.1' is folded into the scan 'h.0..h.3', "
+                                            r"whose weights are stacked"):
+        mg.train.Trainer(scanned, optax.sgd(0.1), trainable="h.1/*")
 
 
 def test_trainable_names_adapters_as_parts_of_their_targets():

@@ -158,6 +158,24 @@ def test_saving_twice_gives_the_same_bytes(tmp_path):
     assert (tmp_path / "a.mlg").read_bytes() == (tmp_path / "b.mlg").read_bytes()
 
 
+def test_a_scanned_models_stacked_weights_save_with_the_graph_built(tmp_path):
+    # the graph built (not model.graph) beside the stacked weights: the file holds the
+    # blocks one by one either way (it was refused, listing every block's weight missing)
+    g = mg.models.gpt2({"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 32})
+    scanned = mg.compile(g, scan_blocks="always")
+    params, state = scanned.init(jax.random.key(0))
+    mg.save(tmp_path / "a.mlg", g, params, state)
+    mg.save(tmp_path / "b.mlg", scanned.graph, params, state)
+    assert (tmp_path / "a.mlg").read_bytes() == (tmp_path / "b.mlg").read_bytes()
+    _, loaded, _ = mg.load(tmp_path / "a.mlg")
+    np.testing.assert_array_equal(loaded["h.1"]["attn"]["query"]["kernel"],
+                                  params["h.0..h.1"]["attn"]["query"]["kernel"][1])
+    with pytest.raises(mg.SerializationError, match=r"did you mean verify\?"):
+        mg.load(tmp_path / "a.mlg", verfy=False)
+    with pytest.raises(mg.SerializationError, match=r"unexpected keyword argument 'dtype'"):
+        mg.save(tmp_path / "c.mlg", g, params, state, dtype="bfloat16")
+
+
 def test_state_may_be_omitted(tmp_path):
     graph = examples.mlp(4, (3,), 2)
     params, _ = random_weights(graph)

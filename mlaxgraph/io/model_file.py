@@ -27,9 +27,10 @@ from ..compiler.compile import compile
 from ..compiler.flatten import flatten
 from ..compiler.passes.fold_repeated_blocks import unfold_scans
 from ..compiler.policy import Policy
-from ..compiler.stacking import unstack_weights
+from ..compiler.stacking import unstack_given, unstack_weights
 from ..core.donated import refuse_deleted
 from ..core.errors import MlaxGraphError, SerializationError
+from ..core.signatures import unknown_keywords
 from ..core.specs import flatten_specs
 from ..ir.graph import Graph
 from .json_format import graph_from_json, graph_to_json
@@ -74,17 +75,19 @@ def expected_weights(graph: Graph, param_dtype: Any = "float32") -> tuple[dict, 
 
 def _unscanned(graph: Graph, params: Any, state: Any) -> tuple[Graph, Any, Any]:
     """A graph compiled with ``scan_blocks`` (``model.graph``) and its stacked weights
-    as the graph's own calls of its blocks and their weights: files do not depend on
+    as the graph's own calls of its blocks and their weights (also weights stacked by a
+    scanned model given with the graph it was compiled from): files do not depend on
     compile options."""
     unfolded = unfold_scans(graph)
-    if unfolded == graph:
+    if unfolded == graph:  # weights a scanned model stacked, given with the graph built
+        params, state = unstack_given(flatten(graph), params, state)
         return graph, params, state
     params, state = unstack_weights(flatten(graph), params, state)
     return unfolded, params, state
 
 
 def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping | None = None,
-         *, param_dtype: Any = None) -> None:
+         *, param_dtype: Any = None, **unknown: Any) -> None:
     """Saves ``graph`` and its weights to one safetensors file at ``path``, atomically:
     ``path`` holds the old file or the complete new one, never a part.
 
@@ -114,6 +117,9 @@ def save(path: str | os.PathLike, graph: Graph, params: Mapping, state: Mapping 
         hint = (" (a compiled model: pass model.graph)"
                 if isinstance(getattr(graph, "graph", None), Graph) else "")
         raise SerializationError(f"mg.save takes a Graph, got {type(graph).__name__}{hint}")
+    if unknown:
+        raise SerializationError(unknown_keywords("save", unknown, "save(path, graph, params, "
+                                                  "state=None, param_dtype=None)", {}))
     state = {} if state is None else state
     refuse_deleted("mg.save", params=params, state=state)
     graph, params, state = _unscanned(graph, params, state)
@@ -147,7 +153,7 @@ class ModelFileNotFoundError(SerializationError, FileNotFoundError):
     error reading a model) and a ``FileNotFoundError`` (as for any file)."""
 
 
-def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dict]:
+def load(path: str | os.PathLike, verify: bool = True, **unknown: Any) -> tuple[Graph, dict, dict]:
     """Loads ``(graph, params, state)`` saved by ``mg.save``; params and state are
     nested dicts of ``jax.Array``, as ``init`` returns them.
 
@@ -174,6 +180,10 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
       UnverifiedFileWarning: the file was written before files carried checksums
         (layout version 1); it loads, unverified.
     """
+    if unknown:
+        raise SerializationError(unknown_keywords("load", unknown, "load(path, verify=True)", {
+            "map_location": "the arrays are read to the host: place them with jax.device_put",
+            "weights_only": "a model file holds no code: nothing is unpickled or run"}))
     where = os.fspath(path)
     if os.path.isdir(where):
         where = path = _model_file_in(where)
@@ -188,10 +198,10 @@ def load(path: str | os.PathLike, verify: bool = True) -> tuple[Graph, dict, dic
             if key not in meta:
                 raise SerializationError(f"{where}: not an mlaxgraph model file: its header "
                                          f"metadata has no {key!r}")
-        unknown = sorted(k for k in meta if k.startswith("mlaxgraph.")
+        foreign = sorted(k for k in meta if k.startswith("mlaxgraph.")
                          and k not in _META_KEYS + CHECKSUM_KEYS)
-        if unknown:
-            raise SerializationError(f"{where}: unknown header metadata {unknown[0][:80]!r}")
+        if foreign:
+            raise SerializationError(f"{where}: unknown header metadata {foreign[0][:80]!r}")
         if meta[META_FORMAT] != FORMAT:
             raise SerializationError(f"{where}: {META_FORMAT} is {meta[META_FORMAT][:80]!r}, "
                                      f"expected {FORMAT!r}")

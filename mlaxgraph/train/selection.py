@@ -3,12 +3,16 @@ subtree of the weights that train taken out of ``params`` and put back."""
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 import re
 from collections.abc import Callable, Mapping
+from typing import Any
 
+from ..compiler.program import Program, ScanStep
 from ..ir.paths import path_matcher
 
-__all__ = ["ADAPTER", "glob_test", "subtree", "combine"]
+__all__ = ["ADAPTER", "glob_test", "subtree", "combine", "matching_nothing"]
 
 
 #: An adapter's layer ``<target>.lora_A`` read as a child of its target.
@@ -57,3 +61,25 @@ def combine(tree: Mapping, sub: Mapping) -> dict:
     for key, value in sub.items():
         out[key] = combine(tree[key], value) if isinstance(value, Mapping) else value
     return out
+
+
+def matching_nothing(trainable: Any, paths: list[str], program: Program, name: str) -> str:
+    """``Trainer(trainable=...)``'s message for a pattern or predicate choosing no weight:
+    near paths, the adapters' pattern, and a block folded into a scanned run."""
+    what = f"pattern {trainable!r}" if isinstance(trainable, str) else "the predicate"
+    plain = trainable.replace("*", "").replace("?", "") if isinstance(trainable, str) else ""
+    near = difflib.get_close_matches(plain, paths, n=4, cutoff=0.3) or paths[:4]
+    adapters = [path for path in paths if ADAPTER.search(path)]
+    hint = (f"; the LoRA adapters' weights are {adapters[0]} ...: trainable=\"*/lora_*\" "
+            f"trains every adapter" if adapters else "")
+    runs = {block: step.weights[-1] for step in program.steps
+            if isinstance(step, ScanStep) and step.owns_weights for block in step.blocks}
+    head = trainable.split("/")[0] if isinstance(trainable, str) else ""
+    folded = [block for block in runs if head and fnmatch.fnmatchcase(block, head)]
+    if folded:
+        run = runs[folded[0]]
+        hint += (f"; block {folded[0]!r} is folded into the scan {run!r}, whose weights are "
+                 f"stacked: a pattern under {run + '/'!r} trains that weight in every block of "
+                 f"the run; to train some blocks alone, compile without scan_blocks")
+    return (f"Trainer(trainable=...): {what} matches no weight of model {name!r}, so nothing "
+            f"would train; weight paths such as {', '.join(near)}{hint}")

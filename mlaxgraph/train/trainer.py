@@ -5,7 +5,6 @@ computation), a fused multi-step variant on ``lax.scan``, and an eval step."""
 from __future__ import annotations
 
 import collections
-import difflib
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,7 +29,7 @@ from .frozen import FrozenStep, given_arrays
 from .gradient_paths import check_trainable
 from .loss_scale import DynamicLossScale, all_finite
 from .objectives import check_targets, resolve_loss, resolve_metrics, weighted_mean
-from .selection import ADAPTER, combine, glob_test, subtree
+from .selection import combine, glob_test, matching_nothing, subtree
 from .state import TrainState
 
 __all__ = ["Trainer"]
@@ -232,16 +231,8 @@ class Trainer:
         self._stored = tuple(p for p, leaf in leaf_paths(shapes).items() if not trains(leaf.dtype))
         chosen = frozenset(path for path in paths if test(path))
         if not chosen:
-            what = f"pattern {trainable!r}" if isinstance(trainable, str) else "the predicate"
-            plain = trainable.replace("*", "").replace("?", "") if isinstance(trainable, str) else ""
-            near = difflib.get_close_matches(plain, paths, n=4, cutoff=0.3) or paths[:4]
-            adapters = [path for path in paths if ADAPTER.search(path)]
-            hint = (f"; the LoRA adapters' weights are {adapters[0]} ...: "
-                    f"trainable=\"*/lora_*\" trains every adapter"
-                    if adapters else "")
-            raise GraphError(f"Trainer(trainable=...): {what} matches no weight of model "
-                             f"{self.model.graph.name!r}, so nothing would train; weight paths "
-                             f"such as {', '.join(near)}{hint}")
+            raise GraphError(matching_nothing(trainable, paths, self.model.program,
+                                              self.model.graph.name))
         check_trainable(self.model.program, shapes, chosen)
         return chosen
 
