@@ -423,6 +423,16 @@ def test_sharding_rules_give_the_megatron_layout(mesh):
     assert mg.models.sharding_rules("llama", jax.make_mesh((1,), ("data",))) == {"batch": "data"}
     with pytest.raises(mg.ShardingError, match="knows the zoo's families"):
         mg.models.sharding_rules("t5")
+    # a mesh of other axis names, or a misspelt one: every rule (or the model's) was
+    # silently left out, and the model compiled replicated
+    with pytest.raises(mg.ShardingError, match=r"include neither the data axis 'data' nor the "
+                                               r"model axis 'model'.*data='dp', model_axis='tp'"):
+        mg.models.sharding_rules(graph, jax.make_mesh((1, 1), ("dp", "tp")))
+    with pytest.raises(mg.ShardingError, match=r"no axis 'model' \(model_axis=\); did you mean "
+                                               r"'modle'"):
+        mg.models.sharding_rules(graph, jax.make_mesh((1, 1), ("data", "modle")))
+    assert mg.models.sharding_rules(graph, jax.make_mesh((1, 1), ("dp", "tp")), data="dp",
+                                    model_axis="tp")["mlp"] == "tp"
 
 
 def test_few_key_value_heads_are_replicated(monkeypatch):

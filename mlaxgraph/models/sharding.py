@@ -10,6 +10,8 @@ output whole), so each attention and each MLP ends in one all-reduce of its outp
 
 from __future__ import annotations
 
+import difflib
+
 from typing import Any
 
 from jax.sharding import Mesh
@@ -44,7 +46,9 @@ def sharding_rules(model: Graph | str, mesh: Mesh | None = None, *, data: str = 
     (or not divisible by them) are replicated, as MaxText does: with a graph and a
     mesh given, the ``"kv_heads"`` rule is left out then. ResNets and the U-Net: the
     batch on ``data`` (data parallelism). Rules for mesh axes the mesh lacks are left
-    out (a 1-D ``("data",)`` mesh gets data parallelism only).
+    out (a 1-D ``("data",)`` mesh gets data parallelism only); a mesh with neither
+    axis, or an axis one letter from ``data`` or ``model_axis`` where that one is
+    missing, is a ``ShardingError`` naming them.
 
     Args:
       model: a graph a zoo builder made, or its family's name (``"llama"``).
@@ -66,6 +70,19 @@ def sharding_rules(model: Graph | str, mesh: Mesh | None = None, *, data: str = 
         rules.update({"heads": model_axis, "kv_heads": model_axis, "mlp": model_axis})
     if mesh is None:
         return rules
+    axes = tuple(mesh.shape)
+    named = [name for name in (data, model_axis) if name in axes]
+    if not named:  # a mesh of other names: every rule left out, all replicated
+        raise ShardingError(f"sharding_rules: the mesh's axes {axes} include neither the data "
+                            f"axis {data!r} nor the model axis {model_axis!r}: name yours "
+                            f"(sharding_rules(graph, mesh, data={axes[0]!r}"
+                            + (f", model_axis={axes[1]!r}" if len(axes) > 1 else "") + "))")
+    for given, keyword in ((data, "data"), (model_axis, "model_axis")):
+        if given not in axes and len(axes) > len(named):
+            near = difflib.get_close_matches(given, [a for a in axes if a not in named], n=1)
+            if near:  # a misspelt axis: its rules silently left out
+                raise ShardingError(f"sharding_rules: the mesh has no axis {given!r} "
+                                    f"({keyword}=); did you mean {near[0]!r}? its axes: {axes}")
     rules = {k: v for k, v in rules.items() if v in mesh.shape}
     if "kv_heads" in rules and isinstance(model, Graph):
         size = mesh.shape[model_axis]
