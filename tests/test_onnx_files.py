@@ -54,6 +54,29 @@ def test_a_model_matches_onnxruntime():
     np.testing.assert_array_equal(params["fc"]["kernel"], W1)  # MatMul + Add read as a Linear
 
 
+def test_sources_of_every_kind_and_what_is_not_one(tmp_path):
+    import io
+
+    model = small_model()
+    x = RNG.normal(size=(3, 6)).astype(np.float32)
+    want = run_mlaxgraph(model, x)
+    data = model.SerializeToString()
+    for source in (data, memoryview(data), io.BytesIO(data)):
+        np.testing.assert_array_equal(run_mlaxgraph(source, x), want)
+    with pytest.raises(mg.SerializationError, match=r"got its graph \(GraphProto\): pass the model"):
+        mg.from_onnx(model.graph)
+    with pytest.raises(mg.SerializationError, match="reads a path, the file's bytes.*got NoneType"):
+        mg.from_onnx(None)
+    for size in (2.5, "3", True):  # were read as 2, 3 and 1
+        with pytest.raises(mg.ConfigError, match=r"the size of 'batch' is an int"):
+            mg.from_onnx(model, dims={"batch": size})
+    graph, params, state = mg.from_onnx(model)
+    with pytest.raises(mg.SerializationError, match=r"cannot write .*its folder does not exist"):
+        graph.to_onnx(tmp_path / "missing" / "m.onnx", params, state)
+    with pytest.raises(mg.SerializationError, match="cannot write"):
+        graph.to_onnx(tmp_path, params, state)  # a folder
+
+
 def test_external_data_is_read_from_the_model_folder(tmp_path):
     path = tmp_path / "model.onnx"
     onnx.save_model(small_model(), str(path), save_as_external_data=True,

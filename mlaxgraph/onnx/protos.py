@@ -35,8 +35,17 @@ def load_model(source: Any) -> tuple[Any, str | None]:
     onnx = require_onnx()
     if isinstance(source, onnx.ModelProto):
         return source, None
-    if isinstance(source, (bytes, bytearray)):
+    if isinstance(source, (bytes, bytearray, memoryview)):
         return _parse(onnx, bytes(source), "<bytes>"), None
+    if isinstance(source, onnx.GraphProto):
+        raise SerializationError("from_onnx reads a model (ModelProto), got its graph "
+                                 "(GraphProto): pass the model, not model.graph, or "
+                                 "onnx.helper.make_model(graph, opset_imports=[...])")
+    if hasattr(source, "read"):  # an open file or io.BytesIO
+        return _parse(onnx, source.read(), getattr(source, "name", "<file>")), None
+    if not isinstance(source, (str, os.PathLike)):
+        raise SerializationError(f"from_onnx reads a path, the file's bytes, an open file or "
+                                 f"an onnx.ModelProto, got {type(source).__name__}")
     path = os.fspath(source)
     try:
         with open(path, "rb") as f:

@@ -393,6 +393,10 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
     if unknown:
         raise ConfigError(unknown_keywords("from_onnx", unknown, FROM_ONNX_SIGNATURE,
                                            FROM_ONNX_HINTS))
+    for name, size in (dims or {}).items():  # 2.5, "3" and True were read as 2, 3 and 1
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise ConfigError(f"from_onnx(dims=...): the size of {name!r} is an int, got "
+                              f"{size!r} ({type(size).__name__})")
     return read_model(source, dims=dims, layers=layers, blocks=blocks, sizes=sizes,
                       shapes=shapes)[:3]
 

@@ -313,6 +313,11 @@ def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mappi
     model.ir_version = min(model.ir_version, 10)
     if path is not None:
         data = model.SerializeToString()
-        with open(os.fspath(path), "wb") as f:
-            f.write(data)
+        try:
+            with open(os.fspath(path), "wb") as f:
+                f.write(data)
+        except OSError as e:  # a missing folder, a folder given as the file, no permission
+            raise SerializationError(f"to_onnx cannot write {os.fspath(path)!r}: {e.strerror}"
+                                     + (" (its folder does not exist)" if isinstance(
+                                         e, FileNotFoundError) else "")) from None
     return model
