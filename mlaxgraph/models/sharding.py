@@ -11,7 +11,6 @@ output whole), so each attention and each MLP ends in one all-reduce of its outp
 from __future__ import annotations
 
 import difflib
-
 from typing import Any
 
 from jax.sharding import Mesh
