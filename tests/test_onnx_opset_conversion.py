@@ -48,6 +48,19 @@ CASES = {
     "clip": ([h.make_node("Clip", ["x"], ["y"], min=-0.1, max=0.2)], 6, ()),
     "upsample": ([h.make_node("Upsample", ["x", "scales"], ["y"], mode="nearest")], 9,
                  (nh.from_array(np.array([1, 1, 2], np.float32), "scales"),)),
+    # k an attribute before opset 10 (it was read as a missing input)
+    "top_k": ([h.make_node("TopK", ["x"], ["y", "i"], k=2, axis=2)], 9, ()),
+    # (X, scales) at opset 10, onnxruntime's nearest "simple" mode (up when shrinking)
+    "resize_10_shrink": ([h.make_node("Resize", ["x", "s"], ["y"], mode="nearest")], 10,
+                         (nh.from_array(np.array([1, 0.5, 0.6], np.float32), "s"),)),
+    "resize_10_linear": ([h.make_node("Resize", ["x", "s"], ["y"], mode="linear")], 10,
+                         (nh.from_array(np.array([1, 1.5, 2.5], np.float32), "s"),)),
+    "resize_10_grow": ([h.make_node("Resize", ["x", "s"], ["y"], mode="nearest")], 10,
+                       (nh.from_array(np.array([1, 1.5, 2.5], np.float32), "s"),)),
+    "upsample_linear": ([h.make_node("Upsample", ["x", "scales"], ["y"], mode="linear")], 9,
+                        (nh.from_array(np.array([1, 2, 1.5], np.float32), "scales"),)),
+    "upsample_7": ([h.make_node("Upsample", ["x"], ["y"], mode="nearest", scales=[1.0, 2.0, 3.0])],
+                   7, ()),
 }
 
 
@@ -96,3 +109,13 @@ def test_a_node_the_converter_cannot_carry_is_named():
         graph.to_onnx(None, params, state, opset=18)
     np.testing.assert_allclose(_run(graph.to_onnx(None, params, state, opset=20)), _run(model),
                                rtol=1e-6)
+
+
+def test_an_upsample_enlarging_and_shrinking_nearest_is_refused_later_written_at_its_own():
+    model = _model([h.make_node("Resize", ["x", "s"], ["y"], mode="nearest")], 10,
+                   (nh.from_array(np.array([1, 0.5, 2.0], np.float32), "s"),))
+    graph, params, state = mg.from_onnx(model)
+    with pytest.raises(mg.SerializationError, match=r"enlarges some axes and shrinks others.*"
+                                                    r"opset=10"):
+        graph.to_onnx(None, params, state)
+    np.testing.assert_allclose(_run(graph.to_onnx(None, params, state, opset=10)), _run(model))

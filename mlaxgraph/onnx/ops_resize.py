@@ -35,6 +35,8 @@ def _source(i: np.ndarray, scale: float, n_in: int, n_out: int, mode: str, roi: 
 
 
 def _nearest(x: np.ndarray, how: str, scale: float) -> np.ndarray:
+    if how == "simple":  # Upsample's and opset 10 Resize's: down when enlarging, up when shrinking
+        how = "ceil" if scale < 1 else "floor"
     if how == "floor":
         return np.floor(x)
     if how == "ceil":
@@ -117,6 +119,8 @@ def _antialias_taps(coord, scale: float, mode: str, a: float):
 
 @define("Resize", static=(1, 2, 3))
 def _resize(a, x, roi=None, scales=None, sizes=None):
+    if not isinstance(a, _Asymmetric) and a.opset < 11:  # (X, scales), as Upsample reads them
+        return _upsample(a, x, roi)
     axes = a.get("axes")
     axes = list(range(x.ndim)) if axes is None else [v % x.ndim for v in axes]
     if sizes is not None and np.size(sizes):
@@ -141,7 +145,9 @@ def _resize(a, x, roi=None, scales=None, sizes=None):
 
 
 class _Asymmetric:
-    """An ``Upsample`` node's attributes as ``Resize`` reads them."""
+    """An ``Upsample`` node's (and an opset 10 ``Resize`` node's) attributes as ``Resize``
+    reads them: asymmetric coordinates, the nearest value onnxruntime's "simple" mode
+    picks (rounded down when enlarging, up when shrinking)."""
 
     def __init__(self, a):
         self.a = a
@@ -150,7 +156,7 @@ class _Asymmetric:
         if name == "coordinate_transformation_mode":
             return "asymmetric"
         if name == "nearest_mode":
-            return "floor"
+            return "simple"
         return self.a.get(name, default)
 
 

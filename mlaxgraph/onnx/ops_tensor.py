@@ -262,7 +262,7 @@ def _reverse_sequence(a, x, lengths):
 
 
 @define("TopK", static=(1,), flops="input")
-def _top_k(a, x, k):
+def _top_k(a, x, k=None):  # before opset 10 k is an attribute
     k = int(np.asarray(k).reshape(-1)[0]) if k is not None else a["k"]
     axis = a.get("axis", -1) % x.ndim
     moved = jnp.moveaxis(x, axis, -1)

@@ -7,7 +7,9 @@ axis 1 alone; ``Squeeze``'s axes are an attribute before 13 and an input after).
 two, the node is converted by ONNX's own version converter (``onnx.version_converter``,
 on a model holding that node alone), so the file computes what the layer computes. A
 node the converter cannot carry across is an ``mg.SerializationError`` naming the
-layer and the opset it can be written at.
+layer and the opset it can be written at. ``Softmax``, ``LogSoftmax`` and ``Hardmax``
+across opset 13, and ``Upsample`` and opset 10's ``Resize`` written as a later
+``Resize``, are converted here: the converter's forms of them compute otherwise.
 """
 
 from __future__ import annotations
@@ -72,6 +74,35 @@ def _softmax_family(w: Any, op: OnnxOp, inputs: list[str], rank: int, attrs: dic
     return w.node("Transpose", [out], path, perm=[perm.index(i) for i in range(rank)])
 
 
+def _as_resize(w: Any, op: OnnxOp, inputs: list[str], attrs: dict, path: str) -> list[str]:
+    """``Upsample``, or ``Resize`` of opset 10 (both asymmetric coordinates, nearest
+    values as onnxruntime's "simple" mode picks them), as ``Resize`` of ``w.opset``
+    (ONNX's converter leaves the coordinates to opset 11's default, half_pixel)."""
+    from onnx import numpy_helper
+
+    if "scales" in attrs:
+        scales = np.asarray(attrs["scales"], np.float32)
+    else:
+        known = {t.name: t for t in w.initializers}
+        if len(inputs) < 2 or inputs[1] not in known:
+            raise SerializationError(f"layer {path!r} (op {op.op_name}): its scales are computed "
+                                     f"when the model runs; write it at to_onnx(..., "
+                                     f"opset={op.opset})")
+        scales = numpy_helper.to_array(known[inputs[1]]).astype(np.float32)
+    mode = {"bilinear": "linear"}.get(attrs.get("mode", "nearest"), attrs.get("mode", "nearest"))
+    if w.opset < 11:
+        return w.node("Resize", [inputs[0], w.constant(f"{path}.scales", scales)], path, mode=mode)
+    shrink, grow = bool((scales < 1).any()), bool((scales > 1).any())
+    if mode == "nearest" and shrink and grow:
+        raise SerializationError(f"layer {path!r} (op {op.op_name}) enlarges some axes and shrinks "
+                                 f"others, whose nearest values no Resize of opset 11 on picks "
+                                 f"alike; write it at to_onnx(..., opset={op.opset})")
+    nearest = {"nearest_mode": "ceil" if shrink else "floor"} if mode == "nearest" else {}
+    roi = w.constant(f"{path}.roi", np.zeros((0,), np.float32))
+    return w.node("Resize", [inputs[0], roi, w.constant(f"{path}.scales", scales)], path,
+                  mode=mode, coordinate_transformation_mode="asymmetric", **nearest)
+
+
 def write_converted(w: Any, op: OnnxOp, inputs: list[str], specs: list[Any], attrs: dict,
                     out_specs: Any, path: str) -> list[str]:
     """The nodes of ``op`` at ``w.opset``: the node as read (``inputs``, their ``specs``
@@ -80,6 +111,8 @@ def write_converted(w: Any, op: OnnxOp, inputs: list[str], specs: list[Any], att
     onnx = w.onnx
     if op.onnx_type in _SOFTMAX_FAMILY and (op.opset < 13) != (w.opset < 13):
         return _softmax_family(w, op, inputs, len(specs[0][0]), attrs, path)
+    if w.opset >= 10 and (op.onnx_type == "Upsample" or op.onnx_type == "Resize" and op.opset < 11):
+        return _as_resize(w, op, inputs, attrs, path)
     outs = [w.fresh(f"{path}:{i}" if op.outputs > 1 else path) for i in range(op.outputs)]
     known = {t.name: t for t in w.initializers}
     graph_inputs, initializers = [], []
