@@ -224,3 +224,26 @@ def test_damaged_files_raise_only_mlaxgraph_errors(tmp_path):
         except mg.MlaxGraphError:
             outcomes["refused"] += 1
     assert outcomes["refused"] > 50, outcomes
+
+
+def test_the_exporters_flatten_chain_reads_with_a_symbolic_batch():
+    # Shape -> Gather -> Unsqueeze -> Concat -> Reshape: the gathered dim was a bare
+    # symbolic scalar ('_DimExpr' has no 'ndim', reported as a damaged file)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+             helper.make_node("Unsqueeze", ["b", "ax0"], ["bu"]),
+             helper.make_node("Concat", ["bu", "m1"], ["shp"], axis=0),
+             helper.make_node("Reshape", ["x", "shp"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+             numpy_helper.from_array(np.array([-1], np.int64), "m1")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 12])], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    graph, params, state = mg.from_onnx(model)
+    assert str(graph.output_specs[0]) == "f32[N,12]"
+    for n in (2, 5):
+        x = RNG.normal(size=(n, 3, 4)).astype(np.float32)
+        want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(run_mlaxgraph(model, x), want)

@@ -4,7 +4,13 @@ onnx2torch, jaxonnxruntime) go here."""
 
 from __future__ import annotations
 
-__all__ = ["FROM_ONNX_HINTS", "FROM_ONNX_SIGNATURE"]
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ConfigError
+
+__all__ = ["FROM_ONNX_HINTS", "FROM_ONNX_SIGNATURE", "check_sizes_are_ints"]
 
 FROM_ONNX_SIGNATURE = "from_onnx(source, dims=None, layers=True, blocks=True, sizes=None, shapes=None)"
 
@@ -22,3 +28,11 @@ FROM_ONNX_HINTS = {
     "opset_version": "the file's opset is read from the file",
     "load_external_data": "external data is read from the file's folder whenever it has any",
 }
+
+
+def check_sizes_are_ints(dims: Any) -> None:
+    """``from_onnx(dims=...)``'s sizes are ints (2.5, "3" and True were read as 2, 3, 1)."""
+    for name, size in (dims or {}).items():
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise ConfigError(f"from_onnx(dims=...): the size of {name!r} is an int, got "
+                              f"{size!r} ({type(size).__name__})")

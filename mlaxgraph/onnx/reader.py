@@ -21,7 +21,7 @@ from ..core.errors import ConfigError, GraphError, MlaxGraphError, Serialization
 from ..core.signatures import unknown_keywords
 from ..ir.graph import Graph, Input
 from ..ops.param import Param
-from .arguments import FROM_ONNX_HINTS, FROM_ONNX_SIGNATURE
+from .arguments import FROM_ONNX_HINTS, FROM_ONNX_SIGNATURE, check_sizes_are_ints
 from .checks import check_kernel_shape
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
@@ -33,7 +33,7 @@ from .protos import attribute_value, load_model, tensor_to_array
 from .scopes import nest
 from .sequences import check_tensors, flatten, read_sequence
 from .signature import check_declared, check_dims, check_shapes, input_shape
-from .symbolic import read_range, track
+from .symbolic import read_range, read_shaped, track
 from .versions import _DOMAINS, MIN_OPSET, _opset, check_attributes, domain_versions
 from .weights import Weight as _Weight
 from .weights import weight_view
@@ -191,7 +191,7 @@ class _Reader:
                 self.inline_branch(node):
             return
         check_tensors(self, node, names, where)
-        if read_range(self, node):
+        if read_range(self, node) or read_shaped(self, node):
             return
         matched = match(self, node, attrs)
         if matched is not None:
@@ -393,10 +393,7 @@ def from_onnx(source: Any, *, dims: Mapping[str, int] | None = None,
     if unknown:
         raise ConfigError(unknown_keywords("from_onnx", unknown, FROM_ONNX_SIGNATURE,
                                            FROM_ONNX_HINTS))
-    for name, size in (dims or {}).items():  # 2.5, "3" and True were read as 2, 3 and 1
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
-            raise ConfigError(f"from_onnx(dims=...): the size of {name!r} is an int, got "
-                              f"{size!r} ({type(size).__name__})")
+    check_sizes_are_ints(dims)
     return read_model(source, dims=dims, layers=layers, blocks=blocks, sizes=sizes,
                       shapes=shapes)[:3]
 

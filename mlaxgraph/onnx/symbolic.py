@@ -12,10 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from ..ops.creation import Arange
+from ..core.specs import is_symbolic
+from ..ops.creation import Arange, BroadcastTo
+from ..ops.elementwise import broadcast_shapes
+from ..ops.shape import Reshape
 from .dtypes import canonical
 
-__all__ = ["track", "read_range"]
+__all__ = ["track", "read_range", "read_shaped"]
 
 
 def _known(reader: Any, name: str) -> np.ndarray | None:
@@ -111,7 +114,8 @@ def track(reader: Any, node: Any, attrs: dict) -> None:
     if not out or isinstance(reader.values.get(out), np.ndarray):
         return  # folded to a constant already
     first = node.input[0] if node.input else ""
-    if not first or not (first in reader.dimvals or
+    # any input known up to symbolic dims (a Concat's may come after constants)
+    if not first or not (any(v in reader.dimvals for v in node.input if v) or
                          (node.op_type == "Shape" and hasattr(reader.values.get(first), "shape"))):
         return
     try:
@@ -151,3 +155,38 @@ def read_range(reader: Any, node: Any) -> bool:
     out = Arange(limit - start, dtype=canonical(constant.dtype), name=_name(reader, node))()
     reader.values[node.output[0]] = out + int(start) if start else out
     return True
+
+
+def read_shaped(reader: Any, node: Any) -> bool:
+    """An ``Expand`` or ``Reshape`` whose shape is known up to symbolic dims (exporters'
+    ``Concat(Gather(Shape(x), 0), ...)``, ``to_onnx``'s ``broadcast_to``) as
+    ``ops.broadcast_to`` to the broadcast shape, or ``ops.reshape`` keeping the batch
+    axis; False leaves it to the operator's reading (which asks for ``dims=``)."""
+    if node.op_type not in ("Expand", "Reshape") or len(node.input) != 2 or \
+            node.input[1] not in reader.dimvals or \
+            isinstance(reader.values.get(node.input[1]), np.ndarray):
+        return False
+    x = reader.tensor(node.input[0])
+    dims = [d if is_symbolic(d) else int(d) for d in np.ravel(reader.dimvals[node.input[1]])]
+    if node.op_type == "Expand":
+        shape = broadcast_shapes(tuple(x.shape), tuple(dims))
+        if shape is None:
+            return False
+        reader.values[node.output[0]] = BroadcastTo(shape, name=_name(reader, node))(x)
+        return True
+    allow_zero = any(a.name == "allowzero" and a.i for a in node.attribute)
+    if not allow_zero:  # 0 copies the input's dim
+        dims = [x.shape[i] if not is_symbolic(d) and d == 0 and i < len(x.shape) else d
+                for i, d in enumerate(dims)]
+    if not dims or len(x.shape) < 1 or not _same_dim(dims[0], x.shape[0]) or \
+            any(is_symbolic(d) for d in dims[1:]):
+        return False
+    reader.values[node.output[0]] = Reshape(tuple(dims[1:]), name=_name(reader, node))(x)
+    return True
+
+
+def _same_dim(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001  (jax's inconclusive comparison)
+        return False
