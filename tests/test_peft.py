@@ -90,6 +90,24 @@ def test_gpt2_adapter_equals_the_merged_base(gpt2_adapter):
     np.testing.assert_allclose(out, np.asarray(probe), rtol=2e-4, atol=2e-4)
 
 
+def test_an_embedding_targets_base_layer_saved_with_the_adapter_is_loaded_over_the_base(
+        gpt2_adapter, tmp_path):
+    # PEFT's save_embedding_layers writes the target's table as <module>.base_layer.weight
+    # (by default when an embedding is targeted): it was an unexpected name, strict or not
+    g, base, _, weights, _ = gpt2_adapter
+    config = {"r": 4, "lora_alpha": 12, "fan_in_fan_out": True,
+              "target_modules": ["c_attn", "c_fc", "wte"]}
+    first = _folder(tmp_path, config, weights, "a")
+    adapted = mg.lora_from_peft(g, first)
+    plain, _ = mg.models.load_state_dict(adapted, base, adapter=first)
+    table = base["wte.weight"] + 0.5  # PEFT loads the saved table over the base model's
+    copy = {**weights, "base_model.model.transformer.wte.base_layer.weight": table}
+    params, state = mg.models.load_state_dict(adapted, base, adapter=_folder(tmp_path, config, copy, "b"))
+    np.testing.assert_array_equal(params["wte"]["embedding"], table)
+    for block in ("h.0", "h.1"):  # the adapters as without the copy
+        jax.tree.map(np.testing.assert_array_equal, params[block], plain[block])
+
+
 def test_saved_adapter_is_the_same_folder_back(gpt2_adapter, tmp_path):
     g, base, _, weights, folder = gpt2_adapter
     adapted = mg.lora_from_peft(g, folder)

@@ -24,7 +24,8 @@ from typing import Any
 
 from ..core.errors import ConfigError
 
-__all__ = ["AdapterConfig", "read_adapter_config", "saved_modules", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS",
+__all__ = ["AdapterConfig", "read_adapter_config", "saved_modules", "BASE_LAYER",
+           "base_layer_copies", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS",
            "LEGACY_ADAPTER_WEIGHTS"]
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -291,3 +292,22 @@ def read_adapter_config(folder: str | os.PathLike | Mapping) -> AdapterConfig:
                                  allow_regex=False) or (),
         fan_in_fan_out=fields.get("fan_in_fan_out", False), init_lora_weights=init,
         fields=fields)
+
+
+#: The names of the weights of a LoRA target's own layer in an adapter file: PEFT saves
+#: an Embedding target's table (``save_embedding_layers``) as ``<module>.base_layer.weight``.
+BASE_LAYER = r".*\.base_layer\.[^.]+"
+
+
+def base_layer_copies(weights: str) -> dict[str, Any]:
+    """The target layers' own weights an adapter file holds, renamed to the base
+    model's names (``<module>.base_layer.weight`` -> ``<module>.weight``): PEFT loads
+    them over the base model's."""
+    from .sources import StateDictSource
+
+    source = StateDictSource(weights)
+    try:
+        return {re.sub(r"\.base_layer\.", ".", name): source.array(name)
+                for name in source.names() if re.fullmatch(BASE_LAYER, name)}
+    finally:
+        source.close()

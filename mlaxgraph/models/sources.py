@@ -16,7 +16,7 @@ from ..core.errors import SerializationError
 from ..io.torch_file import TorchReader, is_torch_zip
 from ..io.weights import SafetensorsReader
 
-__all__ = ["StateDictSource", "stored_dtype", "as_stored"]
+__all__ = ["StateDictSource", "stored_dtype", "as_stored", "side_by_side"]
 
 
 class StateDictSource:
@@ -150,3 +150,20 @@ def as_stored(array: np.ndarray, dtype: np.dtype, name: str, label: str) -> np.n
         raise SerializationError(f"{label}: {name!r} holds values outside {dtype}'s range "
                                  f"(without jax_enable_x64 JAX computes in 32 bits)")
     return array.astype(dtype)
+
+
+def side_by_side(missing: list[str], unexpected: list[str], limit: int = 12) -> str:
+    """Two columns: the names the graph needs that the source lacks, and the names the
+    source holds that the graph does not, each sorted (a renamed weight shows as a pair
+    on nearby lines)."""
+    left = [f"missing ({len(missing)})"] + [repr(n) for n in sorted(missing)[:limit]]
+    right = [f"unexpected ({len(unexpected)})"] + [repr(n) for n in sorted(unexpected)[:limit]]
+    if len(missing) > limit:
+        left.append(f"... and {len(missing) - limit} more")
+    if len(unexpected) > limit:
+        right.append(f"... and {len(unexpected) - limit} more")
+    width = max(len(line) for line in left) + 3
+    rows = max(len(left), len(right))
+    left += [""] * (rows - len(left))
+    right += [""] * (rows - len(right))
+    return "\n".join(f"  {a:<{width}}{b}".rstrip() for a, b in zip(left, right))

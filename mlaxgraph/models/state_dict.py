@@ -36,8 +36,15 @@ from .arguments import (
     TO_STATE_DICT_SIGNATURE,
     float_dtype,
 )
-from .peft_config import ADAPTER_WEIGHTS, LEGACY_ADAPTER_WEIGHTS, read_adapter_config, saved_modules
-from .sources import StateDictSource, as_stored, stored_dtype
+from .peft_config import (
+    ADAPTER_WEIGHTS,
+    BASE_LAYER,
+    LEGACY_ADAPTER_WEIGHTS,
+    base_layer_copies,
+    read_adapter_config,
+    saved_modules,
+)
+from .sources import StateDictSource, as_stored, side_by_side, stored_dtype
 from .torch_layout import (
     TorchLayout,
     adapter_converter,
@@ -217,23 +224,6 @@ def to_state_dict(graph: Graph, params: Mapping, state: Mapping | None = None, *
     return out
 
 
-def _side_by_side(missing: list[str], unexpected: list[str], limit: int = 12) -> str:
-    """Two columns: the names the graph needs that the source lacks, and the names the
-    source holds that the graph does not, each sorted (a renamed weight shows as a pair
-    on nearby lines)."""
-    left = [f"missing ({len(missing)})"] + [repr(n) for n in sorted(missing)[:limit]]
-    right = [f"unexpected ({len(unexpected)})"] + [repr(n) for n in sorted(unexpected)[:limit]]
-    if len(missing) > limit:
-        left.append(f"... and {len(missing) - limit} more")
-    if len(unexpected) > limit:
-        right.append(f"... and {len(unexpected) - limit} more")
-    width = max(len(line) for line in left) + 3
-    rows = max(len(left), len(right))
-    left += [""] * (rows - len(left))
-    right += [""] * (rows - len(right))
-    return "\n".join(f"  {a:<{width}}{b}".rstrip() for a, b in zip(left, right))
-
-
 def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
                     dtype: Any = "float32", adapter: Any = None,
                     **unknown: Any) -> tuple[dict, dict]:
@@ -319,13 +309,22 @@ def _load_with_adapter(graph, layout, layers, state_dict, folder, strict, dtype)
             raise SerializationError(f"{weights}: no such file (nor {LEGACY_ADAPTER_WEIGHTS})")
         weights = legacy
     peft = dataclasses.replace(layout, tied=(), prefixes=tuple(
-        PEFT_PREFIX + p for p in dict.fromkeys((layout.model_prefix, "", *layout.prefixes))))
+        PEFT_PREFIX + p for p in dict.fromkeys((layout.model_prefix, "", *layout.prefixes))),
+        buffers=BASE_LAYER if layout.buffers is None else f"{layout.buffers}|{BASE_LAYER}")
+    copies = base_layer_copies(weights)  # an Embedding target's table, as PEFT saves it
+    if copies:
+        modules = {name.rsplit(".", 1)[0] for name in copies}
+        targets = [layer for layer in base if any(m.endswith(layer.module) for m in modules)]
+        params = _over(params, _load_from(graph, peft, targets, copies, False, dtype)[0])
     adapter_params, adapter_state = _load_from(graph, peft, adapters + saved, weights, True, dtype)
-    for path, value in leaf_paths(adapter_params).items():
-        params = set_in(params, tuple(path.split("/")), value)
-    for path, value in leaf_paths(adapter_state).items():
-        state = set_in(state, tuple(path.split("/")), value)
-    return params, state
+    return _over(params, adapter_params), _over(state, adapter_state)
+
+
+def _over(tree: Any, new: Any) -> Any:
+    """``tree`` with each leaf of ``new`` set at its path."""
+    for path, value in leaf_paths(new).items():
+        tree = set_in(tree, tuple(path.split("/")), value)
+    return tree
 
 
 _LEGACY = {"weight": "gamma", "bias": "beta"}
@@ -370,7 +369,7 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
         raise SerializationError(
             f"{source.label}: {what}" + (f" (names read with the prefix {prefix!r})" if prefix else "")
             + (" (strict=False ignores the unexpected ones)" if extra and strict else "") + ":\n"
-            + _side_by_side([prefix + m for m in missing], extra))
+            + side_by_side([prefix + m for m in missing], extra))
     arrays: dict[str, np.ndarray] = {}
     for name, (step, _, shape) in expected.items():
         file_name = found[name]
