@@ -122,3 +122,20 @@ def test_folder_written_by_save_adapter_loads_in_peft(tmp_path, kind, targets, r
     # merged both ways: PEFT's merge_and_unload and mg.merge_lora
     merged_graph, merged_params = mg.merge_lora(adapted, params)
     _close(_ours(merged_graph, merged_params, state, ids), _theirs(theirs.merge_and_unload(), ids))
+
+
+def test_a_folder_peft_wrote_for_an_embedding_target_loads(tmp_path):
+    """target_modules=["embed_tokens"]: PEFT writes the table as
+    ``embed_tokens.base_layer.weight`` beside ``lora_embedding_A``/``_B``."""
+    model, graph, state_dict = _base("llama")
+    peft_model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8,
+                                                            target_modules=["embed_tokens"]))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_embedding_B" in name:
+                p.normal_(0, 0.5)
+    peft_model.save_pretrained(tmp_path)
+    adapted = mg.lora_from_peft(graph, tmp_path)
+    params, state = mg.models.load_state_dict(adapted, state_dict, adapter=tmp_path)
+    ids = _ids()
+    _close(_ours(adapted, params, state, ids), _theirs(peft_model.eval(), ids))
