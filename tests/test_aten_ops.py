@@ -64,6 +64,13 @@ CASES = [
     ("aten.constant_pad_nd.default", (T, (1, 2)), {"value": 0.5}, [X],
      lambda: np.pad(X, ((0, 0), (0, 0), (1, 2)), constant_values=0.5)),
     ("aten.bmm.default", (T, U), {}, [X, Y.transpose(0, 2, 1).copy()], lambda: X @ Y.transpose(0, 2, 1)),
+    # nn.RMSNorm: eps None is float32's machine epsilon, as PyTorch takes it
+    ("aten.rms_norm.default", (T, (4,), U), {"eps": 1e-3}, [X, Y[0, 0]],
+     lambda: X / np.sqrt((X ** 2).mean(-1, keepdims=True) + 1e-3) * Y[0, 0]),
+    ("aten.rms_norm.default", (T, (3, 4)), {}, [X],
+     lambda: X / np.sqrt((X ** 2).mean((1, 2), keepdims=True) + np.finfo(np.float32).eps)),
+    # t[:, 0] = 5.0 traces as fill.Tensor of a 0-d tensor
+    ("aten.fill.Tensor", (T, U), {}, [X, np.float32(5.0)], lambda: np.full_like(X, 5.0)),
     ("aten.slice_scatter.default", (T, U, 2, 0, 2), {}, [X, Y[:, :, :2].copy() * 0 + 7],
      lambda: np.concatenate([np.full_like(X[:, :, :2], 7), X[:, :, 2:]], 2)),
     ("aten.avg_pool2d.default", (T, (2, 2)), {}, [IMG],

@@ -188,6 +188,29 @@ def test_state_dict_round_trips_without_non_persistent_buffers_and_constants(tmp
             _close(fresh(x).numpy(), module(x))
 
 
+def test_rms_norm_and_a_slice_assigned_a_number():
+    class Normed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc = nn.RMSNorm(8), nn.Linear(8, 8)
+            self.bare = nn.RMSNorm(8, eps=1e-3, elementwise_affine=False)
+
+        def forward(self, x):
+            y = self.bare(self.fc(self.norm(x))).clone()
+            y[:, 0] = 5.0
+            return y
+
+    torch.manual_seed(0)
+    module, x = Normed().eval(), torch.randn(3, 8)
+    with torch.no_grad():
+        module.norm.weight.normal_()
+    graph, params, state = mg.from_torch(module, (x,))
+    out, _ = mg.compile(graph).apply(params, state, x.numpy(), inference_mode=True)
+    with torch.no_grad():
+        _close(out, module(x))
+    assert sorted(mg.models.to_state_dict(graph, params, state)) == sorted(module.state_dict())
+
+
 def test_unsupported_op_names_it_and_the_module():
     class Odd(nn.Module):
         def forward(self, x):

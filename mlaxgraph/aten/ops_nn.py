@@ -135,6 +135,16 @@ def _layer_norm(x, shape, w=None, b=None, eps=1e-5, cudnn_enable=True):
     return y if b is None else y + b
 
 
+@define("aten.rms_norm.default", flops=lambda i, o, a: 4 * size(o[0]))
+def _rms_norm(x, shape, w=None, eps=None):
+    """``nn.RMSNorm``: ``x / sqrt(mean(x**2) + eps) * w`` over the last ``len(shape)``
+    axes; ``eps`` None is the dtype's machine epsilon, as PyTorch takes it."""
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
+    eps = float(jnp.finfo(x.dtype).eps) if eps is None else eps
+    y = x * lax.rsqrt(jnp.mean(jnp.square(x), axes, keepdims=True) + eps)
+    return y if w is None else y * w
+
+
 @define("aten.native_layer_norm.default", flops=lambda i, o, a: 8 * size(o[0]))
 def _native_layer_norm(x, shape, w, b, eps):
     axes = tuple(range(x.ndim - len(shape), x.ndim))

@@ -66,6 +66,9 @@ define("aten.swapaxes.default", "aten.swapdims.default", flops="none")(
     lambda x, a, b: jnp.swapaxes(x, a, b))
 define("aten.fill_.Scalar", "aten.fill.Scalar", flops="none")(
     lambda x, value: jnp.full_like(x, value))
+# t[:, 0] = 5.0 traces as fill.Tensor of a 0-d tensor (then a copy into the slice)
+define("aten.fill_.Tensor", "aten.fill.Tensor", flops="none")(
+    lambda x, value: jnp.broadcast_to(jnp.asarray(value).astype(x.dtype), x.shape))
 define("aten.zero_.default", "aten.zero.default", flops="none")(lambda x: jnp.zeros_like(x))
 
 
