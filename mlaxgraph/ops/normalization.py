@@ -162,10 +162,14 @@ class BatchNorm(Layer):
             running = var.astype(state["var"].dtype)
             if self.unbiased_running_var:
                 n = math.prod(x.shape[i] for i in reduce)
-                if n < 2:
+                if is_symbolic(n):  # traced for export with a symbolic batch: n as a value
+                    count = jnp.asarray(n).astype(running.dtype)
+                    running = running * (count / jnp.maximum(count - 1, 1))
+                elif n < 2:
                     raise ShapeError(f"training with unbiased_running_var needs more than one "
                                      f"value per channel, got {n}", expected="a batch of 2 or more")
-                running = running * jnp.asarray(n / (n - 1), running.dtype)
+                else:
+                    running = running * jnp.asarray(n / (n - 1), running.dtype)
             new_state = {
                 "mean": m * state["mean"] + (1.0 - m) * mean.astype(state["mean"].dtype),
                 "var": m * state["var"] + (1.0 - m) * running,
