@@ -48,6 +48,12 @@ def test_a_dim_value_naming_no_dim_is_refused_not_ignored(cnn):
                                             r"\(batch=2\), not both"):
         cnn.jaxpr(jnp.zeros((5, 8, 8, 1)), batch=2)
     assert "HloModule" in cnn.hlo(optimized=True, batch=2)  # spelt right
+    # batch=-1 was a TypeError, batch=0 a ZeroDivisionError in attention; "2" and 2.0 taken
+    for value in (-1, 0, "2", 2.0, True):
+        with pytest.raises(mg.ShapeError, match=r"dim values are positive ints"):
+            cnn.jaxpr(batch=value)
+        with pytest.raises(mg.ShapeError, match=r"dim values are positive ints"):
+            cnn.cost_table(batch=value)
 
 
 def test_stablehlo_names_every_layer(cnn):

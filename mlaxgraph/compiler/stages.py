@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 import jax
+import numpy as np
 
 from ..core.errors import ShapeError
 from ..core.specs import dim_names, match_shape
@@ -41,6 +42,9 @@ def _check_dims(model, example: tuple, dims: dict[str, Any]) -> None:
             raise ShapeError(f"{name}={dims[name]!r} names no symbolic dim of graph "
                              f"{model.graph.name!r} (its inputs' symbolic dims: "
                              f"{', '.join(known) or 'none'}){hint}")
+    for name, value in dims.items():  # batch=-1 was a TypeError, "2" and 2.0 taken
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ShapeError(f"dim {name}={value!r}: dim values are positive ints (batch=8)")
     if example and dims:
         raise ShapeError(f"give example arrays or the symbolic dims' values "
                          f"({', '.join(f'{k}={v!r}' for k, v in dims.items())}), not both: the "
