@@ -94,6 +94,11 @@ def test_export_keeps_the_batch_symbolic_and_runs_at_any_batch():
     params, state = model.init(jax.random.key(0))
     exported = model.export()
     assert str(exported.in_avals[-1].shape) == "(batch, 6)"
+    # one platform's name, as a string (it was read as the platforms 'c', 'p', 'u')
+    assert model.export(platforms="cpu").platforms == ("cpu",)
+    for bad in ("tpu9", ("cpu", "gpu0"), ()):
+        with pytest.raises(mg.ConfigError, match="platforms is one of"):
+            model.export(platforms=bad)
     blob = exported.serialize()
     restored = jax.export.deserialize(blob)
     for batch in (1, 7):

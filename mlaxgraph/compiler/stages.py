@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..core.errors import ShapeError
+from ..core.errors import ConfigError, ShapeError
 from ..core.specs import dim_names, match_shape
 
 __all__ = ["abstract_args", "dim_values", "jaxpr", "lower", "hlo", "cost", "export"]
@@ -129,7 +129,22 @@ def export(model, *, inference_mode: bool = True, platforms=None):
     inputs = tuple(s.to_jax() for s in model.graph.input_specs)
     rng = _rng_spec(model, inference_mode)
     fn = jax.jit(functools.partial(model.apply_fn, inference_mode=inference_mode))
-    kwargs = {} if platforms is None else {"platforms": platforms}
+    kwargs = {} if platforms is None else {"platforms": _platforms(platforms)}
     if rng is None:
         return jax.export.export(fn, **kwargs)(params, state, *inputs)
     return jax.export.export(fn, **kwargs)(params, state, *inputs, rng=rng)
+
+
+#: The platforms jax.export lowers for.
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def _platforms(platforms: Any) -> tuple[str, ...]:
+    """``export(platforms=...)``: a platform name or a sequence of them, each one jax
+    lowers for ("cpu" was read as the platforms 'c', 'p', 'u')."""
+    names = (platforms,) if isinstance(platforms, str) else platforms
+    if not isinstance(names, (tuple, list)) or not names or \
+            not all(isinstance(n, str) and n.lower() in PLATFORMS for n in names):
+        raise ConfigError(f"export(platforms={platforms!r}): platforms is one of {PLATFORMS} or "
+                          f"a tuple of them (('cpu', 'cuda') for an artifact that runs on both)")
+    return tuple(n.lower() for n in names)
