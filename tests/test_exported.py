@@ -152,3 +152,23 @@ def test_weights_file_of_another_kind_is_refused(tmp_path):
         mg.load_exported(pathlib.Path(tmp_path))
     with pytest.raises(mg.SerializationError, match="not the weights of an mlaxgraph export"):
         mg.load_exported(pathlib.Path(tmp_path), verify=False)
+
+
+def test_an_edited_or_missing_hlo_text_of_the_folder_is_refused(tmp_path):
+    # the manifest lists the texts' checksums, and only the artifact and weights were read
+    model = mg.compile(mlp(6, (8,), 3))
+    model.save_hlo(tmp_path / "src", batch=2)
+    for name in ("optimized_hlo.txt", "stablehlo.mlir", "exported.mlir"):
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        for f in (tmp_path / "src").iterdir():
+            (folder / f.name).write_bytes(f.read_bytes())
+        with open(folder / name, "ab") as f:
+            f.write(b"// edited\n")
+        with pytest.raises(mg.SerializationError, match=f"{name}: the file does not match its "
+                                                        f"checksum"):
+            mg.load_exported(folder)
+        assert mg.load_exported(folder, verify=False).exported is not None
+        (folder / name).unlink()
+        with pytest.raises(mg.SerializationError, match="listed in the manifest, and not in"):
+            mg.load_exported(folder)

@@ -170,7 +170,7 @@ def load_exported(path: str | os.PathLike, verify: bool = True) -> ExportedModel
     is deserialized with ``jax.export.deserialize``.
 
     With ``verify`` (the default) the manifest's checksums are checked: its own, and
-    those of the artifact and the weights file. A bare artifact file is checked when
+    those of every file it lists (the artifact, the weights, the HLO texts). A bare artifact file is checked when
     the manifest beside it names it; without one nothing records its digest.
 
     Example:
@@ -213,6 +213,14 @@ def load_exported(path: str | os.PathLike, verify: bool = True) -> ExportedModel
     _check_file(manifest, artifact, data, verify)
     if weights is not None:
         _check_file(manifest, weights, weights.read_bytes() if verify else b"", verify)
+    if where.is_dir() and verify:  # the HLO texts beside them, as the manifest lists them
+        for name in manifest.get("checksums", {}):
+            if name not in (artifact.name, WEIGHTS):
+                text = where / name
+                if not text.exists():
+                    raise SerializationError(f"{text}: listed in the manifest, and not in the "
+                                             f"folder (verify=False reads the folder unchecked)")
+                _check_file(manifest, text, text.read_bytes(), verify)
     try:
         exported = jax.export.deserialize(bytearray(data))
     except Exception as e:  # flatbuffers raise assorted errors on foreign bytes
