@@ -242,6 +242,13 @@ def test_changed_graph_saves_and_loads(gpt2, tmp_path):
 def test_layer_names_cannot_hold_path_separators():
     with pytest.raises(mg.ConfigError, match="'/'"):
         ops.Linear(3, name="a/b")
+    # nor control characters: to_json and mg.save wrote them, from_json and mg.load refused
+    for name in ("tab\tx", "line\nbreak", "bad\x02"):
+        with pytest.raises(mg.ConfigError, match="cannot hold control characters"):
+            ops.Linear(3, name=name)
+        with pytest.raises(mg.GraphError, match="without control characters"):
+            x = mg.Input(("batch", 4), name="x")
+            mg.Graph(x, ops.Linear(2)(x), name=name)
 
 
 # --- ResNet-18 ------------------------------------------------------------------------

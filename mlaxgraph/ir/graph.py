@@ -107,16 +107,16 @@ class Graph:
     _memo: dict[str, Any]
 
     def __init__(self, inputs: Any, outputs: Any, name: str = "graph"):
-        if not isinstance(name, str) or not name:
-            raise GraphError(f"a graph name must be a non-empty string, got {name!r}")
+        if not isinstance(name, str) or not name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise GraphError(f"a graph name must be a non-empty string, got {name!r} (without "
+                             f"control characters, which files cannot store)")
         nodes, input_names, output_values = trace_graph(inputs, outputs)
         self._set(nodes, input_names, output_values, name)
 
     @classmethod
     def from_parts(cls, nodes: Sequence[Node], inputs: Sequence[str],
                    outputs: Sequence[Value], name: str) -> Graph:
-        """A graph from its records, as passes and loaders make them (not verified here:
-        ``mlaxgraph.ir.verify`` checks structure)."""
+        """A graph from its records, as passes and loaders make them (unverified)."""
         nodes, inputs, outputs = tuple(nodes), tuple(inputs), tuple(outputs)
         for node in nodes:
             if not isinstance(node, Node):

@@ -93,6 +93,9 @@ class Layer:
         object.__setattr__(self, "_created_at", capture_source())
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             self.invalid(f"a layer name must be a non-empty string, got {self.name!r}")
+        if self.name is not None and any(ord(c) < 32 or ord(c) == 127 for c in self.name):
+            self.invalid(f"a layer name cannot hold control characters (tabs, line breaks): "
+                         f"files cannot store it, got {self.name!r}")
         if self.name is not None and any(c in self.name for c in "/#"):
             self.invalid(f"a layer name cannot hold '/' (it joins the names of a path: "
                          f"'h.3/attn') or '#' (it numbers a node's outputs), got {self.name!r}")
