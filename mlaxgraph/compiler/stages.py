@@ -129,7 +129,7 @@ def export(model, *, inference_mode: bool = True, platforms=None):
     inputs = tuple(s.to_jax() for s in model.graph.input_specs)
     rng = _rng_spec(model, inference_mode)
     fn = jax.jit(functools.partial(model.apply_fn, inference_mode=inference_mode))
-    kwargs = {} if platforms is None else {"platforms": _platforms(platforms)}
+    kwargs: dict[str, Any] = {} if platforms is None else {"platforms": _platforms(platforms)}
     if rng is None:
         return jax.export.export(fn, **kwargs)(params, state, *inputs)
     return jax.export.export(fn, **kwargs)(params, state, *inputs, rng=rng)
