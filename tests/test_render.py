@@ -112,9 +112,21 @@ def test_options_are_checked():
     g = examples.mlp()
     with pytest.raises(TypeError, match="show_shape.*show_shapes"):
         g.to_dot(show_shape=False)
-    with pytest.raises(ValueError, match="rankdir"):
+    with pytest.raises(mg.GraphError, match="rankdir"):
         g.to_dot(rankdir="diagonal")
     assert "rankdir=LR" in g.to_dot(rankdir="lr")
+    with pytest.raises(mg.GraphError, match="show_dtype is True or False, got 'no'"):
+        g.to_dot(show_dtype="no")  # a truthy string: it showed them
+
+
+def test_render_checks_dpi_and_a_format_its_suffix_contradicts(tmp_path):
+    g = examples.mlp()
+    with pytest.raises(mg.GraphError, match="dpi is a number from 1 to 2400"):
+        g.render(tmp_path / "g.png", dpi=-3)  # dot hung until the timeout
+    with pytest.raises(mg.GraphError, match="format='png' .*suffix says svg"):
+        g.render(tmp_path / "g.svg", format="png")  # PNG bytes in a .svg file
+    assert not list(tmp_path.iterdir())
+    g.render(tmp_path / "g.gv", format="dot")  # the same format
 
 
 def test_show_options_hide_and_show_parts():
@@ -281,8 +293,10 @@ def test_legend_lists_what_is_drawn():
 
 # Layer names cannot hold '/' (it joins the names of a path): the closing tags are
 # written with U+2044, which escaping must carry through as it is.
-HOSTILE = ['q"uote', "<b>&amp;<\u2044b>", "{br|aces}", "new\nline", "back\\slash\\", "\u6f22\u5b57 \u00e9 \u2713 \U0001f642",
-           "tab\tctl\x01\x7f", "\\N\\G\\E\\n\\l", "]]><!-- -->", "x\u2028y", "'single'", "end\\"]
+# Names cannot hold control characters (ASCII's: files cannot store them); Unicode's
+# line and paragraph separators and C1 controls are the nearest, shown as escapes.
+HOSTILE = ['q"uote', "<b>&amp;<\u2044b>", "{br|aces}", "new\u2029line", "back\\slash\\", "\u6f22\u5b57 \u00e9 \u2713 \U0001f642",
+           "tab\u0085ctl\u009f", "\\N\\G\\E\\n\\l", "]]><!-- -->", "x\u2028y", "'single'", "end\\"]
 
 
 def hostile_graph() -> mg.Graph:
@@ -296,7 +310,7 @@ def hostile_graph() -> mg.Graph:
     h = shared(ops.cast(h, "float32"))
     for name in HOSTILE[7:]:
         h = ops.Linear(8, name=name)(h)
-    return mg.Graph(x, [h, b], name='g"<&>\n\\{}\\')
+    return mg.Graph(x, [h, b], name='g"<&>\u2029\\{}\\')
 
 
 @needs_dot
@@ -312,10 +326,10 @@ def test_hostile_names_are_escaped(options):
     for name in names + [g.name]:
         shown = dot_style._visible(name)  # control characters shown as escapes
         assert shown in joined, (name, shown)
-    assert "tab\\tctl\\x01\\x7f" in texts and "x\\u2028y" in texts
+    assert "tab\\x85ctl\\x9f" in texts and "x\\u2028y" in texts
     assert HOSTILE[7] in texts  # \\N and \\G stay themselves, not the node's id
     if options.get("expand_nested"):
-        assert "new\\nline" in texts
+        assert "new\\u2029line" in texts
     # ids are generated: no name reaches an SVG <title>
     for title in root.iter(SVG + "title"):
         assert re.fullmatch(r"[A-Za-z0-9_:\-&#;>]+", title.text), title.text
@@ -328,13 +342,13 @@ def test_hostile_names_are_escaped(options):
 def test_hostile_names_never_reach_dot_unescaped():
     text = hostile_graph().to_dot(expand_nested=True, show_attrs=True, show_legend=True)
     for name in HOSTILE:
-        if any(c in name for c in "\"\n\x01"):  # < > & are fine in quoted strings
+        if any(c in name for c in "\"\u2029\u0085"):  # < > & are fine in quoted strings
             assert name not in text, name
     # backslashes come in pairs, but for the one escaping a quote in a quoted string
     for run, quote in re.findall(r'(\\+)("?)', text):
         assert len(run) % 2 == 0 or quote
-    assert 'tooltip="g\\"<&>\\\\\\\\n\\\\\\\\{}\\\\\\\\"]' in text  # ends with a backslash
-    assert "\x01" not in text and "\t" not in text and "\u2028" not in text
+    assert 'tooltip="g\\"<&>\\\\\\\\u2029\\\\\\\\{}\\\\\\\\"]' in text  # ends with a backslash
+    assert "\u0085" not in text and "\u2029" not in text and "\u2028" not in text
     assert all(line.startswith(("digraph ", "  ", "}")) for line in text.splitlines())
 
 

@@ -51,17 +51,20 @@ _RANKDIRS = ("TB", "LR", "BT", "RL")
 
 def check_options(options: dict[str, Any]) -> dict[str, Any]:
     """``DEFAULT_OPTIONS`` updated with ``options``; ``TypeError`` for an unknown option,
-    ``ValueError`` for a bad ``rankdir``."""
+    ``mg.GraphError`` (a ``ValueError``) for a bad ``rankdir``."""
     unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
     if unknown:
         raise unknown_option("the drawing (to_dot, render)", unknown[0], list(DEFAULT_OPTIONS))
     merged = {**DEFAULT_OPTIONS, **options}
     rankdir = merged["rankdir"]
     if not isinstance(rankdir, str) or rankdir.upper() not in _RANKDIRS:
-        raise ValueError(f"rankdir must be one of {', '.join(_RANKDIRS)}, got {rankdir!r}")
+        raise GraphError(f"the drawing's rankdir must be one of {', '.join(_RANKDIRS)}, got "
+                         f"{rankdir!r}")
     merged["rankdir"] = rankdir.upper()
     for key in DEFAULT_OPTIONS:
         if key not in ("rankdir", "sharding", "remat", "expand_nested"):
+            if not isinstance(merged[key], (bool, np.bool_, int)):  # "no" read as true
+                raise GraphError(f"the drawing's {key} is True or False, got {merged[key]!r}")
             merged[key] = bool(merged[key])
     merged["expand_nested"] = _expand_option(merged["expand_nested"])
     for key in ("sharding", "remat"):

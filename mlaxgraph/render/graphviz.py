@@ -96,7 +96,8 @@ def render_graph(graph, path: Any, format: str | None = None, *, dpi: float | No
     Raises:
       GraphvizNotFoundError: ``dot`` is not installed (a ``FileNotFoundError``).
       GraphvizError: ``dot`` failed or timed out (a ``RuntimeError``).
-      GraphError: no format could be told from the arguments (a ``ValueError``).
+      GraphError: no format could be told from the arguments, or a ``dpi`` that is not
+        a number from 1 to 2400 (a ``ValueError``).
     """
     path = pathlib.Path(os.fspath(path))
     if format is None:
@@ -104,7 +105,16 @@ def render_graph(graph, path: Any, format: str | None = None, *, dpi: float | No
         if not format:
             raise GraphError(f"render: cannot tell the format of {str(path)!r}: give the file a "
                              f"suffix or pass format= (one of {', '.join(FORMATS)})")
+    if dpi is not None and (isinstance(dpi, bool) or not isinstance(dpi, (int, float))
+                            or not 0 < dpi <= 2400):  # a negative one made dot hang
+        raise GraphError(f"render: dpi is a number from 1 to 2400 (Graphviz's default is 96), "
+                         f"got {dpi!r}")
     format = format.lower().lstrip(".")
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix in FORMATS and suffix != format and {suffix, format} not in ({"jpg", "jpeg"},
+                                                                            {"dot", "gv"}):
+        raise GraphError(f"render: format={format!r} for {str(path)!r}, whose suffix says "
+                         f"{suffix}: a {format} file named .{suffix} is a mistake either way")
     if format not in FORMATS:
         page = ("; the interactive page is graph.to_html(path)"
                 if format in ("html", "htm") else "")
