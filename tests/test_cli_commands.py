@@ -155,6 +155,10 @@ def test_compare(run):
     assert out.rstrip("\n") == str(comparison)
     status, _, err = run("compare", "cnn.json", "--batch", "4", "--policy", "float32")
     assert status == 2 and "two or more" in err
+    # the names --policy takes everywhere (mixed_bfloat16 was an invalid choice here)
+    status, out, _ = run("compare", "cnn.json", "--batch", "4", "--inference-mode",
+                         "--policy", "float32", "--policy", "mixed_bfloat16")
+    assert status == 0 and "mixed_bfloat16" in out
 
 
 def test_a_builder_in_a_python_file(run):
@@ -196,6 +200,17 @@ def test_a_builder_in_a_python_file(run):
      "mlaxgraph hlo: error: unrecognized arguments: --optimised; did you mean '--optimized'? "
      "(see `mlaxgraph hlo --help`)"),
     (["generate", "--model", "gtp2", "--prompt-ids", "1"], "did you mean 'gpt2'?"),
+    # a misspelt dim is named before the dims still missing (it said "give --batch N")
+    (["cost", "cnn.mlg", "--dim", "bacth=3"], "no symbolic dim 'bacth' (its dims: batch); did "
+                                              "you mean 'batch'?"),
+    (["export", "cnn.mlg", "--dim", "bacth=3"], "no symbolic dim 'bacth'"),
+    (["view", "cnn.mlg", "--dim", "bacth=3"], "no symbolic dim 'bacth'"),
+    (["summary", "cnn.mlg", "--batch", "2", "--dim", "batch=3"], "give the batch twice"),
+    (["compare", "cnn.mlg", "--batch", "2", "--policy", "float32", "--policy", "float32"],
+     "two or more different --policy names"),
+    (["compare", "cnn.mlg", "--batch", "2", "--policy", "bf16"], "did you mean 'bfloat16'?"),
+    (["render", "cnn.mlg", "--out", "r.html"], "the explorer page (.html) is `mlaxgraph view"),
+    (["view", "cnn.mlg", "--out", "v.svg"], "a drawing (.svg, .png, .pdf) is `mlaxgraph render"),
 ])
 def test_bad_arguments_and_missing_files_exit_2_with_one_line(run, argv, message):
     status, out, err = run(*argv)
@@ -208,9 +223,11 @@ def test_bad_arguments_and_missing_files_exit_2_with_one_line(run, argv, message
 @pytest.mark.parametrize("argv,message", [
     (["summary", "builders:fails"], "builders:fails raised RuntimeError: the weights server is down"),
     (["summary", "bad.mlg"], "bad.mlg: not a weights file"),
+    (["summary", "bad.json"], "bad.json: the graph text is not valid JSON"),  # the file named
 ])
 def test_errors_in_the_model_exit_1_with_one_line(run, workdir, argv, message):
     (workdir / "bad.mlg").write_bytes(b"garbage")
+    (workdir / "bad.json").write_text("{not json")
     status, out, err = run(*argv)
     assert status == 1
     assert err.count("\n") == 1 and message in err

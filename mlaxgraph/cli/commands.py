@@ -11,6 +11,7 @@ cannot be compiled or lowered raises the library's own errors (exit status 1).
 from __future__ import annotations
 
 import argparse
+import difflib
 import pathlib
 
 from ..analysis.policy_comparison import compare_policies
@@ -19,6 +20,7 @@ from ..compiler.policy import Policy
 from ..core.errors import MlaxGraphError
 from ..core.specs import dim_names
 from ..io.weights import write_atomic
+from ..render.graphviz import FORMATS
 from .loading import LoadedModel, UsageError, load_model
 
 __all__ = ["UsageError", "LoadedModel", "load_model", "add_commands", "EXAMPLES"]
@@ -56,6 +58,11 @@ def _policy(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _policy_name(text: str) -> str:
+    _policy(text)  # checked as --policy checks it (mixed_bfloat16 is bfloat16)
+    return text
+
+
 def _dim(text: str) -> tuple[str, int]:
     name, equals, value = text.partition("=")
     if not equals or not name.strip():
@@ -74,21 +81,34 @@ def _compiled(args):
 def _dims(args) -> dict[str, int]:
     dims = dict(getattr(args, "dim", None) or [])
     if getattr(args, "batch", None) is not None:
+        if "batch" in dims and dims["batch"] != args.batch:
+            raise UsageError(f"--batch {args.batch} and --dim batch={dims['batch']} give the "
+                             f"batch twice: give one")
         dims["batch"] = args.batch
     return dims
 
 
+def _known_dims(model, dims: dict[str, int]) -> list[str]:
+    """The dims the graph's inputs use; UsageError naming a given one it lacks (a typo
+    is named before the dims still missing)."""
+    needed = list(dict.fromkeys(n for s in model.graph.input_specs for n in dim_names(s.shape)))
+    unknown = sorted(set(dims) - set(needed))
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], needed, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise UsageError(f"graph {model.graph.name!r} has no symbolic dim "
+                         f"{', '.join(map(repr, unknown))} (its dims: {', '.join(needed) or 'none'})"
+                         f"{hint}")
+    return needed
+
+
 def _needed_dims(model, dims: dict[str, int]) -> dict[str, int]:
     """The dims the graph's inputs use; UsageError naming the ones not given."""
-    needed = list(dict.fromkeys(n for s in model.graph.input_specs for n in dim_names(s.shape)))
+    needed = _known_dims(model, dims)
     missing = [n for n in needed if n not in dims]
     if missing:
         flags = ", ".join("--batch N" if n == "batch" else f"--dim {n}=N" for n in missing)
         raise UsageError(f"graph {model.graph.name!r} has symbolic dims; give {flags}")
-    unknown = sorted(set(dims) - set(needed))
-    if unknown:
-        raise UsageError(f"graph {model.graph.name!r} has no symbolic dim "
-                         f"{', '.join(map(repr, unknown))} (its dims: {', '.join(needed) or 'none'})")
     return {n: dims[n] for n in needed}
 
 
@@ -129,8 +149,18 @@ def run_summary(args) -> int:
     return 0
 
 
+def _suffix(out: str | None, allowed: tuple[str, ...], other: str) -> None:
+    """``--out``'s suffix is one the command writes (render: Graphviz's formats; view:
+    .html), or a UsageError saying which command writes it."""
+    suffix = pathlib.Path(out).suffix.lower().lstrip(".") if out else ""
+    if out and suffix and suffix not in allowed:
+        raise UsageError(f"--out {out}: this command writes {', '.join(allowed)}; {other}")
+
+
 def run_render(args) -> int:
     _check_out(args.out)
+    _suffix(args.out, FORMATS, "the explorer page (.html) is `mlaxgraph view MODEL --out "
+                               "FILE.html`")
     loaded, model = _compiled(args)
     out = args.out or f"{model.graph.name}.svg"
     path = model.graph.render(out, expand_nested=args.expand)
@@ -140,8 +170,11 @@ def run_render(args) -> int:
 
 def run_view(args) -> int:
     _check_out(args.out)
+    _suffix(args.out, ("html", "htm"), "a drawing (.svg, .png, .pdf) is `mlaxgraph render MODEL "
+                                       "--out FILE`")
     loaded, model = _compiled(args)
     dims = _dims(args)
+    _known_dims(model, dims)
     if args.hlo:
         dims = _needed_dims(model, dims)
     out = args.out or f"{model.graph.name}.html"
@@ -167,6 +200,7 @@ def run_export(args) -> int:
     _check_out(args.out, folder=True)
     loaded, model = _compiled(args)
     dims = _dims(args)
+    _known_dims(model, dims)  # a typo named, whether the texts are asked for or not
     dims = _needed_dims(model, dims) if dims else {}
     out = args.out or f"{model.graph.name}-export"
     written = model.save_hlo(out, params=loaded.params, state=loaded.state,
@@ -191,8 +225,9 @@ def run_compare(args) -> int:
     _check_out(args.out)
     loaded = load_model(args.model)
     names = args.policies or ["float32", "bfloat16"]
-    if len(names) < 2:
-        raise UsageError("compare needs two or more --policy names (default: float32 and bfloat16)")
+    if len(names) < 2 or len(set(names)) < len(names):
+        raise UsageError("compare needs two or more different --policy names (default: float32 "
+                         "and bfloat16)")
     policies = {name: Policy.named(name) for name in names}
     dims = _needed_dims(compile(loaded.graph), _dims(args))
     table = compare_policies(loaded.graph, policies, inference_mode=args.inference_mode, **dims)
@@ -289,5 +324,6 @@ def add_commands(commands) -> None:
               "  mlaxgraph compare cnn.mlg --batch 8\n"
               "  mlaxgraph compare cnn.mlg --batch 8 --policy float32 --policy float16\n")
     sub.add_argument("--policy", dest="policies", action="append", metavar="NAME",
-                     choices=("float32", "bfloat16", "float16"),
-                     help="a policy to compare (repeat; default float32 and bfloat16)")
+                     type=_policy_name,
+                     help="a policy to compare, as --policy takes it (repeat; default float32 "
+                          "and bfloat16)")

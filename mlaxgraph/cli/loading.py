@@ -11,7 +11,7 @@ import os
 import pathlib
 import sys
 
-from ..core.errors import MlaxGraphError
+from ..core.errors import MlaxGraphError, SerializationError
 from ..io.model_file import load
 from ..ir.graph import Graph
 
@@ -48,7 +48,10 @@ def load_model(spec: str) -> LoadedModel:
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".json":
-            return LoadedModel(Graph.from_json(path.read_bytes()), source=spec)
+            try:
+                return LoadedModel(Graph.from_json(path.read_bytes()), source=spec)
+            except SerializationError as e:  # its messages say "the file": this one
+                raise SerializationError(f"{spec}: {e}") from None
         if suffix in (".mlg", ".safetensors"):
             graph, params, state = load(path)
             return LoadedModel(graph, params, state, spec)
