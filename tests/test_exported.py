@@ -172,3 +172,21 @@ def test_an_edited_or_missing_hlo_text_of_the_folder_is_refused(tmp_path):
         (folder / name).unlink()
         with pytest.raises(mg.SerializationError, match="listed in the manifest, and not in"):
             mg.load_exported(folder)
+
+
+def test_a_sequence_past_the_position_table_is_refused_by_the_loaded_folder(tmp_path):
+    # the artifact's dims are unconstrained: past the table its lookup gives NaN rows,
+    # where apply refuses; the manifest records the bound and apply checks it
+    model = mg.compile(mg.models.gpt2({"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 32,
+                                       "n_positions": 8}))
+    params, state = model.init(jax.random.key(0))
+    model.save_hlo(tmp_path, params=params, state=state)
+    loaded = mg.load_exported(tmp_path)
+    assert loaded.manifest["limits"] == {"seq": 8}
+    ids = np.arange(16, dtype=np.int32).reshape(2, 8) % 32
+    np.testing.assert_allclose(loaded(ids)[0], model.apply(params, state, ids, inference_mode=True)[0],
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(mg.ShapeError, match=r"has seq=9 on axis 1; the graph allows seq up to 8"):
+        loaded(np.zeros((1, 9), np.int32))
+    with pytest.raises(mg.ShapeError, match="position table has 8"):
+        model.apply(params, state, np.zeros((1, 9), np.int32), inference_mode=True)

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from ..core.errors import ConfigError, ShapeError
-from ..core.specs import dim_names, match_shape
+from ..core.specs import dim_names, is_symbolic, match_shape
 
 __all__ = ["abstract_args", "dim_values", "jaxpr", "lower", "hlo", "cost", "export"]
 
@@ -148,3 +148,20 @@ def _platforms(platforms: Any) -> tuple[str, ...]:
         raise ConfigError(f"export(platforms={platforms!r}): platforms is one of {PLATFORMS} or "
                           f"a tuple of them (('cpu', 'cuda') for an artifact that runs on both)")
     return tuple(n.lower() for n in names)
+
+
+def dim_limits(graph) -> dict[str, int]:
+    """The largest value a symbolic input dim may take, by name, where a layer bounds it
+    (``ops.arange(seq, limit=...)``: a position table's size). ``jax.export`` artifacts do
+    not carry these bounds (their dims are the graph's, unconstrained): ``save_hlo``'s
+    manifest records them and ``load_exported``'s ``apply`` checks them."""
+    from ..ops.creation import Arange  # ops import the compiler's modules
+
+    limits: dict[str, int] = {}
+    for _, node in graph.walk():
+        op = node.op
+        if isinstance(op, Arange) and op.limit is not None and is_symbolic(op.n) \
+                and op.n._to_var() is not None:
+            name = op.n._to_var()
+            limits[name] = min(limits.get(name, op.limit), op.limit)
+    return limits

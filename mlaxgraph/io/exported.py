@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from ..compiler import stages
-from ..core.errors import SerializationError
+from ..core.errors import SerializationError, ShapeError
 from ..core.specs import dim_names
 from ..core.version import __version__
 from .weights import SafetensorsReader, digest, flatten_tree, warn_unverified, write_atomic, write_safetensors
@@ -117,6 +117,7 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
         "inputs": {n: str(s) for n, s in zip(model.graph.inputs, model.graph.input_specs)},
         "outputs": [str(s) for s in model.graph.output_specs],
         "dims": {k: int(v) for k, v in dims.items()},
+        "limits": stages.dim_limits(model.graph),
         "platforms": list(exported.platforms),
         "files": {kind: path.name for kind, path in written.items()},
         "mlaxgraph": __version__, "jax": jax.__version__,
@@ -145,7 +146,10 @@ class ExportedModel:
         self.manifest = dict(manifest)
 
     def apply(self, params, state, *inputs, rng=None):
-        """Runs the artifact: ``(outputs, new_state)``, as the model's ``apply``."""
+        """Runs the artifact: ``(outputs, new_state)``, as the model's ``apply``. A dim
+        past the bound a layer puts on it (the manifest's ``limits``: a position
+        table's size), which the artifact itself does not check, is a ``ShapeError``."""
+        _check_limits(self.manifest, inputs)
         if rng is None:
             return self.exported.call(params, state, *inputs)
         return self.exported.call(params, state, *inputs, rng=rng)
@@ -162,6 +166,17 @@ class ExportedModel:
         ins = ", ".join(f"{n}: {s}" for n, s in self.manifest.get("inputs", {}).items())
         weights = "with weights" if self.params is not None else "without weights"
         return f"<ExportedModel {name!r} ({ins}) {weights}>"
+
+
+def _check_limits(manifest: Mapping[str, Any], inputs: tuple) -> None:
+    limits = manifest.get("limits") or {}
+    for (name, spec), x in zip(manifest.get("inputs", {}).items(), inputs):
+        dims = spec[spec.find("[") + 1:spec.rfind("]")].split(",")
+        for axis, (dim, size) in enumerate(zip(dims, getattr(x, "shape", ()))):
+            if dim in limits and int(size) > limits[dim]:
+                raise ShapeError(f"input {name!r} ({spec}) has {dim}={size} on axis {axis}; the "
+                                 f"graph allows {dim} up to {limits[dim]} (a position table's "
+                                 f"size), and the artifact past it computes NaN")
 
 
 def load_exported(path: str | os.PathLike, verify: bool = True) -> ExportedModel:
