@@ -146,6 +146,9 @@ def make_apply(program: Program, sharding: ShardingPlan | None = None,
                 f"graph {graph.name!r}: apply takes (params, state, *inputs) and state is "
                 f"missing: pass the state that init returned ({{}} for a graph without "
                 f"state), e.g. out, state = model.apply(params, state, x)")
+        if not isinstance(inference_mode, bool):  # "False" is true; 1 compiles again
+            raise GraphError(f"graph {graph.name!r}: apply's inference_mode is True or False, "
+                             f"got {inference_mode!r}")
         bindings = check_inputs(graph, specs, inputs)
         if randoms and not inference_mode and rng is None:
             raise GraphError(f"graph {graph.name!r} has random layers ({', '.join(randoms)}): "

@@ -7,6 +7,7 @@ are read block by block.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -35,7 +36,11 @@ def read_weights(step: Step, tree: Any, which: str, other: Any = None) -> Mappin
     try:
         found = get_in(tree, step.weights)
     except (KeyError, TypeError, IndexError):
-        swapped = other is not None and has_in(other, step.weights)
+        # swapped: the other tree holds this layer's weights by their names (a layer with
+        # params and state, BatchNorm, has an entry in both)
+        swapped = other is not None and has_in(other, step.weights) and all(
+            has_in(get_in(other, step.weights), tuple(path.split("/")))
+            for path, _ in flatten_specs(specs))
         hint = (f"; {'state' if which == 'params' else 'params'} has it: params and state are "
                 f"swapped (they go in the order init returns them, params first)"
                 if swapped else _quantized_hint(node) or _adapter_hint(step.weights_path))
@@ -43,6 +48,22 @@ def read_weights(step: Step, tree: Any, which: str, other: Any = None) -> Mappin
             step.path, node.op.op_name,
             f"{which} has no entry {step.weights_path!r}; pass the {which} made by this "
             f"model's init{hint}", source=node.source)) from None
+    if which == "params" and isinstance(found, Mapping):  # a misspelt weight is not read
+        extra = sorted(set(found) - set(specs))
+        if extra and other is not None and has_in(other, step.weights) and all(
+                has_in(get_in(other, step.weights), tuple(p.split("/"))) for p, _ in flatten_specs(specs)):
+            raise GraphError(node_message(
+                step.path, node.op.op_name,
+                f"params holds {step.weights_path}/{extra[0]}, a weight of this layer's state, "
+                f"and state holds its params: params and state are swapped (they go in the "
+                f"order init returns them, params first)", source=node.source))
+        if extra:
+            near = difflib.get_close_matches(str(extra[0]), list(specs), n=1)
+            raise GraphError(node_message(
+                step.path, node.op.op_name,
+                f"params has a weight {step.weights_path}/{extra[0]} this layer does not have "
+                f"(its weights: {', '.join(specs)})" + (f"; did you mean {near[0]!r}?" if near
+                                                        else ""), source=node.source))
     for path, spec in flatten_specs(specs):
         try:
             leaf = get_in(found, tuple(path.split("/")))

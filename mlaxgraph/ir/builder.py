@@ -87,6 +87,13 @@ class SymbolicTensor:
         raise GraphError("a symbolic tensor has no data; wrap array code in ops.F(fn) to "
                          "make it a layer")
 
+    def __iter__(self):
+        # without it Python iterates through __getitem__: x[0], x[1], ... forever on a
+        # symbolic batch (ops.concat(x) for ops.concat([x, y]) hung)
+        raise GraphError(f"a symbolic tensor ({self.spec}) cannot be iterated: index it "
+                         f"(x[0]), split it (ops.split), or pass tensors in a list "
+                         f"(ops.concat([x, y]))")
+
     # Operators: each records an ordinary op node (``add``, ``getitem``, ...). A Python
     # scalar operand becomes the op's ``constant``, weakly typed: it never changes the
     # tensor's dtype. ``==`` and ``!=`` keep their Python meaning (identity), so that

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 import jax
+import numpy as np
 
 from ..core.axes import follow_inputs
 from ..core.errors import ConfigError, capture_source, node_message
@@ -103,7 +104,17 @@ class Layer:
             convert = f.metadata.get("converter")
             if convert is not None:
                 object.__setattr__(self, f.name, convert(getattr(self, f.name), self))
+            elif f.type in ("bool", "bool | None"):  # "False" would be true
+                value = getattr(self, f.name)
+                if not (isinstance(value, (bool, np.bool_)) or value is None and f.type != "bool"):
+                    self.invalid(f"{f.name} is True or False, got {value!r}")
+                if value is not None:
+                    object.__setattr__(self, f.name, bool(value))
         self.validate()
+        try:  # hyperparameters are hashable: graphs are compared, cached and folded by them
+            hash(self)
+        except TypeError as e:
+            self.invalid(f"its hyperparameters must be hashable (tuples, not lists or dicts): {e}")
 
     # --- hooks for subclasses -------------------------------------------------------
 

@@ -64,6 +64,16 @@ def to_optional_dtype(value: Any, layer: Layer) -> np.dtype | None:
     return None if value is None else to_dtype(value, layer)
 
 
+def to_accumulation_dtype(value: Any, layer: Layer) -> np.dtype | None:
+    """A float layer's ``preferred_element_type``: None or a float dtype (int8 made the
+    products of bfloat16 inputs in int8, all zeros)."""
+    dtype = to_optional_dtype(value, layer)
+    if dtype is not None and not jax.numpy.issubdtype(dtype, jax.numpy.floating):
+        layer.invalid(f"preferred_element_type is a float dtype to accumulate in (float32), "
+                      f"got {dtype}; integer products are mg.quantize's (docs/quantization.md)")
+    return dtype
+
+
 def to_precision(value: Any, layer: Layer) -> str | None:
     """``lax.Precision`` or its name, as ``"default"``, ``"high"`` or ``"highest"``."""
     if value is None:
@@ -91,12 +101,27 @@ def to_param_axes(value: Any, layer: Layer) -> tuple[tuple[str, tuple], ...] | N
         layer.invalid(e.problem, ShardingError)
 
 
+def exact_int(value: Any) -> int:
+    """``value`` as an int when it is one (NumPy's too); ``TypeError`` for a bool, a
+    float or a string, which ``int()`` would truncate or parse (a kernel of 3.5 read
+    as 3, strides "12" as (1, 2))."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"not an int: {value!r}")
+    return int(value)
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"not a tuple of ints: {value!r}")
+    return tuple(exact_int(v) for v in value)
+
+
 def to_ints(what: str) -> Callable[[Any, Layer], tuple[int, ...]]:
     """A converter of a tuple of ints (a list or any iterable of ints is taken)."""
 
     def convert(value: Any, layer: Layer) -> tuple[int, ...]:
         try:
-            return tuple(int(v) for v in value)
+            return _ints(value)
         except (TypeError, ValueError):
             layer.invalid(f"{what} must be a tuple of ints, got {value!r}")
 
@@ -139,7 +164,7 @@ def padding_for(of: str) -> Callable[[Any, Layer], Any]:
                 layer.invalid(f"padding must be 'SAME', 'VALID' or {n} (low, high) pairs, got {value!r}")
             return padding
         try:
-            pairs = tuple((int(lo), int(hi)) for lo, hi in value)
+            pairs = tuple((exact_int(lo), exact_int(hi)) for lo, hi in value)
         except (TypeError, ValueError):
             layer.invalid(f"padding must be 'SAME', 'VALID' or {n} (low, high) pairs, got {value!r}")
         if len(pairs) != n or any(lo < 0 or hi < 0 for lo, hi in pairs):
@@ -150,11 +175,11 @@ def padding_for(of: str) -> Callable[[Any, Layer], Any]:
 
 
 def normalize_tuple(value: Any, n: int, what: str, layer: Layer) -> tuple[int, ...]:
-    if isinstance(value, int):
-        return (value,) * n
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return (int(value),) * n
     try:
-        result = tuple(int(v) for v in value)
-    except TypeError:
+        result = _ints(value)
+    except (TypeError, ValueError):
         layer.invalid(f"{what} must be an int or a tuple of {n} ints, got {value!r}")
     if len(result) != n:
         layer.invalid(f"{what} must have {n} entries, got {value!r}")

@@ -20,8 +20,8 @@ from .base import (
     expect_count,
     expect_float,
     field,
+    to_accumulation_dtype,
     to_axes,
-    to_optional_dtype,
     to_param_axes,
     to_precision,
 )
@@ -75,7 +75,7 @@ class Conv(SpatialLayer):
     bias_init: Initializer | None = None
     kernel_axes: tuple[str | None, ...] | None = field(default=None, converter=to_axes)
     precision: str | None = field(default=None, converter=to_precision)
-    preferred_element_type: np.dtype | None = field(default=None, converter=to_optional_dtype)
+    preferred_element_type: np.dtype | None = field(default=None, converter=to_accumulation_dtype)
     param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
         default=None, converter=to_param_axes)
     activation: str | None = field(default=None, converter=to_activation)

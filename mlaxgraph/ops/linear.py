@@ -21,8 +21,8 @@ from .base import (
     expect_count,
     expect_float,
     field,
+    to_accumulation_dtype,
     to_axes,
-    to_optional_dtype,
     to_param_axes,
     to_precision,
 )
@@ -61,7 +61,7 @@ class Linear(Layer):
     bias_init: Initializer | None = None
     kernel_axes: tuple[str | None, ...] | None = field(default=None, converter=to_axes)
     precision: str | None = field(default=None, converter=to_precision)
-    preferred_element_type: np.dtype | None = field(default=None, converter=to_optional_dtype)
+    preferred_element_type: np.dtype | None = field(default=None, converter=to_accumulation_dtype)
     param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
         default=None, converter=to_param_axes)
     activation: str | None = field(default=None, converter=to_activation)

@@ -1,0 +1,110 @@
+"""Hyperparameters and call arguments read as what they are, or refused by name: a
+flag given as the string "False" (true in Python), a size given as a float or a
+string (int() truncated or parsed it), a non-float accumulation dtype, an unhashable
+field, a misspelt weight inside a layer's params, apply's inference_mode, and a
+symbolic tensor iterated (which never stopped)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mlaxgraph as mg
+from mlaxgraph import ops
+from mlaxgraph.ops.base import Layer
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ops.MultiHeadAttention(2, causal="False"),  # computed causal attention
+    lambda: ops.Linear(4, use_bias="False"),             # made a bias
+    lambda: ops.Linear(4, "fc"),                         # a positional name: use_bias='fc'
+    lambda: ops.GlobalAvgPool(keepdims="False"),
+])
+def test_a_flag_that_is_not_a_bool_is_refused(make):
+    with pytest.raises(mg.ConfigError, match="is True or False, got"):
+        make()
+
+
+def test_flags_given_as_numpy_bools_are_python_bools():
+    layer = ops.Linear(4, use_bias=np.bool_(False))
+    assert layer.use_bias is False and hash(layer) == hash(ops.Linear(4, use_bias=False))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ops.Conv(4, (3.5, 3)),                 # kernel (3, 3)
+    lambda: ops.Conv(4, (3, 3), strides=(1.9, 1)),  # strides (1, 1)
+    lambda: ops.Conv(4, (3, 3), strides="12"),      # strides (1, 2)
+    lambda: ops.Conv(4, (3, 3), padding=((0.9, 0), (0, 0))),
+    lambda: ops.MaxPool((2.9, 2.9)),
+    lambda: ops.Reshape((2.7, 4)),
+])
+def test_a_size_that_is_not_an_int_is_refused(make):
+    with pytest.raises(mg.ConfigError, match="must"):
+        make()
+
+
+def test_sizes_given_as_numpy_ints_are_taken():
+    conv = ops.Conv(4, (np.int64(3), 3), strides=np.int32(2))
+    assert conv.kernel_size == (3, 3) and conv.strides == (2, 2)
+
+
+def test_an_integer_accumulation_dtype_is_refused():
+    # preferred_element_type="int8" on bfloat16 inputs gave all zeros
+    with pytest.raises(mg.ConfigError, match="preferred_element_type is a float dtype"):
+        ops.Linear(4, preferred_element_type="int8")
+    with pytest.raises(mg.ConfigError, match="preferred_element_type is a float dtype"):
+        ops.Conv(4, (3, 3), preferred_element_type="int32")
+    assert ops.Linear(4, preferred_element_type="float32").preferred_element_type == np.float32
+
+
+def test_an_unhashable_hyperparameter_is_refused_when_the_layer_is_made():
+    @dataclasses.dataclass(frozen=True)
+    class Scaled(Layer):
+        factors: list = dataclasses.field(default_factory=lambda: [1.0, 2.0])
+
+    with pytest.raises(mg.ConfigError, match="hyperparameters must be hashable"):
+        Scaled()
+
+
+def test_a_misspelt_weight_in_a_layers_params_is_named():
+    x = mg.Input(("batch", 3), name="x")
+    model = mg.compile(mg.Graph(x, ops.Linear(2, name="fc")(x)))
+    params, state = model.init(jax.random.key(0))
+    bad = {"fc": {**params["fc"], "kernal": jnp.zeros((3, 2))}}  # ran with the old kernel
+    with pytest.raises(mg.GraphError, match=r"params has a weight fc/kernal this layer does not "
+                                            r"have \(its weights: kernel, bias\); did you mean "
+                                            r"'kernel'\?"):
+        model.apply(bad, state, jnp.ones((1, 3)))
+
+
+def test_a_missing_state_is_not_called_a_swap_of_params_and_state():
+    # BatchNorm has params and state under one name: an empty state is not a swap
+    x = mg.Input(("batch", 3), name="x")
+    model = mg.compile(mg.Graph(x, ops.BatchNorm(name="bn")(x)))
+    params, state = model.init(jax.random.key(0))
+    with pytest.raises(mg.GraphError) as caught:
+        model.apply(params, {}, jnp.ones((2, 3)))
+    assert "state has no entry 'bn'" in str(caught.value) and "swapped" not in str(caught.value)
+    with pytest.raises(mg.GraphError, match="params and state are swapped"):
+        model.apply(state, params, jnp.ones((2, 3)))
+
+
+def test_inference_mode_is_a_bool():
+    x = mg.Input(("batch", 3), name="x")
+    model = mg.compile(mg.Graph(x, ops.Dropout(0.5, name="drop")(x)))
+    params, state = model.init(jax.random.key(0))
+    for value in ("False", 1, None):  # "False" ran in inference mode; 1 compiled again
+        with pytest.raises(mg.GraphError, match="inference_mode is True or False"):
+            model.apply(params, state, jnp.ones((2, 3)), inference_mode=value)
+
+
+def test_a_symbolic_tensor_cannot_be_iterated():
+    x = mg.Input(("batch", 8), name="x")
+    with pytest.raises(mg.GraphError, match="cannot be iterated.*ops.concat\\(\\[x, y\\]\\)"):
+        ops.concat(x)  # the list forgotten: it hung
+    with pytest.raises(mg.GraphError, match="cannot be iterated"):
+        list(x)
+    a, b = ops.split(x, 2)  # a tuple of tensors unpacks as before
+    assert a.spec.shape[-1] == 4 and b.spec.shape[-1] == 4
