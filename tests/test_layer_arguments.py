@@ -108,3 +108,15 @@ def test_a_symbolic_tensor_cannot_be_iterated():
         list(x)
     a, b = ops.split(x, 2)  # a tuple of tensors unpacks as before
     assert a.spec.shape[-1] == 4 and b.spec.shape[-1] == 4
+
+
+def test_an_initializer_is_a_function_of_key_shape_and_dtype():
+    # Keras's names and functions of the shape alone failed at init, naming no layer
+    with pytest.raises(mg.ConfigError, match="kernel_init is an initializer.*he_normal\\(\\)"):
+        ops.Linear(4, kernel_init="he_normal")
+    with pytest.raises(mg.ConfigError, match="kernel_init is called as fn\\(key, shape, dtype\\)"):
+        ops.Linear(4, kernel_init=lambda shape: jnp.zeros(shape))
+    layer = ops.Linear(4, kernel_init=jax.nn.initializers.he_normal(), name="fc")
+    x = mg.Input(("batch", 3), name="x")
+    params, _ = mg.compile(mg.Graph(x, layer(x))).init(jax.random.key(0))
+    assert params["fc"]["kernel"].shape == (3, 4)

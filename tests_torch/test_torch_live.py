@@ -491,3 +491,23 @@ def test_logits_processors_make_the_tokens_transformers_generate_makes():
                                  sampler=mg.sampling.BadWords(banned)))
     assert want[0, 7] != plain[0, 7]
     np.testing.assert_array_equal(got, want)
+    # left padding whose pad id is the token greedy picks next: transformers 5 does not
+    # count the left padding as seen (prompt_ignore_length), so the penalty spares it
+    nxt = int(plain[1, 7])
+    padded = np.array([[nxt, nxt, nxt, 8, 30, 8, 30]])
+    with torch.no_grad():
+        want = theirs.generate(torch.from_numpy(padded), attention_mask=torch.from_numpy(mask[1:]),
+                               max_new_tokens=4, do_sample=False, pad_token_id=nxt,
+                               repetition_penalty=5.0).numpy()
+    for stream in (False, True):
+        if stream:
+            got = np.stack([np.asarray(t) for t in mg.generate_stream(
+                mg.compile(graph), params, state, padded, attention_mask=mask[1:],
+                max_new_tokens=4, sampler=mg.sampling.RepetitionPenalty(5.0), pad_token_id=nxt)], 1)
+            np.testing.assert_array_equal(got, want[:, 7:])
+        else:
+            got = np.asarray(mg.generate(mg.compile(graph), params, state, padded,
+                                         attention_mask=mask[1:], max_new_tokens=4,
+                                         sampler=mg.sampling.RepetitionPenalty(5.0),
+                                         pad_token_id=nxt))
+            np.testing.assert_array_equal(got, want)

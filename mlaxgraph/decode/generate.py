@@ -215,13 +215,14 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
         return Cache(layers, jnp.asarray(prefix, jnp.int32),
                      jnp.sum(mask[:, :-1], axis=1, dtype=jnp.int32), cache_mask, 0)
 
-    def seen(ids, start, tokens, i, eos):
+    def seen(ids, start, tokens, i, eos, mask):
         """The tokens so far, for a sampler that reads them: the prompt's columns as
         given (from ``start`` in the bucket) and the ``i`` new ones."""
         if not sample.reads_history:
             return None
         return History(jnp.concatenate([ids, tokens], axis=1), start, padded + i,
-                       jnp.asarray(padded, jnp.int32), eos)
+                       jnp.asarray(padded, jnp.int32), eos,
+                       jnp.argmax(mask.astype(bool), axis=1).astype(jnp.int32))
 
     def loop(params, state, ids, mask, new, key, eos, pad, start):
         dec.compile_count += 1  # runs when traced only
@@ -231,7 +232,7 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
         else:
             logits, cache = prefill(params, state, dec.empty_cache(batch), ids, mask)
         tokens = jnp.full((batch, room), pad, jnp.int32)
-        token = sample(logits[:, -1], jax.random.fold_in(key, 0), seen(ids, start, tokens, 0, eos))
+        token = sample(logits[:, -1], jax.random.fold_in(key, 0), seen(ids, start, tokens, 0, eos, mask))
         done = _stopped(token, eos)
         tokens = tokens.at[:, 0].set(token)
 
@@ -243,7 +244,7 @@ def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
             i, token, cache, done, tokens = carry
             logits, cache = step(params, state, cache, token[:, None])
             token = sample(logits[:, -1], jax.random.fold_in(key, i),
-                           seen(ids, start, tokens, i, eos))
+                           seen(ids, start, tokens, i, eos, mask))
             token = jnp.where(done, pad, token)
             tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
             return i + 1, token, cache, done | _stopped(token, eos), tokens
@@ -290,7 +291,8 @@ def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: A
     done = jnp.zeros((ids.shape[0],), bool)
     seq = ids.shape[1]
     history = (History(jnp.pad(ids, ((0, 0), (0, new)), constant_values=pad), jnp.asarray(0, jnp.int32),
-                       jnp.asarray(seq, jnp.int32), jnp.asarray(seq, jnp.int32), eos)
+                       jnp.asarray(seq, jnp.int32), jnp.asarray(seq, jnp.int32), eos,
+                       jnp.argmax(jnp.asarray(mask).astype(bool), axis=1).astype(jnp.int32))
                if sample.reads_history else None)
     for i in range(new):
         token = pick(logits, key, jnp.asarray(i, jnp.int32), done, jnp.asarray(pad, jnp.int32), history)

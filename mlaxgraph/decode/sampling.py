@@ -31,13 +31,16 @@ class History(NamedTuple):
     int32, whose columns ``start`` (inclusive) to ``end`` (exclusive) hold each row's
     sequence (the prompt's columns as given, then the new tokens from column
     ``prompt_end``); ``eos`` the stop tokens (-1: none). All rows share the columns,
-    the prompts being left-padded."""
+    the prompts being left-padded. ``attended`` ``(batch,)``: each row's first column
+    its attention mask attends (None: ``start``), before which transformers' repetition
+    penalty does not look (``prompt_ignore_length``: the left padding)."""
 
     ids: jax.Array
     start: jax.Array
     end: jax.Array
     prompt_end: jax.Array
     eos: jax.Array
+    attended: jax.Array | None = None
 
     def valid(self) -> jax.Array:
         """``(width,)`` bool: the columns that hold the sequence."""
@@ -179,6 +182,8 @@ class RepetitionPenalty(_Processor):
     def change(self, logits, history):
         rows = jnp.arange(logits.shape[0])[:, None]
         valid = jnp.broadcast_to(history.valid(), history.ids.shape)
+        if history.attended is not None:  # the left padding is not seen (transformers 5)
+            valid = valid & (jnp.arange(history.ids.shape[1]) >= history.attended[:, None])
         seen = jnp.zeros(logits.shape, bool).at[rows, history.ids].max(valid, mode="drop")
         penalty = jnp.asarray(self.penalty, logits.dtype)
         return jnp.where(seen, jnp.where(logits < 0, logits * penalty, logits / penalty), logits)

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..core.axes import follow_inputs
 from ..core.errors import ConfigError, capture_source, node_message
+from ..core.signatures import call_problem
 from ..core.specs import ParamSpec, TensorSpec, substitute
 from .builder import call_layer
 
@@ -104,6 +105,8 @@ class Layer:
             convert = f.metadata.get("converter")
             if convert is not None:
                 object.__setattr__(self, f.name, convert(getattr(self, f.name), self))
+            elif f.type in ("Initializer | None", "Initializer"):
+                _check_initializer(self, f.name, getattr(self, f.name))
             elif f.type in ("bool", "bool | None"):  # "False" would be true
                 value = getattr(self, f.name)
                 if not (isinstance(value, (bool, np.bool_)) or value is None and f.type != "bool"):
@@ -241,3 +244,17 @@ class Layer:
         source = self.__dict__.get("_created_at") or capture_source()
         raise error(node_message(self.name or self.default_name, self.op_name, problem,
                                  source=source))
+
+
+def _check_initializer(layer: Layer, name: str, value: Any) -> None:
+    """An initializer field holds None or ``fn(key, shape, dtype)`` (a Keras name, or a
+    function of the shape alone, failed at ``init`` naming no layer)."""
+    if value is None:
+        return
+    if not callable(value):
+        layer.invalid(f"{name} is an initializer, fn(key, shape, dtype) -> array, got {value!r}: "
+                      f"jax.nn.initializers has them (jax.nn.initializers.he_normal() for "
+                      f"Keras's 'he_normal')")
+    problem = call_problem(value, 3)
+    if problem is not None:
+        layer.invalid(f"{name} is called as fn(key, shape, dtype), and {problem}")
