@@ -594,6 +594,30 @@ def test_cli_generate_from_ids_and_from_text(llama_folder, capsys):
     assert f"ids: {','.join(str(t) for t in penalised[0])}" in capsys.readouterr().out
 
 
+def test_cli_generate_stops_at_any_of_the_listed_stop_tokens(llama_folder, tmp_path, capsys):
+    # a list in the config, or generation_config.json's (Llama 3's): it was dropped
+    from mlaxgraph.cli.main import main
+
+    source, g, params, state = llama_folder
+    plain = np.asarray(mg.generate(mg.compile(g), params, state, np.array([[4, 9, 2]]),
+                                   max_new_tokens=6))[0, 3:].tolist()
+    stop = plain[2]
+    want = plain[:min(i for i, t in enumerate(plain) if t in (79, stop)) + 1]
+    for where in ("config.json", "generation_config.json"):
+        folder = tmp_path / where.split(".")[0]
+        folder.mkdir()
+        for f in source.iterdir():
+            (folder / f.name).write_bytes(f.read_bytes())
+        fields = json.loads((folder / "config.json").read_text()) if where == "config.json" else {}
+        (folder / where).write_text(json.dumps({**fields, "eos_token_id": [79, stop]}))
+        assert main(["generate", "--model", "llama", "--weights", str(folder), "--prompt-ids",
+                     "4,9,2", "--max-new-tokens", "6"]) == 0
+        assert f"ids: {','.join(str(t) for t in [4, 9, 2] + want)}" in capsys.readouterr().out
+    assert main(["generate", "--model", "llama", "--weights", str(source), "--prompt-ids", "4,9,2",
+                 "--max-new-tokens", "6", "--eos-token-id", f"79,{stop}"]) == 0
+    assert f"ids: {','.join(str(t) for t in [4, 9, 2] + want)}" in capsys.readouterr().out
+
+
 def test_cli_generate_bad_input(llama_folder, capsys):
     from mlaxgraph.cli.main import main
 

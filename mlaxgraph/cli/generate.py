@@ -53,7 +53,9 @@ def add_generate(commands) -> None:
     p.add_argument("--top-k", type=int, help="draw among the k most likely tokens")
     p.add_argument("--top-p", type=float, help="draw among the tokens of this probability mass")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the draws")
-    p.add_argument("--eos-token-id", type=int, help="stop after it (default: the config's)")
+    p.add_argument("--eos-token-id", type=_token_ids, metavar="ID[,ID...]",
+                   help="stop after any of them (default: generation_config.json's beside "
+                        "--weights, else the config's)")
     p.set_defaults(run=run_generate)
 
 
@@ -72,6 +74,38 @@ def _config(args) -> Any:
         return SMALL_LLAMA if args.model in ("llama", "qwen2") else None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"give token ids as ints, comma-separated, got {text!r}")
+    return ids
+
+
+def _stop_tokens(args, config: Any) -> list[int] | None:
+    """--eos-token-id, else the stop tokens of generation_config.json beside the weights
+    (where Llama 3 and Qwen2's instruct models keep theirs), else the config's: an id or a
+    list of them (a list was dropped)."""
+    if args.eos_token_id is not None:
+        return args.eos_token_id
+    folder = _folder(args)
+    sources = []
+    path = os.path.join(folder, "generation_config.json") if folder else None
+    if path and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            sources.append(json.load(f))
+    sources.append(config)
+    for source in sources:
+        value = source.get("eos_token_id") if isinstance(source, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return [value]
+        if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            return value
+    return None
 
 
 def _tokenizer(args):
@@ -123,17 +157,16 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         params, state = compile(graph).init(jax.random.key(args.seed))
     loaded = time.perf_counter() - start
-    eos = args.eos_token_id
-    if eos is None and isinstance(config, dict) and isinstance(config.get("eos_token_id"), int):
-        eos = config["eos_token_id"]
+    eos = _stop_tokens(args, config)
     sampler = _sampler(args)
     start = time.perf_counter()
     out = generate(compile(graph), params, state, np.array([ids], np.int32),
                    max_new_tokens=args.max_new_tokens, sampler=sampler,
                    key=None if sampler == "greedy" else jax.random.key(args.seed), eos_token_id=eos)
     new = [int(t) for t in np.asarray(out)[0, len(ids):]]
-    if eos is not None and eos in new:
-        new = new[:new.index(eos) + 1]
+    stops = [i for i, t in enumerate(new) if eos is not None and t in eos]
+    if stops:
+        new = new[:stops[0] + 1]
     took = time.perf_counter() - start
     print(f"ids: {','.join(str(t) for t in ids + new)}")
     if tokenizer is not None:
