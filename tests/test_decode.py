@@ -246,6 +246,18 @@ def test_sampling_is_reproducible_and_top_k_1_is_greedy(gpt2):
     assert np.array_equal(greedy, top1)
 
 
+def test_sampler_numbers_of_numpy_and_jax_are_taken_and_none_is_named():
+    # a JAX scalar made the compiled loop's cache lookup fail (unhashable); None reached
+    # float(); a NumPy int was refused by TopK
+    t = mg.sampling.Temperature(jnp.linspace(0.5, 1.0, 3)[0])
+    assert t == mg.sampling.Temperature(0.5) and hash(t) == hash(mg.sampling.Temperature(0.5))
+    assert mg.sampling.TopP(jnp.float32(0.5)).p == 0.5 and mg.sampling.TopK(np.int64(4)).k == 4
+    for make in (lambda: mg.sampling.Temperature(None), lambda: mg.sampling.TopP(None),
+                 lambda: mg.sampling.Temperature(jnp.ones(2))):
+        with pytest.raises(mg.ConfigError, match="must be a number"):
+            make()
+
+
 def test_samplers_against_numpy():
     logits = jnp.array([[2.0, 1.0, 0.5, -1.0, 3.0]])
     low = float(jnp.finfo(jnp.float32).min)

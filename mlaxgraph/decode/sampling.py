@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..core.errors import ConfigError
 
@@ -88,8 +89,10 @@ class Temperature(Sampler):
     temperature: float
 
     def __post_init__(self):
-        if not float(self.temperature) > 0:
+        value = _real("Temperature", "temperature", self.temperature, "a number > 0")
+        if not value > 0:
             raise ConfigError(f"Temperature: temperature must be > 0, got {self.temperature!r}")
+        object.__setattr__(self, "temperature", value)
 
     def process(self, logits, history=None):
         return logits / jnp.asarray(self.temperature, logits.dtype)
@@ -102,8 +105,9 @@ class TopK(Sampler):
     k: int
 
     def __post_init__(self):
-        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
+        if not isinstance(self.k, numbers.Integral) or isinstance(self.k, bool) or self.k < 1:
             raise ConfigError(f"TopK: k must be a positive int, got {self.k!r}")
+        object.__setattr__(self, "k", int(self.k))  # NumPy's too: hashed, compared as an int
 
     def process(self, logits, history=None):
         k = min(self.k, logits.shape[-1])
@@ -119,8 +123,10 @@ class TopP(Sampler):
     p: float
 
     def __post_init__(self):
-        if not 0 < float(self.p) <= 1:
+        value = _real("TopP", "p", self.p, "a number in (0, 1]")
+        if not 0 < value <= 1:
             raise ConfigError(f"TopP: p must be in (0, 1], got {self.p!r}")
+        object.__setattr__(self, "p", value)
 
     def process(self, logits, history=None):
         order = jnp.argsort(-logits, axis=-1)
@@ -154,6 +160,15 @@ def _banned(logits: jax.Array, tokens: jax.Array, hit: jax.Array) -> jax.Array:
     rows = jnp.arange(logits.shape[0])[:, None]
     ban = jnp.zeros(logits.shape, bool).at[rows, tokens].max(hit, mode="drop")
     return jnp.where(ban, -jnp.inf, logits)
+
+
+def _real(owner: str, name: str, value: Any, what: str) -> float:
+    """A sampler's number as a Python float (a JAX or NumPy scalar too: the compiled
+    loop is cached by the sampler, which must hash); None or an array is refused."""
+    if isinstance(value, bool) or not (isinstance(value, numbers.Real) or np.ndim(value) == 0
+                                       and np.issubdtype(np.asarray(value).dtype, np.number)):
+        raise ConfigError(f"{owner}: {name} must be {what}, got {value!r}")
+    return float(np.asarray(value))
 
 
 def _count(owner: str, name: str, value: Any) -> None:
