@@ -502,6 +502,13 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
                                  no_repeat_ngram_size=3, do_sample=True),
      mg.ConfigError, r"here sampler=mg\.sampling\.NoRepeatNGram\(3\) \+ mg\.sampling\.TopK\(5\) "
                      r"with key=jax\.random\.key"),
+    # do_sample=False is greedy in Hugging Face, which then drops temperature, top_k, top_p
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, do_sample=False,
+                                 top_k=1),
+     mg.ConfigError, r"do_sample=False is greedy decoding, generate's default"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, do_sample=False,
+                                 temperature=0.7, repetition_penalty=1.2),
+     mg.ConfigError, r"here sampler=mg\.sampling\.RepetitionPenalty\(1\.2\) \(the samplers run"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, length_penalty=2.0),
      mg.ConfigError, r"\(beam search is not built \(length_penalty scores beams\)"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2,

@@ -41,9 +41,14 @@ def refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
     if not unknown:
         return
     names = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
+    greedy = "do_sample" in unknown and not unknown["do_sample"]  # Hugging Face then drops
     parts = [f"mg.sampling.{cls}({unknown[k]!r})" for k, cls in _HF_SAMPLING.items()
-             if k in unknown]
-    draws = "do_sample" in unknown or any(k in unknown for k in _WARPERS)
+             if k in unknown and not (greedy and k in _WARPERS)]  # temperature, top_k, top_p
+    draws = not greedy and ("do_sample" in unknown or any(k in unknown for k in _WARPERS))
+    if greedy and not parts:
+        raise ConfigError(f"{function} got {names}, which it does not take: Hugging Face's "
+                          f"do_sample=False is greedy decoding, generate's default (no sampler "
+                          f"or sampler='greedy'; no key)")
     if parts or draws:
         if draws and not any(k in unknown for k in _WARPERS):
             parts.append("mg.sampling.Temperature(1.0)")
