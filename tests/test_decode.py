@@ -536,7 +536,7 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
                      r"an int > 3, got 3"),
 ], ids=["int_key", "eos_out_of_vocabulary", "eos_not_int", "eos_empty_list", "pad_out_of_vocabulary",
         "cache_dtype_typo", "cache_dtype_int", "hugging_face_sampling", "beams",
-        "repetition_penalty", "ngram_and_top_k", "length_penalty", "bad_words_empty",
+        "repetition_penalty", "ngram_and_top_k", "greedy_top_k", "greedy_penalty", "length_penalty", "bad_words_empty",
         "bad_words_beyond_vocabulary", "penalty_zero", "ngram_float", "misspelt", "no_length",
         "both_lengths", "max_length_within_the_prompt"])
 def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error, message):
