@@ -246,6 +246,16 @@ def test_sampling_is_reproducible_and_top_k_1_is_greedy(gpt2):
     assert np.array_equal(greedy, top1)
 
 
+def test_prompts_as_python_lists_of_several_lengths_or_none_are_named(gpt2):
+    model, params, state, _ = gpt2
+    with pytest.raises(mg.ShapeError, match="rows of 2 to 3 tokens; pad them"):
+        mg.generate(model, params, state, [[11, 42, 7], [5, 6]], max_new_tokens=2)
+    with pytest.raises(mg.ShapeError, match="the prompt is empty"):
+        mg.generate(model, params, state, [[]], max_new_tokens=2)
+    out = mg.generate(model, params, state, [[11, 42, 7]], max_new_tokens=2)  # a list works
+    assert np.asarray(out).shape == (1, 5)
+
+
 def test_sampler_numbers_of_numpy_and_jax_are_taken_and_none_is_named():
     # a JAX scalar made the compiled loop's cache lookup fail (unhashable); None reached
     # float(); a NumPy int was refused by TopK

@@ -20,7 +20,7 @@ from ..ir.graph import Graph
 from .arguments import refuse_unknown
 from .decoder import MIN_BUCKET, Cache, Decoder, _left_pad, bucket_length, decoder, prompt_positions
 from .derive import position_limit
-from .inputs import check_key, stop_ids, token_id
+from .inputs import check_key, host_rows, stop_ids, token_id
 from .sampling import History, Sampler, as_sampler
 
 __all__ = ["generate", "generate_stream"]
@@ -89,6 +89,7 @@ def _new_tokens(where: str, max_new_tokens: Any, max_length: Any, prompt: int) -
 
 def _prepare(where, source, input_ids, attention_mask, max_new_tokens, max_length, sampler, key,
              eos_token_id, pad_token_id):
+    input_ids = host_rows(input_ids, "input_ids")
     prompt = int(np.shape(input_ids)[1]) if np.ndim(input_ids) == 2 else 0
     new = _new_tokens(where, max_new_tokens, max_length, prompt)
     dec = _decoder_for(source, prompt, new)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, GraphError, ShapeError
 
-__all__ = ["prompt_arrays", "step_ids", "stop_ids", "token_id", "check_key", "check_cache",
+__all__ = ["prompt_arrays", "host_rows", "step_ids", "stop_ids", "token_id", "check_key", "check_cache",
            "check_vocabulary"]
 
 
@@ -24,10 +24,23 @@ def _describe(value: Any) -> str:
 
 def _integer_ids(value: Any, what: str, form: str) -> np.ndarray:
     """``value`` read on the host, refused unless it holds integers."""
-    ids = np.asarray(value)
+    ids = host_rows(value, what)
     if not (np.issubdtype(ids.dtype, np.integer) and ids.dtype != np.bool_):
         raise ShapeError(f"{what} must be integer token ids {form}, got {_describe(ids)}")
     return ids
+
+
+def host_rows(value: Any, what: str) -> np.ndarray:
+    """``value`` as a NumPy array; rows given as Python lists of several lengths, or of
+    none, are named (NumPy raises on the first and makes the second float64)."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(r, (list, tuple)) for r in value):
+        lengths = sorted({len(r) for r in value})
+        if len(lengths) > 1:  # NumPy's "inhomogeneous shape" ValueError
+            raise ShapeError(f"{what}: rows of {lengths[0]} to {lengths[-1]} tokens; pad them to "
+                             f"one length (on the left) and pass attention_mask (0 on the padding)")
+        if lengths == [0]:  # [[]]: NumPy makes it float64
+            raise ShapeError(f"{what}: the prompt is empty (rows of 0 tokens)")
+    return np.asarray(value)
 
 
 def check_vocabulary(ids: np.ndarray, vocab: int | None, what: str) -> None:
