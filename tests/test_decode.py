@@ -657,6 +657,13 @@ def test_cli_generate_bad_input(llama_folder, capsys):
     assert "tokenizer.json" in capsys.readouterr().err
     assert main(["generate", "--model", "llama", "--prompt-ids", "1,x"]) == 2
     assert "comma-separated ints" in capsys.readouterr().err
+    # wrong arguments exit 2 naming the flag (they exited 1 naming Python's parameters)
+    for flags, message in ((["--max-new-tokens", "-3"], "--max-new-tokens: must be >= 0"),
+                           (["--temperature", "0"], "--temperature: must be > 0"),
+                           (["--top-p", "1.5"], "--top-p: must be > 0 and <= 1"),
+                           (["--weights", str(folder / "missing")], "no such file or folder")):
+        assert main(["generate", "--model", "llama", "--prompt-ids", "1,2", *flags]) == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("policy", [None, mg.Policy(compute_dtype="bfloat16")], ids=["f32", "bf16"])

@@ -43,20 +43,39 @@ def add_generate(commands) -> None:
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="the prompt text (tokenized by tokenizer.json)")
     prompt.add_argument("--prompt-ids", metavar="IDS", help="the prompt as token ids: 1,2,3")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens (default 32)")
-    p.add_argument("--repetition-penalty", type=float, metavar="P",
+    p.add_argument("--max-new-tokens", type=_number(int, 0), default=32,
+                   help="new tokens (default 32)")
+    p.add_argument("--repetition-penalty", type=_number(float, 0, open_low=True), metavar="P",
                    help="divide the positive logits of the tokens so far by P, multiply the "
                         "negative ones (Hugging Face's repetition_penalty)")
-    p.add_argument("--no-repeat-ngram-size", type=int, metavar="N",
+    p.add_argument("--no-repeat-ngram-size", type=_number(int, 0), metavar="N",
                    help="no n-gram of N tokens twice (Hugging Face's no_repeat_ngram_size)")
-    p.add_argument("--temperature", type=float, help="draw at this temperature (default: greedy)")
-    p.add_argument("--top-k", type=int, help="draw among the k most likely tokens")
-    p.add_argument("--top-p", type=float, help="draw among the tokens of this probability mass")
+    p.add_argument("--temperature", type=_number(float, 0, open_low=True),
+                   help="draw at this temperature (default: greedy)")
+    p.add_argument("--top-k", type=_number(int, 1), help="draw among the k most likely tokens")
+    p.add_argument("--top-p", type=_number(float, 0, 1, open_low=True),
+                   help="draw among the tokens of this probability mass, in (0, 1]")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the draws")
     p.add_argument("--eos-token-id", type=_token_ids, metavar="ID[,ID...]",
                    help="stop after any of them (default: generation_config.json's beside "
                         "--weights, else the config's)")
     p.set_defaults(run=run_generate)
+
+
+def _number(kind: type, low: float, high: float | None = None, *, open_low: bool = False):
+    """An argparse type: an int or float from ``low`` (excluded with ``open_low``) to
+    ``high``, refused as a wrong argument (exit 2) naming the flag."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'an int' if kind is int else 'a number'}: "
+                                             f"{text!r}") from None
+        if value < low or (open_low and value == low) or (high is not None and value > high):
+            bound = (f"> {low}" if open_low else f">= {low}") + (f" and <= {high}" if high else "")
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+    return convert
 
 
 def _folder(args) -> str | None:
@@ -138,6 +157,8 @@ def _sampler(args):
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    if args.weights and not os.path.exists(args.weights):
+        raise UsageError(f"--weights {args.weights}: no such file or folder")
     config = _config(args)
     graph = getattr(models, args.model)(config)
     tokenizer = None
