@@ -120,3 +120,15 @@ def test_an_initializer_is_a_function_of_key_shape_and_dtype():
     x = mg.Input(("batch", 3), name="x")
     params, _ = mg.compile(mg.Graph(x, layer(x))).init(jax.random.key(0))
     assert params["fc"]["kernel"].shape == (3, 4)
+
+
+def test_a_misspelt_keyword_names_the_one_meant():
+    # Python's dataclass TypeError named neither the layer's fields nor the near one
+    with pytest.raises(mg.ConfigError, match="Conv got an unexpected keyword argument 'stride'; "
+                                             "did you mean 'strides'"):
+        ops.Conv(4, (3, 3), stride=2)
+    with pytest.raises(mg.ConfigError, match="did you mean 'num_kv_heads'"):
+        ops.MultiHeadAttention(2, num_kv_head=1)
+    import copy
+    layer = ops.Conv(4, (3, 3), strides=2, name="c")
+    assert copy.deepcopy(layer) == layer and dataclasses.replace(layer, strides=1).strides == (1, 1)

@@ -24,6 +24,7 @@ Calling the same object again shares its weights.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
@@ -88,6 +89,19 @@ class Layer:
     #: Fields holding symbolic dims (``ops.arange(tokens.shape[1])``): the interpreter
     #: evaluates them with the values the dims take in the running call (``bind``).
     symbolic_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # a misspelt keyword (Conv(stride=2)) is named with the one meant, before the
+        # dataclass's __init__ raises Python's TypeError
+        if kwargs:
+            names = [f.name for f in dataclasses.fields(cls) if f.init]
+            unknown = [k for k in kwargs if k not in names]
+            if unknown:
+                near = difflib.get_close_matches(unknown[0], names, n=1)
+                raise ConfigError(f"{cls.__name__} got an unexpected keyword argument "
+                                  f"{unknown[0]!r}" + (f"; did you mean {near[0]!r}?" if near
+                                                        else "") + f" (it takes {', '.join(names)})")
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         # Where the user made the layer, for errors raised by validate() (it may live in
