@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -164,6 +165,10 @@ def _make_op(name, data):
     if "name" in attrs:
         raise _fail(name, "'attrs' must not hold 'name': the node's key is its name")
     layer = data.get("layer", name)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init} if dataclasses.is_dataclass(cls) else None
+    if fields is not None and set(attrs) - fields:
+        raise _fail(name, f"op {op_name!r} does not take these attrs {sorted(attrs)}: "
+                          f"{', '.join(sorted(set(attrs) - fields))} unknown")
     try:
         op = cls(**attrs, name=layer if isinstance(layer, str) and layer else None)
     except MlaxGraphError:
