@@ -26,6 +26,13 @@ __all__ = ["read_weights", "check_weights", "per_block_weights", "without_layers
 _EMPTY: Mapping[str, Any] = {}
 
 
+def _holds(tree: Any, step: Step, specs: Any) -> bool:
+    """Whether ``tree`` (the other of params and state) holds this layer's weights by
+    these names: a swap of the two (a layer with both, BatchNorm, has an entry in each)."""
+    return tree is not None and has_in(tree, step.weights) and all(
+        has_in(get_in(tree, step.weights), tuple(path.split("/"))) for path, _ in flatten_specs(specs))
+
+
 def read_weights(step: Step, tree: Any, which: str, other: Any = None) -> Mapping[str, Any]:
     """The step's weights from ``params`` or ``state``, checked against its specs;
     ``other``, the other of the two, names a swap of them."""
@@ -36,22 +43,17 @@ def read_weights(step: Step, tree: Any, which: str, other: Any = None) -> Mappin
     try:
         found = get_in(tree, step.weights)
     except (KeyError, TypeError, IndexError):
-        # swapped: the other tree holds this layer's weights by their names (a layer with
-        # params and state, BatchNorm, has an entry in both)
-        swapped = other is not None and has_in(other, step.weights) and all(
-            has_in(get_in(other, step.weights), tuple(path.split("/")))
-            for path, _ in flatten_specs(specs))
         hint = (f"; {'state' if which == 'params' else 'params'} has it: params and state are "
                 f"swapped (they go in the order init returns them, params first)"
-                if swapped else _quantized_hint(node) or _adapter_hint(step.weights_path))
+                if _holds(other, step, specs) else _quantized_hint(node)
+                or _adapter_hint(step.weights_path))
         raise GraphError(node_message(
             step.path, node.op.op_name,
             f"{which} has no entry {step.weights_path!r}; pass the {which} made by this "
             f"model's init{hint}", source=node.source)) from None
     if which == "params" and isinstance(found, Mapping):  # a misspelt weight is not read
         extra = sorted(set(found) - set(specs))
-        if extra and other is not None and has_in(other, step.weights) and all(
-                has_in(get_in(other, step.weights), tuple(p.split("/"))) for p, _ in flatten_specs(specs)):
+        if extra and _holds(other, step, specs):
             raise GraphError(node_message(
                 step.path, node.op.op_name,
                 f"params holds {step.weights_path}/{extra[0]}, a weight of this layer's state, "
