@@ -132,3 +132,24 @@ def test_a_misspelt_keyword_names_the_one_meant():
     import copy
     layer = ops.Conv(4, (3, 3), strides=2, name="c")
     assert copy.deepcopy(layer) == layer and dataclasses.replace(layer, strides=1).strides == (1, 1)
+
+
+def test_an_array_operand_and_an_int_key_are_named():
+    x = mg.Input(("batch", 8), name="x")
+    for array in (np.ones(8), jnp.ones(8)):  # a JAX array gave JAX's TypeError
+        with pytest.raises(mg.GraphError, match="make the array a weight .*ops.F"):
+            x + array
+    model = mg.compile(mg.Graph(x, ops.Linear(2)(x)))
+    with pytest.raises(mg.GraphError, match=r"init takes one JAX random key, "
+                                            r"init\(jax.random.key\(0\)\), got 0"):
+        model.init(0)
+    assert model.init(jax.random.PRNGKey(0))[0]  # the legacy key is one too
+
+
+def test_an_int_field_is_an_int():
+    # LayerNorm(axis=(-2, -1)) failed at the call with "'<=' not supported"
+    with pytest.raises(mg.ConfigError, match=r"axis is an int, got \(-2, -1\)"):
+        ops.LayerNorm(axis=(-2, -1))
+    with pytest.raises(mg.ConfigError, match="axis is an int, got 1.0"):
+        ops.LayerNorm(axis=1.0)
+    assert ops.LayerNorm(axis=np.int64(-1)).axis == -1

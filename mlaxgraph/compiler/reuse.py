@@ -189,6 +189,11 @@ class ModelInit:
             raise GraphError(unknown_keywords("init", unknown, "init(key, reuse=None)"))
         # init is compiled with its own XLA options, which only a top-level jit takes.
         traced = isinstance(key, jax.core.Tracer)
+        if not traced and not (isinstance(key, jax.Array) and (
+                jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+                or key.dtype == np.uint32 and key.shape == (2,))):  # init(0): JAX's own error
+            raise GraphError(f"init takes one JAX random key, init(jax.random.key(0)), got "
+                             f"{key!r}")
         if reuse is None:
             if not traced:
                 self._warn_stored(list(leaf_paths(self.shapes()[0])))

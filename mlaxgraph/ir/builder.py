@@ -173,6 +173,12 @@ def _binary(op_name: str, tensor: SymbolicTensor, other: Any, *, reverse: bool =
     if scalars and isinstance(other, _SCALARS) and np.ndim(other) == 0:
         value = other.item() if isinstance(other, np.generic) else other
         return cls(constant=value, reverse=reverse)(tensor)
+    if hasattr(other, "shape") and hasattr(other, "dtype"):  # a NumPy or JAX array (JAX's
+        # own operator raised a TypeError naming neither)
+        raise GraphError(f"{op_name} of a symbolic tensor ({tensor.spec}) and a "
+                         f"{type(other).__name__} of shape {tuple(other.shape)}: a symbolic "
+                         f"tensor has no data; make the array a weight (ops.Param) or wrap "
+                         f"array code in ops.F(fn) to make it a layer")
     return NotImplemented
 
 

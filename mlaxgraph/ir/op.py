@@ -121,6 +121,13 @@ class Layer:
                 object.__setattr__(self, f.name, convert(getattr(self, f.name), self))
             elif f.type in ("Initializer | None", "Initializer"):
                 _check_initializer(self, f.name, getattr(self, f.name))
+            elif f.type in ("int", "int | None"):  # a tuple axis failed at the call, 2.5 later
+                value = getattr(self, f.name)
+                if not (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+                        or value is None and f.type != "int"):
+                    self.invalid(f"{f.name} is an int, got {value!r}")
+                if value is not None:
+                    object.__setattr__(self, f.name, int(value))
             elif f.type in ("bool", "bool | None"):  # "False" would be true
                 value = getattr(self, f.name)
                 if not (isinstance(value, (bool, np.bool_)) or value is None and f.type != "bool"):
