@@ -12,10 +12,9 @@ import functools
 from typing import Any
 
 import jax
-import numpy as np
 
 from ..core.errors import ConfigError, ShapeError
-from ..core.specs import dim_names, is_symbolic, match_shape
+from ..core.specs import dim_names, is_int, is_symbolic, match_shape
 
 __all__ = ["abstract_args", "dim_values", "jaxpr", "lower", "hlo", "cost", "export"]
 
@@ -43,7 +42,7 @@ def _check_dims(model, example: tuple, dims: dict[str, Any]) -> None:
                              f"{model.graph.name!r} (its inputs' symbolic dims: "
                              f"{', '.join(known) or 'none'}){hint}")
     for name, value in dims.items():  # batch=-1 was a TypeError, "2" and 2.0 taken
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        if not is_int(value) or value < 1:
             raise ShapeError(f"dim {name}={value!r}: dim values are positive ints (batch=8)")
     if example and dims:
         raise ShapeError(f"give example arrays or the symbolic dims' values "

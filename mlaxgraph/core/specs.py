@@ -21,7 +21,7 @@ from .errors import DTypeError, ShapeError
 
 __all__ = ["Dim", "TensorSpec", "ParamSpec", "Initializer", "flatten_specs", "specs_str",
            "SCOPE", "as_dim", "as_dtype", "is_symbolic", "dim_names", "bind_dims", "match_shape",
-           "substitute", "shape_str", "dtype_str", "trains"]
+           "substitute", "shape_str", "dtype_str", "trains", "is_int", "has_control_characters"]
 
 #: The one symbolic scope of every mlaxgraph dim.
 SCOPE = export.SymbolicScope()
@@ -38,6 +38,18 @@ _SHORT_DTYPES = {
     "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2",
 }
 _LONG_DTYPES = {short: long for long, short in _SHORT_DTYPES.items()}
+
+
+def is_int(value: Any) -> bool:
+    """An int (NumPy's too), not a bool, a float or a string, which ``int()`` would
+    truncate or parse."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def has_control_characters(text: str) -> bool:
+    """Whether ``text`` holds an ASCII control character (a tab, a line break), which the
+    file formats do not store in a name."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
 def is_symbolic(dim: Dim) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core.errors import MlaxGraphError, SerializationError
 from ..core.registry import lookup
-from ..core.specs import TensorSpec, as_dim, as_dtype, is_symbolic
+from ..core.specs import TensorSpec, as_dim, as_dtype, has_control_characters, is_symbolic
 from ..ir.graph import Graph, InputLayer
 from ..ir.node import Node, Value
 from ..ir.op import Layer
@@ -293,7 +293,7 @@ def _string(data: Any, where: str, limit: int | None = None) -> str:
 
 def _name(data: Any, where: str) -> str:
     name = _string(data, where, LIMITS.name_chars)
-    if not name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if not name or has_control_characters(name):
         raise SerializationError(f"{where}: a name must be non-empty, without control "
                                  f"characters, got {short(name)}")
     return name

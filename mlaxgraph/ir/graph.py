@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.errors import GraphError, capture_source
 from ..core.registry import register
-from ..core.specs import Dim, TensorSpec, as_dtype
+from ..core.specs import Dim, TensorSpec, as_dtype, has_control_characters
 from .builder import Call, SymbolicTensor, trace_graph
 from .node import Node, Value
 from .op import Layer, field
@@ -107,7 +107,7 @@ class Graph:
     _memo: dict[str, Any]
 
     def __init__(self, inputs: Any, outputs: Any, name: str = "graph"):
-        if not isinstance(name, str) or not name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        if not isinstance(name, str) or not name or has_control_characters(name):
             raise GraphError(f"a graph name must be a non-empty string, got {name!r} (without "
                              f"control characters, which files cannot store)")
         nodes, input_names, output_values = trace_graph(inputs, outputs)

@@ -34,7 +34,7 @@ import numpy as np
 from ..core.axes import follow_inputs
 from ..core.errors import ConfigError, capture_source, node_message
 from ..core.signatures import call_problem
-from ..core.specs import ParamSpec, TensorSpec, substitute
+from ..core.specs import ParamSpec, TensorSpec, has_control_characters, is_int, substitute
 from .builder import call_layer
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class Layer:
         object.__setattr__(self, "_created_at", capture_source())
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             self.invalid(f"a layer name must be a non-empty string, got {self.name!r}")
-        if self.name is not None and any(ord(c) < 32 or ord(c) == 127 for c in self.name):
+        if self.name is not None and has_control_characters(self.name):
             self.invalid(f"a layer name cannot hold control characters (tabs, line breaks): "
                          f"files cannot store it, got {self.name!r}")
         if self.name is not None and any(c in self.name for c in "/#"):
@@ -123,8 +123,7 @@ class Layer:
                 _check_initializer(self, f.name, getattr(self, f.name))
             elif f.type in ("int", "int | None"):  # a tuple axis failed at the call, 2.5 later
                 value = getattr(self, f.name)
-                if not (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-                        or value is None and f.type != "int"):
+                if not (is_int(value) or value is None and f.type != "int"):
                     self.invalid(f"{f.name} is an int, got {value!r}")
                 if value is not None:
                     object.__setattr__(self, f.name, int(value))

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..core.errors import ConfigError
+from ..core.specs import is_int
 
 __all__ = ["FROM_ONNX_HINTS", "FROM_ONNX_SIGNATURE", "check_sizes_are_ints"]
 
@@ -33,6 +32,6 @@ FROM_ONNX_HINTS = {
 def check_sizes_are_ints(dims: Any) -> None:
     """``from_onnx(dims=...)``'s sizes are ints (2.5, "3" and True were read as 2, 3, 1)."""
     for name, size in (dims or {}).items():
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+        if not is_int(size):
             raise ConfigError(f"from_onnx(dims=...): the size of {name!r} is an int, got "
                               f"{size!r} ({type(size).__name__})")

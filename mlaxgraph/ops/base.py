@@ -13,7 +13,7 @@ from jax import lax
 
 from ..core.axes import as_axes, as_param_axes
 from ..core.errors import DTypeError, MlaxGraphError, ShapeError, ShardingError
-from ..core.specs import Initializer, ParamSpec, TensorSpec, as_dtype, shape_str
+from ..core.specs import Initializer, ParamSpec, TensorSpec, as_dtype, is_int, shape_str
 from ..ir.op import Layer, field
 
 __all__ = ["Layer", "ParamSpec", "Initializer", "field"]
@@ -105,7 +105,7 @@ def exact_int(value: Any) -> int:
     """``value`` as an int when it is one (NumPy's too); ``TypeError`` for a bool, a
     float or a string, which ``int()`` would truncate or parse (a kernel of 3.5 read
     as 3, strides "12" as (1, 2))."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise TypeError(f"not an int: {value!r}")
     return int(value)
 
@@ -175,7 +175,7 @@ def padding_for(of: str) -> Callable[[Any, Layer], Any]:
 
 
 def normalize_tuple(value: Any, n: int, what: str, layer: Layer) -> tuple[int, ...]:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+    if is_int(value):
         return (int(value),) * n
     try:
         result = _ints(value)
