@@ -297,6 +297,50 @@ def test_prompts_of_one_bucket_do_not_recompile(gpt2):
     assert dec.compile_count == before
 
 
+class _Compiles:
+    """Counts XLA's compiles of any function (eager operations' too) while active."""
+
+    def __init__(self):
+        self.count = 0
+        self.active = False
+        jax.monitoring.register_event_duration_secs_listener(self._heard)
+
+    def _heard(self, event, duration, **_):
+        if self.active and event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+    def __enter__(self):
+        self.count, self.active = 0, True
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+
+
+def test_streaming_and_stop_lists_of_one_bucket_compile_nothing_more(gpt2):
+    model, params, state, _ = gpt2
+    dec = mg.decoder(model, max_length=128)
+    penalty = [mg.sampling.RepetitionPenalty(1.3)]
+    for sampler in ("greedy", penalty):
+        list(mg.generate_stream(dec, params, state, np.ones((2, 5), np.int32), max_new_tokens=4,
+                                sampler=sampler))
+        mg.generate(dec, params, state, np.ones((2, 5), np.int32), max_new_tokens=4,
+                    sampler=sampler, eos_token_id=3)
+    compiles = _Compiles()
+    with compiles:
+        for length in (6, 9, 13):  # the 16-token bucket
+            ids = np.arange(length * 2, dtype=np.int32).reshape(2, length) % 90
+            for sampler in ("greedy", penalty):
+                streamed = np.stack(list(mg.generate_stream(
+                    dec, params, state, ids, max_new_tokens=4, sampler=sampler)), axis=1)
+                whole = mg.generate(dec, params, state, ids, max_new_tokens=4, sampler=sampler)
+                np.testing.assert_array_equal(streamed, np.asarray(whole)[:, length:])
+        for stops in ([3, 4], [3, 4, 5], [3, 4, 5, 6]):  # one to four stop tokens: one loop
+            mg.generate(dec, params, state, np.ones((2, 7), np.int32), max_new_tokens=4,
+                        eos_token_id=stops)
+    assert compiles.count == 0
+
+
 def test_generate_sizes_its_cache_to_the_bucket_and_new_tokens(gpt2):
     model, params, state, _ = gpt2
     made = importlib.import_module("mlaxgraph.decode.generate")._DECODERS

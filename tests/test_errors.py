@@ -218,6 +218,36 @@ def test_f_whose_function_fails_is_a_shape_error_at_the_call():
     assert "'matmul'" in str(info.value) and where in str(info.value)
 
 
+def test_f_that_fails_only_on_the_calls_arrays_names_the_layer_and_line():
+    # JAX's symbolic reshape does not compare batch*8 with batch*3: the build passes
+    x = mg.Input(("batch", 8), name="x")
+    where = next_line()
+    y = ops.F(lambda t: t.reshape((t.shape[0], 3)), name="fold")(x)
+    model = mg.compile(mg.Graph(x, y))
+    params, state = model.init(jax.random.key(0))
+    with pytest.raises(mg.ShapeError, match=r"'fold'.*failed on the call's inputs \(float32\[2, 8\]\)"
+                       r".*cannot reshape") as info:
+        model.apply(params, state, jnp.ones((2, 8)))
+    assert where in str(info.value)
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_an_input_smaller_than_a_window_names_the_layer(pool):
+    x = mg.Input(("batch", "h", "w", 3), name="x")
+    where = next_line()
+    y = ops.Conv(4, (3, 3), name="conv")(x)  # VALID: h - 2
+    if pool:
+        y = ops.MaxPool((2, 2), name="pool")(ops.Conv(4, (1, 1), name="conv")(x))
+    model = mg.compile(mg.Graph(x, y))
+    params, state = model.init(jax.random.key(0))
+    layer = "pool" if pool else "conv"
+    with pytest.raises(mg.ShapeError, match=rf"'{layer}'.*\(1, 1, 1, 4\) is too small|"
+                                            rf"'{layer}'.*\(1, 2, 2, 3\) is too small") as info:
+        model.apply(params, state, jnp.ones((1, 2 - pool, 2 - pool, 3)))
+    assert pool or where in str(info.value)
+    assert model.apply(params, state, jnp.ones((0, 4, 4, 3)))[0].shape[0] == 0  # an empty batch
+
+
 def test_invalid_in_a_custom_layers_validate_names_the_users_line():
     import dataclasses
 

@@ -129,6 +129,12 @@ def test_a_misspelt_keyword_names_the_one_meant():
         ops.Conv(4, (3, 3), stride=2)
     with pytest.raises(mg.ConfigError, match="did you mean 'num_kv_heads'"):
         ops.MultiHeadAttention(2, num_kv_head=1)
+    with pytest.raises(mg.ConfigError, match="Policy got an unexpected keyword argument "
+                                             "'compute_type'; did you mean 'compute_dtype'"):
+        mg.Policy(compute_type="bfloat16")
+    with pytest.raises(mg.ConfigError, match="TopK got an unexpected keyword argument 'kk'; "
+                                             "did you mean 'k'"):
+        mg.sampling.TopK(kk=3)
     import copy
     layer = ops.Conv(4, (3, 3), strides=2, name="c")
     assert copy.deepcopy(layer) == layer and dataclasses.replace(layer, strides=1).strides == (1, 1)

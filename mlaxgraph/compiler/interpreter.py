@@ -63,6 +63,36 @@ def _check_outputs(step: Step, outputs: tuple, bindings: Mapping[str, int] | Non
                                           context=context_lines(step.graph, node.name)))
 
 
+def _check_window(step: Step, args: list, bindings: Mapping[str, int] | None) -> None:
+    """A ``ShapeError`` when a windowed layer's input, its symbolic dims bound in this
+    call, is smaller than its window: an output dim below 1, which JAX would compute as
+    an empty array (a convolution) or fail on (pooling's slices)."""
+    if bindings is None or any(is_symbolic(v) for v in bindings.values()):
+        return
+    for spec in step.output_specs:
+        formulas = [i for i, d in enumerate(spec.shape) if is_symbolic(d) and not str(d).isidentifier()]
+        if formulas and min((want := bind_dims(spec.shape, bindings))[i] for i in formulas) < 1:
+            given = ", ".join(str(tuple(a.shape)) for a in args)
+            raise ShapeError(node_message(
+                step.path, step.node.op.op_name, f"its input {given} is too small for its window: "
+                f"the output would be {want}", got=given, expected=f"an output of {spec}",
+                source=step.node.source))
+
+
+def _user_code_failed(step: Step, args: list, error: Exception) -> None:
+    """A ``ShapeError`` naming the layer when a user's function (``ops.F``) fails on the
+    call's arrays although its shapes were inferred: JAX checks symbolic dims only in
+    part (``reshape((batch, 3))`` of ``(batch, 8)`` passes), so the values show it."""
+    op = step.node.op
+    if not op.user_code or isinstance(error, MlaxGraphError):
+        return
+    given = ", ".join(f"{np.dtype(a.dtype).name}{list(a.shape)}" for a in args)
+    raise ShapeError(node_message(
+        step.path, op.op_name, f"its function failed on the call's inputs ({given}): {error} "
+        f"(its output shapes were inferred with symbolic dims, which JAX checks only in "
+        f"part)", source=step.node.source)) from error
+
+
 def _run_scan(step: ScanStep, params: Any, state: Any, args: list, key: jax.Array | None,
               context: _Context, per_block: Mapping[tuple[str, ...], tuple]) -> tuple[tuple, Any]:
     """A run of equal blocks: ``lax.scan`` of one block's program over the blocks'
@@ -279,8 +309,14 @@ def _run_step(step: Step, env: dict, state: Any, context: _Context,
                 except MlaxGraphError as e:  # a bound dim the layer refuses (Arange's limit)
                     raise type(e)(node_message(step.path, op.op_name, e.problem, expected=e.expected,
                                                source=step.node.source)) from None
+            if op.windowed:
+                _check_window(step, args, context.bindings)
             if blocks is None:
-                outs, s2 = op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
+                try:
+                    outs, s2 = op.apply(p, s, args, rng=key, inference_mode=context.inference_mode)
+                except (TypeError, ValueError) as e:
+                    _user_code_failed(step, args, e)
+                    raise
             else:  # a scanned run's layer given per block: nothing sliced or copied
                 mode = context.inference_mode
                 outs, s2 = indexed_apply(

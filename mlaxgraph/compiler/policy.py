@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import DTypeError
+from ..core.signatures import KeywordsNamed
 from ..core.specs import as_dtype
 
 __all__ = ["Policy"]
@@ -18,7 +19,7 @@ _FLOAT32 = np.dtype("float32")
 
 
 @dataclasses.dataclass(frozen=True)
-class Policy:
+class Policy(KeywordsNamed):
     """A mixed-precision policy for ``mg.compile``.
 
     Args:

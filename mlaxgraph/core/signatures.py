@@ -5,13 +5,16 @@ mlaxgraph's functions does not take."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["call_problem", "unknown_keywords"]
+from .errors import ConfigError
+
+__all__ = ["call_problem", "unknown_keywords", "KeywordsNamed"]
 
 
 def call_problem(fn: Callable[..., Any], count: int) -> str | None:
@@ -46,3 +49,23 @@ def unknown_keywords(function: str, unknown: Mapping[str, Any], takes: str,
     return (f"{function} got unexpected keyword argument{plural} "
             f"{', '.join(map(repr, unknown))}{' (' + '; '.join(notes) + ')' if notes else ''}; "
             f"it takes {takes}")
+
+
+class KeywordsNamed:
+    """A dataclass base whose misspelt keyword (``Conv(stride=2)``,
+    ``Policy(compute_type=...)``) is a ``ConfigError`` naming the one meant and what the
+    class takes, raised before the dataclass's ``__init__`` raises Python's
+    ``TypeError``."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        if kwargs:
+            names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+            unknown = [k for k in kwargs if k not in names]
+            if unknown:
+                near = difflib.get_close_matches(unknown[0], names, n=1)
+                raise ConfigError(f"{cls.__name__} got an unexpected keyword argument "
+                                  f"{unknown[0]!r}" + (f"; did you mean {near[0]!r}?" if near
+                                                        else "") + f" (it takes {', '.join(names)})")
+        return super().__new__(cls)

@@ -244,15 +244,20 @@ class Decoder:
         seq = ids.shape[1]
         room = self.max_length // 2 if room is None else room
         padded = bucket_length(seq, self.max_length - room)
-        ids_p, mask_p = _left_pad(ids, mask, padded)
+        logits, cache = self._prefill_padded(params, state, *_left_pad(ids, mask, padded))
+        return logits[:, padded - seq:], cache
+
+    def _prefill_padded(self, params: Any, state: Any, ids: np.ndarray, mask: np.ndarray):
+        """``prefill`` of a prompt already left-padded to its bucket: the logits of every
+        column of the bucket, so that prompts of one bucket share what reads them."""
         batch = ids.shape[0]
         try:
             logits, cache = self._jit("prefill", batch)(params, state, self.empty_cache(batch),
-                                                        ids_p, mask_p)
+                                                        ids, mask)
         except (RuntimeError, ValueError) as e:
             reraise_deleted(e, "prefill", params=params, state=state)
             raise
-        return logits[:, padded - seq:], dataclasses.replace(cache, filled=padded)
+        return logits, dataclasses.replace(cache, filled=ids.shape[1])
 
     def step(self, params: Any, state: Any, cache: Cache, token_ids: Any):
         """Runs new tokens (``(batch,)`` or ``(batch, n)``) after those in ``cache``:
@@ -277,12 +282,11 @@ class Decoder:
             raise
         return logits, dataclasses.replace(new, filled=cache.filled + ids.shape[1])
 
-    def _prompt(self, input_ids: Any, attention_mask: Any) -> tuple[jax.Array, jax.Array]:
-        """The prompt's int32 ids and bool mask, checked, each row's tokens at its end
-        (``mlaxgraph.decode.inputs.prompt_arrays``)."""
-        ids, mask = prompt_arrays(input_ids, attention_mask, vocab=self.vocab_size,
-                                  max_length=self.max_length)
-        return jnp.asarray(ids), jnp.asarray(mask)
+    def _prompt(self, input_ids: Any, attention_mask: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The prompt's int32 ids and bool mask on the host, checked, each row's tokens
+        at its end (``mlaxgraph.decode.inputs.prompt_arrays``)."""
+        return prompt_arrays(input_ids, attention_mask, vocab=self.vocab_size,
+                             max_length=self.max_length)
 
 
 def _cache_dtype(value: Any) -> np.dtype:
@@ -296,11 +300,11 @@ def _cache_dtype(value: Any) -> np.dtype:
     return dtype
 
 
-def _left_pad(ids: jax.Array, mask: jax.Array, length: int) -> tuple[jax.Array, jax.Array]:
+def _left_pad(ids: np.ndarray, mask: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """The host's prompt padded on the left to ``length`` columns (on the host: an eager
+    ``jnp.pad`` would compile once per prompt length)."""
     pad = length - ids.shape[1]
-    if pad == 0:
-        return ids, mask
-    return (jnp.pad(ids, ((0, 0), (pad, 0))), jnp.pad(mask, ((0, 0), (pad, 0))))
+    return np.pad(ids, ((0, 0), (pad, 0))), np.pad(mask, ((0, 0), (pad, 0)))
 
 
 def prompt_positions(mask: jax.Array) -> jax.Array:

@@ -106,8 +106,17 @@ def _prepare(where, source, input_ids, attention_mask, max_new_tokens, max_lengt
     stops = stop_ids(eos_token_id, dec.vocab_size)
     pad = (token_id(pad_token_id, dec.vocab_size, "pad_token_id") if pad_token_id is not None
            else stops[0] if stops else 0)
-    given = jnp.asarray(np.asarray(input_ids), jnp.int32)  # given back as it came (padding too)
-    return dec, given, ids, mask, new, padded, sample, jnp.asarray(stops or (-1,), jnp.int32), pad
+    given = np.asarray(input_ids).astype(np.int32)  # given back as it came (padding too)
+    return dec, given, ids, mask, new, padded, sample, _stop_array(stops), pad
+
+
+def _stop_array(stops: Sequence[int]) -> np.ndarray:
+    """The stop tokens as int32, filled with -1 (none) to a power of two of at least 4,
+    so that one to four stop tokens share a compiled loop."""
+    width = 4
+    while width < len(stops):
+        width *= 2
+    return np.asarray([*stops, *[-1] * (width - len(stops))], np.int32)
 
 
 def _stopped(token: jax.Array, eos: jax.Array) -> jax.Array:
@@ -174,12 +183,13 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
     run = _loop(dec, ids.shape[0], padded, sample)
     try:
         tokens = run(params, state, ids_p, mask_p,
-                     jnp.asarray(new, jnp.int32), jax.random.key(0) if key is None else key,
-                     eos, jnp.asarray(pad, jnp.int32), jnp.asarray(padded - ids.shape[1], jnp.int32))
+                     np.int32(new), jax.random.key(0) if key is None else key,
+                     eos, np.int32(pad), np.int32(padded - ids.shape[1]))
     except (RuntimeError, ValueError) as e:
         reraise_deleted(e, "generate", params=params, state=state)
         raise
-    return jnp.concatenate([given, tokens[:, :new]], axis=1)
+    # joined on the host: an eager concatenate would compile once per prompt length
+    return jax.device_put(np.concatenate([given, np.asarray(tokens)[:, :new]], axis=1))
 
 
 def _loop(dec: Decoder, batch: int, padded: int, sample: Sampler):
@@ -283,25 +293,37 @@ def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: A
     if new == 0:
         return
     key = jax.random.key(0) if key is None else key
-    pick = dec._jitted.get(("sample", sample))
-    if pick is None:
-        pick = dec._jitted[("sample", sample)] = jax.jit(
-            lambda logits, key, i, done, pad, history: jnp.where(
-                done, pad, sample(logits[:, -1], jax.random.fold_in(key, i), history)))
-    logits, cache = dec.prefill(params, state, ids, mask, room=new)
-    done = jnp.zeros((ids.shape[0],), bool)
-    seq = ids.shape[1]
-    history = (History(jnp.pad(ids, ((0, 0), (0, new)), constant_values=pad), jnp.asarray(0, jnp.int32),
-                       jnp.asarray(seq, jnp.int32), jnp.asarray(seq, jnp.int32), eos,
-                       jnp.argmax(jnp.asarray(mask).astype(bool), axis=1).astype(jnp.int32))
+    pick = _pick(dec, sample)
+    # the prompt runs left-padded to its bucket, as in generate: what reads it is
+    # compiled once per bucket, not once per prompt length
+    ids_p, mask_p = _left_pad(ids, mask, padded)
+    logits, cache = dec._prefill_padded(params, state, ids_p, mask_p)
+    done = np.zeros((ids.shape[0],), bool)
+    history = (History(*jax.device_put((
+        np.pad(ids_p, ((0, 0), (0, new)), constant_values=pad), np.int32(padded - ids.shape[1]),
+        np.int32(padded), np.int32(padded), eos, np.argmax(mask_p, axis=1).astype(np.int32))))
                if sample.reads_history else None)
     for i in range(new):
-        token = pick(logits, key, jnp.asarray(i, jnp.int32), done, jnp.asarray(pad, jnp.int32), history)
-        done = done | _stopped(token, eos)
-        if history is not None:
-            history = history._replace(ids=history.ids.at[:, seq + i].set(token),
-                                       end=history.end + 1)
+        token, done, history = pick(logits, key, np.int32(i), done, np.int32(pad), eos, history)
         yield token
-        if i + 1 == new or bool(jnp.all(done)):
+        if i + 1 == new or bool(np.all(done)):
             return
         logits, cache = dec._advance(params, state, cache, token[:, None])
+
+
+def _pick(dec: Decoder, sample: Sampler):
+    """``generate_stream``'s jitted choice of each step's tokens from the last column's
+    logits: ``(token, done, history)`` with the rows that stopped given ``pad`` and the
+    token written to the history."""
+    fn = dec._jitted.get(("sample", sample))
+    if fn is None:
+        def pick(logits, key, i, done, pad, eos, history):
+            token = jnp.where(done, pad, sample(logits[:, -1], jax.random.fold_in(key, i), history))
+            if history is not None:
+                history = history._replace(
+                    ids=jax.lax.dynamic_update_slice(history.ids, token[:, None], (0, history.end)),
+                    end=history.end + 1)
+            return token, done | _stopped(token, eos), history
+
+        fn = dec._jitted[("sample", sample)] = jax.jit(pick)
+    return fn

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.signatures import KeywordsNamed
 
 __all__ = ["Sampler", "Greedy", "Temperature", "TopK", "TopP", "Chain", "as_sampler", "History",
            "RepetitionPenalty", "NoRepeatNGram", "BadWords", "MinNewTokens", "MinLength"]
@@ -49,7 +50,7 @@ class History(NamedTuple):
         return (column >= self.start) & (column < self.end)
 
 
-class Sampler:
+class Sampler(KeywordsNamed):
     """Picks tokens ``(batch,)`` int32 from logits ``(batch, vocab)``."""
 
     #: Whether it draws at random (and needs a key).

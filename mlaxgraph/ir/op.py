@@ -24,7 +24,6 @@ Calling the same object again shares its weights.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
@@ -33,7 +32,7 @@ import numpy as np
 
 from ..core.axes import follow_inputs
 from ..core.errors import ConfigError, capture_source, node_message
-from ..core.signatures import call_problem
+from ..core.signatures import KeywordsNamed, call_problem
 from ..core.specs import ParamSpec, TensorSpec, has_control_characters, is_int, substitute
 from .builder import call_layer
 
@@ -71,7 +70,7 @@ def field(*, converter: Callable[[Any, _L], Any], **kwargs: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class Layer:
+class Layer(KeywordsNamed):
     """Base class of ops. Subclasses are frozen dataclasses registered by op name.
 
     ``name`` is the name the user asked for; it does not take part in equality, so
@@ -89,19 +88,11 @@ class Layer:
     #: Fields holding symbolic dims (``ops.arange(tokens.shape[1])``): the interpreter
     #: evaluates them with the values the dims take in the running call (``bind``).
     symbolic_fields: ClassVar[tuple[str, ...]] = ()
-
-    def __new__(cls, *args: Any, **kwargs: Any):
-        # a misspelt keyword (Conv(stride=2)) is named with the one meant, before the
-        # dataclass's __init__ raises Python's TypeError
-        if kwargs:
-            names = [f.name for f in dataclasses.fields(cls) if f.init]
-            unknown = [k for k in kwargs if k not in names]
-            if unknown:
-                near = difflib.get_close_matches(unknown[0], names, n=1)
-                raise ConfigError(f"{cls.__name__} got an unexpected keyword argument "
-                                  f"{unknown[0]!r}" + (f"; did you mean {near[0]!r}?" if near
-                                                        else "") + f" (it takes {', '.join(names)})")
-        return super().__new__(cls)
+    #: Slides a window over spatial dims (convolutions, pooling): an input too small for
+    #: the window, its symbolic dims bound in a call, is named before it runs.
+    windowed: ClassVar[bool] = False
+    #: Runs a user's function (``ops.F``): what fails inside is named with the layer.
+    user_code: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         # Where the user made the layer, for errors raised by validate() (it may live in

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import ClassVar
 
 import jax
 
@@ -34,6 +35,8 @@ class F(Layer):
 
     fn: Callable
     needs_rng: bool = False
+
+    user_code: ClassVar[bool] = True
 
     def validate(self):
         if not callable(self.fn):

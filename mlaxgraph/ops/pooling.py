@@ -175,6 +175,7 @@ class _Pool(Layer):
     data_format: str  # fields of each subclass
     window: tuple[int, ...]
 
+    windowed = True
     size_field = "window"
 
     @property

@@ -121,6 +121,7 @@ class SpatialLayer(Layer):
     every spatial dim of its input: it runs as the same layer with tuples, made for the
     input's rank (``for_rank``)."""
 
+    windowed = True
     size_field = "kernel_size"
     #: Fields that follow ``size_field``: per spatial dim when it is a tuple.
     per_dim_fields: tuple[str, ...] = ()
