@@ -23,6 +23,7 @@ from .aten import from_torch
 from .compiler.compile import CompiledModel, compile
 from .compiler.policy import Policy
 from .core.errors import (
+    AdapterWarning,
     CheckError,
     ConfigError,
     DTypeError,
@@ -49,7 +50,7 @@ from .train import Trainer
 
 __all__ = [
     "MlaxGraphError", "GraphError", "ShapeError", "DTypeError", "SerializationError",
-    "ShardingError", "ConfigError", "CheckError", "UnverifiedFileWarning", "FoldWarning",
+    "ShardingError", "ConfigError", "CheckError", "UnverifiedFileWarning", "FoldWarning", "AdapterWarning",
     "QuantizeWarning",
     "TensorSpec", "Graph", "Input", "Sequential", "Node", "Value", "SymbolicTensor",
     "Policy", "compile", "CompiledModel", "ops", "save", "load", "register_function",

@@ -481,3 +481,49 @@ def test_a_grouped_or_activated_conv_is_refused_by_name():
         mg.lora(g, "grouped", rank=2)
     with pytest.raises(mg.ConfigError, match="'fused'.*applies 'relu'"):
         mg.lora(g, "fused", rank=2)
+
+
+def test_what_lora_cannot_adapt_as_asked_is_named():
+    q = mg.Input(("batch", 6, 12), name="q")
+    kv = mg.Input(("batch", 6, 12), name="kv")
+    cross = mg.Graph([q, kv], ops.MultiHeadAttention(4, 5, name="att")(q, kv), name="cross")
+    # the fused adapter would read the queries for the keys and values too
+    with pytest.raises(mg.ConfigError, match="'att'.*a fused qkv adapter reads one sequence.*"
+                                             "cross-attention"):
+        mg.lora(cross, "att/qkv", rank=3)
+    adapted = mg.lora(cross, ["att/query", "att/key", "att/value"], rank=3)
+    assert [v.node for v in adapted.node("att.key.lora_A").inputs] == ["kv"]
+    x = mg.Input(("batch", 8), name="x")
+    fc = ops.Linear(8, name="fc")
+    twice = mg.Graph(x, ops.Linear(3, name="head")(fc(ops.relu(fc(x)))))
+    with pytest.raises(mg.ConfigError, match=r"'fc'.*called 2 times \(fc, fc@1\)"):
+        mg.lora(twice, "fc", rank=2)
+    with pytest.raises(mg.ConfigError, match=r"rank and the rest by keyword: lora\(graph, targets, "
+                                             r"rank=2"):
+        mg.lora(twice, "head", 2)
+    adapted = mg.lora(twice, "head", rank=2, alpha=np.float32(4), dropout=jnp.float32(0.1))
+    assert float(adapted.node("head.lora_scale").op.constant) == 2.0
+    with pytest.raises(mg.ConfigError, match="alpha must be finite"):
+        mg.lora(twice, "head", rank=2, alpha=float("nan"))
+    model = mg.compile(adapted)
+    with pytest.raises(mg.GraphError, match=r"calls a predicate as f\(path\) -> bool"):
+        mg.Trainer(model, optax.sgd(0.1), trainable=lambda path, leaf: True)
+
+
+def test_merge_lora_refuses_adapters_of_another_rank():
+    x = mg.Input(("batch", 8), name="x")
+    g = mg.Graph(x, ops.Linear(6, name="fc")(x))
+    params, state = mg.compile(g).init(jax.random.key(0))
+    two, four = mg.lora(g, "fc", rank=2, alpha=8), mg.lora(g, "fc", rank=4, alpha=8)
+    p4, _ = mg.compile(four).init(jax.random.key(1), reuse=(params, state))
+    with pytest.raises(mg.ShapeError, match=r"adapter weight fc.lora_A/kernel has the shape \(8, 4\), "
+                                            r"and graph 'graph' takes \(8, 2\)"):
+        mg.merge_lora(two, p4)
+
+
+def test_a_pattern_over_a_quantized_graph_adapts_its_layers_not_their_quantize_nodes(gpt2):
+    qg = mg.quantize(gpt2[0], "int8")
+    adapted = mg.lora(qg, "h.*/mlp.c_*", rank=2)
+    names = [n.name for n in adapted.node("h.0").op.subgraph().nodes]
+    assert "mlp.c_fc.lora_A" in names and "mlp.c_proj.lora_A" in names
+    assert not any(".quantize.lora" in n or ".dequantize.lora" in n for n in names)

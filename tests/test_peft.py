@@ -4,6 +4,8 @@ read into adapted graphs and checked against the base model with the adapters me
 into its weights in NumPy, as PEFT merges them; written back; bad folders refused."""
 
 import json
+import re
+import warnings
 
 import jax
 import numpy as np
@@ -12,6 +14,8 @@ from _torch_file import write_torch_file
 from safetensors.numpy import load_file, save_file
 
 import mlaxgraph as mg
+from mlaxgraph.ir.scan import unfold_scans
+from mlaxgraph.ir.surgery import layer_paths
 
 GPT2 = {"n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 40, "n_positions": 8}
 LLAMA = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
@@ -195,34 +199,69 @@ def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
     ("bias", "all", "'bias' = 'all': asks for training biases"),
     ("layers_to_transform", [0], "'layers_to_transform'"),
     ("frobnicate", 3, "'frobnicate' = 3: not a field"),
-    ("target_modules", ["c_atn"], "names 'c_atn', which is no module.*near names: c_attn"),
     ("target_modules", ["ln_1"], "selects 'h.0.ln_1'.*op layer_norm"),
     ("modules_to_save", ["score"], "modules_to_save names 'score'"),
     ("modules_to_save", ["wte"], r"modules_to_save names 'wte', whose weights graph 'gpt2' calls "
      r"twice \('wte' is the embedding and the tied output head\)"),
     ("modules_to_save", ["lm_head"], r"names 'lm_head', which is no module of graph 'gpt2' \(its "
      r"output head is tied to 'wte.weight'"),
-    ("rank_pattern", {"c_atn": 2}, "rank_pattern key 'c_atn' matches none of the adapted "
-     "modules.*near names: c_attn"),
-    ("alpha_pattern", {"h.0.attn.c_attn": 2, "h.7.attn.c_attn": 2},
-     "alpha_pattern key 'h.7.attn.c_attn' matches none"),
     ("rank_pattern", {"c_attn(": 2}, "key 'c_attn\\(' is not a regular expression"),
     ("exclude_modules", ["c_attn"], r"exclude_modules \('c_attn',\) removes all 2 modules that "
      r"target_modules \('c_attn',\) selects \(h.0.attn.c_attn, h.1.attn.c_attn\)"),
-    ("exclude_modules", ["c_atn"], "exclude_modules names 'c_atn', which is no module"),
     ("init_lora_weights", "pissa", "'init_lora_weights' = 'pissa': asks for an "
-     "initialization that changes the base model's weights"),
+     "initialization mlaxgraph does not draw \\(PiSSA, OLoRA, LoftQ, EVA and CorDA also "
+     "change the base model's weights"),
     ("init_lora_weights", 1, "'init_lora_weights' = 1"),
     ("r", 0, "'r' = 0: must be an int"),
     ("lora_dropout", 1.5, "'lora_dropout' = 1.5"),
     ("peft_type", "IA3", "only LoRA"),
     ("lora_aplha", 3, r"'lora_aplha' = 3: not a field mlaxgraph knows \(did you mean 'lora_alpha'\?\)"),
-    ("target_modules", ["attn.c_atn"], "names 'attn.c_atn', which is no module.*near names: attn.c_attn"),
 ])
 def test_fields_it_cannot_honour_are_named(tmp_path, field, value, words):
     folder = _folder(tmp_path, {"r": 2, "lora_alpha": 4, "target_modules": ["c_attn"], field: value}, {})
     with pytest.raises(mg.ConfigError, match=words):
         mg.lora_from_peft(mg.models.gpt2(GPT2), folder)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("target_modules", ["c_attn", "c_atn"], r"target_modules names 'c_atn' \(near names: c_attn"),
+    ("target_modules", ["c_attn", "attn.c_atn"], r"names 'attn.c_atn' \(near names: attn.c_attn"),
+    ("target_modules", ["c_attn", "q_proj", "v_proj"], r"names 'q_proj' \(near names: c_proj\); 'v_proj'"),
+    ("rank_pattern", {"c_atn": 2}, r"rank_pattern key 'c_atn' \(near names: .*c_attn.*\): matches "
+     "none of the adapted modules"),
+    ("alpha_pattern", {"h.0.attn.c_attn": 2, "h.7.attn.c_attn": 2},
+     "alpha_pattern key 'h.7.attn.c_attn'.*matches none"),
+    ("exclude_modules", ["c_atn"], "exclude_modules names 'c_atn'.*which is no module"),
+])
+def test_names_that_match_nothing_are_ignored_as_peft_ignores_them_with_a_warning(
+        tmp_path, field, value, words):
+    fields = {"r": 2, "lora_alpha": 4, "target_modules": ["c_attn"], field: value}
+    g = mg.models.gpt2(GPT2)
+    with pytest.warns(mg.AdapterWarning, match=words):
+        adapted = mg.lora_from_peft(g, _folder(tmp_path, fields, {}))
+    plain = {k: v for k, v in fields.items() if k != field}
+    plain["target_modules"] = ["c_attn"]
+    if field == "alpha_pattern":
+        plain["alpha_pattern"] = {"h.0.attn.c_attn": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert adapted == mg.lora_from_peft(g, plain)
+
+
+def test_peft_rules_modules_to_save_holders_legacy_fields_and_the_case_of_all_linear(tmp_path):
+    g = mg.models.gpt2(GPT2)
+    # a module in modules_to_save gets no adapter (PEFT's check_target_module_exists)
+    adapted = mg.lora_from_peft(g, {"r": 2, "target_modules": ["c_attn", "c_fc"],
+                                    "modules_to_save": ["h.1.mlp"]})
+    paths = [p for p, _ in layer_paths(unfold_scans(adapted)) if p.endswith(".lora_A")]
+    assert "h.1/mlp.c_fc.lora_A" not in paths and "h.0/mlp.c_fc.lora_A" in paths
+    assert "h.1/attn.qkv.lora_A" in paths
+    # peft <= 0.2's merge_weights and a null flag read as PEFT reads them
+    legacy = {"r": 2, "target_modules": ["c_attn"], "merge_weights": True, "use_rslora": None,
+              "fan_in_fan_out": None}
+    assert mg.lora_from_peft(g, legacy) == mg.lora_from_peft(g, {"r": 2, "target_modules": ["c_attn"]})
+    assert mg.lora_from_peft(g, {"r": 2, "target_modules": "All-Linear"}) == \
+        mg.lora_from_peft(g, {"r": 2, "target_modules": "all-linear"})
 
 
 def test_a_config_dict_is_read_as_its_file(gpt2_adapter):
@@ -393,3 +432,52 @@ def test_init_lora_weights_draws_the_adapters_as_peft_and_is_written_back(tmp_pa
     assert mg.lora_from_peft(g, tmp_path / "back") == adapted
     with pytest.raises(mg.ConfigError, match="init_weights must be one of"):
         mg.lora(g, "h.0/mlp.c_fc", rank=2, init_weights="pissa")
+
+
+def _peft_targets(config, module):
+    """PEFT's check_target_module_exists for target_modules (a regular expression
+    matching the whole name, or names matching at the end, at a dot)."""
+    spec = config["target_modules"]
+    if isinstance(spec, str):
+        return re.fullmatch(spec, module) is not None
+    return any(module == name or module.endswith("." + name) for name in spec)
+
+
+def _peft_pattern(patterns, module, default):
+    """PEFT's get_pattern_key: the first key matching the end of the name at a dot."""
+    return next((v for k, v in patterns.items() if re.match(rf"(.*\.)?({k})$", module)), default)
+
+
+def test_save_adapter_names_a_top_level_module_so_peft_adapts_it_alone(tmp_path):
+    """ResNet's top-level conv1 ends the name of every block's conv1: a list would have
+    PEFT adapt all nine."""
+    g = mg.models.resnet18(10, image_size=32)
+    adapted = mg.lora(mg.lora(g, "conv1", rank=3, alpha=5), "layer1.0/conv2", rank=2, alpha=2)
+    params, state = mg.compile(adapted).init(jax.random.key(0))
+    mg.models.save_adapter(adapted, params, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    modules = list(mg.models.peft.peft_modules(g))
+    assert [m for m in modules if _peft_targets(config, m)] == ["conv1", "layer1.0.conv2"]
+    ranks = {m: _peft_pattern(config["rank_pattern"], m, config["r"]) for m in ["conv1", "layer1.0.conv2"]}
+    assert sorted(ranks.values()) == [2, 3] and ranks["conv1"] == 3
+    assert _peft_pattern(config["rank_pattern"], "layer2.0.conv1", None) is None
+    again = mg.lora_from_peft(g, tmp_path / "out")
+    assert again == adapted or sorted(p for p, _ in layer_paths(unfold_scans(again))) == sorted(
+        p for p, _ in layer_paths(unfold_scans(adapted)))
+    base = mg.models.to_state_dict(g, *mg.compile(g).init(jax.random.key(1)))
+    loaded, _ = mg.models.load_state_dict(again, base, adapter=tmp_path / "out")
+    np.testing.assert_array_equal(loaded["conv1.lora_A"]["kernel"], params["conv1.lora_A"]["kernel"])
+
+
+def test_an_adapter_folder_whose_scale_differs_from_the_graphs_is_refused(gpt2_adapter, tmp_path):
+    g, base, _, _, folder = gpt2_adapter
+    fields = json.loads((folder / "adapter_config.json").read_text())
+    adapted = mg.lora_from_peft(g, folder)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "adapter_config.json").write_text(json.dumps({**fields, "lora_alpha": 32, "use_rslora": True}))
+    (other / "adapter_model.safetensors").write_bytes((folder / "adapter_model.safetensors").read_bytes())
+    with pytest.raises(mg.ConfigError, match=r"the adapter of '.*' is r=\d+, lora_alpha=32, use_rslora .* "
+                                             r"but graph 'gpt2' adapts it with rank \d+ and scale"):
+        mg.models.load_state_dict(adapted, base, adapter=other)
+    mg.models.load_state_dict(mg.lora_from_peft(g, other), base, adapter=other)  # its own graph

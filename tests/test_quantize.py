@@ -24,7 +24,7 @@ F8 = jnp.float8_e4m3fn  # ml_dtypes' type, which NumPy arrays take
 
 def np_absmax(w, axes, bound):
     amax = np.max(np.abs(w.astype(np.float32)), axis=axes, keepdims=True)
-    return np.where(amax > 0, amax * np.float32(1.0 / bound), np.float32(1)).astype(np.float32)
+    return np.where(amax == 0, np.float32(1), amax * np.float32(1.0 / bound)).astype(np.float32)
 
 
 def np_int8(w, axes):
@@ -40,7 +40,7 @@ def np_range(x, axes):
     low = np.minimum(x.min(axis=axes, keepdims=True), 0)
     high = np.maximum(x.max(axis=axes, keepdims=True), 0)
     span = high - low
-    scale = np.where(span > 0, span * np.float32(1 / 255), np.float32(1)).astype(np.float32)
+    scale = np.where(span == 0, np.float32(1), span * np.float32(1 / 255)).astype(np.float32)
     zero = np.clip(np.round(-low / scale).astype(np.int32) - 128, -128, 127)
     return scale, zero
 
@@ -699,6 +699,59 @@ def test_float8_under_a_bfloat16_policy_keeps_its_float8_input(linear):
     assert model.graph.node("fc").inputs[0].node == "fc.quantize"
 
 
+@pytest.mark.parametrize("scheme", ["int8", "float8"])
+def test_half_precision_policies_dequantize_in_float32(linear, scheme):
+    """Under a float16 policy the scales and the product stay float32 until the
+    Dequantize node's result: float8's accumulator passes float16's maximum (65504), and
+    a per-token scale of small inputs is below its smallest value."""
+    g, params, state, x = linear
+    qg = mg.quantize(g, scheme)
+    qp, qs = mg.quantize_weights(qg, params, state)
+    model = mg.compile(qg, mg.Policy(compute_dtype="float16"))
+    assert str(model.graph.node("fc.quantize").outputs[1]) == "f32[batch,1]"
+    assert [str(model.graph.spec(v)) for v in model.graph.node("fc.dequantize").inputs[1:]] == [
+        "f32[batch,1]", "f32[24]", "f32[24]"]
+    w = np.asarray(params["fc"]["kernel"])
+    bias = np.asarray(params["fc"]["bias"])
+    for inputs in (x * 64, x * 1e-6):
+        half = inputs.astype(np.float16).astype(np.float32)  # the policy's cast of x
+        if scheme == "int8":
+            (q, s), (xq, xs) = np_int8(w, (0,)), np_int8(half, (1,))
+            acc = (xq.astype(np.int32) @ q.astype(np.int32)).astype(np.float32)
+        else:
+            (q, s), (xq, xs) = np_float8(w, (0,)), np_float8(half, (1,))
+            acc = xq.astype(np.float32) @ q.astype(np.float32)
+            assert np.abs(acc).max() > 65504  # what float16 cannot hold
+        ref = (acc * xs * s[0] + bias).astype(np.float16)
+        out, _ = model.apply(qp, qs, inputs)
+        assert out.dtype == jnp.float16 and np.isfinite(np.asarray(out, np.float32)).all()
+        np.testing.assert_allclose(np.asarray(out, np.float32), ref.astype(np.float32),
+                                   rtol=2e-3, atol=float(np.abs(ref).max()) * 1e-3)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int8_weight_only", "float8"])
+def test_nan_inputs_and_ids_out_of_the_table_give_nan_as_the_float_model(scheme):
+    ids = mg.Input(("batch", 3), "int32", name="ids")
+    h = ops.Embedding(10, 16, name="wte")(ids)
+    g = mg.Graph(ids, ops.Linear(4, name="fc")(ops.gelu(ops.Linear(16, name="up")(h))))
+    params, state = mg.compile(g).init(jax.random.key(0))
+    qg = mg.quantize(g, scheme)
+    qp, qs = mg.quantize_weights(qg, params, state)
+    out = np.asarray(mg.compile(qg).apply(qp, qs, np.array([[1, 12, 2], [3, 4, -3]]))[0])
+    float_out = np.asarray(mg.compile(g).apply(params, state, np.array([[1, 12, 2], [3, 4, -3]]))[0])
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(float_out))
+    assert np.isnan(out[0, 1]).all() and np.isfinite(out[0, 0]).all()
+    x = mg.Input(("batch", 8), name="x")
+    lin = mg.Graph(x, ops.Linear(4, name="fc")(x))
+    params, state = mg.compile(lin).init(jax.random.key(1))
+    qlin = mg.quantize(lin, scheme)
+    qp, qs = mg.quantize_weights(qlin, params, state)
+    bad = np.ones((2, 8), np.float32)
+    bad[0, 5] = np.nan
+    out = np.asarray(mg.compile(qlin).apply(qp, qs, bad)[0])
+    assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+
+
 # --- bad input ----------------------------------------------------------------------
 
 
@@ -889,3 +942,20 @@ def test_int4_default_targets_leave_layers_the_group_does_not_divide_float_and_s
     with pytest.raises(mg.ConfigError, match=r"group_size=4096.*inputs of 4 layers.*no layer of "
                                              r"graph .* is left to quantize"):
         mg.quantize(g, "int4_weight_only", group_size=4096)
+
+
+def test_extra_weights_a_partly_quantized_graph_and_the_tanh_gelu_zero_point():
+    x = mg.Input(("batch", 64), name="x")
+    h = ops.Linear(32, activation="gelu_tanh", name="fc1")(x)
+    g = mg.Graph(x, ops.Linear(10, name="fc2")(h))
+    params, state = mg.compile(g).init(jax.random.key(0))
+    qg = mg.quantize(g, "int8")
+    assert qg.node("fc2.quantize").op.zero_point  # the tanh GELU's output is one-signed too
+    with pytest.raises(mg.GraphError, match="params hold fc1/extra, a weight this layer does not"):
+        mg.quantize_weights(qg, {**params, "fc1": {**params["fc1"], "extra": jnp.ones(3)}}, state)
+    partly = mg.quantize(g, "int8", targets="fc1")
+    with pytest.raises(mg.ConfigError, match="quantized already .*name the layers to quantize "
+                                             "further in targets="):
+        mg.quantize(partly, "int4_weight_only")
+    mixed = mg.quantize(partly, "int8_weight_only", targets="fc2")  # a mix, asked by name
+    assert mixed.node("fc2").op.scheme == "int8_weight_only"

@@ -35,7 +35,7 @@ from ..ops.embedding import normal as normal_init
 from ..ops.initializers import lora_a_uniform, lora_a_uniform_conv
 from ..ops.linear import Linear
 from ..ops.quantize import Quantize
-from .lora_arguments import checked_arguments
+from .lora_arguments import LORA_SIGNATURE, checked_arguments
 from .lora_weights import is_adapter
 
 __all__ = ["lora", "lora_targets", "lora_a_uniform", "lora_a_uniform_conv"]
@@ -52,7 +52,7 @@ QUANTIZED_ADAPTED_OPS = tuple(f"quantized_{name}" for name in ADAPTED_OPS)
 DEFAULT_PROJECTIONS = ("query", "value")
 
 
-def lora(graph: Graph, targets: Any = None, *, rank: int | None = None, alpha: float | None = None,
+def lora(graph: Graph, targets: Any = None, *positional: Any, rank: int | None = None, alpha: float | None = None,
          dropout: float = 0.0, use_rslora: bool = False,
          init_weights: bool | str = True, **unknown: Any) -> Graph:
     """``graph`` with a low-rank adapter beside each layer ``targets`` selects.
@@ -95,14 +95,19 @@ def lora(graph: Graph, targets: Any = None, *, rank: int | None = None, alpha: f
       >>> [node.name for node in g2.nodes]
       ['x', 'fc', 'fc.lora_A', 'fc.lora_B', 'fc.lora_scale', 'fc.lora', 'head']
     """
+    if positional:
+        raise ConfigError(f"lora takes rank and the rest by keyword: lora(graph, targets, "
+                          f"rank={positional[0]!r}, ...), got {len(positional)} more positional "
+                          f"argument(s); it takes {LORA_SIGNATURE}")
     rank, scale = checked_arguments(targets, rank, alpha, dropout, use_rslora, init_weights,
                                     unknown)
     source = capture_source()
     if not isinstance(graph, Graph):
         raise GraphError(f"lora works on a Graph, got {type(graph).__name__}")
     graph = unfold_scans(graph)
-    chosen = lora_targets(graph, targets)
     nodes = dict(layer_paths(graph))
+    chosen = {path: projections for path, projections in lora_targets(graph, targets).items()
+              if not _quantize_helper(path, nodes)}
     for path, projections in chosen.items():
         _check_target(path, nodes[path], source, nodes)
         op: Any = nodes[path].op
@@ -179,6 +184,18 @@ def _no_projection(item: str, head: str, tail: str) -> str:
             f"c_attn, ...) are what lora_from_peft reads")
 
 
+def _quantize_helper(path: str, nodes: Mapping[str, Node]) -> bool:
+    """Whether ``path`` is the ``Quantize`` or ``Dequantize`` node ``mg.quantize`` put
+    beside a quantized layer (``h.0/mlp.c_fc.quantize``): part of that layer, which a
+    pattern selecting it adapts, not a target of its own."""
+    for suffix in (".quantize", ".dequantize"):
+        base = path[: -len(suffix)] if path.endswith(suffix) else None
+        if base is not None and getattr(nodes.get(base), "op", None) is not None \
+                and getattr(nodes[base].op, "scheme", None) is not None:
+            return True
+    return False
+
+
 def _check_target(path: str, node: Node, source: SourceInfo | None,
                   nodes: Mapping[str, Node]) -> None:
     op = node.op
@@ -249,6 +266,14 @@ class _Lora(Rule):
 
     def visit(self, node: Node, rewrite: Rewrite):
         chosen = dict(self.targets).get((node.name,))
+        if chosen is not None and not isinstance(node.op, Embedding):
+            calls = [n.name for n in rewrite.graph.nodes if n.layer == node.name and n.name != node.name]
+            if calls:
+                raise ConfigError(node_message(
+                    node.name, node.op.op_name, f"this layer is called {len(calls) + 1} times "
+                    f"({node.name}, {', '.join(calls)}), and LoRA adapts one call of a layer: "
+                    f"build the calls as layers of their own, or adapt a block called twice",
+                    source=self.source))
         if chosen is not None and _dequantized(rewrite.graph, node.name):
             return None  # adapted after its Dequantize node, where its output is float
         if chosen is None and isinstance(node.op, Dequantize) \
@@ -356,6 +381,11 @@ class _Lora(Rule):
         base_inputs = node.inputs[: len(node.inputs) - count]
         existing = dict(zip(op.delta_inputs, node.inputs[len(base_inputs):]))
         q_in, kv_in = base_inputs[:2]
+        if "qkv" in projections and q_in != kv_in:
+            raise ConfigError(node_message(
+                name, op.op_name, "a fused qkv adapter reads one sequence, and this attention "
+                "reads its keys and values from another input than its queries "
+                "(cross-attention): adapt 'query', 'key' and 'value' apart", source=self.source))
         head_dim = op._dims(tuple(rewrite.spec(v) for v in node.inputs))[2]
         deltas = dict(existing)
         for p in projections:

@@ -15,8 +15,14 @@ __all__ = ["INIT_WEIGHTS", "LORA_SIGNATURE", "checked_arguments"]
 
 
 def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A real number (NumPy's and JAX's scalars too), finite."""
+    if getattr(value, "shape", None) == () and hasattr(value, "dtype") \
+            and not isinstance(value, bool):
+        value = value.item()  # a NumPy or JAX scalar: float32 is no Python float
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigError(f"lora: {name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"lora: {name} must be finite, got {value!r}")
     return float(value)
 
 
@@ -40,7 +46,7 @@ def _scale(rank: Any, alpha: Any, dropout: Any, use_rslora: Any) -> float:
 INIT_WEIGHTS = (True, False, "gaussian")
 
 
-LORA_SIGNATURE = ("lora(graph, targets, rank, alpha=None, dropout=0.0, use_rslora=False, "
+LORA_SIGNATURE = ("lora(graph, targets, *, rank, alpha=None, dropout=0.0, use_rslora=False, "
                    "init_weights=True)")
 #: PEFT's ``LoraConfig`` spellings of lora's arguments.
 _PEFT_NAMES = {"r": "PEFT's r is rank=", "lora_alpha": "PEFT's lora_alpha is alpha=",

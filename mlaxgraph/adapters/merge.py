@@ -10,10 +10,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ..compiler.program import get_in, set_in
+from ..compiler.compile import compile
+from ..compiler.program import get_in, has_in, leaf_paths, set_in
 from ..core.donated import refuse_deleted
-from ..core.errors import GraphError
+from ..core.errors import GraphError, ShapeError
 from ..ir.graph import Graph
 from ..ir.node import Node, Value
 from ..ir.paths import is_adapter
@@ -141,6 +143,22 @@ def _read(params: Mapping, path: str, layer: str) -> Any:
                      f"graph's params, unscanned: model.unstack_weights gives them)")
 
 
+def _check_adapter_shapes(graph: Graph, params: Mapping) -> None:
+    """A ``ShapeError`` when the adapters' weights in ``params`` are not the shapes the
+    graph's adapters take (another rank's, another graph's): folded in with this graph's
+    scale they would give another model, as ``apply`` refuses them."""
+    shapes = jax.eval_shape(compile(graph).init_fn, jax.random.key(0))[0]
+    for path, spec in leaf_paths(shapes).items():
+        if not any(is_adapter(part) for part in path.split("/")) or not has_in(params, tuple(path.split("/"))):
+            continue
+        given = tuple(np.shape(get_in(params, tuple(path.split("/")))))
+        if given != tuple(spec.shape):
+            raise ShapeError(f"merge_lora: params' adapter weight {path} has the shape {given}, "
+                             f"and graph {graph.name!r} takes {tuple(spec.shape)} there (another "
+                             f"rank, or another graph's params): pass the params of this adapted "
+                             f"graph", expected=str(tuple(spec.shape)))
+
+
 def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
     """The base graph back, with the adapters folded into its weights: ``(graph,
     params)`` where each adapted layer's weight is ``W + scale * A @ B`` (``A (in,
@@ -171,6 +189,7 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
     if not any(path.endswith(".lora_A") for path in nodes):
         raise GraphError(f"merge_lora: graph {graph.name!r} has no LoRA adapters, so there is "
                          f"nothing to fold in: pass the graph mg.lora (or mg.lora_from_peft) made")
+    _check_adapter_shapes(graph, params)
     shared = _shared(graph)
     drop: set[str] = set()
     merged: dict = dict(params)

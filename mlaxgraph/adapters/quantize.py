@@ -106,17 +106,17 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
     graph = unfold_scans(graph)
     nodes = dict(layer_paths(graph))
     if targets is None:
+        done = [path for path, node in nodes.items() if isinstance(node.op, tuple(QUANTIZED_OPS.values()))]
+        if done:
+            raise ConfigError(f"quantize: graph {graph.name!r} is quantized already "
+                              f"(quantized layers: {', '.join(done[:3])}"
+                              f"{' ...' if len(done) > 3 else ''}): quantize the float graph, "
+                              f"with the scheme you want, or name the layers to quantize "
+                              f"further in targets= (a mix of schemes)")
         paths = [path for path, node in nodes.items() if node.op.op_name in QUANTIZABLE[scheme]
                  and not path.endswith((".lora_A", ".lora_B"))]
         paths = _groupable(paths, nodes, graph, scheme, group_size, source)
         if not paths:
-            done = [path for path, node in nodes.items()
-                    if isinstance(node.op, tuple(QUANTIZED_OPS.values()))]
-            if done:
-                raise ConfigError(f"quantize: graph {graph.name!r} is quantized already "
-                                  f"(quantized layers: {', '.join(done[:3])}"
-                                  f"{' ...' if len(done) > 3 else ''}): quantize the float "
-                                  f"graph, with the scheme you want")
             raise ConfigError(f"quantize: graph {graph.name!r} has no layer {scheme!r} "
                               f"quantizes ({', '.join(QUANTIZABLE[scheme])})")
     else:
@@ -308,7 +308,7 @@ class _Quantize(Rule):
                                                                 for i in range(2 + zero))))
         axis = 1 if isinstance(layer, Conv) and not layer.channels_last else -1
         name = rewrite.fresh(node.name + ".dequantize")
-        back = Dequantize(activation, axis, name=name)
+        back = Dequantize(activation, axis, rewrite.spec(x).dtype, name=name)
         inputs = (kept.value(0), q.value(1)) + tuple(kept.value(i)
                                                      for i in range(1, len(kept.outputs)))
         d = rewrite.emit(Node(name, back, inputs, (), name, self.source), infer=True)
@@ -318,7 +318,7 @@ class _Quantize(Rule):
 #: Activations whose outputs are of one sign but for a small bound (ReLU's >= 0,
 #: GELU's >= -0.17, SiLU's >= -0.28): a symmetric int8 range wastes half its levels on
 #: them.
-ONE_SIGNED = ("relu", "relu6", "gelu", "silu", "sigmoid", "softplus", "softmax", "elu")
+ONE_SIGNED = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "softmax")
 
 
 def _one_signed(rewrite: Rewrite, x: Any) -> bool:

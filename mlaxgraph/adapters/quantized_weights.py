@@ -164,6 +164,12 @@ def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
                     "quantize_weights(qgraph, params, state), as init gives them)" if swapped
                     else "(give the float model's params, unscanned: model.unstack_weights "
                     "gives them)"))) from None
+        extra = _extra_keys(given, want)
+        if extra:
+            raise GraphError(node_message(
+                path, node.op.op_name, f"params hold {path}/{extra[0]}, a weight this layer "
+                f"does not have (its weights: {', '.join(leaf_paths(want))}), which would be "
+                f"dropped; give the float model's params"))
         if isinstance(node.op, tuple(QUANTIZED_OPS.values())) and not _stored(given, want):
             given = _quantized(path, node, _to_float32(given), want, found.get(path))
         given = _as_expected(given, want)
@@ -174,6 +180,20 @@ def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
         _check(path, node, given, want)
         out = set_in(out, keys, dict(given))
     return out, dict(state), casts
+
+
+def _extra_keys(given: Any, want: Any, prefix: str = "") -> list[str]:
+    """The paths in a layer's ``given`` weights that its quantized weights ``want`` do
+    not have (a quantized layer keeps its float weights' names)."""
+    if not isinstance(given, Mapping) or not isinstance(want, Mapping):
+        return []
+    out: list[str] = []
+    for key, value in given.items():
+        if key not in want:
+            out.append(prefix + str(key))
+        else:
+            out += _extra_keys(value, want[key], f"{prefix}{key}/")
+    return out
 
 
 def _to_float32(tree: Any) -> Any:

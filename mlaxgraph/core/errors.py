@@ -97,6 +97,13 @@ class QuantizeWarning(UserWarning):
     ``warnings.simplefilter("error", mg.QuantizeWarning)``."""
 
 
+class AdapterWarning(UserWarning):
+    """A PEFT adapter config names what no module of the graph is (an entry of
+    ``target_modules`` or ``exclude_modules``, a key of ``rank_pattern`` or
+    ``alpha_pattern``), which PEFT ignores too; the message lists them. Turn it into an
+    error with ``warnings.simplefilter("error", mg.AdapterWarning)``."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceInfo:
     """Where in the user's code a node was created."""

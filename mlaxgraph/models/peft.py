@@ -17,13 +17,14 @@ import difflib
 import json
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..adapters.lora import lora
-from ..core.errors import ConfigError, GraphError, SerializationError
+from ..core.errors import AdapterWarning, ConfigError, GraphError, SerializationError
 from ..core.signatures import unknown_keywords
 from ..io.weights import write_atomic, write_safetensors
 from ..ir.graph import Graph
@@ -33,11 +34,18 @@ from ..ops.attention import MultiHeadAttention
 from ..ops.embedding import Embedding
 from ..ops.initializers import zeros
 from .arguments import LORA_FROM_PEFT_HINTS, LORA_FROM_PEFT_SIGNATURE, SAVE_ADAPTER_SIGNATURE, TASK_TYPES
-from .peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, DESCRIPTIVE, read_adapter_config
+from .peft_config import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    DESCRIPTIVE,
+    _saves,
+    keeps_out,
+    read_adapter_config,
+)
 from .state_dict import to_state_dict
 from .torch_layout import float_name, layout_for, unnamed_projection
 
-__all__ = ["lora_from_peft", "save_adapter", "peft_modules"]
+__all__ = ["lora_from_peft", "save_adapter", "peft_modules", "adapted_modules", "check_adapter_config"]
 
 #: The ops PEFT's ``all-linear`` adapts here (and attention projections).
 _LINEAR = ("linear",)
@@ -74,18 +82,21 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
     minus ``exclude_modules``; ``r``, ``lora_alpha``, ``rank_pattern``,
     ``alpha_pattern``, ``lora_dropout``, ``use_rslora``, ``init_lora_weights`` (how a
     fresh ``init`` draws the adapters: ``mg.lora``'s ``init_weights``). ``modules_to_save`` must name
-    modules of the graph (``load_state_dict(..., adapter=folder)`` reads their weights).
+    modules of the graph, or modules holding them (``load_state_dict(..., adapter=folder)``
+    reads their weights); as PEFT, a module it names gets no adapter.
     Then ``mg.models.load_state_dict(adapted, base, adapter=folder)`` gives the weights.
 
     ``folder`` may also be the config itself, a dict of its fields (``json.load`` of
     the file, or PEFT's ``LoraConfig(...).to_dict()``).
 
-    A field asking for what LoRA here does not do, an entry of ``target_modules``,
-    ``exclude_modules`` or ``modules_to_save`` that names no module, a key of
-    ``rank_pattern`` or ``alpha_pattern`` that matches no adapted module (PEFT would
-    ignore it), an ``exclude_modules`` that leaves nothing to adapt, or a target that is
-    not a Linear, Conv, Embedding or attention projection is an ``mg.ConfigError``
-    naming it.
+    A field asking for what LoRA here does not do, an entry of ``modules_to_save`` that
+    names no module, an ``exclude_modules`` that leaves nothing to adapt, or a target
+    that is not a Linear, Conv, Embedding or attention projection is an
+    ``mg.ConfigError`` naming it. An entry of ``target_modules`` or ``exclude_modules``
+    that names no module, and a key of ``rank_pattern`` or ``alpha_pattern`` that
+    matches no adapted module, are ignored as PEFT ignores them, with an
+    ``mg.AdapterWarning`` naming them (a typo, or a list written for several model
+    families).
     """
     if unknown:
         raise ConfigError(unknown_keywords("lora_from_peft", unknown, LORA_FROM_PEFT_SIGNATURE,
@@ -103,7 +114,7 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
     def full(key: str) -> tuple[str, ...]:
         return (layout.model_prefix + key, key) if layout.model_prefix else (key,)
 
-    if config.target_modules == "all-linear":
+    if isinstance(config.target_modules, str) and config.target_modules.lower() == "all-linear":
         heads = _outputs(unfold_scans(graph))
         wanted = [k for k, (path, op) in modules.items()
                   if (op in _LINEAR and path not in heads) or op == "attention"]
@@ -111,24 +122,32 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
         wanted = [k for k in keys if any(config.selects(n) for n in full(k))]
         _check_names(config, "target_modules", config.target_modules, keys, full, graph)
     _check_names(config, "exclude_modules", config.exclude_modules, keys, full, graph)
-    chosen = [k for k in wanted if not any(config.excludes(n) for n in full(k))]
+    # PEFT's rules: no adapter on what exclude_modules or modules_to_save names
+    chosen = [k for k in wanted if not any(config.excludes(n) or keeps_out(config.modules_to_save, n)
+                                           for n in full(k))]
     if wanted and not chosen:
         raise ConfigError(f"{config.path}: exclude_modules {config.exclude_modules!r} removes "
                           f"all {len(wanted)} modules that target_modules "
                           f"{config.target_modules!r} selects ({', '.join(wanted[:4])}"
                           f"{', ...' if len(wanted) > 4 else ''}); nothing would be adapted")
     if not chosen:
+        tied = [f"; {a.rsplit('.', 1)[0]!r} is the output head tied to {b!r} (one layer "
+                f"here, called twice): adapt the embedding" for a, b in layout.tied
+                if isinstance(config.target_modules, tuple)
+                and a.rsplit(".", 1)[0] in config.target_modules]
         raise ConfigError(f"{config.path}: target_modules {config.target_modules!r} matches no "
                           f"module of graph {graph.name!r}; modules such as "
-                          f"{', '.join(keys[:6])}")
+                          f"{', '.join(keys[:6])}" + "".join(tied[:1]))
     targeted = [full(k)[0] for k in chosen]
-    for field, pattern in config.unmatched_patterns(targeted):
-        raise ConfigError(f"{config.path}: {field} key {pattern!r} matches none of the adapted "
-                          f"modules (as PEFT matches it: the end of a name, at a dot), so it "
-                          f"would be ignored{_near(pattern, chosen)}")
+    unmatched = [f"{field} key {pattern!r}" + (f" ({near[2:]})" if (near := _near(pattern, chosen)) else "")
+                 for field, pattern in config.unmatched_patterns(targeted)]
+    if unmatched:
+        warnings.warn(f"{config.path}: {'; '.join(unmatched)}: matches none of the adapted "
+                      f"modules (as PEFT matches it: the end of a name, at a dot), so it is "
+                      f"ignored, as PEFT ignores it", AdapterWarning, stacklevel=2)
     shared = {n.layer for n in unfold_scans(graph).nodes if n.shares_weights}
     for name in config.modules_to_save:   # PEFT's rule, as config.saves reads it
-        saved = [k for k in keys if any(n.endswith(name) for n in full(k))]
+        saved = [k for k in keys if any(_saves((name,), n) for n in full(k))]
         if not saved:
             tied = [b for a, b in layout.tied if a.startswith(name + ".")]
             raise ConfigError(f"{config.path}: modules_to_save names {name!r}, which is no module "
@@ -160,14 +179,18 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
 
 
 def _check_names(config, field: str, spec: Any, keys: list[str], full, graph: Graph) -> None:
-    """Each entry of a list of module names (``target_modules``, ``exclude_modules``)
-    names some module of ``graph``: a typo would be ignored otherwise."""
+    """An ``AdapterWarning`` for the entries of a list of module names
+    (``target_modules``, ``exclude_modules``) that name no module of ``graph``: PEFT
+    ignores them (a list written for several model families), and so does this, saying
+    so (a typo)."""
     if not isinstance(spec, tuple):
         return
-    for name in spec:
-        if not any(n == name or n.endswith("." + name) for k in keys for n in full(k)):
-            raise ConfigError(f"{config.path}: {field} names {name!r}, which is no "
-                              f"module of graph {graph.name!r}{_near(name, keys)}")
+    missing = [f"{name!r}" + (f" ({near[2:]})" if (near := _near(name, keys)) else "") for name in spec
+               if not any(n == name or n.endswith("." + name) for k in keys for n in full(k))]
+    if missing:
+        warnings.warn(f"{config.path}: {field} names {'; '.join(missing)}, which is no module "
+                      f"of graph {graph.name!r}: ignored, as PEFT ignores it", AdapterWarning,
+                      stacklevel=3)
 
 
 def _near(name: str, keys: list[str]) -> str:
@@ -178,6 +201,45 @@ def _near(name: str, keys: list[str]) -> str:
     tails = sorted({".".join(k.split(".")[-parts:]) for k in keys} | {k.rsplit(".", 1)[-1] for k in keys})
     close = difflib.get_close_matches(name, tails, n=4, cutoff=0.5)
     return f"; near names: {', '.join(close)}" if close else ""
+
+
+def adapted_modules(graph: Graph, where: str) -> dict[str, tuple[str, int, float]]:
+    """Each LoRA adapter of ``graph`` by the full name of the module it adapts (the
+    model class's prefix in front): ``(its target's path, rank, scale)``."""
+    layout = layout_for(graph.name)
+    nodes = dict(layer_paths(unfold_scans(graph)))
+    modules = {path: key for key, (path, _) in peft_modules(graph).items()}
+    out: dict[str, tuple[str, int, float]] = {}
+    for path, node in nodes.items():
+        if not path.endswith(".lora_A"):
+            continue
+        target = path[: -len(".lora_A")]
+        key = modules.get(target) or modules.get(target.rpartition(".")[0] + "/" + target.rpartition(".")[2])
+        if key is None:
+            owner, _, projection = target.rpartition(".")
+            if isinstance(getattr(nodes.get(owner), "op", None), MultiHeadAttention):
+                raise SerializationError(f"{where}: " + unnamed_projection(
+                    path, owner, projection, dict(layout.attention)))
+            raise SerializationError(f"{where}: the adapter {path!r} adapts no module PEFT can name")
+        scale = nodes[target + ".lora_scale"].op.constant  # type: ignore[attr-defined]
+        out[layout.model_prefix + key] = (target, int(node.op.features),  # type: ignore[attr-defined]
+                                          float(scale))
+    return out
+
+
+def check_adapter_config(graph: Graph, config: Any) -> None:
+    """A ``ConfigError`` when the adapters of ``graph`` are not those an adapter
+    folder's config describes (another rank, ``lora_alpha`` or ``use_rslora`` for a
+    module): its weights would load, and compute with another scale than PEFT's."""
+    for name, (target, rank, scale) in adapted_modules(graph, "load_state_dict").items():
+        want_rank, alpha = config.rank_of(name), config.alpha_of(name)
+        want = alpha / (want_rank ** 0.5 if config.use_rslora else want_rank)
+        if want_rank != rank or not np.isclose(want, scale, rtol=1e-6, atol=0):
+            raise ConfigError(
+                f"{config.path}: the adapter of {name!r} is r={want_rank}, lora_alpha={alpha:g}"
+                f"{', use_rslora' if config.use_rslora else ''} (scale {want:g}), but graph "
+                f"{graph.name!r} adapts it with rank {rank} and scale {scale:g} ({target!r}): "
+                f"build the graph from this folder, mg.lora_from_peft(base_graph, folder)")
 
 
 def _one_dropout(dropouts: dict[float, list[str]], given: Any) -> float:
@@ -250,30 +312,15 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
                          f"params (a dict), got {type(graph).__name__} and "
                          f"{type(params).__name__}")
     layout = layout_for(graph.name)
-    flat = unfold_scans(graph)
-    nodes = dict(layer_paths(flat))
-    modules = {path: key for key, (path, _) in peft_modules(graph).items()}
+    nodes = dict(layer_paths(unfold_scans(graph)))
     settings: dict[str, tuple[int, float]] = {}
     dropouts: dict[float, list[str]] = collections.defaultdict(list)
-    for path, node in nodes.items():
-        if not path.endswith(".lora_A"):
-            continue
-        target = path[: -len(".lora_A")]
-        key = modules.get(target) or modules.get(target.rpartition(".")[0] + "/" + target.rpartition(".")[2])
-        if key is None:
-            owner, _, projection = target.rpartition(".")
-            if isinstance(getattr(nodes.get(owner), "op", None), MultiHeadAttention):
-                raise SerializationError("save_adapter: " + unnamed_projection(
-                    path, owner, projection, dict(layout.attention)))
-            raise SerializationError(f"save_adapter: the adapter {path!r} adapts no module "
-                                     f"PEFT can name")
-        rank = int(node.op.features)  # type: ignore[attr-defined]
-        scale = nodes[target + ".lora_scale"].op.constant  # type: ignore[attr-defined]
-        settings[layout.model_prefix + key] = (rank, float(scale) * rank)
+    for name, (target, rank, scale) in adapted_modules(graph, "save_adapter").items():
+        settings[name] = (rank, scale * rank)
         drop = nodes.get(target + ".lora_dropout")
         if not isinstance(getattr(nodes.get(target), "op", None), Embedding):
             rate = 0.0 if drop is None else float(drop.op.rate)  # type: ignore[attr-defined]
-            dropouts[rate].append(layout.model_prefix + key)
+            dropouts[rate].append(name)
     if not settings:
         raise SerializationError(f"save_adapter: graph {graph.name!r} has no LoRA adapters")
     dropout = _one_dropout(dropouts, lora_dropout)
@@ -286,16 +333,28 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
     weights = to_state_dict(graph, params, state, adapter_only=True,
                             modules_to_save=modules_to_save or ())
     (rank, alpha), _ = collections.Counter(settings.values()).most_common(1)[0]
+    # PEFT matches a listed name at the end of a module's (".conv1" in "layer1.0.conv1"):
+    # where that takes in a module not adapted, the names go as one regular expression
+    # of whole names, and a pattern's key from the start ("^conv1")
+    others = [layout.model_prefix + k for k in peft_modules(graph) if layout.model_prefix + k not in settings]
+    clash = {n for n in settings if any(o.endswith("." + n) for o in others)}
+    targets: Any = sorted(settings)
+    if clash:
+        targets = "(" + "|".join(re.escape(n) for n in targets) + ")"
+
+    def key(name: str) -> str:
+        return ("^" if name in clash else "") + re.escape(name)
+
     given = {"base_model_name_or_path": base_model_name_or_path, "task_type": task_type}
     config = {
         **carried, **{k: v for k, v in given.items() if v is not None or k not in carried},
         "peft_type": "LORA",
         "r": rank, "lora_alpha": alpha, "lora_dropout": dropout,
-        "target_modules": sorted(settings), "use_rslora": False,
+        "target_modules": targets, "use_rslora": False,
         "fan_in_fan_out": layout.linear == "in_out", "bias": "none",
         "modules_to_save": list(modules_to_save) if modules_to_save else None,
-        "rank_pattern": {re.escape(k): r for k, (r, _) in settings.items() if r != rank},
-        "alpha_pattern": {re.escape(k): a for k, (_, a) in settings.items() if a != alpha},
+        "rank_pattern": {key(k): r for k, (r, _) in settings.items() if r != rank},
+        "alpha_pattern": {key(k): a for k, (_, a) in settings.items() if a != alpha},
         # one value for the file (PEFT has no per-module one): the most common
         "init_lora_weights": inits.most_common(1)[0][0], "use_dora": False,
     }

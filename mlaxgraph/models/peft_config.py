@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core.errors import ConfigError
 
-__all__ = ["AdapterConfig", "read_adapter_config", "saved_modules", "BASE_LAYER",
+__all__ = ["AdapterConfig", "read_adapter_config", "saved_modules", "BASE_LAYER", "keeps_out",
            "base_layer_copies", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS",
            "LEGACY_ADAPTER_WEIGHTS"]
 
@@ -37,6 +37,9 @@ LEGACY_ADAPTER_WEIGHTS = "adapter_model.bin"
 DESCRIPTIVE = frozenset({
     "base_model_name_or_path", "revision", "task_type", "inference_mode", "auto_mapping",
     "peft_version", "megatron_core", "qalora_group_size",
+    # peft <= 0.2: whether to merge the adapters into the weights in eval mode (a speed
+    # choice: the outputs are the same)
+    "merge_weights",
 })
 #: Fields that must hold their default: any other value asks for what LoRA here does
 #: not do. (The value a file may hold -> what to say.)
@@ -147,8 +150,18 @@ def saved_modules(graph_name: str, modules: list[str], prefix: str, names: Any,
 
 
 def _saves(names: Any, key: str) -> bool:
-    """PEFT's ``modules_to_save`` rule: the module's full name ends with an entry."""
-    return any(key.endswith(name) for name in names)
+    """PEFT's ``modules_to_save`` rule: the module's full name, or a module's holding
+    it (``h.1.mlp`` holds ``h.1.mlp.c_fc``: PEFT saves the whole of it), ends with an
+    entry."""
+    parts = key.split(".")
+    holders = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return any(holder.endswith(name) for name in names for holder in holders)
+
+
+def keeps_out(names: Any, key: str) -> bool:
+    """PEFT's rule for a target in ``modules_to_save``: a module named by an entry, or
+    inside one, gets no adapter (it is trained in full instead)."""
+    return any(re.match(rf"(^|.*\.){name}($|\..*)", key) for name in names)
 
 
 def _names(spec: str | tuple[str, ...], key: str) -> bool:
@@ -272,25 +285,28 @@ def read_adapter_config(folder: str | os.PathLike | Mapping) -> AdapterConfig:
                 raise _field_error(path, name, value, f"key {key!r} is not a regular "
                                    f"expression ({e})") from None
         patterns[name] = value
-    for name in ("use_rslora", "fan_in_fan_out"):
-        if not isinstance(fields.get(name, False), bool):
+    for name in ("use_rslora", "fan_in_fan_out"):  # null: the default, as PEFT reads it
+        if not isinstance(fields.get(name) or False, bool):
             raise _field_error(path, name, fields[name], "must be true or false")
     init = fields.get("init_lora_weights", True)
     if not any(init == v and type(init) is type(v) for v in INIT_LORA_WEIGHTS):
         raise _field_error(path, "init_lora_weights", init,
-                           "asks for an initialization that changes the base model's weights "
-                           "too (or one mlaxgraph does not know), which the adapter file does "
-                           "not hold; allowed: " + ", ".join(map(repr, INIT_LORA_WEIGHTS)))
+                           "asks for an initialization mlaxgraph does not draw (PiSSA, OLoRA, "
+                           "LoftQ, EVA and CorDA also change the base model's weights, which "
+                           "the adapter file does not hold; orthogonal starts B nonzero); "
+                           "allowed: " + ", ".join(map(repr, INIT_LORA_WEIGHTS)) + " (the "
+                           "weights a folder holds load whatever the field says: write true "
+                           "to read them)")
     return AdapterConfig(
         path=path, r=r, lora_alpha=float(alpha), lora_dropout=float(dropout),
         target_modules=_modules(path, "target_modules", target, allow_regex=True),
         exclude_modules=_modules(path, "exclude_modules", fields.get("exclude_modules"),
                                  allow_regex=True),
-        use_rslora=fields.get("use_rslora", False),
+        use_rslora=bool(fields.get("use_rslora")),
         rank_pattern=patterns["rank_pattern"], alpha_pattern=patterns["alpha_pattern"],
         modules_to_save=_modules(path, "modules_to_save", fields.get("modules_to_save"),
                                  allow_regex=False) or (),
-        fan_in_fan_out=fields.get("fan_in_fan_out", False), init_lora_weights=init,
+        fan_in_fan_out=bool(fields.get("fan_in_fan_out")), init_lora_weights=init,
         fields=fields)
 
 

@@ -296,6 +296,9 @@ def _load_with_adapter(graph, layout, layers, state_dict, folder, strict, dtype)
         raise SerializationError(f"load_state_dict(adapter={os.fspath(folder)!r}): graph "
                                  f"{graph.name!r} has no adapters; build it with "
                                  f"mg.lora_from_peft(graph, folder) first")
+    from .peft import check_adapter_config  # peft writes through this module
+
+    check_adapter_config(graph, config)
     base = [layer for layer in layers if not layer.adapter]
     params, state = _load_from(graph, layout, base, state_dict, strict, dtype)
     saved = [layer for layer in base if config.saves(layout.model_prefix + layer.module)

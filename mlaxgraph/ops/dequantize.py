@@ -11,7 +11,7 @@ import numpy as np
 from ..core.errors import DTypeError, ShapeError
 from ..core.registry import register
 from .activation import activation_caveat, activation_flops, apply_activation, to_activation
-from .base import Layer, field
+from .base import Layer, field, to_optional_dtype
 from .flops import size
 
 __all__ = ["Dequantize"]
@@ -22,7 +22,11 @@ __all__ = ["Dequantize"]
 class Dequantize(Layer):
     """The float result of a quantized layer's product: inputs ``(acc, scale,
     kernel_scale[, bias])``, output ``activation(acc * scale * kernel_scale + bias)``
-    computed in float32 and cast to ``scale``'s dtype (the layer's float input's).
+    computed in float32 and cast to ``dtype`` (the layer's float input's, which
+    ``mg.quantize`` gives; None: ``scale``'s). It is precision-sensitive: a
+    half-precision policy leaves its float32 inputs as they are (a float8 product's
+    accumulator exceeds float16's range, a per-token scale of small values is below it)
+    and casts its result for the layers after it.
 
     ``acc``: the layer's accumulator ``(..., features)`` (int32 from an int8 x int8
     product; float32 from float8); ``scale``: the ``Quantize`` node's scale of the
@@ -35,6 +39,9 @@ class Dequantize(Layer):
 
     activation: str | None = field(default=None, converter=to_activation)
     axis: int = -1
+    dtype: np.dtype | None = field(default=None, converter=to_optional_dtype)
+
+    precision_sensitive = True
 
     def validate(self):
         super().validate()
@@ -60,7 +67,7 @@ class Dequantize(Layer):
             if v.shape != (features,):
                 raise ShapeError(f"the per-channel inputs must be ({features},), got {v}",
                                  expected=f"[{features}]")
-        return (acc.with_dtype(scale.dtype),)
+        return (acc.with_dtype(self.dtype or scale.dtype),)
 
     def _channels(self, v, rank: int):
         axis = self.axis % rank
@@ -72,7 +79,7 @@ class Dequantize(Layer):
             * self._channels(channel.astype(jnp.float32), acc.ndim)
         if len(inputs) == 4:
             y = y + self._channels(inputs[3].astype(y.dtype), acc.ndim)
-        return (apply_activation(self.activation, y.astype(scale.dtype)),), state
+        return (apply_activation(self.activation, y.astype(self.dtype or scale.dtype)),), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """Per value: the accumulator's convert and two multiplies, the bias add; the

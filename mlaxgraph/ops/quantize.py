@@ -53,9 +53,10 @@ def absmax_scale(x: jax.Array, axes: tuple[int, ...], bound: float) -> jax.Array
     """``max |x| * (1 / bound)`` over ``axes`` (kept as size-1 dims), in float32 (times
     the reciprocal, as XLA rewrites a division by a constant, so the scale is the same
     eagerly and jitted); 1 where the values are all zero (they quantize to zero
-    whatever the scale)."""
+    whatever the scale). A NaN among the values makes the scale NaN, so it reaches the
+    result as the float computation's NaN would."""
     amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axes, keepdims=True)
-    return jnp.where(amax > 0, amax * jnp.float32(1.0 / bound), jnp.float32(1))
+    return jnp.where(amax == 0, jnp.float32(1), amax * jnp.float32(1.0 / bound))
 
 
 def range_scale(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
@@ -68,7 +69,7 @@ def range_scale(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, jax.Arr
     low = jnp.minimum(jnp.min(x, axis=axes, keepdims=True), 0)
     high = jnp.maximum(jnp.max(x, axis=axes, keepdims=True), 0)
     span = high - low
-    scale = jnp.where(span > 0, span * jnp.float32(1.0 / 255), jnp.float32(1))
+    scale = jnp.where(span == 0, jnp.float32(1), span * jnp.float32(1.0 / 255))  # NaN stays
     zero = jnp.round(-low / scale).astype(jnp.int32) - 128
     return scale, jnp.clip(zero, -128, 127)
 
@@ -210,7 +211,8 @@ class Quantize(Layer):
     """Casts a float tensor to ``dtype`` (int8 or float8_e4m3fn) with a scale: outputs
     ``(q, scale)``, ``q = round(x / scale)`` (clipped to ``[-127, 127]``; float8: to
     +-448, rounded by the cast) and ``scale = max |x| * (1 / 127)`` (448 for float8) over
-    ``axes`` (kept as size-1 dims, in ``x``'s dtype), computed at each call. ``axes=(-1,)``
+    ``axes`` (kept as size-1 dims, float32 whatever ``x``'s dtype: a half-precision
+    scale of small values would round to zero), computed at each call. ``axes=(-1,)``
     gives one scale per token; a layer reading ``q`` multiplies its result by
     ``scale``. ``x = q * scale`` up to rounding.
 
@@ -263,7 +265,7 @@ class Quantize(Layer):
         expect_float(x)
         axes = self._axes(x.rank)
         scale = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-        outputs = (x.with_dtype(self.dtype), x.with_shape(scale))
+        outputs = (x.with_dtype(self.dtype), x.with_shape(scale).with_dtype(np.dtype(jnp.float32)))
         if self.zero_point:
             outputs = outputs + (outputs[1].with_dtype(np.dtype(jnp.int32)),)
         return outputs
@@ -283,10 +285,10 @@ class Quantize(Layer):
             zero = jnp.where(static > 0, state["zero"], zero)
             shifted = jnp.round(x.astype(jnp.float32) / scale) + zero.astype(jnp.float32)
             q = jnp.clip(shifted, -128, 127).astype(jnp.int8)
-            return (q, scale.astype(x.dtype), zero), state
+            return (q, scale, zero), state
         scale = absmax_scale(x, self._axes(x.ndim), _bound(self.dtype))
         scale = jnp.where(static > 0, static, scale)
-        return (quantize_to(x, scale, self.dtype), scale.astype(x.dtype)), state
+        return (quantize_to(x, scale, self.dtype), scale), state
 
     def flops(self, inputs, outputs, *, param_dtype, inference_mode):
         """Per element: the absolute value and the max reducing it, the divide, the
@@ -302,6 +304,6 @@ class Quantize(Layer):
             count = 6 * size(x) + 3 * size(scale) + 1
         else:
             count = 7 * size(x) + 3 * size(scale) + 3
-        if x.dtype != np.float32:  # x converted to float32, the scale back
-            count = count + size(x) + size(scale)
+        if x.dtype != np.float32:  # x converted to float32
+            count = count + size(x)
         return count

@@ -221,6 +221,9 @@ class Trainer:
         if isinstance(trainable, str):
             test = glob_test(trainable)
         elif callable(trainable):
+            if problem := call_problem(trainable, 1):
+                raise GraphError(f"Trainer(trainable=...) calls a predicate as f(path) -> bool "
+                                 f"(path: 'fc/kernel'); {problem}")
             test = trainable
         else:
             raise GraphError(f"Trainer(trainable=...) takes a glob over weight paths or a "

@@ -24,8 +24,11 @@ class _InsertCasts(Rule):
 
     def _cast(self, value: Value, dtype, source, rewrite: Rewrite) -> Value:
         spec = rewrite.spec(value)
-        # float8 values are quantized ones (a Quantize node's): their dtype is the point.
-        if not spec.is_float or spec.dtype == dtype or spec.dtype.itemsize == 1:
+        # float8 values are quantized ones (a Quantize node's): their dtype is the point;
+        # so is its scales' float32 (a half-precision scale of small values is zero).
+        producer = rewrite.graph._index.get(value.node)
+        if not spec.is_float or spec.dtype == dtype or spec.dtype.itemsize == 1 or (
+                producer is not None and getattr(producer.op, "casts_activations", False)):
             return value
         casts = rewrite.data
         key = (value, str(dtype))
@@ -79,7 +82,7 @@ def insert_casts(graph: Graph, policy: Policy) -> Graph:
     are cast to ``policy.compute_dtype``; every layer's float inputs have the dtype
     the policy gives it (float32 for precision-sensitive layers, the override for a
     named layer), so it computes in that dtype (float8 values, which a ``Quantize``
-    node makes for the layer reading them, stay as they are); float outputs have
+    node makes for the layer reading them, and its float32 scales stay as they are); float outputs have
     ``policy.output_dtype`` (not for a nested block, whose outputs stay as computed).
     A value is cast at most once per dtype. User-written Cast nodes are kept as they
     are; the casts inserted here are marked ``inserted=True``.
