@@ -481,3 +481,37 @@ def test_an_adapter_folder_whose_scale_differs_from_the_graphs_is_refused(gpt2_a
                                              r"but graph 'gpt2' adapts it with rank \d+ and scale"):
         mg.models.load_state_dict(adapted, base, adapter=other)
     mg.models.load_state_dict(mg.lora_from_peft(g, other), base, adapter=other)  # its own graph
+
+
+def test_vit_folders_in_transformers_5_names_and_in_the_files_names_read_alike(tmp_path):
+    """PEFT under transformers 5.x names ViT's modules as the model holds them in memory
+    (layers.0.attention.q_proj, mlp.fc1), and save_adapter writes them so; a folder of
+    transformers 4.x's names (the files', encoder.layer.0.attention.attention.query)
+    reads the same."""
+    config = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 48, "image_size": 16, "patch_size": 4}
+    g = mg.models.vit(config)
+    adapted = mg.lora(g, ["encoder.layer.*/attention/query", "encoder.layer.*/attention/value",
+                          "encoder.layer.*/intermediate.dense"], rank=2, alpha=4, init_weights=False)
+    params, _ = mg.compile(adapted).init(jax.random.key(0))
+    mg.models.save_adapter(adapted, params, tmp_path / "memory")
+    fields = json.loads((tmp_path / "memory" / "adapter_config.json").read_text())
+    assert fields["target_modules"][:3] == ["layers.0.attention.q_proj", "layers.0.attention.v_proj",
+                                           "layers.0.mlp.fc1"]
+    renamed = {}
+    for name, value in load_file(str(tmp_path / "memory" / "adapter_model.safetensors")).items():
+        layer, part = re.fullmatch(r"base_model\.model\.layers\.(\d+)\.(.*)", name).groups()
+        part = (part.replace("attention.q_proj", "attention.attention.query")
+                .replace("attention.v_proj", "attention.attention.value")
+                .replace("mlp.fc1", "intermediate.dense"))
+        renamed[f"base_model.model.encoder.layer.{layer}.{part}"] = value
+    files = _folder(tmp_path, {**fields, "target_modules": ["query", "value", "intermediate.dense"],
+                               "rank_pattern": {"encoder.layer.1.intermediate.dense": 2}}, renamed,
+                    name="files")
+    for folder in (tmp_path / "memory", files):
+        again = mg.lora_from_peft(g, folder)
+        assert again == adapted
+        loaded, _ = mg.models.load_state_dict(again, _base(g, 1), adapter=folder)
+        for want, got in zip(jax.tree.leaves(mg.lora_params(params)),
+                             jax.tree.leaves(mg.lora_params(loaded))):
+            np.testing.assert_array_equal(want, got)

@@ -139,3 +139,55 @@ def test_a_folder_peft_wrote_for_an_embedding_target_loads(tmp_path):
     params, state = mg.models.load_state_dict(adapted, state_dict, adapter=tmp_path)
     ids = _ids()
     _close(_ours(adapted, params, state, ids), _theirs(peft_model.eval(), ids))
+
+
+def test_a_top_level_module_save_adapter_writes_is_the_one_peft_adapts(tmp_path):
+    """ResNet's top-level conv1 also ends every block's conv1's name: PEFT must adapt it
+    alone, with its rank (a list of names would give it nine adapters)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    graph = mg.models.resnet18(10, image_size=32)
+    base = mg.models.load_state_dict(graph, {k: v.detach().numpy().copy()
+                                             for k, v in model.state_dict().items()})
+    adapted = mg.lora(mg.lora(graph, "conv1", rank=3, alpha=5), "layer1.0/conv2", rank=2, alpha=2,
+                      init_weights=False)
+    params, state = mg.compile(adapted).init(jax.random.key(2), reuse=base)
+    key = iter(jax.random.split(jax.random.key(3), 16))
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, w: (0.3 * jax.random.normal(next(key), w.shape, w.dtype)
+                         if ".lora_B" in jax.tree_util.keystr(path) else w), params)
+    mg.models.save_adapter(adapted, params, tmp_path)
+    theirs = peft.PeftModel.from_pretrained(model, tmp_path).eval()
+    wrapped = sorted(name for name, m in theirs.named_modules() if hasattr(m, "lora_A")
+                     and "default" in getattr(m, "lora_A", {}))
+    assert wrapped == ["base_model.model.conv1", "base_model.model.layer1.0.conv2"]
+    images = np.random.default_rng(5).normal(size=(2, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        want = theirs(torch.from_numpy(images)).numpy()
+    out, _ = mg.compile(adapted).apply(params, state, images.transpose(0, 2, 3, 1), inference_mode=True)
+    _close(np.asarray(out), want)
+
+
+def test_a_vit_adapter_save_adapter_writes_loads_in_peft_under_transformers_5(tmp_path):
+    """transformers 5.x holds ViT's modules as layers.N.attention.q_proj, mlp.fc1 ...:
+    the folder names them so, and PEFT adapts them."""
+    config = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                  image_size=16, patch_size=4)
+    torch.manual_seed(0)
+    model = transformers.ViTModel(transformers.ViTConfig(**config)).eval()
+    graph = mg.models.vit(config)
+    base = mg.models.load_state_dict(graph, {k: v.detach().numpy().copy()
+                                             for k, v in model.state_dict().items()})
+    adapted = mg.lora(graph, ["encoder.layer.*/attention/query", "encoder.layer.*/attention/value",
+                              "encoder.layer.*/intermediate.dense"], rank=2, alpha=4, init_weights=False)
+    params, state = mg.compile(adapted).init(jax.random.key(2), reuse=base)
+    mg.models.save_adapter(adapted, params, tmp_path)
+    theirs = peft.PeftModel.from_pretrained(model, tmp_path).eval()
+    pixels = np.random.default_rng(5).normal(size=(2, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        want = theirs(pixel_values=torch.from_numpy(pixels)).last_hidden_state.numpy()
+    out, _ = mg.compile(adapted).apply(params, state, pixels, inference_mode=True)
+    ours = np.asarray(out[0] if isinstance(out, (tuple, list)) else out)
+    _close(ours, want)
+    assert mg.lora_from_peft(graph, tmp_path) == adapted

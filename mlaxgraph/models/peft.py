@@ -42,7 +42,7 @@ from .peft_config import (
     keeps_out,
     read_adapter_config,
 )
-from .state_dict import to_state_dict
+from .state_dict import PEFT_PREFIX, to_state_dict
 from .torch_layout import float_name, layout_for, unnamed_projection
 
 __all__ = ["lora_from_peft", "save_adapter", "peft_modules", "adapted_modules", "check_adapter_config"]
@@ -112,7 +112,10 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
     keys = list(modules)
 
     def full(key: str) -> tuple[str, ...]:
-        return (layout.model_prefix + key, key) if layout.model_prefix else (key,)
+        # the files' names, and transformers 5.x's in memory (ViT's layers.0.attention.q_proj),
+        # which PEFT writes under it
+        forms = tuple(dict.fromkeys((key, layout.memory_name(key))))
+        return tuple(layout.model_prefix + f for f in forms) + forms if layout.model_prefix else forms
 
     if isinstance(config.target_modules, str) and config.target_modules.lower() == "all-linear":
         heads = _outputs(unfold_scans(graph))
@@ -138,7 +141,7 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
         raise ConfigError(f"{config.path}: target_modules {config.target_modules!r} matches no "
                           f"module of graph {graph.name!r}; modules such as "
                           f"{', '.join(keys[:6])}" + "".join(tied[:1]))
-    targeted = [full(k)[0] for k in chosen]
+    targeted = [name for k in chosen for name in full(k)]
     unmatched = [f"{field} key {pattern!r}" + (f" ({near[2:]})" if (near := _near(pattern, chosen)) else "")
                  for field, pattern in config.unmatched_patterns(targeted)]
     if unmatched:
@@ -169,8 +172,7 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
                               f"projections")
     groups: dict[tuple[int, float], list[str]] = collections.defaultdict(list)
     for key in chosen:
-        name = full(key)[0]
-        groups[(config.rank_of(name), config.alpha_of(name))].append(modules[key][0])
+        groups[(config.rank_of(full(key)), config.alpha_of(full(key)))].append(modules[key][0])
     adapted = graph
     for (rank, alpha), paths in groups.items():
         adapted = lora(adapted, paths, rank=rank, alpha=alpha, dropout=config.lora_dropout,
@@ -231,8 +233,11 @@ def check_adapter_config(graph: Graph, config: Any) -> None:
     """A ``ConfigError`` when the adapters of ``graph`` are not those an adapter
     folder's config describes (another rank, ``lora_alpha`` or ``use_rslora`` for a
     module): its weights would load, and compute with another scale than PEFT's."""
+    layout = layout_for(graph.name)
     for name, (target, rank, scale) in adapted_modules(graph, "load_state_dict").items():
-        want_rank, alpha = config.rank_of(name), config.alpha_of(name)
+        bare = name[len(layout.model_prefix):]
+        names = (name, layout.model_prefix + layout.memory_name(bare), bare, layout.memory_name(bare))
+        want_rank, alpha = config.rank_of(names), config.alpha_of(names)
         want = alpha / (want_rank ** 0.5 if config.use_rslora else want_rank)
         if want_rank != rank or not np.isclose(want, scale, rtol=1e-6, atol=0):
             raise ConfigError(
@@ -240,6 +245,13 @@ def check_adapter_config(graph: Graph, config: Any) -> None:
                 f"{', use_rslora' if config.use_rslora else ''} (scale {want:g}), but graph "
                 f"{graph.name!r} adapts it with rank {rank} and scale {scale:g} ({target!r}): "
                 f"build the graph from this folder, mg.lora_from_peft(base_graph, folder)")
+
+
+def _in_memory(layout: Any, name: str) -> str:
+    """A module or weight name, the model class's prefix in front, as transformers 5.x
+    holds it in memory (``TorchLayout.memory_name``)."""
+    prefix = layout.model_prefix if name.startswith(layout.model_prefix) else ""
+    return prefix + layout.memory_name(name[len(prefix):])
 
 
 def _one_dropout(dropouts: dict[float, list[str]], given: Any) -> float:
@@ -332,11 +344,18 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
         modules_to_save = carried.get("modules_to_save") or None
     weights = to_state_dict(graph, params, state, adapter_only=True,
                             modules_to_save=modules_to_save or ())
+    # transformers 5.x holds some models' modules under other names than its files write
+    # (ViT's layers.0.attention.q_proj for encoder.layer.0.attention.attention.query), and
+    # PEFT under it names them so: the folder does too (lora_from_peft reads both)
+    settings = {_in_memory(layout, name): value for name, value in settings.items()}
+    weights = {PEFT_PREFIX + _in_memory(layout, name[len(PEFT_PREFIX):])
+               if name.startswith(PEFT_PREFIX) else name: value for name, value in weights.items()}
     (rank, alpha), _ = collections.Counter(settings.values()).most_common(1)[0]
     # PEFT matches a listed name at the end of a module's (".conv1" in "layer1.0.conv1"):
     # where that takes in a module not adapted, the names go as one regular expression
     # of whole names, and a pattern's key from the start ("^conv1")
-    others = [layout.model_prefix + k for k in peft_modules(graph) if layout.model_prefix + k not in settings]
+    others = [_in_memory(layout, layout.model_prefix + k) for k in peft_modules(graph)]
+    others = [name for name in others if name not in settings]
     clash = {n for n in settings if any(o.endswith("." + n) for o in others)}
     targets: Any = sorted(settings)
     if clash:

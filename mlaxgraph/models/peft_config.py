@@ -108,11 +108,13 @@ class AdapterConfig:
         """Whether ``exclude_modules`` names the module ``key``."""
         return self.exclude_modules is not None and _names(self.exclude_modules, key)
 
-    def rank_of(self, key: str) -> int:
-        return int(_pattern(self.rank_pattern, key, self.r))
+    def rank_of(self, key: str | tuple[str, ...]) -> int:
+        """The rank of the module ``key`` (or of the first of its names a pattern
+        matches)."""
+        return int(_first(self.rank_pattern, key, self.r))
 
-    def alpha_of(self, key: str) -> float:
-        return float(_pattern(self.alpha_pattern, key, self.lora_alpha))
+    def alpha_of(self, key: str | tuple[str, ...]) -> float:
+        return float(_first(self.alpha_pattern, key, self.lora_alpha))
 
     def unmatched_patterns(self, keys: list[str]) -> list[tuple[str, str]]:
         """The ``(field, pattern)`` of ``rank_pattern`` and ``alpha_pattern`` that match
@@ -177,6 +179,18 @@ def _pattern(patterns: Mapping[str, Any], key: str, default: Any) -> Any:
         if re.match(rf"(.*\.)?({pattern})$", key):
             return value
     return default
+
+
+def _first(patterns: Mapping[str, Any], names: str | tuple[str, ...], default: Any) -> Any:
+    """``_pattern``'s value for the first of a module's names a pattern matches."""
+    for name in (names,) if isinstance(names, str) else names:
+        found = _pattern(patterns, name, _NONE)
+        if found is not _NONE:
+            return found
+    return default
+
+
+_NONE = object()
 
 
 def _read_json(path: str) -> Any:

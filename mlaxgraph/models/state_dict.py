@@ -301,8 +301,9 @@ def _load_with_adapter(graph, layout, layers, state_dict, folder, strict, dtype)
     check_adapter_config(graph, config)
     base = [layer for layer in layers if not layer.adapter]
     params, state = _load_from(graph, layout, base, state_dict, strict, dtype)
-    saved = [layer for layer in base if config.saves(layout.model_prefix + layer.module)
-             or config.saves(layer.module)]
+    saved = [layer for layer in base if any(
+        config.saves(prefix + name) for prefix in {layout.model_prefix, ""}
+        for name in (layer.module, layout.memory_name(layer.module)))]
     weights = os.path.join(os.path.dirname(config.path), ADAPTER_WEIGHTS)
     if not os.path.exists(weights):
         # PEFT before safetensors: torch.save's zip archive, read as PEFT falls back to it

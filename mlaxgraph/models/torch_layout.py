@@ -80,6 +80,21 @@ class TorchLayout:
                 return name
         return name
 
+    def memory_name(self, name: str) -> str:
+        """A module's ``name`` as the files write it (``encoder.layer.0.attention.attention.query``)
+        in the form ``renames`` reads (transformers 5.x's in memory,
+        ``layers.0.attention.q_proj``, which PEFT's adapter folders name); the name
+        itself when no rename gives it."""
+        for pattern, replacement in self.renames:
+            # each rename read backwards: its replacement as a pattern, \1 a number
+            parts = re.split(r"\\1", replacement)
+            back = "^" + r"(\d+)".join(re.escape(p) for p in parts)
+            forth = re.sub(r"\(\\d\+\)", r"\\1", pattern.lstrip("^")).replace("\\.", ".")
+            renamed, count = re.subn(back, forth, name + ".", count=1)
+            if count:
+                return renamed[:-1]
+        return name
+
     def is_buffer(self, name: str) -> bool:
         return name.endswith(".num_batches_tracked") or (
             self.buffers is not None and re.fullmatch(self.buffers, name) is not None)
