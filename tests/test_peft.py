@@ -515,3 +515,14 @@ def test_vit_folders_in_transformers_5_names_and_in_the_files_names_read_alike(t
         for want, got in zip(jax.tree.leaves(mg.lora_params(params)),
                              jax.tree.leaves(mg.lora_params(loaded))):
             np.testing.assert_array_equal(want, got)
+
+
+def test_a_quantized_module_to_save_says_how_to_write_the_adapters_alone(tmp_path):
+    g = mg.quantize(mg.models.llama(LLAMA), "int8_weight_only")
+    adapted = mg.lora_from_peft(g, {"r": 2, "target_modules": ["q_proj"], "modules_to_save": ["lm_head"]})
+    params = _zeros(adapted)
+    with pytest.raises(mg.SerializationError, match=r"modules_to_save names 'lm_head', which is "
+                                                    r"quantized \(int8_weight_only\).*modules_to_save=\[\]"):
+        mg.models.save_adapter(adapted, params, tmp_path / "out", modules_to_save=["lm_head"])
+    mg.models.save_adapter(adapted, params, tmp_path / "alone", modules_to_save=[])
+    assert json.loads((tmp_path / "alone" / "adapter_config.json").read_text())["modules_to_save"] is None

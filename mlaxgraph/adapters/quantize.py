@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 import re
 import warnings
 from typing import Any
@@ -97,6 +98,8 @@ def quantize(graph: Graph, scheme: str, *, targets: Any = None,
                           f"got {scheme!r}{f' (did you mean {near!r}?)' if near else ''}")
     if scheme == "int4_weight_only":
         group_size = DEFAULT_GROUP if group_size is None else group_size
+        if isinstance(group_size, numbers.Integral) and not isinstance(group_size, bool):
+            group_size = int(group_size)  # NumPy's ints too
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2 \
                 or group_size % 2:
             raise ConfigError(f"quantize: group_size must be an even int >= 2 (32 or 128), "

@@ -101,7 +101,7 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
                           f"pass calibration=[batch] for one batch")
     if method not in ("absmax", "gptq"):
         raise ConfigError(f"quantize_weights: method must be 'absmax' or 'gptq', got {method!r}")
-    if static_scales not in (None, True, False):
+    if static_scales is not None and not isinstance(static_scales, bool):
         raise ConfigError(f"quantize_weights: static_scales must be a bool or None, got "
                           f"{static_scales!r}")
     if calibration is None and (method == "gptq" or static_scales):

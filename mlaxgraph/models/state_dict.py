@@ -104,6 +104,8 @@ def _layers(graph: Graph, layout: TorchLayout, mode: str,
         elif mode == "adapters" and not (saved and saved(module)):
             continue
         elif is_quantized(step.op):
+            if mode == "adapters":  # a module modules_to_save names
+                raise quantized_refusal(step.op, step.path, "to_state_dict", saved=module)
             if mode != "read":
                 raise quantized_refusal(step.op, step.path, "to_state_dict")
             if float_name(step.op) is None:

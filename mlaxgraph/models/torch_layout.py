@@ -286,9 +286,16 @@ def is_quantized(op) -> bool:
     return float_name(op) is not None or isinstance(op, Quantize)
 
 
-def quantized_refusal(op, path: str, what: str) -> SerializationError:
-    """The error for a quantized layer where float PyTorch weights are written."""
+def quantized_refusal(op, path: str, what: str, saved: str | None = None) -> SerializationError:
+    """The error for a quantized layer where float PyTorch weights are written (``saved``:
+    the module name by which ``modules_to_save`` names it)."""
     scheme = getattr(op, "scheme", None)
+    if saved is not None:
+        return SerializationError(
+            f"{what}: modules_to_save names {saved!r}, which is quantized ({scheme}), and a "
+            f"PEFT folder holds a saved module's float weights: write the adapters alone "
+            f"(save_adapter(..., modules_to_save=[]): a folder given as like= carries its "
+            f"modules_to_save over), or save the module before quantizing")
     return SerializationError(
         f"{what}: layer {path!r} ({op.op_name}{', ' + scheme if scheme else ''}) is quantized, "
         f"and a PyTorch state dict holds float weights: write the float model's (the graph "
