@@ -527,3 +527,9 @@ def test_a_pattern_over_a_quantized_graph_adapts_its_layers_not_their_quantize_n
     names = [n.name for n in adapted.node("h.0").op.subgraph().nodes]
     assert "mlp.c_fc.lora_A" in names and "mlp.c_proj.lora_A" in names
     assert not any(".quantize.lora" in n or ".dequantize.lora" in n for n in names)
+
+
+def test_a_pattern_matching_only_the_fused_projection_says_to_name_it(gpt2):
+    with pytest.raises(mg.GraphError, match=r"'qk\*' matches no projection .* but the fused qkv, "
+                                            r"which a pattern does not select.*name it, h\.\*/attn/qkv"):
+        mg.lora(gpt2[0], "h.*/attn/qk*", rank=2)

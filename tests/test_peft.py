@@ -526,3 +526,20 @@ def test_a_quantized_module_to_save_says_how_to_write_the_adapters_alone(tmp_pat
         mg.models.save_adapter(adapted, params, tmp_path / "out", modules_to_save=["lm_head"])
     mg.models.save_adapter(adapted, params, tmp_path / "alone", modules_to_save=[])
     assert json.loads((tmp_path / "alone" / "adapter_config.json").read_text())["modules_to_save"] is None
+
+
+def test_the_adapter_argument_and_peft_config_objects_as_users_pass_them(gpt2_adapter, tmp_path):
+    g, base, _, _, folder = gpt2_adapter
+    adapted = mg.lora_from_peft(g, folder)
+    with pytest.raises(mg.SerializationError, match="missing .* an adapter's weights come from its "
+                                                    "PEFT folder: adapter=folder"):
+        mg.models.load_state_dict(adapted, base)
+    with pytest.raises(mg.ConfigError, match="an adapter's weights file; give its folder"):
+        mg.models.load_state_dict(adapted, base, adapter=folder / "adapter_model.safetensors")
+
+    class LoraConfig:  # PEFT's config object: its to_dict() holds target_modules as a set
+        def to_dict(self):
+            fields = json.loads((folder / "adapter_config.json").read_text())
+            return {**fields, "target_modules": set(fields["target_modules"])}
+
+    assert mg.lora_from_peft(g, LoraConfig()) == adapted

@@ -245,6 +245,10 @@ def test_calibration_bad_input_is_named(linear):
     for bad in (np.full_like(x, np.nan), np.where(x > 1, np.inf, x)):
         with pytest.raises(mg.ConfigError, match="calibration batch 1 holds NaN or inf values"):
             mg.quantize_weights(mg.quantize(g, "int8"), params, state, calibration=[x, bad])
+    for method in ("absmax", "gptq"):  # a batch of another width: which batch, and which input
+        with pytest.raises(mg.ShapeError, match="calibration batch 1: .*'x'"):
+            mg.quantize_weights(mg.quantize(g, "int8"), params, state, calibration=[x, x[:, :32]],
+                                method=method)
 
 
 def test_calibration_ignores_zero_tokens_and_keeps_per_call_scales_where_all_are_zero(linear):

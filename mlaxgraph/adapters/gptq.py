@@ -28,7 +28,7 @@ import numpy as np
 import scipy.linalg.lapack
 
 from ..compiler.compile import compile
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, MlaxGraphError
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.rewrite import Rewrite, Rule, rewrite
@@ -191,9 +191,13 @@ def hessians(qgraph: Graph, params: Mapping, state: Mapping, batches: Iterable) 
 
     total: dict[str, Any] = {}
     rows: dict[str, int] = {}  # the tokens each Hessian sums over
-    for batch in batches:
+    for number, batch in enumerate(batches):
         inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-        for path, (h, count) in sums(params, state, inputs).items():
+        try:
+            found = sums(params, state, inputs)
+        except MlaxGraphError as e:  # which batch, not only which input
+            raise type(e)(f"quantize_weights: calibration batch {number}: {e}") from None
+        for path, (h, count) in found.items():
             rows[path] = rows.get(path, 0) + int(count)
             total[path] = h if path not in total else total[path] + h
     if not total:

@@ -176,6 +176,10 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
 
 def _no_projection(item: str, head: str, tail: str) -> str:
     """The message for ``<attention>/<tail>`` where ``tail`` names no projection."""
+    if is_pattern(tail) and path_matcher(tail)("qkv"):
+        return (f"lora({item!r}): {tail!r} matches no projection of the attention {head!r} "
+                f"but the fused qkv, which a pattern does not select (it would adapt query, "
+                f"key and value twice with the separate ones): name it, {head}/qkv")
     close = difflib.get_close_matches(tail.lower(), ADAPTABLE, n=1, cutoff=0.5)
     near = f"; near: {head}/{close[0]}" if close else ""
     return (f"lora({item!r}): {head!r} names attention (MultiHeadAttention), and {tail!r} "

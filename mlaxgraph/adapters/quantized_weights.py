@@ -15,7 +15,7 @@ import numpy as np
 from ..compiler.compile import compile
 from ..compiler.program import get_in, has_in, leaf_paths, set_in
 from ..core.donated import refuse_deleted
-from ..core.errors import ConfigError, GraphError, QuantizeWarning, node_message
+from ..core.errors import ConfigError, GraphError, MlaxGraphError, QuantizeWarning, node_message
 from ..core.signatures import unknown_keywords
 from ..core.specs import trains
 from ..decode.inputs import check_vocabulary
@@ -276,7 +276,10 @@ def _calibrated(qgraph: Graph, params: dict, state: dict, batches: Iterable,
             if jnp.issubdtype(np.asarray(array).dtype, jnp.inexact) and not np.all(np.isfinite(array)):
                 raise ConfigError(f"quantize_weights: calibration batch {number} holds NaN or "
                                   f"inf values; static scales from it would be meaningless")
-        _, _, captured = apply(params, state, *inputs, inference_mode=True, capture=casts)
+        try:
+            _, _, captured = apply(params, state, *inputs, inference_mode=True, capture=casts)
+        except MlaxGraphError as e:  # which batch, not only which input
+            raise type(e)(f"quantize_weights: calibration batch {number}: {e}") from None
         for path in casts:
             out = captured[path]
             scale = out[1].astype(jnp.float32)

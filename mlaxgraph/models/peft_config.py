@@ -251,13 +251,18 @@ def read_adapter_config(folder: str | os.PathLike | Mapping) -> AdapterConfig:
         if not all(isinstance(k, str) for k in fields):
             raise ConfigError(f"{path}: its keys are the field names, strings; got "
                               f"{next(k for k in fields if not isinstance(k, str))!r}")
+    elif callable(getattr(folder, "to_dict", None)):  # PEFT's LoraConfig itself
+        path, fields = f"adapter config ({type(folder).__name__})", dict(folder.to_dict())
     elif isinstance(folder, (str, os.PathLike)):
         folder = os.fspath(folder)
         path = os.path.join(folder, ADAPTER_CONFIG) if os.path.isdir(folder) else folder
+        if path.endswith((".safetensors", ".bin")):
+            raise ConfigError(f"{path}: an adapter's weights file; give its folder (which holds "
+                              f"{ADAPTER_CONFIG} beside it)")
         fields = _read_json(path)
     else:
-        raise ConfigError(f"a PEFT adapter config is a folder, its {ADAPTER_CONFIG}, or a "
-                          f"dict of its fields; got {type(folder).__name__}")
+        raise ConfigError(f"a PEFT adapter config is a folder, its {ADAPTER_CONFIG}, a dict of "
+                          f"its fields or PEFT's LoraConfig; got {type(folder).__name__}")
     if not isinstance(fields, dict):
         raise ConfigError(f"{path}: an adapter config is a JSON object, got {type(fields).__name__}")
     peft_type = fields.get("peft_type", "LORA")

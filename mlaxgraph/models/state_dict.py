@@ -374,7 +374,9 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
                 f"{len(extra)} weight(s) that graph {graph.name!r} does not hold")
         raise SerializationError(
             f"{source.label}: {what}" + (f" (names read with the prefix {prefix!r})" if prefix else "")
-            + (" (strict=False ignores the unexpected ones)" if extra and strict else "") + ":\n"
+            + (" (strict=False ignores the unexpected ones)" if extra and strict else "")
+            + ("; an adapter's weights come from its PEFT folder: adapter=folder"
+               if missing and all(".lora_" in m for m in missing) else "") + ":\n"
             + side_by_side([prefix + m for m in missing], extra))
     arrays: dict[str, np.ndarray] = {}
     for name, (step, _, shape) in expected.items():
