@@ -194,10 +194,10 @@ def hessians(qgraph: Graph, params: Mapping, state: Mapping, batches: Iterable) 
     for number, batch in enumerate(batches):
         inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
         try:
-            found = sums(params, state, inputs)
+            batch_sums = sums(params, state, inputs)
         except MlaxGraphError as e:  # which batch, not only which input
             raise type(e)(f"quantize_weights: calibration batch {number}: {e}") from None
-        for path, (h, count) in found.items():
+        for path, (h, count) in batch_sums.items():
             rows[path] = rows.get(path, 0) + int(count)
             total[path] = h if path not in total else total[path] + h
     if not total:

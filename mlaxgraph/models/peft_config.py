@@ -242,10 +242,10 @@ def _modules(path: str, name: str, value: Any, *, allow_regex: bool) -> Any:
 DICT_CONFIG = "adapter config (dict)"
 
 
-def read_adapter_config(folder: str | os.PathLike | Mapping) -> AdapterConfig:
+def read_adapter_config(folder: Any) -> AdapterConfig:
     """The LoRA settings in ``folder``'s ``adapter_config.json`` (or that file itself),
     or in a dict of its fields (``json.load`` of the file, or PEFT's
-    ``LoraConfig.to_dict()``)."""
+    ``LoraConfig.to_dict()``), or in PEFT's ``LoraConfig`` itself."""
     if isinstance(folder, Mapping):
         path, fields = DICT_CONFIG, dict(folder)
         if not all(isinstance(k, str) for k in fields):
