@@ -543,3 +543,22 @@ def test_the_adapter_argument_and_peft_config_objects_as_users_pass_them(gpt2_ad
             return {**fields, "target_modules": set(fields["target_modules"])}
 
     assert mg.lora_from_peft(g, LoraConfig()) == adapted
+
+
+def test_modules_to_save_naming_a_holder_round_trips_and_a_projection_alone_is_named(tmp_path):
+    g = mg.models.llama(LLAMA)
+    adapted = mg.lora(g, "model.layers.*/mlp.gate_proj", rank=2)
+    params, state = mg.compile(adapted).init(jax.random.key(0))
+    mg.models.save_adapter(adapted, params, tmp_path / "out", modules_to_save=["model.layers.1.self_attn"])
+    fields = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    saved = load_file(str(tmp_path / "out" / "adapter_model.safetensors"))
+    assert "base_model.model.model.layers.1.self_attn.q_proj.weight" in saved
+    again = mg.lora_from_peft(g, tmp_path / "out")
+    assert again == adapted and fields["modules_to_save"] == ["model.layers.1.self_attn"]
+    loaded, _ = mg.models.load_state_dict(again, _base(g, 1), adapter=tmp_path / "out")
+    for want, got in zip(jax.tree.leaves(params["model.layers.1"]["self_attn"]),
+                         jax.tree.leaves(loaded["model.layers.1"]["self_attn"])):
+        np.testing.assert_array_equal(want, got)
+    with pytest.raises(mg.ConfigError, match="modules_to_save names 'q_proj', a projection of the "
+                                             "attention 'model.layers.0/self_attn'"):
+        mg.lora_from_peft(g, {**fields, "modules_to_save": ["q_proj"]})

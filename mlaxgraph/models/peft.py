@@ -157,6 +157,14 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
                               f"of graph {graph.name!r}" + (
                                   f" (its output head is tied to {tied[0]!r}: the head's weights "
                                   f"are the embedding's)" if tied else _near(name, keys)))
+        parts = [k for k in saved if modules[k][1] == "attention"
+                 and not any(_saves((name,), n) for n in full(k.rsplit(".", 1)[0]))]
+        if parts:
+            raise ConfigError(f"{config.path}: modules_to_save names {name!r}, a projection of "
+                              f"the attention {modules[parts[0]][0].rsplit('/', 1)[0]!r}, which "
+                              f"is one layer here: PEFT trains a copy of that projection alone, "
+                              f"which the layer cannot hold apart (name the attention module, "
+                              f"{parts[0].rsplit('.', 1)[0].rsplit('.', 1)[-1]!r}, to save all of it)")
         tied_saved = [k for k in saved if modules[k][0] in shared]
         if tied_saved:
             raise ConfigError(f"{config.path}: modules_to_save names {name!r}, whose weights graph "
