@@ -107,7 +107,7 @@ def test_keyword_arguments_a_function_does_not_take_name_the_one_meant():
         (lambda: mg.lora(graph, "fc", rank=2, target_modules=["fc"]),
          r"'target_modules' \(PEFT's target_modules are lora's second argument, targets\)"),
         (lambda: mg.lora(graph, "fc", rank=2, dropuot=0.1),
-         r"'dropuot' \(did you mean dropout\?\); it takes lora\(graph, targets, rank"),
+         r"'dropuot' \(did you mean dropout\?\); it takes lora\(graph, targets, \*, rank"),
         (lambda: mg.train.Trainer(model, optax.sgd(0.1), learning_rate=0.1),
          r"Trainer got unexpected keyword argument 'learning_rate' \(the learning rate is the "
          r"optimizer's: optax.adam\(learning_rate\)\)"),
@@ -227,7 +227,7 @@ def test_the_signatures_the_messages_write_out_are_the_functions(function, writt
     module, _, name = written.rpartition(".")
     text = getattr(importlib.import_module(module), name)
     real = [p.name for p in inspect.signature(target).parameters.values()
-            if p.kind is not p.VAR_KEYWORD and p.name not in ("self", "trainer")]
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in ("self", "trainer")]
     assert re.findall(r"[(,]\s*\**(\w+)", text) == real
 
 
