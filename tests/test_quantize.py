@@ -963,3 +963,11 @@ def test_extra_weights_a_partly_quantized_graph_and_the_tanh_gelu_zero_point():
         mg.quantize(partly, "int4_weight_only")
     mixed = mg.quantize(partly, "int8_weight_only", targets="fc2")  # a mix, asked by name
     assert mixed.node("fc2").op.scheme == "int8_weight_only"
+
+
+def test_a_pattern_spelt_near_nothing_lists_the_layers_there():
+    x = mg.Input(("batch", 8, 8, 3), name="x")
+    g = mg.Graph(x, ops.Conv(4, (3, 3), name="c2")(ops.Conv(4, (3, 3), name="c1")(x)))
+    with pytest.raises(mg.GraphError, match=r"pattern 'conv\*' matches no layer of graph 'graph'; "
+                                            r"its layers: c1, c2"):
+        mg.quantize(g, "int8", targets="conv*")

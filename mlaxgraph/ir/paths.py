@@ -74,7 +74,13 @@ def near_names(name: str, known: Sequence[str]) -> str:
                     f"with {name + '.*'!r}, or name one")
     plain = name.replace("*", "").replace("?", "")
     close = difflib.get_close_matches(plain, known, n=4, cutoff=0.5)
-    return f"; near names: {', '.join(close)}" if close else ""
+    if close:
+        return f"; near names: {', '.join(close)}"
+    if not known:
+        return ""
+    # nothing spelt near: the layers there are (a pattern written for another model)
+    top = list(dict.fromkeys(path.split("/")[0] for path in known))
+    return f"; its layers: {', '.join(top[:6])}{f' and {len(top) - 6} more' if len(top) > 6 else ''}"
 
 
 def is_adapter(key: str) -> bool:
