@@ -559,7 +559,15 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
     # do_sample=False is greedy in Hugging Face, which then drops temperature, top_k, top_p
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, do_sample=False,
                                  top_k=1),
-     mg.ConfigError, r"do_sample=False is greedy decoding, generate's default"),
+     mg.ConfigError, r"as Hugging Face reads them, this is greedy decoding \(Hugging Face ignores "
+                     r"top_k without do_sample=True\), generate's default"),
+    # without do_sample=True Hugging Face's warpers do nothing (greedy), and None is unset
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, temperature=0.7,
+                                 top_k=None, bad_words_ids=None),
+     mg.ConfigError, r"got temperature=0\.7 \(and 2 more set to None\).*this is greedy decoding"),
+    (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, do_sample=True,
+                                 top_k=0, top_p=1.0),  # Hugging Face's values for no top-k, top-p
+     mg.ConfigError, r"here sampler=mg\.sampling\.Temperature\(1\.0\) with key"),
     (lambda m, p, s: mg.generate(m, p, s, np.array([[1, 2]]), max_new_tokens=2, do_sample=False,
                                  temperature=0.7, repetition_penalty=1.2),
      mg.ConfigError, r"here sampler=mg\.sampling\.RepetitionPenalty\(1\.2\) \(the samplers run"),
@@ -590,7 +598,7 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
                      r"an int > 3, got 3"),
 ], ids=["int_key", "eos_out_of_vocabulary", "eos_not_int", "eos_empty_list", "pad_out_of_vocabulary",
         "cache_dtype_typo", "cache_dtype_int", "hugging_face_sampling", "beams",
-        "repetition_penalty", "ngram_and_top_k", "greedy_top_k", "greedy_penalty", "length_penalty", "bad_words_empty",
+        "repetition_penalty", "ngram_and_top_k", "greedy_top_k", "warpers_without_do_sample", "no_op_warpers", "greedy_penalty", "length_penalty", "bad_words_empty",
         "bad_words_beyond_vocabulary", "penalty_zero", "ngram_float", "misspelt", "no_length",
         "both_lengths", "max_length_within_the_prompt"])
 def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error, message):

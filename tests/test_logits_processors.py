@@ -198,3 +198,13 @@ def test_processors_with_a_drawing_sampler_are_reproducible(lm):
     two = np.stack(list(mg.generate_stream(model, params, state, prompt, max_new_tokens=8,
                                            sampler=sampler, key=jax.random.key(2))), 1)
     assert np.array_equal(np.asarray(one)[:, 4:], two)
+
+
+def test_greedy_in_a_chain_takes_the_processed_logits_most_likely_token():
+    logits = jnp.array([[0.1, 2.0, 1.9, -1.0]])
+    for chain in (mg.sampling.Temperature(0.5) + "greedy", [mg.sampling.TopK(3), "greedy"],
+                  mg.sampling.Greedy() + mg.sampling.TopK(3)):
+        sampler = mg.decode.sampling.as_sampler(chain)
+        assert not sampler.draws
+        assert int(sampler(logits, jax.random.key(0))[0]) == 1
+    assert float(mg.sampling.RepetitionPenalty(jnp.float32(1.5)).penalty) == 1.5

@@ -4,6 +4,7 @@ scanning model; reuse keeping nothing, float weights for a quantized layer and a
 deleted by a donation are errors naming the weight (init and apply)."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -165,3 +166,19 @@ def test_trainer_init_of_a_quantized_model_needs_its_stored_weights(gpt2):
     ts = trainer.init(jax.random.key(0), reuse=(qparams, qstate))
     assert ts.params["h.0"]["mlp.c_fc"]["kernel"] is qparams["h.0"]["mlp.c_fc"]["kernel"]
     assert ts.params["h.0"]["mlp.c_fc"]["kernel"].dtype == np.int8
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_scanned_models_weights_reach_the_blocks_left_after_one_is_removed(scan):
+    """The stack h.0..h.2 holds three blocks by their numbers: after removing h.1, h.0 and
+    h.2 keep theirs, one by one or stacked again (they were redrawn without a word)."""
+    g = mg.models.gpt2({"n_layer": 3, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 16})
+    params, state = mg.compile(g, scan_blocks="always").init(jax.random.key(0))
+    params["h.0..h.2"]["ln_1"]["scale"] = jnp.stack([jnp.full(32, v) for v in (5.0, 6.0, 7.0)])
+    model = mg.compile(g.remove("h.1"), scan_blocks="always" if scan else False)
+    kept, _ = model.init(jax.random.key(1), reuse=(params, state))
+    scales = (kept["h.0..h.2"]["ln_1"]["scale"][:, 0] if scan else
+              jnp.stack([kept["h.0"]["ln_1"]["scale"][0], kept["h.2"]["ln_1"]["scale"][0]]))
+    np.testing.assert_array_equal(scales, [5.0, 7.0])
+    report = model.reuse_report(params, state)
+    assert all(path.startswith("h.1/") for path in report.dropped) and not report.new

@@ -4,6 +4,8 @@ and its errors, the use-def index."""
 
 import dataclasses
 
+import jax
+import numpy as np
 import pytest
 
 import mlaxgraph as mg
@@ -123,3 +125,38 @@ def test_consumers_is_the_use_def_index():
     assert [n.name for n in index["relu"]] == ["out"]
     assert index["out"] == ()
     assert g.consumers() is index  # computed once
+
+
+def _rule(fn):
+    @dataclasses.dataclass(frozen=True)
+    class Visit(Rule):
+        def visit(self, node, rewrite):
+            return fn(node, rewrite)
+
+    return Visit()
+
+
+def test_what_a_rule_gives_wrong_is_named_at_the_node():
+    x = mg.Input(("batch", 4), name="x")
+    g = mg.Graph(x, ops.Linear(2, name="fc2")(ops.relu(ops.Linear(3, name="fc1")(x))))
+    with pytest.raises(mg.GraphError, match=r"'relu'.*Visit.visit returned a Relu; it returns None"):
+        rewrite(g, _rule(lambda n, rw: ops.Relu() if n.name == "relu" else None))
+    with pytest.raises(mg.GraphError, match=r"'relu'.*reads %fc1, which no node before it makes"):
+        rewrite(g, _rule(lambda n, rw: () if n.name == "fc1" else None))
+    with pytest.raises(mg.GraphError, match=r"gave Value\(node='nope', index=0\) for this node's output 0"):
+        rewrite(g, _rule(lambda n, rw: (Value("nope"),) if n.name == "relu" else None))
+    with pytest.raises(mg.GraphError, match=r"'fc2'.*a second node of this name"):
+        rewrite(g, _rule(lambda n, rw: n.replace(name="fc2") if n.name == "fc1" else None))
+    with pytest.raises(mg.GraphError, match=r"takes a Graph and a Rule .* got Graph and function"):
+        rewrite(g, lambda n, rw: None)
+
+
+def test_a_node_renamed_by_a_rule_takes_its_weights_along():
+    x = mg.Input(("batch", 4), name="x")
+    g = mg.Graph(x, ops.Linear(2, name="fc2")(ops.relu(ops.Linear(3, name="fc1")(x))))
+    renamed = rewrite(g, _rule(lambda n, rw: n.replace(name="dense") if n.name == "fc1" else None))
+    assert renamed.node("dense").layer == "dense" and renamed.select() == ["dense", "relu", "fc2"]
+    params, state = mg.compile(g).init(jax.random.key(0))
+    moved = {"dense": params["fc1"], "fc2": params["fc2"]}
+    np.testing.assert_array_equal(mg.compile(renamed).apply(moved, state, np.ones((2, 4), np.float32))[0],
+                                  mg.compile(g).apply(params, state, np.ones((2, 4), np.float32))[0])

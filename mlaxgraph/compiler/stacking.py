@@ -12,6 +12,7 @@ tree may hold some layers of a run per block and the others stacked (frozen laye
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,6 +125,18 @@ def unstack_weights(program: Program, params: Any, state: Any = None) -> tuple[A
     return params, state
 
 
+def numbered_blocks(first: str, last: str, counts: set) -> list[str]:
+    """The blocks a stack named ``"<first>..<last>"`` holds when their names number them
+    (``h.0..h.2``: ``h.0``, ``h.1``, ``h.2``) and its leading dims count them; else []."""
+    a, b = re.fullmatch(r"(.*?)(\d+)", first), re.fullmatch(r"(.*?)(\d+)", last)
+    if a is None or b is None or a.group(1) != b.group(1) or len(counts) != 1:
+        return []
+    start, stop = int(a.group(2)), int(b.group(2))
+    if stop - start + 1 != next(iter(counts)):
+        return []
+    return [f"{a.group(1)}{i}" for i in range(start, stop + 1)]
+
+
 def unstack_given(program: Program, params: Any, state: Any = None) -> tuple[Any, Any]:
     """``(params, state)`` another model compiled with ``scan_blocks=True`` stacked (a
     run under ``"<first>..<last>"``) for ``program``, which holds those blocks one by one
@@ -151,11 +164,16 @@ def unstack_given(program: Program, params: Any, state: Any = None) -> tuple[Any
         names = order.get(parent, [])
         for key, value in tree.items():
             first, _, last = str(key).partition("..")
-            if last and parent + (key,) not in runs and first in names and last in names \
-                    and isinstance(value, Mapping):
-                members = names[names.index(first):names.index(last) + 1]
-                if {jnp.shape(a)[0] if jnp.ndim(a) else -1
-                        for a in jax.tree.leaves(value)} == {len(members)}:
+            if last and isinstance(value, Mapping):
+                counts = {jnp.shape(a)[0] if jnp.ndim(a) else -1 for a in jax.tree.leaves(value)}
+                members = (names[names.index(first):names.index(last) + 1]
+                           if first in names and last in names else [])
+                if parent + (key,) in runs or counts != {len(members)}:
+                    # the program scans this run as it is, or holds other blocks between
+                    # first and last (one removed): the stack's own blocks by their numbers
+                    members = [] if parent + (key,) in runs and counts == {len(members)} \
+                        else numbered_blocks(first, last, counts)
+                if members:
                     for i, member in enumerate(members):
                         out[member] = jax.tree.map(lambda a, i=i: a[i], value)
                     continue

@@ -240,10 +240,15 @@ def _plan(program: Program, taps: Taps, expand: Callable[[str], tuple[str, ...]]
     for concrete, refs in entries:
         for iteration, path in enumerate(concrete):
             if any(match(path) for _, match in matchers):
-                # a path the user wrote as its module view (h.3/mlp/act) keys it so
+                # a path the user wrote as its module view (h.3/mlp/act) keys it so; both
+                # spellings given, both keys
                 view = module_view(path)
-                key = view if view != path and view in taps.capture else path
-                captures.append((key, iteration, tuple(refs)))
+                keys = [view] if view != path and view in taps.capture else []
+                if not keys or path in taps.capture or any(
+                        match(path) for p, match in matchers if p != view):
+                    keys.append(path)
+                for key in keys:
+                    captures.append((key, iteration, tuple(refs)))
                 wanted.extend(refs)
         for match, fn in changes:
             per = tuple(path if match(path) else None for path in concrete)

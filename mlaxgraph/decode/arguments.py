@@ -29,7 +29,12 @@ _OUTPUTS = "generate returns the token ids; model.apply gives the logits of a se
 _NOT_BUILT = {**dict.fromkeys(("num_beams", "num_beam_groups", "early_stopping", "length_penalty"),
                               _BEAMS),
               **dict.fromkeys(("output_scores", "return_dict_in_generate", "output_logits"),
-                              _OUTPUTS)}
+                              _OUTPUTS),
+              **dict.fromkeys(("forced_eos_token_id", "forced_bos_token_id"),
+                              "forcing a token at a position is not built")}
+#: The values of Hugging Face's processors and warpers that leave the logits as they are.
+_NO_EFFECT = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0,
+              "min_new_tokens": 0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 
 def refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
@@ -40,17 +45,27 @@ def refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
     what they ask."""
     if not unknown:
         return
-    names = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
-    greedy = "do_sample" in unknown and not unknown["do_sample"]  # Hugging Face then drops
-    parts = [f"mg.sampling.{cls}({unknown[k]!r})" for k, cls in _HF_SAMPLING.items()
-             if k in unknown and not (greedy and k in _WARPERS)]  # temperature, top_k, top_p
-    draws = not greedy and ("do_sample" in unknown or any(k in unknown for k in _WARPERS))
-    if greedy and not parts:
-        raise ConfigError(f"{function} got {names}, which it does not take: Hugging Face's "
-                          f"do_sample=False is greedy decoding, generate's default (no sampler "
-                          f"or sampler='greedy'; no key)")
+    # None is Hugging Face's unset (a generation config's to_dict() holds dozens)
+    given = {k: v for k, v in unknown.items() if v is not None} or unknown
+    names = ", ".join(f"{k}={v!r}" for k, v in given.items())
+    if len(given) < len(unknown):
+        names += f" (and {len(unknown) - len(given)} more set to None)"
+    active = {k: v for k, v in given.items()
+              if k in _HF_SAMPLING and v is not None and v != _NO_EFFECT.get(k)}
+    sample = bool(given.get("do_sample"))  # Hugging Face's warpers act with do_sample=True only
+    parts = [f"mg.sampling.{cls}({active[k]!r})" for k, cls in _HF_SAMPLING.items()
+             if k in active and (sample or k not in _WARPERS)]
+    ignored = [k for k in _WARPERS if k in active and not sample]
+    draws = sample
+    if not parts and not draws and (ignored or "do_sample" in given or set(given) <= set(_HF_SAMPLING)):
+        note = (f" (Hugging Face ignores {', '.join(ignored)} without do_sample=True)"
+                if ignored else "")
+        raise ConfigError(f"{function} got {names}, which it does not take: as Hugging Face "
+                          f"reads them, this is greedy decoding{note}, generate's default (no "
+                          f"sampler or sampler='greedy'; no key); to draw, pass "
+                          f"sampler=mg.sampling.Temperature(...) and key=jax.random.key(...)")
     if parts or draws:
-        if draws and not any(k in unknown for k in _WARPERS):
+        if draws and not any(k in active for k in _WARPERS):
             parts.append("mg.sampling.Temperature(1.0)")
         key = " with key=jax.random.key(...)" if draws else ""
         hint = (f": it takes sampler= (Hugging Face's logits processors and do_sample, "

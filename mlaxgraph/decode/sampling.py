@@ -190,10 +190,11 @@ class RepetitionPenalty(_Processor):
     penalty: float
 
     def __post_init__(self):
-        if (not isinstance(self.penalty, numbers.Real) or isinstance(self.penalty, bool)
-                or not self.penalty > 0):
+        value = _real("RepetitionPenalty", "penalty", self.penalty, "a number > 0 (1.0: no penalty)")
+        if not value > 0:
             raise ConfigError(f"RepetitionPenalty: penalty must be a number > 0 (1.0: no "
                               f"penalty), got {self.penalty!r}")
+        object.__setattr__(self, "penalty", value)
 
     def change(self, logits, history):
         rows = jnp.arange(logits.shape[0])[:, None]
@@ -305,13 +306,14 @@ class MinLength(_Processor):
 @dataclasses.dataclass(frozen=True)
 class Chain(Sampler):
     """Samplers applied in order, then one draw (``a + b`` or a list); the most likely
-    token left when none of them draws."""
+    token left when none of them draws, or when one of them is ``Greedy`` (``"greedy"``:
+    the processors' logits' most likely token, as transformers' ``do_sample=False``)."""
 
     parts: tuple[Sampler, ...]
 
     @property
     def draws(self) -> bool:  # type: ignore[override]
-        return any(p.draws for p in self.parts)
+        return any(p.draws for p in self.parts) and not any(isinstance(p, Greedy) for p in self.parts)
 
     @property
     def reads_history(self) -> bool:  # type: ignore[override]
@@ -329,7 +331,8 @@ def as_sampler(value: Any) -> Sampler:
         return value
     if value == "greedy" or value is None:
         return Greedy()
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, Sampler) for v in value):
-        return Chain(tuple(p for v in value for p in _parts(v)))
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, Sampler) or v == "greedy" for v in value):
+        return Chain(tuple(p for v in value for p in _parts(as_sampler(v))))
     raise ConfigError(f"sampler must be 'greedy', an mg.sampling sampler or a list of them, "
                       f"got {value!r}")

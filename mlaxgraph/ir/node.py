@@ -54,4 +54,9 @@ class Node:
         return Value(self.name, index)
 
     def replace(self, **changes) -> Node:
+        """The node with ``changes``; a node renamed that holds its own weights (its
+        ``layer`` is its name) takes the new name as its layer too, so its weights move
+        with it (a further call of a layer, ``fc@1``, keeps reading ``fc``'s)."""
+        if "name" in changes and "layer" not in changes and self.layer == self.name:
+            changes["layer"] = changes["name"]
         return dataclasses.replace(self, **changes)

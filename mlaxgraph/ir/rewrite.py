@@ -88,6 +88,7 @@ class Rewrite:
         self.renamed: dict[Value, Value] = {}
         self.specs: dict[Value, TensorSpec] = {}
         self.names: set[str] = {node.name for node in graph.nodes}
+        self.made: set[str] = set()  # the names of the nodes made so far
         self.suffixes: dict[str, int] = {}  # base -> the next suffix to try
         self.changed = False
 
@@ -108,8 +109,9 @@ class Rewrite:
 
     def emit(self, node: Node, *, infer: bool = False) -> Node:
         """Adds a new node (its name made unique by the caller, e.g. with ``fresh``);
-        with ``infer`` its output specs are inferred from its inputs'."""
-        if infer:
+        with ``infer`` (or no outputs given) its output specs are inferred from its
+        inputs'."""
+        if infer or not node.outputs:
             node = node.replace(outputs=self._infer(node))
         self.names.add(node.name)
         self._append(node)
@@ -119,6 +121,7 @@ class Rewrite:
     def keep(self, node: Node) -> Node:
         """Keeps a node of the graph (inputs already renamed, op possibly changed),
         re-inferring its outputs when its op or its inputs' specs changed."""
+        self._check_inputs(node)
         original = self.graph._index.get(node.name)
         if node is not original:
             self.changed = True
@@ -153,9 +156,23 @@ class Rewrite:
         return lines
 
     def _append(self, node: Node) -> None:
+        self._check_inputs(node)
+        if node.name in self.made:
+            raise GraphError(node_message(
+                node.name, node.op.op_name, "a rule made a second node of this name (names are "
+                "unique in a graph: rewrite.fresh(base) gives a free one)", source=node.source))
+        self.made.add(node.name)
         self.nodes.append(node)
         for i, spec in enumerate(node.outputs):
             self.specs[node.value(i)] = spec
+
+    def _check_inputs(self, node: Node) -> None:
+        unknown = [v for v in node.inputs if v not in self.specs]
+        if unknown:
+            raise GraphError(node_message(
+                node.name, node.op.op_name, f"reads {unknown[0]}, which no node before it makes "
+                f"in the rewritten graph (a node a rule removed with () that it still reads, "
+                f"an unknown name, or a later node's value)", source=node.source))
 
     def _alias(self, old: Node, values: Sequence[Value]) -> None:
         self.changed = True
@@ -167,6 +184,11 @@ class Rewrite:
                 f"a rewrite gave {len(values)} values for this node's {len(old.outputs)} outputs",
                 source=old.source))
         for i, value in enumerate(values):
+            if not isinstance(value, Value) or value not in self.specs:
+                raise GraphError(node_message(
+                    old.name, old.op.op_name, f"a rewrite gave {value!r} for this node's output "
+                    f"{i}, which is no value made before it in the rewritten graph",
+                    source=old.source))
             self.renamed[old.value(i)] = value
 
 
@@ -195,6 +217,11 @@ def rewrite(graph: Graph, rule: Rule, *, memo: dict | None = None) -> Graph:
       >>> rewrite(g, Rule()) is g
       True
     """
+    if not isinstance(graph, Graph) or not isinstance(rule, Rule):
+        raise GraphError(f"rewrite(graph, rule) takes a Graph and a Rule (a frozen dataclass "
+                         f"subclassing mg.Rule, whose visit(node, rewrite) returns None, a "
+                         f"Node or the node's new values), got {type(graph).__name__} and "
+                         f"{type(rule).__name__}")
     table: dict = graph.memo(_MEMO_KEY) if memo is None else memo
     key: Any = rule if memo is None else (graph, rule)
     try:
@@ -231,8 +258,14 @@ def _rewrite(graph: Graph, rule: Rule, memo: dict | None) -> Graph:
             if kept.name != node.name:
                 state.names.add(kept.name)
                 state._alias(node, tuple(kept.value(i) for i in range(len(node.outputs))))
-        else:
+        elif isinstance(result, (tuple, list)):
             state._alias(node, tuple(result))
+        else:
+            raise GraphError(node_message(
+                node.name, node.op.op_name, f"{type(rule).__name__}.visit returned a "
+                f"{type(result).__name__}; it returns None (keep the node), a Node (node.replace"
+                f"(op=...)) or a tuple of the values standing for the node's outputs",
+                source=node.source))
     outputs = rule.results(tuple(state.renamed.get(v, v) for v in graph.outputs), state)
     names = tuple(rule.inputs(graph.inputs, state))
     if (not state.changed and outputs == graph.outputs and names == graph.inputs
