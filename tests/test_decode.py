@@ -777,3 +777,11 @@ def test_a_model_without_attention_decodes_against_numpy():
     table, kernel, bias = (np.asarray(a, np.float64) for a in (
         params["emb"]["embedding"], params["head"]["kernel"], params["head"]["bias"]))
     np.testing.assert_allclose(got, table[tokens] @ kernel + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_a_misspelt_prefill_keyword_is_named(gpt2):
+    model, params, state, _ = gpt2
+    dec = mg.decoder(model, max_length=32)
+    with pytest.raises(mg.ConfigError, match=r"prefill got unexpected keyword argument 'mask' "
+                                             r"\(attention_mask=\)"):
+        dec.prefill(params, state, np.ones((1, 3), np.int32), mask=np.ones((1, 3)))

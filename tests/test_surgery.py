@@ -313,3 +313,12 @@ def test_a_replacement_named_as_the_layer_it_replaces_keeps_the_name(gpt2):
     # the old layer called again keeps the name: a new one named so is a clash, named
     with pytest.raises(mg.GraphError, match="two different layers are named 'mlp.c_fc'"):
         g.replace("h.0/mlp.c_fc", lambda layer, x: layer(x) + ops.Linear(128, name="mlp.c_fc")(x))
+
+
+def test_globs_read_brackets_as_fnmatch_does():
+    import fnmatch
+
+    from mlaxgraph.ir.paths import path_matcher
+    for pattern in ("h.[0/*", "h.0/attn[", "h.[^0]/attn", "h.[!0]/attn", "h.[01]/attn", "h.[0-1]/a*"):
+        for path in ("h.0/attn", "h.1/attn", "h.^/attn", "h.[0/attn", "h.0/attn["):
+            assert path_matcher(pattern)(path) == fnmatch.fnmatchcase(path, pattern), (pattern, path)

@@ -242,3 +242,15 @@ def test_a_numpy_function_as_an_intervention_is_a_named_error(base):
     with pytest.raises(mg.GraphError, match=r"intervene at 'h.1/attn'.*\(<lambda>\).*use jax.numpy"):
         model.apply(params, state, IDS, inference_mode=True,
                     intervene={"h.1/attn": lambda v: np.tanh(np.asarray(v))})
+
+
+def test_tapped_apply_fn_of_no_taps_captures_nothing(base):
+    from mlaxgraph.compiler.taps import Taps
+    g, params, state = base
+    model = mg.compile(g)
+    fn = model.tapped_apply_fn(Taps.of([], None))  # an empty selection: None
+    out, _, captured = fn(params, state, IDS, inference_mode=True)
+    assert captured == {}
+    np.testing.assert_array_equal(out, model.apply(params, state, IDS, inference_mode=True)[0])
+    with pytest.raises(mg.GraphError, match="takes the Taps of Taps.of"):
+        model.tapped_apply_fn({"capture": ["h.0"]})

@@ -115,7 +115,13 @@ class CompiledModel:
     def tapped_apply_fn(self, taps: Taps) -> Any:
         """The pure ``apply`` (before jit, for a wider jitted region such as a train
         step) with ``taps`` (``mlaxgraph.compiler.taps.Taps.of(capture, intervene)``),
-        returning ``(outputs, new_state, captured)``."""
+        returning ``(outputs, new_state, captured)``; ``None`` (what ``Taps.of`` gives
+        for nothing to tap) captures nothing."""
+        if taps is None:
+            taps = Taps()
+        if not isinstance(taps, Taps):
+            raise GraphError(f"tapped_apply_fn takes the Taps of Taps.of(capture, intervene), "
+                             f"got {type(taps).__name__}")
         plan_taps(self.program, taps)
         return make_apply(self.program, self.sharding, taps=taps)
 

@@ -227,7 +227,7 @@ class Decoder:
     # --- the calls ------------------------------------------------------------------
 
     def prefill(self, params: Any, state: Any, input_ids: Any, attention_mask: Any = None,
-                *, room: int | None = None):
+                *, room: int | None = None, **unknown: Any):
         """Runs the prompt: ``(logits (batch, seq, vocab), cache)``.
 
         The prompt is left-padded to its bucket (``bucket_length``) so that prompts of
@@ -236,10 +236,11 @@ class Decoder:
         aligned to the right first (its padding moved before its tokens), so the
         logits are those of the aligned rows: ``logits[:, -1]`` is every row's
         next-token logits. Positions count the tokens of each row, as Hugging Face's
-        ``generate`` does. ``room``: the
-        slots to keep free for ``step`` after the prompt (the bucket shrinks to leave
-        them, never below the prompt's length); by default half the cache.
-        """
+        ``generate`` does. ``room``: the slots to keep free for ``step`` after the prompt
+        (the bucket shrinks to leave them, never below the prompt's length); by default
+        half the cache. Another keyword is a ``ConfigError`` naming the one meant."""
+        if unknown:
+            raise ConfigError(unknown_keywords("prefill", unknown, _PREFILL, {"mask": "attention_mask="}))
         ids, mask = self._prompt(input_ids, attention_mask)
         seq = ids.shape[1]
         room = self.max_length // 2 if room is None else room
@@ -287,6 +288,9 @@ class Decoder:
         at its end (``mlaxgraph.decode.inputs.prompt_arrays``)."""
         return prompt_arrays(input_ids, attention_mask, vocab=self.vocab_size,
                              max_length=self.max_length)
+
+
+_PREFILL = "prefill(params, state, input_ids, attention_mask=None, *, room=None)"
 
 
 def _cache_dtype(value: Any) -> np.dtype:

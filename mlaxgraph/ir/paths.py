@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 __all__ = ["path_matcher", "is_pattern", "module_view", "near_names", "is_adapter"]
 
-_GLOB = re.compile(r"\*\*|\*|\?|\[[^\]]*\]|[^*?\[]+")
+_GLOB = re.compile(r"\*\*|\*|\?|\[[^\]]+\]|\[|[^*?\[]+")
 
 
 def module_view(path: str) -> str:
@@ -25,7 +25,8 @@ def module_view(path: str) -> str:
 def path_matcher(pattern: str) -> Callable[[str], bool]:
     """A test of paths for a glob: ``*`` and ``?`` stay within one name, ``**`` also
     crosses ``/`` (``**/`` stands for no name too: ``**/fc`` matches ``fc``); ``[...]``
-    as in fnmatch. A path matches as written or as its ``module_view``."""
+    as in fnmatch (``[!0]`` negates; a ``[`` that no ``]`` closes is itself). A path
+    matches as written or as its ``module_view``."""
     parts = []
     tokens = _GLOB.findall(pattern)
     for i, token in enumerate(tokens):
@@ -38,9 +39,10 @@ def path_matcher(pattern: str) -> Callable[[str], bool]:
             parts.append("[^/]*")
         elif token == "?":
             parts.append("[^/]")
-        elif token.startswith("["):
-            body = token[1:-1]
-            parts.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+        elif token.startswith("[") and len(token) > 1:  # a set, as fnmatch reads it:
+            body = token[1:-1].replace("\\", "\\\\")    # ! negates, ^ is itself
+            body = "^" + body[1:] if body.startswith("!") else "\\" + body if body.startswith("^") else body
+            parts.append("[" + body + "]")
         else:
             parts.append(re.escape(token))
     regex = re.compile("".join(parts) + r"\Z")
