@@ -785,3 +785,25 @@ def test_a_misspelt_prefill_keyword_is_named(gpt2):
     with pytest.raises(mg.ConfigError, match=r"prefill got unexpected keyword argument 'mask' "
                                              r"\(attention_mask=\)"):
         dec.prefill(params, state, np.ones((1, 3), np.int32), mask=np.ones((1, 3)))
+
+
+def test_columns_of_padding_in_every_row_count_against_no_position_limit():
+    """A batch padded to 60 columns whose rows hold 20 and 10 tokens needs 20 + 20
+    positions of a 64-row table, as Hugging Face's generate runs it."""
+    g = mg.models.gpt2({**GPT2, "n_positions": 64})
+    model = mg.compile(g)
+    params, state = model.init(jax.random.key(0))
+    ids = np.random.default_rng(0).integers(0, 96, (2, 60))
+    mask = np.zeros((2, 60), np.int32)
+    mask[0, 40:], mask[1, 50:] = 1, 1
+    out = np.asarray(mg.generate(model, params, state, ids, attention_mask=mask, max_new_tokens=20))
+    assert out.shape == (2, 80)
+    np.testing.assert_array_equal(out[:, :60], ids)
+    for row, tokens in ((0, 20), (1, 10)):
+        alone = mg.generate(model, params, state, ids[row:row + 1, 60 - tokens:], max_new_tokens=20)
+        np.testing.assert_array_equal(out[row, 60:], np.asarray(alone)[0, tokens:])
+    streamed = np.stack(list(mg.generate_stream(model, params, state, ids, attention_mask=mask,
+                                                max_new_tokens=20)), axis=1)
+    np.testing.assert_array_equal(streamed, out[:, 60:])
+    with pytest.raises(mg.ShapeError, match="a prompt of 20 tokens and max_new_tokens=50 need 70"):
+        mg.generate(model, params, state, ids, attention_mask=mask, max_new_tokens=50)

@@ -92,8 +92,10 @@ def _prepare(where, source, input_ids, attention_mask, max_new_tokens, max_lengt
     input_ids = host_rows(input_ids, "input_ids")
     prompt = int(np.shape(input_ids)[1]) if np.ndim(input_ids) == 2 else 0
     new = _new_tokens(where, max_new_tokens, max_length, prompt)
-    dec = _decoder_for(source, prompt, new)
+    used = _used_columns(input_ids, attention_mask, prompt)
+    dec = _decoder_for(source, used, new)
     ids, mask = dec._prompt(input_ids, attention_mask)
+    ids, mask = ids[:, ids.shape[1] - used:], mask[:, mask.shape[1] - used:]
     seq = ids.shape[1]
     if seq + new > dec.max_length:
         raise ShapeError(f"max_new_tokens={new} after a prompt of {seq} tokens goes past the "
@@ -108,6 +110,20 @@ def _prepare(where, source, input_ids, attention_mask, max_new_tokens, max_lengt
            else stops[0] if stops else 0)
     given = np.asarray(input_ids).astype(np.int32)  # given back as it came (padding too)
     return dec, given, ids, mask, new, padded, sample, _stop_array(stops), pad
+
+
+def _used_columns(input_ids: Any, attention_mask: Any, columns: int) -> int:
+    """The prompt's columns that hold a token of some row once each row's tokens are at
+    its end (as ``prompt_arrays`` aligns them): the longest row's span. Columns that are
+    padding in every row take no cache slot and count against no position limit."""
+    mask = None if attention_mask is None else np.asarray(attention_mask)
+    if mask is None or mask.shape != np.shape(input_ids) or mask.ndim != 2 or not mask.size \
+            or not np.isin(mask, (0, 1)).all() or not mask.any(axis=1).all():
+        return columns  # none to leave out, or a mask prompt_arrays refuses
+    marked = mask.astype(bool)
+    first = np.argmax(marked, axis=1)
+    last = columns - 1 - np.argmax(marked[:, ::-1], axis=1)
+    return int(np.max(last - first + 1))
 
 
 def _stop_array(stops: Sequence[int]) -> np.ndarray:
