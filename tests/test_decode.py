@@ -699,6 +699,38 @@ def test_cli_generate_stops_at_any_of_the_listed_stop_tokens(llama_folder, tmp_p
     assert f"ids: {','.join(str(t) for t in [4, 9, 2] + want)}" in capsys.readouterr().out
 
 
+def test_cli_generate_reads_generation_configs_sampling_as_hugging_face_does(llama_folder, tmp_path,
+                                                                           capsys):
+    """do_sample with temperature, top_p and a repetition penalty: Hugging Face's generate
+    samples with them (and its default top_k of 50); the flags override them."""
+    from mlaxgraph.cli.main import main
+
+    source, g, params, state = llama_folder
+    folder = tmp_path / "sampling"
+    folder.mkdir()
+    for f in source.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.3}))
+    S = mg.sampling
+    for seed in (0, 1):
+        want = np.asarray(mg.generate(
+            mg.compile(g), params, state, np.array([[4, 9, 2]]), max_new_tokens=6,
+            sampler=S.RepetitionPenalty(1.3) + S.Temperature(0.6) + S.TopK(50) + S.TopP(0.9),
+            key=jax.random.key(seed)))
+        assert main(["generate", "--model", "llama", "--weights", str(folder), "--prompt-ids",
+                     "4,9,2", "--max-new-tokens", "6", "--seed", str(seed)]) == 0
+        printed = capsys.readouterr().out
+        assert f"ids: {','.join(str(t) for t in want[0])}" in printed and "TopK(k=50)" in printed
+    greedy = np.asarray(mg.generate(mg.compile(g), params, state, np.array([[4, 9, 2]]),
+                                    max_new_tokens=6, sampler=S.RepetitionPenalty(1.3)))
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"do_sample": False, "temperature": 0.6, "repetition_penalty": 1.3}))  # no draws
+    assert main(["generate", "--model", "llama", "--weights", str(folder), "--prompt-ids",
+                 "4,9,2", "--max-new-tokens", "6"]) == 0
+    assert f"ids: {','.join(str(t) for t in greedy[0])}" in capsys.readouterr().out
+
+
 def test_cli_generate_bad_input(llama_folder, capsys):
     from mlaxgraph.cli.main import main
 

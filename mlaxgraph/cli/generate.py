@@ -15,6 +15,7 @@ import numpy as np
 from .. import models
 from ..compiler.compile import compile
 from ..decode import generate, sampling
+from ..decode.sampling import as_sampler
 from .commands import UsageError
 
 __all__ = ["add_generate", "run_generate", "GENERATE_MODELS"]
@@ -105,19 +106,26 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
-def _stop_tokens(args, config: Any) -> list[int] | None:
+def _generation_config(args) -> dict:
+    """generation_config.json beside the weights, or {} (none there)."""
+    folder = _folder(args)
+    path = os.path.join(folder, "generation_config.json") if folder else None
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        fields = json.load(f)
+    if not isinstance(fields, dict):
+        raise UsageError(f"{path}: a generation config is a JSON object")
+    return fields
+
+
+def _stop_tokens(args, config: Any, generation: dict) -> list[int] | None:
     """--eos-token-id, else the stop tokens of generation_config.json beside the weights
     (where Llama 3 and Qwen2's instruct models keep theirs), else the config's: an id or a
     list of them (a list was dropped)."""
     if args.eos_token_id is not None:
         return args.eos_token_id
-    folder = _folder(args)
-    sources = []
-    path = os.path.join(folder, "generation_config.json") if folder else None
-    if path and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            sources.append(json.load(f))
-    sources.append(config)
+    sources = [generation, config]
     for source in sources:
         value = source.get("eos_token_id") if isinstance(source, dict) else None
         if isinstance(value, int) and not isinstance(value, bool):
@@ -141,18 +149,40 @@ def _tokenizer(args):
     return Tokenizer.from_file(path)
 
 
-def _sampler(args):
+#: generation_config.json's sampling fields and Hugging Face's defaults for them, which
+#: ``generate`` applies where the file leaves them unset (its warpers with do_sample only).
+_HF_DEFAULTS = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "temperature": 1.0,
+                "top_k": 50, "top_p": 1.0}
+
+
+def _sampler(args, generation: dict):
+    """The flags' sampler; where they set nothing, generation_config.json's settings as
+    Hugging Face's generate reads them (its warpers only with do_sample: true)."""
+    def value(name: str, draws: bool = False):
+        flag = getattr(args, name)
+        if flag is not None:
+            return flag
+        if draws and (flags_draw or not generation.get("do_sample")):
+            return None
+        found = generation.get(name)
+        found = _HF_DEFAULTS[name] if found is None else found
+        return None if found == _HF_DEFAULTS[name] and name != "top_k" else found
+
+    flags_draw = any(getattr(args, n) is not None for n in ("temperature", "top_k", "top_p"))
     parts: list = []  # Hugging Face's order: its logits processors, then its warpers
-    if args.repetition_penalty is not None:
-        parts.append(sampling.RepetitionPenalty(args.repetition_penalty))
-    if args.no_repeat_ngram_size is not None:
-        parts.append(sampling.NoRepeatNGram(args.no_repeat_ngram_size))
-    if args.temperature is not None:
-        parts.append(sampling.Temperature(args.temperature))
-    if args.top_k is not None:
-        parts.append(sampling.TopK(args.top_k))
-    if args.top_p is not None:
-        parts.append(sampling.TopP(args.top_p))
+    if (penalty := value("repetition_penalty")) is not None:
+        parts.append(sampling.RepetitionPenalty(penalty))
+    if ngram := value("no_repeat_ngram_size"):
+        parts.append(sampling.NoRepeatNGram(ngram))
+    temperature, top_k, top_p = (value(n, draws=True) for n in ("temperature", "top_k", "top_p"))
+    if not flags_draw and generation.get("do_sample"):
+        temperature = 1.0 if temperature is None else temperature  # do_sample draws
+    if temperature is not None:
+        parts.append(sampling.Temperature(temperature))
+    if top_k:  # 0: no top-k, as Hugging Face's
+        parts.append(sampling.TopK(top_k))
+    if top_p is not None and top_p != 1.0:
+        parts.append(sampling.TopP(top_p))
     return parts or "greedy"
 
 
@@ -178,12 +208,14 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         params, state = compile(graph).init(jax.random.key(args.seed))
     loaded = time.perf_counter() - start
-    eos = _stop_tokens(args, config)
-    sampler = _sampler(args)
+    generation = _generation_config(args)
+    eos = _stop_tokens(args, config, generation)
+    sampler = _sampler(args, generation)
     start = time.perf_counter()
     out = generate(compile(graph), params, state, np.array([ids], np.int32),
                    max_new_tokens=args.max_new_tokens, sampler=sampler,
-                   key=None if sampler == "greedy" else jax.random.key(args.seed), eos_token_id=eos)
+                   key=jax.random.key(args.seed) if as_sampler(sampler).draws else None,
+                   eos_token_id=eos)
     new = [int(t) for t in np.asarray(out)[0, len(ids):]]
     stops = [i for i, t in enumerate(new) if eos is not None and t in eos]
     if stops:
@@ -193,6 +225,6 @@ def run_generate(args: argparse.Namespace) -> int:
     if tokenizer is not None:
         print(f"text: {tokenizer.decode(ids + new)}")
     weights = args.weights or f"random (seed {args.seed})"
-    print(f"{len(new)} new tokens in {took:.1f} s with compiling; weights: {weights} "
-          f"({loaded:.1f} s)")
+    print(f"{len(new)} new token{'' if len(new) == 1 else 's'} in {took:.1f} s with compiling; "
+          f"weights: {weights} ({loaded:.1f} s); sampler: {sampler}")
     return 0
