@@ -839,3 +839,15 @@ def test_columns_of_padding_in_every_row_count_against_no_position_limit():
     np.testing.assert_array_equal(streamed, out[:, 60:])
     with pytest.raises(mg.ShapeError, match="a prompt of 20 tokens and max_new_tokens=50 need 70"):
         mg.generate(model, params, state, ids, attention_mask=mask, max_new_tokens=50)
+
+
+def test_a_tokenizers_output_and_array_stop_lists_as_users_pass_them(gpt2):
+    model, params, state, _ = gpt2
+    batch = {"input_ids": np.ones((1, 3), np.int64), "attention_mask": np.ones((1, 3), np.int64)}
+    with pytest.raises(mg.ShapeError, match=r"got a dict of input_ids, attention_mask: pass "
+                                            r"input_ids=batch\['input_ids'\]"):
+        mg.generate(model, params, state, batch, max_new_tokens=2)
+    plain = mg.generate(model, params, state, batch["input_ids"], max_new_tokens=4, eos_token_id=[5, 37])
+    for stops in (np.array([5, 37]), jnp.array([5, 37])):
+        np.testing.assert_array_equal(
+            mg.generate(model, params, state, batch["input_ids"], max_new_tokens=4, eos_token_id=stops), plain)

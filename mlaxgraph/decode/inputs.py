@@ -5,6 +5,7 @@ refusal is an ``mg.*Error`` saying what to give instead."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -33,6 +34,10 @@ def _integer_ids(value: Any, what: str, form: str) -> np.ndarray:
 def host_rows(value: Any, what: str) -> np.ndarray:
     """``value`` as a NumPy array; rows given as Python lists of several lengths, or of
     none, are named (NumPy raises on the first and makes the second float64)."""
+    if isinstance(value, Mapping):  # a tokenizer's output (a BatchEncoding too)
+        raise ShapeError(f"{what} takes the token ids, got a {type(value).__name__} of "
+                         f"{', '.join(map(str, list(value)[:3]))}: pass input_ids=batch['input_ids'] "
+                         f"and attention_mask=batch['attention_mask']")
     if isinstance(value, (list, tuple)) and value and all(isinstance(r, (list, tuple)) for r in value):
         lengths = sorted({len(r) for r in value})
         if len(lengths) > 1:  # NumPy's "inhomogeneous shape" ValueError
@@ -139,9 +144,10 @@ def stop_ids(eos_token_id: Any, vocab: int | None) -> tuple[int, ...]:
     ends a row, as Hugging Face's ``generation_config.eos_token_id`` list does)."""
     if eos_token_id is None:
         return ()
-    if isinstance(eos_token_id, (list, tuple, np.ndarray)):
-        items = list(np.asarray(eos_token_id).reshape(-1)) if isinstance(
-            eos_token_id, np.ndarray) else list(eos_token_id)
+    if isinstance(eos_token_id, (list, tuple)) or (hasattr(eos_token_id, "__array__")
+                                                    and np.ndim(eos_token_id) >= 1):
+        items = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else \
+            list(np.asarray(eos_token_id).reshape(-1))  # NumPy's, JAX's, torch's
         if not items:
             raise ConfigError("eos_token_id is an empty list: give None for no stop token")
         return tuple(token_id(v, vocab, "eos_token_id") for v in items)
