@@ -254,3 +254,20 @@ def test_tapped_apply_fn_of_no_taps_captures_nothing(base):
     np.testing.assert_array_equal(out, model.apply(params, state, IDS, inference_mode=True)[0])
     with pytest.raises(mg.GraphError, match="takes the Taps of Taps.of"):
         model.tapped_apply_fn({"capture": ["h.0"]})
+
+
+def test_an_intervention_that_fails_is_named_and_a_numpy_mask_it_reads_works(base):
+    g, params, state = base
+    model = mg.compile(g)
+    with pytest.raises(mg.GraphError, match=r"intervene at 'h.0/attn': the function \(<lambda>\) "
+                                            r"failed on the output float32\[.*AttributeError"):
+        model.apply(params, state, IDS, inference_mode=True, intervene={"h.0/attn": lambda v: v.foo})
+    with pytest.raises(mg.GraphError, match=r"\(multiply\) failed .* missing 1 required positional"):
+        model.apply(params, state, IDS, inference_mode=True, intervene={"h.0/attn": jnp.multiply})
+    captured = model.apply(params, state, IDS, inference_mode=True, capture="h.0/attn")[2]["h.0/attn"]
+    mask = np.arange(captured.shape[-1]) % 2 == 0  # a NumPy bool mask the function reads
+    out, _ = model.apply(params, state, IDS, inference_mode=True,
+                         intervene={"h.0/attn": lambda v: v.at[..., mask].set(0.0)})
+    want, _ = model.apply(params, state, IDS, inference_mode=True,
+                          intervene={"h.0/attn": lambda v: v * jnp.asarray(~mask, v.dtype)})
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)

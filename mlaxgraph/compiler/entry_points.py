@@ -67,7 +67,7 @@ def model_apply(plain: Callable, make: Callable[[Taps, tuple], Callable]) -> Cal
         try:
             result = fn(params, state, *inputs, tap_values=values, rng=rng,
                         inference_mode=inference_mode)
-        except jax.errors.ConcretizationTypeError:
+        except (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError):
             if not any(values):
                 raise
             concrete.add(key)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import DTypeError, GraphError, ShapeError
+from ..core.errors import DTypeError, GraphError, MlaxGraphError, ShapeError
 from ..core.signatures import call_problem
 from ..ir.graph import InputLayer
 from ..ir.paths import is_pattern, module_view, near_names, path_matcher
@@ -148,6 +148,15 @@ def _call(fn: Callable, value: Any, path: str) -> Any:
         raise GraphError(f"intervene at {path!r}: the function ({name}) turned the value into a "
                          f"NumPy array; it runs inside jax.jit on a traced value, so use "
                          f"jax.numpy ({example}) and jax.lax, not NumPy") from None
+    except (TypeError, ValueError, AttributeError, IndexError) as e:
+        if isinstance(e, (MlaxGraphError, jax.errors.ConcretizationTypeError,
+                          jax.errors.NonConcreteBooleanIndexError)):
+            raise  # a value it reads in Python: apply traces it again with constants
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        raise GraphError(f"intervene at {path!r}: the function ({name}) failed on the output "
+                         f"{np.dtype(value.dtype).name}{list(value.shape)} (a traced value, inside "
+                         f"jax.jit; it is called as fn(value), or fn(value, path) when it takes "
+                         f"two arguments): {type(e).__name__}: {e}") from e
     shape, dtype = getattr(result, "shape", None), getattr(result, "dtype", None)
     if shape is None or tuple(shape) != tuple(value.shape):
         raise ShapeError(f"intervene at {path!r}: the function must return an array of the "
