@@ -10,6 +10,7 @@ import optax
 import pytest
 
 import mlaxgraph as mg
+from mlaxgraph import ops
 from mlaxgraph.compiler.lowering import make_init
 
 CONFIG = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 16}
@@ -182,3 +183,37 @@ def test_a_scanned_models_weights_reach_the_blocks_left_after_one_is_removed(sca
     np.testing.assert_array_equal(scales, [5.0, 7.0])
     report = model.reuse_report(params, state)
     assert all(path.startswith("h.1/") for path in report.dropped) and not report.new
+
+
+def test_nested_scans_stack_unstack_and_reuse_at_both_levels():
+    """Blocks of three sub-blocks, three times: scan_blocks="always" scans both levels,
+    and the weights go both ways (the inner stacks were left as the outer's slices)."""
+    def sub(name):
+        x = mg.Input(("batch", 8), name="x")
+        return mg.Graph(x, ops.relu(ops.Linear(8, name="fc")(x)) + x, name="sub").as_block(name=name)
+
+    inner = mg.Input(("batch", 8), name="x")
+    h = inner
+    for i in range(3):
+        h = sub(f"s{i}")(h)
+    outer = mg.Graph(inner, h, name="outer")
+    x = mg.Input(("batch", 8), name="x")
+    y = x
+    for j in range(3):
+        y = outer.as_block(name=f"b{j}")(y)
+    g = mg.Graph(x, y, name="nested")
+    plain, scanned = mg.compile(g), mg.compile(g, scan_blocks="always")
+    params, state = plain.init(jax.random.key(0))
+    data = np.asarray(jax.random.normal(jax.random.key(2), (2, 8)))
+    want = plain.apply(params, state, data)[0]
+    stacked, stacked_state = scanned.stack_weights(params, state)
+    assert stacked["b0..b2"]["s0..s2"]["fc"]["kernel"].shape == (3, 3, 8, 8)
+    np.testing.assert_allclose(scanned.apply(stacked, stacked_state, data)[0], want, rtol=1e-6, atol=1e-6)
+    back, _ = scanned.unstack_weights(stacked, stacked_state)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    kept, _ = scanned.init(jax.random.key(7), reuse=(params, state))
+    np.testing.assert_allclose(scanned.apply(kept, stacked_state, data)[0], want, rtol=1e-6, atol=1e-6)
+    changed = scanned.graph.replace("b1/s1/relu", lambda layer, v: ops.tanh(v))
+    report = mg.compile(changed, scan_blocks="always").reuse_report(stacked, stacked_state)
+    assert not report.new and not report.dropped

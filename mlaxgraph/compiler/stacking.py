@@ -70,7 +70,9 @@ def _replace(tree: Mapping, parent: tuple[str, ...], remove: tuple[str, ...], na
 
 def _stack_one(tree: Mapping, step: ScanStep) -> dict:
     parent, names = step.weights[:-1], _names(step)
-    blocks = [get_in(tree, parent + (n,)) for n in names]
+    # a block holding runs of its own (nested scans) stacks them first, as its body scans them
+    blocks = [_convert(step.block, (get_in(tree, parent + (n,)),), _holds_blocks, _stack_one)[0]
+              for n in names]
     shapes = {jax.tree.structure(b) for b in blocks}
     if len(shapes) != 1:
         raise GraphError(f"the weights of {', '.join(names)} differ in structure and cannot be "
@@ -87,7 +89,9 @@ def _unstack_one(tree: Mapping, step: ScanStep) -> dict:
     for key, entry in level.items():
         if key == step.weights[-1]:
             for i, name in enumerate(names):  # merged with layers given per block
-                out[name] = _merged(level.get(name), jax.tree.map(lambda x, i=i: x[i], stacked))
+                block = jax.tree.map(lambda x, i=i: x[i], stacked)
+                block = _convert(step.block, (block,), _holds_stack, _unstack_one)[0]  # nested runs
+                out[name] = _merged(level.get(name), block)
         elif not (key in names and key in out):
             out[key] = entry
     return set_in(tree, parent, out) if parent else out
@@ -174,8 +178,8 @@ def unstack_given(program: Program, params: Any, state: Any = None) -> tuple[Any
                     members = [] if parent + (key,) in runs and counts == {len(members)} \
                         else numbered_blocks(first, last, counts)
                 if members:
-                    for i, member in enumerate(members):
-                        out[member] = jax.tree.map(lambda a, i=i: a[i], value)
+                    for i, member in enumerate(members):  # and the runs inside each block
+                        out[member] = walk(jax.tree.map(lambda a, i=i: a[i], value), parent + (member,))
                     continue
             out[key] = walk(value, parent + (str(key),))
         return out
