@@ -322,3 +322,11 @@ def test_globs_read_brackets_as_fnmatch_does():
     for pattern in ("h.[0/*", "h.0/attn[", "h.[^0]/attn", "h.[!0]/attn", "h.[01]/attn", "h.[0-1]/a*"):
         for path in ("h.0/attn", "h.1/attn", "h.^/attn", "h.[0/attn", "h.0/attn["):
             assert path_matcher(pattern)(path) == fnmatch.fnmatchcase(path, pattern), (pattern, path)
+
+
+def test_a_surgery_function_reading_a_tensor_it_was_not_given_is_named():
+    x = mg.Input(("batch", 4), name="x")
+    g = mg.Graph(x, ops.Linear(4, name="fc2")(ops.Linear(4, name="fc1")(x)))
+    with pytest.raises(mg.GraphError, match=r"insert_after's function read a tensor it was not given "
+                                            r"\(input 'x'.*build its result from the tensors it gets"):
+        g.insert_after("fc1", lambda y: y + x)

@@ -345,7 +345,15 @@ def _splice(rewrite: Rewrite, old: Node, values: list[Value], build: Callable,
             old.name, old.op.op_name,
             f"{what} must return {want} symbolic tensor{'s' if want != 1 else ''} "
             f"(made by layers called on the tensors it gets), got {got}", source=source))
-    nodes, input_names, output_values = trace_graph(tensors, list(outs))
+    try:
+        nodes, input_names, output_values = trace_graph(tensors, list(outs))
+    except GraphError as e:
+        if "is not in the graph's inputs" not in str(e):
+            raise
+        raise GraphError(node_message(
+            old.name, old.op.op_name, f"{what} read a tensor it was not given ("
+            f"{str(e).split(', which is not', 1)[0].removeprefix('the outputs depend on ')}): "
+            f"build its result from the tensors it gets alone", source=source)) from None
     mapping: dict[Value, Value] = {Value(name, 0): v for name, v in zip(input_names, values)}
     names: dict[str, str] = {}
     produced = {v.node for v in output_values}
