@@ -56,6 +56,15 @@ def _close(ours, theirs):
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(theirs).max()))
 
 
+def _nonzero_b(params):
+    """The adapters' B drawn away from zero (init starts them at zero), so the adapters
+    change the outputs the comparison reads."""
+    key = iter(jax.random.split(jax.random.key(3), 64))
+    return jax.tree_util.tree_map_with_path(
+        lambda path, w: (0.3 * jax.random.normal(next(key), w.shape, w.dtype)
+                         if ".lora_B" in jax.tree_util.keystr(path) else w), params)
+
+
 def _randomize_saved_modules(peft_model):
     """PEFT's copies of ``modules_to_save`` start as the base module: moved off it, so
     reading the copy (not the base's) is what the logits check."""
@@ -110,10 +119,7 @@ def test_folder_written_by_save_adapter_loads_in_peft(tmp_path, kind, targets, r
     adapted = mg.lora(graph, targets, rank=4, alpha=6, use_rslora=rslora)
     base = mg.models.load_state_dict(graph, sd)
     params, state = mg.compile(adapted).init(jax.random.key(2), reuse=base)  # B zero
-    key = iter(jax.random.split(jax.random.key(3), 64))
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, w: (0.3 * jax.random.normal(next(key), w.shape, w.dtype)
-                         if ".lora_B" in jax.tree_util.keystr(path) else w), params)
+    params = _nonzero_b(params)
     mg.models.save_adapter(adapted, params, tmp_path)
     theirs = peft.PeftModel.from_pretrained(model, tmp_path).eval()
     ids = _ids(4)
@@ -153,10 +159,7 @@ def test_a_top_level_module_save_adapter_writes_is_the_one_peft_adapts(tmp_path)
     adapted = mg.lora(mg.lora(graph, "conv1", rank=3, alpha=5), "layer1.0/conv2", rank=2, alpha=2,
                       init_weights=False)
     params, state = mg.compile(adapted).init(jax.random.key(2), reuse=base)
-    key = iter(jax.random.split(jax.random.key(3), 16))
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, w: (0.3 * jax.random.normal(next(key), w.shape, w.dtype)
-                         if ".lora_B" in jax.tree_util.keystr(path) else w), params)
+    params = _nonzero_b(params)
     mg.models.save_adapter(adapted, params, tmp_path)
     theirs = peft.PeftModel.from_pretrained(model, tmp_path).eval()
     wrapped = sorted(name for name, m in theirs.named_modules() if hasattr(m, "lora_A")
