@@ -851,3 +851,12 @@ def test_a_tokenizers_output_and_array_stop_lists_as_users_pass_them(gpt2):
     for stops in (np.array([5, 37]), jnp.array([5, 37])):
         np.testing.assert_array_equal(
             mg.generate(model, params, state, batch["input_ids"], max_new_tokens=4, eos_token_id=stops), plain)
+
+
+def test_generate_stream_checks_its_arguments_at_the_call(gpt2):
+    model, params, state, _ = gpt2
+    with pytest.raises(mg.ShapeError, match="token id 200 is out of the vocabulary"):
+        mg.generate_stream(model, params, state, np.array([[1, 200]]), max_new_tokens=2)  # no next()
+    with pytest.raises(mg.ConfigError, match="generate_stream got temprature=1"):
+        mg.generate_stream(model, params, state, np.array([[1, 2]]), max_new_tokens=2, temprature=1)
+    assert list(mg.generate_stream(model, params, state, np.array([[1, 2]]), max_new_tokens=0)) == []

@@ -302,13 +302,18 @@ def generate_stream(model_or_decoder: Any, params: Any, state: Any, input_ids: A
       ...                                      max_new_tokens=3)]
       [(1,), (1,), (1,)]
     """
-    refuse_unknown("generate_stream", unknown)
+    refuse_unknown("generate_stream", unknown)  # checked at the call, not at the first next()
     dec, _, ids, mask, new, padded, sample, eos, pad = _prepare(
         "generate_stream", model_or_decoder, input_ids, attention_mask, max_new_tokens,
         max_length, sampler, key, eos_token_id, pad_token_id)
+    return _stream(dec, params, state, ids, mask, new, padded, sample,
+                   jax.random.key(0) if key is None else key, eos, pad)
+
+
+def _stream(dec, params, state, ids, mask, new, padded, sample, key, eos, pad) -> Iterator[jax.Array]:
+    """``generate_stream``'s tokens, its arguments checked."""
     if new == 0:
         return
-    key = jax.random.key(0) if key is None else key
     pick = _pick(dec, sample)
     # the prompt runs left-padded to its bucket, as in generate: what reads it is
     # compiled once per bucket, not once per prompt length
