@@ -860,3 +860,16 @@ def test_generate_stream_checks_its_arguments_at_the_call(gpt2):
     with pytest.raises(mg.ConfigError, match="generate_stream got temprature=1"):
         mg.generate_stream(model, params, state, np.array([[1, 2]]), max_new_tokens=2, temprature=1)
     assert list(mg.generate_stream(model, params, state, np.array([[1, 2]]), max_new_tokens=0)) == []
+
+
+def test_a_misspelt_hugging_face_keyword_and_a_host_raw_key(gpt2):
+    model, params, state, _ = gpt2
+    with pytest.raises(mg.ConfigError, match=r"did you mean Hugging Face's temperature\? here "
+                                             r"sampler=mg\.sampling\.Temperature\(\.\.\.\)"):
+        mg.generate(model, params, state, np.array([[1, 2]]), max_new_tokens=2, temprature=0.7)
+    draw = mg.sampling.Temperature(1.0)
+    on_host = mg.generate(model, params, state, np.array([[1, 2]]), max_new_tokens=4, sampler=draw,
+                          key=np.array([0, 7], np.uint32))  # as jax.random.PRNGKey(7) holds it
+    np.testing.assert_array_equal(on_host, mg.generate(model, params, state, np.array([[1, 2]]),
+                                                       max_new_tokens=4, sampler=draw,
+                                                       key=jax.random.PRNGKey(7)))

@@ -79,6 +79,8 @@ def refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
         missing = [_NOT_BUILT[k] for k in unknown if k in _NOT_BUILT]
         if missing:  # Hugging Face's arguments for what generate does not do
             hint += f" ({'; '.join(dict.fromkeys(missing))})"
-        elif close := difflib.get_close_matches(next(iter(unknown)), _TAKES, n=1):
-            hint += f" (did you mean {close[0]}?)"
+        elif close := difflib.get_close_matches(next(iter(unknown)), _TAKES + tuple(_HF_SAMPLING), n=1):
+            hint += (f" (did you mean {close[0]}?)" if close[0] in _TAKES else
+                     f" (did you mean Hugging Face's {close[0]}? here sampler="
+                     f"mg.sampling.{_HF_SAMPLING[close[0]]}(...))")
     raise ConfigError(f"{function} got {names}, which it does not take{hint}")

@@ -158,6 +158,8 @@ def check_key(key: Any) -> None:
     """A random key: ``jax.random.key(...)`` (or a legacy ``jax.random.PRNGKey``)."""
     if key is None:
         return
+    if isinstance(key, np.ndarray) and key.dtype == np.uint32 and key.shape == (2,):
+        return  # a legacy raw key on the host, as jax.random.PRNGKey's
     if isinstance(key, jax.Array):
         if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.shape == ():
             return
