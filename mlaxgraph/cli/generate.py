@@ -149,34 +149,26 @@ def _tokenizer(args):
     return Tokenizer.from_file(path)
 
 
-#: generation_config.json's sampling fields and Hugging Face's defaults for them, which
-#: ``generate`` applies where the file leaves them unset (its warpers with do_sample only).
-_HF_DEFAULTS = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "temperature": 1.0,
-                "top_k": 50, "top_p": 1.0}
-
-
 def _sampler(args, generation: dict):
     """The flags' sampler; where they set nothing, generation_config.json's settings as
-    Hugging Face's generate reads them (its warpers only with do_sample: true)."""
-    def value(name: str, draws: bool = False):
-        flag = getattr(args, name)
-        if flag is not None:
-            return flag
-        if draws and (flags_draw or not generation.get("do_sample")):
-            return None
-        found = generation.get(name)
-        found = _HF_DEFAULTS[name] if found is None else found
-        return None if found == _HF_DEFAULTS[name] and name != "top_k" else found
-
-    flags_draw = any(getattr(args, n) is not None for n in ("temperature", "top_k", "top_p"))
+    Hugging Face's generate reads them: its penalties, and with ``do_sample: true`` its
+    draw, Hugging Face's defaults (temperature 1, top_k 50) where the file leaves them unset."""
+    penalty = args.repetition_penalty
+    if penalty is None and generation.get("repetition_penalty") not in (None, 1.0):
+        penalty = generation["repetition_penalty"]
+    ngram = args.no_repeat_ngram_size
+    if ngram is None:
+        ngram = generation.get("no_repeat_ngram_size")
+    temperature, top_k, top_p = args.temperature, args.top_k, args.top_p
+    if (temperature, top_k, top_p) == (None, None, None) and generation.get("do_sample"):
+        temperature = generation.get("temperature") or 1.0
+        top_k = 50 if generation.get("top_k") is None else generation["top_k"]
+        top_p = generation.get("top_p")
     parts: list = []  # Hugging Face's order: its logits processors, then its warpers
-    if (penalty := value("repetition_penalty")) is not None:
+    if penalty is not None:
         parts.append(sampling.RepetitionPenalty(penalty))
-    if ngram := value("no_repeat_ngram_size"):
+    if ngram:
         parts.append(sampling.NoRepeatNGram(ngram))
-    temperature, top_k, top_p = (value(n, draws=True) for n in ("temperature", "top_k", "top_p"))
-    if not flags_draw and generation.get("do_sample"):
-        temperature = 1.0 if temperature is None else temperature  # do_sample draws
     if temperature is not None:
         parts.append(sampling.Temperature(temperature))
     if top_k:  # 0: no top-k, as Hugging Face's
