@@ -134,3 +134,55 @@ def test_a_bfloat16_policy_writes_bfloat16_weights_and_attention(opset):
     assert got.dtype == want.dtype
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                atol=4e-3)
+
+
+def test_layer_options_and_everyday_layers_are_written():
+    """What a layer's options change is written (Linear's and Conv's ``activation=``,
+    LayerNorm over another axis or without scale or bias), and the everyday layers have
+    a form (pad, the reductions, split, GroupNorm): onnxruntime equals mlaxgraph, and a
+    NumPy reference of the same formulas."""
+    x = mg.Input(("batch", 4, 6), name="x")
+    image = mg.Input(("batch", 5, 5, 4), name="image")
+    outs = [ops.Linear(3, activation=a, name=f"fc_{a}")(x)
+            for a in ("relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid")]
+    outs += [ops.Conv(2, (3, 3), activation="relu", name="conv")(image),
+             ops.LayerNorm(axis=1, name="ln_axis")(x),
+             ops.LayerNorm(use_bias=False, name="ln_nobias")(x),
+             ops.LayerNorm(use_scale=False, axis=-2, name="ln_noscale")(x),
+             ops.GroupNorm(2, name="gn")(image),
+             ops.pad(x, ((0, 0), (1, 2), (0, 1)), value=1.5), ops.pad(x, ((0, 0), (1, 1), (2, 0)), mode="reflect"),
+             ops.pad(x, ((0, 0), (0, 1), (1, 0)), mode="edge"),
+             ops.sum(x, axis=1), ops.mean(x, axis=(1, 2), keepdims=True), ops.max(x), ops.sum(x > 0, axis=-1),
+             *ops.split(x, (1, 3), axis=1)]
+    graph = mg.Graph([x, image], tuple(outs), name="g")
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(2, 4, 6)).astype(np.float32),
+          rng.normal(size=(2, 5, 5, 4)).astype(np.float32)]
+    types = _check(graph, xs, 21)
+    assert {"Relu", "Gelu", "Sigmoid", "Tanh", "Pad", "ReduceSum", "Split"} <= types
+    # the options against NumPy: LayerNorm over axis 1 alone, GroupNorm over each group
+    model = mg.compile(graph)
+    params, state = model.init(jax.random.key(0))
+    got = model.apply(params, state, *xs)[0]
+    v = xs[0].astype(np.float64)
+    want = (v - v.mean(1, keepdims=True)) / np.sqrt(v.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(np.asarray(got[7]), want, rtol=1e-4, atol=1e-5)
+    grouped = xs[1].astype(np.float64).reshape(2, 5, 5, 2, 2)
+    want = ((grouped - grouped.mean((1, 2, 4), keepdims=True))
+            / np.sqrt(grouped.var((1, 2, 4), keepdims=True) + 1e-5)).reshape(xs[1].shape)
+    np.testing.assert_allclose(np.asarray(got[10]), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got[0]), np.maximum(v @ np.asarray(params["fc_relu"]["kernel"])
+                                                              + np.asarray(params["fc_relu"]["bias"]), 0),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_symbolic_pad_amounts_are_written_as_expressions_of_the_input_dims():
+    """The zoo's U-Net at its defaults (any height and width): each upsampled map is
+    padded to its skip's size by ``floordiv(skip_height - 2*height, 2)`` rows, an
+    expression of a block's input dims, written as int64 operators on their Shapes;
+    onnxruntime equals mlaxgraph at sizes the pools divide and sizes they do not."""
+    graph = mg.models.unet(width=4, depth=2)
+    rng = np.random.default_rng(2)
+    for shape in [(2, 10, 13, 3), (1, 7, 9, 3)]:
+        types = _check(graph, [rng.normal(size=shape).astype(np.float32)], 21)
+    assert {"Pad", "Mod", "Div", "Shape"} <= types

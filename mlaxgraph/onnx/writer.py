@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ from ..core.errors import ConfigError, GraphError, SerializationError
 from ..core.signatures import unknown_keywords
 from ..core.specs import flatten_specs, is_symbolic
 from ..ir.graph import Graph
+from ..ops.activation import activation_layer
 from .dtypes import to_code
 from .layer import DOMAINS, OnnxOp, decode_array
 from .ops_bounded import BOUNDED
@@ -143,7 +145,10 @@ class _Writer:
             sub = node.op.subgraph()
             self.owner = prefix + node.layer
             if sub is not None:
+                outer = self.dims  # the block's own dims name its inputs' sizes inside it
+                self.dims = {**outer, **input_dims(args, sub.input_specs)}
                 outs = self.graph(sub, args, weights, stats, path + "/")
+                self.dims = outer
             else:
                 outs = self.layer(node, args, weights, stats, path)
             for i, out in enumerate(outs):
@@ -196,7 +201,22 @@ class _Writer:
             raise SerializationError(f"layer {path!r} (op {op.op_name}) has no ONNX form; "
                                      f"to_onnx writes: {', '.join(sorted(RULES))} and the "
                                      f"onnx family")
-        return rule(self, node, args, weights, stats, path)
+        outs = rule(self, node, args, weights, stats, path)
+        if getattr(op, "activation", None) is not None:  # Linear's and Conv's activation=
+            act = activation_layer(op.activation)
+            outs = RULES[act.op_name](self, SimpleNamespace(op=act, outputs=node.outputs), outs, {}, {},
+                                      path + "/act")
+        return outs
+
+
+def input_dims(names: list[str], specs: Any) -> dict[str, tuple[str, int]]:
+    """Each symbolic dim of the inputs -> (the input, the axis) first holding it."""
+    dims: dict[str, tuple[str, int]] = {}
+    for name, spec in zip(names, specs):
+        for axis, d in enumerate(spec.shape):
+            if is_symbolic(d):
+                dims.setdefault(str(d), (name, axis))
+    return dims
 
 
 def _attr(value: Any) -> Any:
@@ -289,10 +309,7 @@ def to_onnx(graph: Graph, path: Any, params: Mapping | None = None, state: Mappi
     writer = _Writer(_check_opset(graph, opset))
     onnx = writer.onnx
     inputs = [writer.fresh(name) for name in graph.inputs]
-    for name, spec in zip(inputs, graph.input_specs):
-        for axis, d in enumerate(spec.shape):
-            if is_symbolic(d):
-                writer.dims.setdefault(str(d), (name, axis))
+    writer.dims = input_dims(inputs, graph.input_specs)
     params, state = _checked_weights(graph, params, state)
     outputs = writer.graph(graph, inputs, params, state, "")
     out_names = []

@@ -14,7 +14,8 @@ from ..ops.conv_transpose import transpose_crops
 from .dtypes import to_code
 from .layer import decode_array
 from .writer_attention import attention
-from .writer_shapes import length_range, shape_tensor
+from .writer_norms import batch_norm, group_norm, layer_norm, rms_norm
+from .writer_shapes import dim_value, length_range, shape_tensor
 
 __all__ = ["RULES"]
 
@@ -55,11 +56,40 @@ def _cast(w, node, args, weights, stats, path):
     return w.node("Cast", args, path, to=to_code(node.outputs[0].dtype))
 
 
-def _layer_norm(w, node, args, weights, stats, path):
-    scale = w.constant(f"{path}.scale", np.asarray(weights["scale"]))
-    bias = w.constant(f"{path}.bias", np.asarray(weights["bias"]))
-    return w.node("LayerNormalization", [args[0], scale, bias], path, axis=node.op.axis,
-                  epsilon=float(node.op.epsilon))
+def _reduce(op_type: str) -> Callable:
+    def write(w, node, args, weights, stats, path):
+        op, (x,) = node.op, args
+        if op_type == "ReduceSum" and w.input_specs[0].dtype == np.dtype(bool):
+            (x,) = w.node("Cast", [x], path, part=True, to=to_code(node.outputs[0].dtype))
+        ins = [x]
+        if op.axis is not None:
+            rank = len(w.input_specs[0].shape)
+            ins.append(w.constant(f"{path}.axes", np.asarray([a % rank for a in op.axis], np.int64)))
+        return w.node(op_type, ins, path, part=x != args[0], keepdims=int(op.keepdims))
+    return write
+
+
+def _split(w, node, args, weights, stats, path):
+    axis = node.op.axis % len(w.input_specs[0].shape)
+    sizes = [int(spec.shape[axis]) for spec in node.outputs]
+    return w.node("Split", [args[0], w.constant(f"{path}.split", np.asarray(sizes, np.int64))],
+                  path, len(sizes), axis=axis)
+
+
+def _pad(w, node, args, weights, stats, path):
+    """Pad: each amount a constant, or a symbolic one that is a dim of the graph's
+    inputs read from its shape; ``reflect`` and ``edge`` as ONNX's modes."""
+    op = node.op
+    amounts = [lo for lo, _ in op.pad_width] + [hi for _, hi in op.pad_width]
+    if all(isinstance(a, (int, np.integer)) for a in amounts):
+        pads = w.constant(f"{path}.pads", np.asarray(amounts, np.int64))
+    else:
+        parts = [dim_value(w, node, a, f"{path}/pad{i}", vector=True) for i, a in enumerate(amounts)]
+        (pads,) = w.node("Concat", parts, path + "/pads", part=True, axis=0)
+    ins = [args[0], pads]
+    if op.mode == "constant":
+        ins.append(w.constant(f"{path}.value", np.asarray(op.value, node.outputs[0].dtype)))
+    return w.node("Pad", ins, path, mode=op.mode)
 
 
 def _axis_op(op_type: str) -> Callable:
@@ -162,25 +192,6 @@ def _pool(op_type: str) -> Callable:
     return write
 
 
-def _batch_norm(w, node, args, weights, stats, path):
-    # the inference form: x * a + b, per channel of the layer's axis
-    op = node.op
-    rank = len(node.outputs[0].shape)
-    axis = op.axis % rank
-    var, mean = np.asarray(stats["var"], np.float64), np.asarray(stats["mean"], np.float64)
-    scale = np.asarray(weights["scale"], np.float64) if op.use_scale else 1.0
-    bias = np.asarray(weights["bias"], np.float64) if op.use_bias else 0.0
-    a = scale / np.sqrt(var + op.epsilon)
-    b = bias - mean * a
-    shape = [1] * rank
-    shape[axis] = -1
-    dtype = node.outputs[0].dtype
-    a_name = w.constant(f"{path}.a", a.reshape(shape).astype(dtype))
-    b_name = w.constant(f"{path}.b", b.reshape(shape).astype(dtype))
-    (out,) = w.node("Mul", [args[0], a_name], path, part=True)
-    return w.node("Add", [out, b_name], path, part=True)
-
-
 def _embedding(w, node, args, weights, stats, path):
     # one initializer for the lookup and a tied head (embedding.attend(h): h @ table.T,
     # through a Transpose), as exporters write a tied table; read back as both
@@ -207,19 +218,6 @@ def _global_pool(op_type: str) -> Callable:
         return w.node(op_type, [args[0], w.constant(f"{path}.axes", np.asarray(axes, np.int64))],
                       path, keepdims=int(op.keepdims))
     return write
-
-
-def _rms_norm(w, node, args, weights, stats, path):
-    dtype = node.outputs[0].dtype
-    (sq,) = w.node("Mul", [args[0], args[0]], path, part=True)
-    axes = w.constant(f"{path}.axes", np.asarray([-1], np.int64))
-    (ms,) = w.node("ReduceMean", [sq, axes], path, part=True, keepdims=1)
-    eps = w.constant(f"{path}.epsilon", np.asarray(node.op.epsilon, dtype))
-    (ms,) = w.node("Add", [ms, eps], path, part=True)
-    (rms,) = w.node("Sqrt", [ms], path, part=True)
-    (y,) = w.node("Div", [args[0], rms], path, part=True)
-    scale = w.constant(f"{path}.scale", np.asarray(weights["scale"]))
-    return w.node("Mul", [y, scale], path + "/scale", part=True)
 
 
 def _arange(w, node, args, weights, stats, path):
@@ -361,16 +359,17 @@ RULES: dict[str, Callable] = {
     "softmax": _axis_op("Softmax"), "log_softmax": _axis_op("LogSoftmax"),
     "add": _binary("Add"), "sub": _binary("Sub"), "mul": _binary("Mul"), "div": _binary("Div"),
     "maximum": _binary("Max"), "minimum": _binary("Min"), "matmul": _binary("MatMul"),
-    "layer_norm": _layer_norm, "flatten": _flatten, "concat": _axis_op("Concat"),
+    "layer_norm": layer_norm, "flatten": _flatten, "concat": _axis_op("Concat"),
     "conv": _conv, "max_pool": _pool("MaxPool"), "avg_pool": _pool("AveragePool"),
-    "batch_norm": _batch_norm, "embedding": _embedding, "dropout": _unary("Identity"),
+    "batch_norm": batch_norm, "embedding": _embedding, "dropout": _unary("Identity"),
     "multi_head_attention": attention, "causal_mask": _causal_mask,
     "global_avg_pool": _global_pool("ReduceMean"), "global_max_pool": _global_pool("ReduceMax"),
-    "rms_norm": _rms_norm, "arange": _arange, "reshape": _reshape, "transpose": _transpose,
+    "rms_norm": rms_norm, "arange": _arange, "reshape": _reshape, "transpose": _transpose,
     "equal": _binary("Equal"), "not_equal": _not_equal, "less": _binary("Less"),
     "less_equal": _binary("LessOrEqual"), "greater": _binary("Greater"),
     "greater_equal": _binary("GreaterOrEqual"), "pow": _binary("Pow"),
     "where": _where, "expand_dims": _axes_input("Unsqueeze"),
     "squeeze": _axes_input("Squeeze"), "getitem": _getitem, "broadcast_to": _broadcast_to,
-    "conv_transpose": _conv_transpose,
+    "conv_transpose": _conv_transpose, "group_norm": group_norm, "sum": _reduce("ReduceSum"),
+    "mean": _reduce("ReduceMean"), "max": _reduce("ReduceMax"), "split": _split, "pad": _pad,
 }

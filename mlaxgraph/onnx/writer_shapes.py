@@ -5,6 +5,7 @@ of a tensor at hand), ``0 .. n - 1`` positions and whole shapes. Shared by the r
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -18,18 +19,105 @@ def dim_value(w: Any, node: Any, d: Any, path: str, *, source: tuple[str, int] |
               vector: bool = False) -> str:
     """``d`` as an int64 scalar (``vector``: shape ``(1,)``): a constant for an int;
     else the size at ``source`` (tensor name, axis) or, without one, at the graph input
-    holding the symbolic dim."""
+    holding the symbolic dim, or an expression of such dims (``floordiv(h, 2) + 1``)
+    computed from them."""
     if isinstance(d, (int, np.integer)):
         return w.constant(f"{path}.size", np.asarray([d] if vector else d, np.int64))
-    if source is None:
-        if str(d) not in w.dims:
-            raise SerializationError(f"layer {path!r} (op {node.op.op_name}): the length "
-                                     f"{d} is no dim of the graph's inputs")
-        source = w.dims[str(d)]
-    tensor, axis = source
+    if source is None and str(d) not in w.dims:
+        value = _Expression(w, node, str(d), path).value()
+        if not vector:
+            return value
+        axes = w.constant(f"{path}.vector", np.asarray([0], np.int64))
+        return w.node("Unsqueeze", [value, axes], path, part=True)[0]
+    tensor, axis = source or w.dims[str(d)]
     (shape,) = w.node("Shape", [tensor], path, part=True)
     index = w.constant(f"{path}.axis", np.asarray([axis] if vector else axis, np.int64))
     return w.node("Gather", [shape, index], path, part=True, axis=0)[0]
+
+
+class _Expression:
+    """A symbolic dim's expression, as JAX writes it (``- 2*floordiv(h, 2) + w``: sums
+    of products of ints, dims of the graph's inputs and ``floordiv``, ``mod``, ``max``,
+    ``min``), as int64 operators; ``floordiv`` rounds down, as JAX's."""
+
+    _TOKENS = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(\S))")
+    _CALLS = {"mod": "Mod", "max": "Max", "min": "Min", "floordiv": "Div"}
+
+    def __init__(self, w: Any, node: Any, text: str, path: str):
+        self.w, self.node, self.text, self.path = w, node, text, path
+        self.tokens = [m.groups() for m in self._TOKENS.finditer(text)]
+        self.at = self.count = 0
+
+    def value(self) -> str:
+        out = self._sum()
+        if self.at != len(self.tokens):
+            self._fail()
+        return out
+
+    def _fail(self) -> None:
+        raise SerializationError(f"layer {self.path!r} (op {self.node.op.op_name}): the length "
+                                 f"{self.text} is no expression of the graph's inputs' dims")
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.at][2] if self.at < len(self.tokens) else None
+
+    def _take(self, symbol: str) -> None:
+        if self._peek() != symbol:
+            self._fail()
+        self.at += 1
+
+    def _where(self) -> str:  # each node of the expression named apart
+        self.count += 1
+        return f"{self.path}/e{self.count}"
+
+    def _op(self, op_type: str, *args: str) -> str:
+        return self.w.node(op_type, list(args), self._where(), part=True)[0]
+
+    def _sum(self) -> str:
+        out = self._product()
+        while self._peek() in ("+", "-"):
+            sign = self._peek()
+            self.at += 1
+            out = self._op("Add" if sign == "+" else "Sub", out, self._product())
+        return out
+
+    def _product(self) -> str:
+        if self._peek() == "-":
+            self.at += 1
+            return self._op("Neg", self._product())
+        out = self._factor()
+        while self._peek() == "*":
+            self.at += 1
+            out = self._op("Mul", out, self._factor())
+        return out
+
+    def _factor(self) -> str:
+        if self.at >= len(self.tokens):
+            self._fail()
+        number, name, symbol = self.tokens[self.at]
+        self.at += 1
+        if number is not None:
+            return self.w.constant(f"{self._where()}.int", np.asarray(int(number), np.int64))
+        if symbol == "(":
+            out = self._sum()
+            self._take(")")
+            return out
+        if name is None:
+            self._fail()
+        if self._peek() != "(":
+            if name not in self.w.dims:
+                self._fail()
+            return dim_value(self.w, self.node, name, self._where())
+        if name not in self._CALLS:
+            self._fail()
+        self._take("(")
+        a = self._sum()
+        self._take(",")
+        b = self._sum()
+        self._take(")")
+        if name != "floordiv":
+            return self._op(self._CALLS[name], a, b)
+        return self._op("Div", self._op("Sub", a, self._op("Mod", a, b)), b)
 
 
 def length_range(w: Any, node: Any, n: Any, path: str, *, source: tuple[str, int] | None = None) -> str:

@@ -186,19 +186,19 @@ def to_activation(value, layer) -> str | None:
     return name
 
 
-def _activation_layer(name: str) -> Unary:
+def activation_layer(name: str) -> Unary:
     return _ACTIVATIONS[name]()
 
 
 def apply_activation(name: str | None, x):
-    return x if name is None else _activation_layer(name).fn(x)
+    return x if name is None else activation_layer(name).fn(x)
 
 
 def activation_flops(name: str | None, spec) -> int:
     if name is None:
         return 0
-    return _activation_layer(name).flops([spec], [spec], param_dtype=spec.dtype, inference_mode=True)
+    return activation_layer(name).flops([spec], [spec], param_dtype=spec.dtype, inference_mode=True)
 
 
 def activation_caveat(name: str | None) -> str | None:
-    return None if name is None else _activation_layer(name).xla_cost_caveat(True)
+    return None if name is None else activation_layer(name).xla_cost_caveat(True)
