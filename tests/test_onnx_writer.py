@@ -186,3 +186,23 @@ def test_symbolic_pad_amounts_are_written_as_expressions_of_the_input_dims():
     for shape in [(2, 10, 13, 3), (1, 7, 9, 3)]:
         types = _check(graph, [rng.normal(size=shape).astype(np.float32)], 21)
     assert {"Pad", "Mod", "Div", "Shape"} <= types
+
+
+def test_a_tied_head_under_a_float16_policy_reads_the_table_cast():
+    """The embedding table is stored once as the lookup reads it (float32: the policy
+    casts after the lookup); the tied head, computing in float16, reads it through a
+    Cast: the file passes onnx's checker and onnxruntime equals mlaxgraph."""
+    from onnx import checker
+
+    ids = mg.Input(("batch", "seq"), "int32", name="ids")
+    table = ops.Embedding(50, 16, name="wte")
+    graph = mg.Graph(ids, table.attend(ops.Linear(16, name="fc")(table(ids))), name="tied")
+    model = mg.compile(graph, policy="float16")
+    params, state = model.init(jax.random.key(0))
+    proto = model.to_onnx(None, params, state)
+    checker.check_model(proto, full_check=True)
+    value = np.arange(12, dtype=np.int32).reshape(2, 6) * 4 % 50
+    (got,) = ort.InferenceSession(proto.SerializeToString()).run(None, {"ids": value})
+    want, _ = model.apply(params, state, value)
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)

@@ -197,6 +197,10 @@ def _embedding(w, node, args, weights, stats, path):
     # through a Transpose), as exporters write a tied table; read back as both
     table = w.weight("embedding", f"{path}.embedding", np.asarray(weights["embedding"]))
     if w.input_specs[0].is_float:
+        dtype = w.input_specs[0].dtype
+        if np.dtype(dtype) != np.asarray(weights["embedding"]).dtype:
+            # the head computes in the policy's dtype, the table is stored as the lookup reads it
+            (table,) = w.node("Cast", [table], path, part=True, to=to_code(dtype))
         (transposed,) = w.node("Transpose", [table], path, part=True, perm=[1, 0])
         return w.node("MatMul", [args[0], transposed], path, part=True)
     return w.node("Gather", [table, args[0]], path, axis=0)
