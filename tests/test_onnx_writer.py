@@ -206,3 +206,25 @@ def test_a_tied_head_under_a_float16_policy_reads_the_table_cast():
     want, _ = model.apply(params, state, value)
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+
+
+def test_the_accumulation_dtype_is_written_as_casts_around_the_product():
+    """``preferred_element_type=float32`` on float16 inputs: the operands cast to float32,
+    the product and bias in float32, the result cast back to float16 (as
+    ``lax.dot_general`` and ``conv_general_dilated`` accumulate): onnxruntime equals
+    mlaxgraph, and a NumPy float32 product rounded to float16."""
+    x = mg.Input(("batch", 5, 5, 3), "float16", name="x")
+    conv = ops.Conv(4, (3, 3), preferred_element_type="float32", name="conv")
+    fc = ops.Linear(6, preferred_element_type="float32", activation="relu", name="fc")
+    graph = mg.Graph(x, (fc(x), conv(x)), name="acc")
+    value = np.random.default_rng(4).normal(size=(2, 5, 5, 3)).astype(np.float16)
+    types = _check(graph, [value], 21)
+    assert "Cast" in types
+    model = mg.compile(graph)
+    params, state = model.init(jax.random.key(0))
+    kernel = np.asarray(params["fc"]["kernel"], np.float16).astype(np.float32)
+    want = np.maximum(value.astype(np.float32) @ kernel + np.asarray(params["fc"]["bias"], np.float32), 0)
+    got = model.apply(params, state, value)[0][0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(np.asarray(got, np.float32), want.astype(np.float16).astype(np.float32),
+                               rtol=1e-3, atol=1e-3)

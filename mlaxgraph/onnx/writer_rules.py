@@ -19,13 +19,32 @@ from .writer_shapes import dim_value, length_range, shape_tensor
 
 __all__ = ["RULES"]
 
+def _accumulating(w: Any, node, names: list[str], path: str) -> tuple[list[str], Any]:
+    """The operands cast to the layer's ``preferred_element_type`` (the dtype its dot or
+    convolution accumulates and returns in, before the cast back to the input's), and
+    that dtype (None when the layer has none or it is the input's)."""
+    acc, dtype = node.op.preferred_element_type, w.input_specs[0].dtype
+    if acc is None or np.dtype(acc) == np.dtype(dtype):
+        return names, None
+    return [w.node("Cast", [n], f"{path}/acc{i}", part=True, to=to_code(acc))[0]
+            for i, n in enumerate(names)], acc
+
+
+def _cast_back(w: Any, node, out: str, acc: Any, path: str) -> str:
+    if acc is None:
+        return out
+    return w.node("Cast", [out], path + "/back", part=True, to=to_code(w.input_specs[0].dtype))[0]
+
+
 def _linear(w: Any, node, args, weights, stats, path):
     kernel = w.constant(f"{path}.kernel", np.asarray(weights["kernel"]))
-    (out,) = w.node("MatMul", [args[0], kernel], path, part=True)
+    operands, acc = _accumulating(w, node, [args[0], kernel], path)
+    (out,) = w.node("MatMul", operands, path, part=True)
     if node.op.use_bias:
-        bias = w.constant(f"{path}.bias", np.asarray(weights["bias"]))
+        (bias,), _ = _accumulating(w, node, [w.constant(f"{path}.bias", np.asarray(weights["bias"]))],
+                                   path + "/bias")
         (out,) = w.node("Add", [out, bias], path, part=True)
-    return [out]
+    return [_cast_back(w, node, out, acc, path)]
 
 
 def _unary(op_type: str, **attrs: Any) -> Callable:
@@ -148,9 +167,10 @@ def _conv(w, node, args, weights, stats, path):
     ins = [_channels_first(w, node, args[0], path, n, last), w.constant(f"{path}.kernel", kernel)]
     if op.use_bias:
         ins.append(w.constant(f"{path}.bias", np.asarray(weights["bias"])))
-    (out,) = w.node("Conv", ins, path, part=last, strides=_per_dim(op.strides, n),
+    ins, acc = _accumulating(w, node, ins, path)
+    (out,) = w.node("Conv", ins, path, part=last or acc is not None, strides=_per_dim(op.strides, n),
                     dilations=_per_dim(op.dilation, n), group=op.groups, **_pads(op.padding, n))
-    return _channels_back(w, out, path, n, last)
+    return _channels_back(w, _cast_back(w, node, out, acc, path), path, n, last)
 
 
 def _conv_transpose(w, node, args, weights, stats, path):
