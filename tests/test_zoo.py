@@ -50,8 +50,9 @@ TEXT = {
     "vit": (lambda: mg.models.vit(tf.vit_config()), tf.vit_config(), lambda: (pixels(2, 3, 16, 16),)),
     "llama": (lambda: mg.models.llama(tf.llama_config()), tf.llama_config(), lambda: (ids(),)),
     "llama_tied_biased": (lambda: mg.models.llama(tf.llama_config(tie_word_embeddings=True, attention_bias=True,
-                                                                  head_dim=16)),
-                          tf.llama_config(tie_word_embeddings=True, attention_bias=True, head_dim=16),
+                                                                  mlp_bias=True, head_dim=16)),
+                          tf.llama_config(tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
+                                          head_dim=16),
                           lambda: (ids(),)),
 }
 

@@ -24,11 +24,12 @@ LLAMA_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size":
                   "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
                   "head_dim": None, "hidden_act": "silu", "rms_norm_eps": 1e-6,
                   **ROPE_FIELDS, "tie_word_embeddings": False, "attention_bias": False,
-                  "attention_dropout": 0.0, "initializer_range": 0.02, "sliding_window": None}
+                  "attention_dropout": 0.0, "initializer_range": 0.02, "sliding_window": None,
+                  "mlp_bias": False}
 
 LLAMA = Family(
     "llama", ("llama", "mistral"), LLAMA_DEFAULTS,
-    checked={"pretraining_tp": (1,), "mlp_bias": (False,)},
+    checked={"pretraining_tp": (1,)},
     # max_position_embeddings: rotary embeddings have no table (Llama 3's scaling reads
     # its own original_max_position_embeddings).
     harmless=frozenset({"max_position_embeddings"}))
@@ -83,11 +84,13 @@ def _decoder(c: Config, o: AxisOverrides, *, biases: bool, out_bias: bool,
     n = ops.RMSNorm(epsilon=eps, name="post_attention_layernorm", param_axes=o("post_attention_layernorm"))(h)
     inner = c.positive_int("intermediate_size")
 
-    def linear(features, name, axes=None):
-        return ops.Linear(features, use_bias=False, kernel_init=normal, name=name, param_axes=o(name, axes))
+    def linear(features, name, axes=None, bias=False):
+        return ops.Linear(features, use_bias=bias, kernel_init=normal, name=name, param_axes=o(name, axes))
 
-    gate = activation(c, "hidden_act", "mlp.act_fn")(linear(inner, "mlp.gate_proj")(n))
-    m = linear(width, "mlp.down_proj", {"kernel": ROW_PARALLEL["kernel"]})(gate * linear(inner, "mlp.up_proj")(n))
+    mlp_bias = bool(c.get("mlp_bias", False))  # Llama's; Qwen2 has none
+    gate = activation(c, "hidden_act", "mlp.act_fn")(linear(inner, "mlp.gate_proj", bias=mlp_bias)(n))
+    m = linear(width, "mlp.down_proj", {"kernel": ROW_PARALLEL["kernel"]}, bias=mlp_bias)(
+        gate * linear(inner, "mlp.up_proj", bias=mlp_bias)(n))
     layer = Graph(x, h + m, name="Qwen2DecoderLayer" if c.model == "qwen2" else "LlamaDecoderLayer")
 
     ids = Input(("batch", "seq"), "int32", name="input_ids")
