@@ -168,6 +168,38 @@ def test_equal_blocks_fold_and_unfold(open_page):
     assert console_errors(browser) == []
 
 
+_EDGE_ENDS = """
+const boxes = [...document.querySelectorAll('#mg-nodes .mg-node')].map(g => {
+  const m = /translate\\(([-\\d.e]+),([-\\d.e]+)\\)/.exec(g.getAttribute('transform'));
+  const b = g.getBBox();
+  return {id: g.getAttribute('data-node'), x: +m[1], y: +m[2], w: b.x + b.width};
+});
+return [...document.querySelectorAll('#mg-edges .mg-edge')].map(p => {
+  const xy = p.getAttribute('d').split(/[ ,CLM]/).filter(Boolean).slice(-2).map(Number);
+  const hit = boxes.filter(b => Math.abs(b.y - xy[1]) < 0.5 && xy[0] >= b.x && xy[0] <= b.x + b.w);
+  return hit.length ? hit[0].id : null;
+});
+"""
+
+
+def test_a_fold_of_blocks_with_further_inputs_routes_them_to_each_block(open_page):
+    # A decoder's blocks also read positions, the cache index and mask: the fold reads
+    # them once, and unfolded every block reads them (no edge ends off a node).
+    g = mg.models.gpt2({"n_layer": 4, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 32})
+    dec = mg.decoder(g, max_length=32)
+    browser = open_page(dec.model(1).to_html())
+    ends = browser.execute_script(_EDGE_ENDS)
+    assert None not in ends and ends.count("h.0\u2026h.3") == 4, ends
+    browser.find_element(By.CSS_SELECTOR, "[data-fold]").click()
+    browser.find_element(By.XPATH, "//button[text()='fit']").click()
+    ends = browser.execute_script(_EDGE_ENDS)
+    assert None not in ends, ends
+    assert len(dec.decode_graph(1).node("h.1").inputs) == 4
+    for name in ("h.0", "h.1", "h.2", "h.3"):
+        assert ends.count(name) == 4, (name, ends)
+    assert console_errors(browser) == []
+
+
 def test_diff_marks_the_policy_casts_as_added(open_page):
     g = examples.residual_cnn()
     a, b = mg.compile(g), mg.compile(g, mg.Policy(compute_dtype="bfloat16"))

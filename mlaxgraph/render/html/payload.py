@@ -12,9 +12,9 @@ where an edge is ``[source index, output index, target index, input slot]``, ``i
 ``[node index, input slot]`` where input ``k`` of the enclosing block enters, and ``o[j]``
 is ``[node index, output index]`` of the block's output ``j``. A nested block's node holds
 its own scope in ``sub``; a run of equal consecutive blocks is folded into one node
-(``fold``: the count) whose ``sub`` chains them. A block's FLOPs and bytes are the sums
-of its layers'; a fold's and a scan's (``runs``: its count; its ``sub`` is one block)
-are the whole run's.
+(``fold``: the count) whose ``sub`` chains them (and hands each the run's further
+inputs). A block's FLOPs and bytes are the sums of its layers'; a fold's and a scan's
+(``runs``: its count; its ``sub`` is one block) are the whole run's.
 """
 
 from __future__ import annotations
