@@ -358,3 +358,71 @@ def test_sharded_checkpoints_round_trip_and_refuse_to_overwrite(sharded_mlp, tmp
     sharded_checkpoint.save(where, {"params": params}, overwrite=True)
     with pytest.raises(mg.SerializationError, match="no checkpoint at"):
         sharded_checkpoint.restore(tmp_path / "missing", {"params": target})
+
+
+# --- scanned blocks keep their layers' layout (8 virtual devices, in a subprocess) ------
+
+_SCANNED_LAYOUT = r"""
+import json, sys
+import jax, mlaxgraph as mg
+
+config = {"num_hidden_layers": 3, "hidden_size": 32, "num_attention_heads": 4,
+          "intermediate_size": 64, "vocab_size": 64}
+found = {}
+for kv, mesh_shape in ((4, (2, 4)), (2, (2, 4))):
+    graph = mg.models.llama(dict(config, num_key_value_heads=kv),
+                            axes={"mlp.up_proj": {"kernel": ("embed", None)}})
+    mesh = jax.make_mesh(mesh_shape, ("data", "model"))
+    rules = mg.models.sharding_rules(graph, mesh)
+    for scan in (False, "always"):
+        model = mg.compile(graph, mesh=mesh, rules=rules, scan_blocks=scan)
+        specs = {}
+        for tree in ("params", "state"):
+            for path, leaf in jax.tree_util.tree_flatten_with_path(getattr(model.sharding, tree))[0]:
+                specs["/".join(str(k.key) for k in path)] = [
+                    None if e is None else e if isinstance(e, str) else list(e) for e in leaf.spec]
+        found[f"kv{kv}/{scan or 'never'}"] = specs
+json.dump({"devices": jax.device_count(), "specs": found}, sys.stdout)
+"""
+
+
+def test_scanned_blocks_keep_their_layers_param_axes_on_eight_devices():
+    """A scanned block's stacked weights get the layout its layers have unscanned (their
+    ``param_axes``, the zoo's Megatron layout, a user's ``axes=`` override, Llama's
+    ``kv_heads``), with the stacked axis not sharded."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    done = subprocess.run([sys.executable, "-c", _SCANNED_LAYOUT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["devices"] == 8
+    for kv in ("kv4", "kv2"):
+        flat, scanned = report["specs"][f"{kv}/never"], report["specs"][f"{kv}/always"]
+        expected = {}
+        for path, spec in flat.items():
+            top, _, weight = path.partition("/")
+            if top.startswith("model.layers."):
+                # the blocks' weights stacked under one node, the stacked axis whole
+                expected.setdefault(f"model.layers.0..model.layers.2/{weight}", []).append([None, *spec])
+            else:
+                expected[path] = [spec]
+        for path, specs in expected.items():
+            assert all(s == specs[0] for s in specs), path
+            assert scanned[path] == specs[0], (kv, path)
+        assert len(scanned) == len(expected)
+        layers = "model.layers.0..model.layers.2"
+        assert scanned[f"{layers}/mlp.down_proj/kernel"] == [None, "model", None]  # row-parallel
+        assert scanned[f"{layers}/mlp.up_proj/kernel"] == [None, None, None]  # the user's axes
+    # 2 key/value heads on model=4: replicated (sharding_rules leaves kv_heads out)
+    assert report["specs"]["kv2/always"][f"{layers}/self_attn/key/kernel"] == [None, None, None, None]
+    assert report["specs"]["kv4/always"][f"{layers}/self_attn/key/kernel"] == [None, None, "model", None]

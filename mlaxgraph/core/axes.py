@@ -14,13 +14,14 @@ on it, XLA decides.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .errors import ShardingError
 from .specs import TensorSpec, flatten_specs, is_symbolic
 
-__all__ = ["UNKNOWN", "as_axes", "as_param_axes", "weight_axes",
+__all__ = ["UNKNOWN", "as_axes", "as_param_axes", "declared_weights", "weight_axes",
            "follow_inputs", "same_dim", "input_axes", "axes_str"]
 
 
@@ -100,6 +101,38 @@ def as_param_axes(value: Any) -> tuple[tuple[str, tuple], ...] | None:
     return result
 
 
+def declared_weights(layer, inputs: Sequence[TensorSpec]) -> tuple[dict, dict]:
+    """``(params, state)``: the layer's ParamSpec trees for ``inputs`` with its
+    ``param_axes`` overrides written into each overridden spec's ``axes`` (a block
+    gives its layers' weights this way, so a scanned block keeps their layout).
+
+    Raises:
+      ShardingError: an override names no weight of the layer (a short error; callers
+        add the layer's name).
+    """
+    params, state = layer.param_specs(inputs), layer.state_specs(inputs)
+    overrides = dict(getattr(layer, "param_axes", None) or ())
+    if not overrides:
+        return params, state
+    names = [path for path, _ in flatten_specs(params) + flatten_specs(state)]
+    for path in overrides:
+        if path not in names:
+            raise ShardingError(f"param_axes names {path!r}, which is no weight of this layer",
+                                expected=f"weights {', '.join(map(repr, names)) or '(none)'}")
+
+    def apply(tree, prefix):
+        out = {}
+        for name, spec in tree.items():
+            path = prefix + name
+            if isinstance(spec, Mapping):
+                out[name] = apply(spec, path + "/")
+            else:
+                out[name] = dataclasses.replace(spec, axes=overrides[path]) if path in overrides else spec
+        return out
+
+    return apply(params, ""), apply(state, "")
+
+
 def weight_axes(layer, inputs: Sequence[TensorSpec]) -> tuple[dict, dict]:
     """``(params, state)``: weight path -> ``(shape, axes)`` for a layer called on
     ``inputs``, with the layer's ``param_axes`` overrides applied and every weight
@@ -109,20 +142,12 @@ def weight_axes(layer, inputs: Sequence[TensorSpec]) -> tuple[dict, dict]:
       ShardingError: an override names no weight of the layer, or axes do not have
         one name per dim (a short error; callers add the layer's name).
     """
-    params = flatten_specs(layer.param_specs(inputs))
-    state = flatten_specs(layer.state_specs(inputs))
-    overrides = dict(getattr(layer, "param_axes", None) or ())
-    names = [path for path, _ in params + state]
-    for path in overrides:
-        if path not in names:
-            raise ShardingError(f"param_axes names {path!r}, which is no weight of this layer",
-                                expected=f"weights {', '.join(map(repr, names)) or '(none)'}")
+    params, state = declared_weights(layer, inputs)
 
     def resolve(entries):
         out = {}
         for path, spec in entries:
-            axes = overrides.get(path, spec.axes)
-            axes = (None,) * len(spec.shape) if axes is None else tuple(axes)
+            axes = (None,) * len(spec.shape) if spec.axes is None else tuple(spec.axes)
             if len(axes) != len(spec.shape):
                 raise ShardingError(
                     f"weight {path!r} of shape {tuple(spec.shape)} has {len(spec.shape)} dims but "
@@ -131,7 +156,7 @@ def weight_axes(layer, inputs: Sequence[TensorSpec]) -> tuple[dict, dict]:
             out[path] = (tuple(spec.shape), axes)
         return out
 
-    return resolve(params), resolve(state)
+    return resolve(flatten_specs(params)), resolve(flatten_specs(state))
 
 
 def same_dim(a: Any, b: Any) -> bool:

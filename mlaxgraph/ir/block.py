@@ -6,10 +6,11 @@ calls into its layers' steps once (``mlaxgraph.compiler.flatten``)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from ..core.errors import DTypeError, GraphError, ShapeError
+from ..core.axes import declared_weights
+from ..core.errors import DTypeError, GraphError, ShapeError, ShardingError
 from ..core.registry import register
 from ..core.specs import TensorSpec, match_shape, specs_str, substitute
 from .graph import Graph
@@ -77,21 +78,28 @@ class Block(Layer):
             for i, spec in enumerate(node.outputs):
                 specs[(node.name, i)] = spec.with_shape(substitute(spec.shape, bindings))
 
-    def _weights(self, inputs, which: Callable[[Layer, tuple], Mapping]) -> dict:
+    def _weights(self, inputs, kind: int) -> dict:
+        """Its layers' params (``kind`` 0) or state (1), each layer's ``param_axes``
+        overrides written into its specs' axes, as sharding reads them unscanned."""
         out: dict[str, Any] = {}
         for node, args in self._calls(inputs):
             if node.layer not in out:
-                specs = which(node.op, args)
+                try:
+                    specs = declared_weights(node.op, args)[kind]
+                except ShardingError as e:
+                    raise ShardingError(f"layer {node.layer!r} of block {self.graph.name!r}: "
+                                        f"{e.problem}", expected=e.expected) from None
                 if specs:
                     out[node.layer] = dict(specs)
         return out
 
     def param_specs(self, inputs):
-        """Its layers' weights, nested by layer name, each layer once."""
-        return self._weights(inputs, lambda op, args: op.param_specs(args))
+        """Its layers' weights, nested by layer name, each layer once (with its
+        ``param_axes``)."""
+        return self._weights(inputs, 0)
 
     def state_specs(self, inputs):
-        return self._weights(inputs, lambda op, args: op.state_specs(args))
+        return self._weights(inputs, 1)
 
     def uses_rng(self) -> bool:
         return any(node.op.uses_rng() for node in self.graph.nodes)
