@@ -152,7 +152,10 @@ def refuse_unread_adapters(program: Program, params: Any) -> None:
         found: list[str] = []
         for key, value in tree.items() if isinstance(tree, Mapping) else ():
             path = prefix + str(key)
-            if is_adapter(str(key)) and path not in needed:
+            # a block named as an adapter that holds adapter layers (a graph read back
+            # from ONNX: the block conv.lora_A holding its param layer) is looked into
+            if is_adapter(str(key)) and path not in needed and \
+                    not any(n.startswith(path + "/") for n in needed):
                 found.append(path)
             elif isinstance(value, Mapping):
                 found += unread(value, path + "/")

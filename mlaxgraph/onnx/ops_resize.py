@@ -125,6 +125,7 @@ def _resize(a, x, roi=None, scales=None, sizes=None):
     axes = list(range(x.ndim)) if axes is None else [v % x.ndim for v in axes]
     if sizes is not None and np.size(sizes):
         sizes = [int(v) for v in np.asarray(sizes).reshape(-1)]
+        _static_axes(x, [ax for ax, n in zip(axes, sizes) if n != x.shape[ax]], "sizes")
         ratios = [s / x.shape[ax] for s, ax in zip(sizes, axes)]
         policy = a.get("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
@@ -133,8 +134,13 @@ def _resize(a, x, roi=None, scales=None, sizes=None):
             sizes = [int(np.floor(ratio * x.shape[ax] + 0.5)) for ax in axes]
     else:
         ratios = [float(v) for v in np.asarray(scales).reshape(-1)]
-        sizes = [int(np.floor(x.shape[ax] * r)) for ax, r in zip(axes, ratios)]
+        # a scale of 1 keeps its dim, symbolic (a batch) or not
+        _static_axes(x, [ax for ax, r in zip(axes, ratios) if r != 1.0], "scales")
+        sizes = [x.shape[ax] if r == 1.0 else int(np.floor(x.shape[ax] * r))
+                 for ax, r in zip(axes, ratios)]
     roi_values = np.asarray(roi, np.float64).reshape(-1) if roi is not None and np.size(roi) else None
+    if roi_values is not None:
+        _static_axes(x, axes, "roi")
     out = x
     for k, (ax, n, ratio) in enumerate(zip(axes, sizes, ratios)):
         if n == x.shape[ax] and ratio == 1.0 and roi_values is None:
@@ -142,6 +148,17 @@ def _resize(a, x, roi=None, scales=None, sizes=None):
         span = (roi_values[k], roi_values[k + len(axes)]) if roi_values is not None else (0.0, 1.0)
         out = _axis(out, ax, n, ratio, a, span)
     return out
+
+
+def _static_axes(x, axes: list[int], by: str) -> None:
+    """The axes Resize changes must be of known size: a symbolic one is named, with
+    how to bind it."""
+    symbolic = [str(x.shape[ax]) for ax in axes if not isinstance(x.shape[ax], int)]
+    if symbolic:
+        raise ShapeError(f"Resize by its {by} changes the symbolic dim "
+                         f"{', '.join(symbolic)}, whose output length depends on its size: "
+                         f"bind it with from_onnx(..., dims={{{symbolic[0]!r}: size}})",
+                         expected="a scale of 1 on the symbolic axes, or their sizes bound")
 
 
 class _Asymmetric:

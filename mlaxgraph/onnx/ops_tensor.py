@@ -87,11 +87,29 @@ def _slice(a, x, starts=None, ends=None, axes=None, steps=None):
     index = [slice(None)] * x.ndim
     for start, end, axis, step in zip(starts, ends, axes, steps):
         n = x.shape[axis]
+        if not isinstance(n, int):  # symbolic: Python's slice clamps as ONNX does
+            index[axis] = _symbolic_slice(start, end, step)
+            continue
         start = min(max(start + n if start < 0 else start, 0), n - (step < 0))
         end = end + n if end < 0 else end
         end = min(max(end, -1), n) if step < 0 else min(max(end, 0), n)
         index[axis] = slice(start, None if end == -1 and step < 0 else end, step)
     return x[tuple(index)]
+
+
+#: starts and ends past this are past any dim: "to the end" (INT64_MAX, INT32_MAX)
+_FAR = 2**31 - 1
+
+
+def _symbolic_slice(start: int, end: int, step: int) -> slice:
+    """ONNX's ``Slice`` bounds on a symbolic dim as a Python slice (negative bounds count
+    from the end, and are clamped, as ONNX defines them); the exporters' "to the end"
+    (INT64_MAX, or INT64_MIN backwards) as an open bound, so no bound compares with
+    the symbolic dim."""
+    forward = step > 0
+    start_open = start <= -_FAR if forward else start >= _FAR
+    end_open = end >= _FAR if forward else end <= -_FAR
+    return slice(None if start_open else start, None if end_open else end, step)
 
 
 @define("Split", static=(1,), flops="none")

@@ -36,7 +36,7 @@ from .signature import check_declared, check_dims, check_shapes, input_shape
 from .symbolic import read_range, read_shaped, track
 from .versions import _DOMAINS, MIN_OPSET, _opset, check_attributes, domain_versions
 from .weights import Weight as _Weight
-from .weights import weight_view
+from .weights import as_value, weight_view
 
 __all__ = ["from_onnx", "read_model", "static_inputs", "MIN_OPSET"]
 
@@ -97,11 +97,7 @@ class _Reader:
     def read(self) -> tuple[Graph, dict, dict]:
         g = self.model.graph
         for t in g.initializer:
-            array = tensor_to_array(t, self.folder)
-            if array.dtype.kind == "f" and array.size > 0:
-                self.values[t.name] = _Weight(t.name, array)
-            else:
-                self.values[t.name] = array
+            self.values[t.name] = as_value(t.name, tensor_to_array(t, self.folder))
         inputs = []
         shapes = check_shapes(self.shapes, [v.name for v in g.input if v.name not in self.values])
         dim_names: set[str] = set()
@@ -279,9 +275,7 @@ class _Reader:
                 len(branch.output) != len(node.output):
             return False  # a branch shadowing a name around it: read as the operator
         for t in branch.initializer:
-            array = tensor_to_array(t, self.folder)
-            self.values[t.name] = _Weight(t.name, array) if array.dtype.kind == "f" and \
-                array.size > 0 else array
+            self.values[t.name] = as_value(t.name, tensor_to_array(t, self.folder))
         for n in branch.node:
             for v in n.input:
                 self.consumers.setdefault(v, []).append(n)

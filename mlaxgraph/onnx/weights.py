@@ -15,7 +15,7 @@ import numpy as np
 
 from .layer import TABLE, encode_array, op_class
 
-__all__ = ["Weight", "weight_view", "VIEWS"]
+__all__ = ["Weight", "weight_view", "VIEWS", "as_value"]
 
 
 class Weight:
@@ -23,6 +23,14 @@ class Weight:
 
     def __init__(self, name: str, array: np.ndarray):
         self.name, self.array = name, array
+
+
+def as_value(name: str, array: np.ndarray) -> Any:
+    """An initializer as the reader holds it: a float one a ``Weight``; the others
+    (integers, booleans, float8: no weight dtype) constants."""
+    if array.size > 0 and array.dtype.kind == "f" and np.issubdtype(array.dtype, np.floating):
+        return Weight(name, array)
+    return array
 
 
 #: Operators that only rename, retype or reshape a weight; their result is read as a
@@ -66,8 +74,7 @@ def weight_view(reader: Any, node: Any, attrs: dict) -> bool:
                                           if a is not None and p not in op.static])[0])
     except Exception:  # left to the operator's layer, which names the problem
         return False
-    values[node.output[0]] = (Weight(node.output[0], array)
-                              if array.dtype.kind == "f" and array.size > 0 else array)
+    values[node.output[0]] = as_value(node.output[0], array)
     return True
 
 

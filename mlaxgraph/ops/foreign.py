@@ -149,14 +149,15 @@ def encode_array(value: Any) -> tuple:
     """An array as a hashable hyperparameter: ``("tensor", dtype, shape, values)``."""
     array = np.asarray(value)
     flat = array.reshape(-1)
-    if array.dtype.kind == "f" or array.dtype.name == "bfloat16":
-        values: tuple = tuple(float(v) for v in flat.astype(np.float64))
-    elif array.dtype.kind == "c":
-        values = tuple(complex(v) for v in flat)
+    # ml_dtypes' types (bfloat16, float8_*, int4, uint4) are of NumPy kind "V"
+    if array.dtype.kind == "c":
+        values: tuple = tuple(complex(v) for v in flat)
     elif array.dtype.kind == "b":
         values = tuple(bool(v) for v in flat)
-    elif array.dtype.kind in "iu":
-        values = tuple(int(v) for v in flat)
+    elif jnp.issubdtype(array.dtype, jnp.floating):
+        values = tuple(float(v) for v in flat.astype(np.float64))
+    elif jnp.issubdtype(array.dtype, jnp.integer):
+        values = tuple(int(v) for v in flat.astype(np.int64))
     else:
         values = tuple(str(v) for v in flat)
     return ("tensor", array.dtype.name, tuple(int(d) for d in array.shape), values)

@@ -1,0 +1,137 @@
+"""``mg.from_onnx`` on valid files of the less common forms, against onnxruntime (or
+onnx's reference implementation where onnxruntime fuses operators into another
+computation): 4-bit and float8 initializers, slices and resizes over symbolic dims,
+a LoRA-adapted convolution read back."""
+
+import jax
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+import mlaxgraph as mg  # noqa: E402
+from mlaxgraph import ops  # noqa: E402
+
+F = TensorProto.FLOAT
+RNG = np.random.default_rng(7)
+
+
+def _model(nodes, inputs, inits=(), opset=21, outputs=("y",)):
+    g = helper.make_graph(nodes, "m", inputs,
+                          [helper.make_tensor_value_info(o, F, None) for o in outputs],
+                          list(inits))
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model
+
+
+def _ort(model, feeds, optimize=True):
+    options = ort.SessionOptions()
+    if not optimize:  # onnxruntime fuses DequantizeLinear(int4) + MatMul into MatMulNBits
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _ours(model, *xs, **kwargs):
+    graph, params, state = mg.from_onnx(model, **kwargs)
+    out, _ = mg.compile(graph).apply(params, state, *xs)
+    return out
+
+
+@pytest.mark.parametrize("code", [TensorProto.INT4, TensorProto.UINT4,
+                                  TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2])
+def test_4_bit_and_float8_initializers_dequantized(code):
+    """A weight-only quantized MatMul: DequantizeLinear of an int4 / uint4 / float8
+    initializer (with a zero point of the same type for the integer ones)."""
+    low = 0 if code == TensorProto.UINT4 else -8
+    values = RNG.integers(low, low + 16, (4, 3)).reshape(-1).tolist()
+    integer = code in (TensorProto.INT4, TensorProto.UINT4)
+    weight = helper.make_tensor("W", code, [4, 3], values if integer else
+                                [float(v) / 4 for v in values])
+    inits = [weight, numpy_helper.from_array(np.asarray(0.1, np.float32), "s")]
+    if integer:
+        inits.append(helper.make_tensor("z", code, [], [low + 1]))
+    model = _model([helper.make_node("DequantizeLinear", ["W", "s"] + (["z"] if integer else []),
+                                     ["w"]),
+                    helper.make_node("MatMul", ["x", "w"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, [2, 4])], inits)
+    x = RNG.normal(size=(2, 4)).astype(np.float32)
+    (want,) = _ort(model, {"x": x}, optimize=False)
+    np.testing.assert_allclose(np.asarray(_ours(model, x)), want, rtol=1e-6, atol=1e-6)
+    (reference,) = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_allclose(want, reference, rtol=1e-6, atol=1e-6)
+
+
+INT64_MAX, INT64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+
+
+@pytest.mark.parametrize("start, end, step", [
+    (1, INT64_MAX, 1), (-3, INT64_MAX, 1), (1, 1000, 1), (0, -1, 1), (2, 4, 1),
+    (-5, -2, 1), (-1, INT64_MIN, -1), (3, 0, -1), (INT64_MAX, INT64_MIN, -2), (0, 1000, 2)])
+def test_a_slice_over_a_symbolic_dim(start, end, step):
+    """Ends past the size (INT64_MAX: the exporters' "to the end"), negative starts,
+    backwards steps: read with the dim symbolic, equal to onnxruntime at each size."""
+    inits = [numpy_helper.from_array(np.asarray([v], np.int64), k)
+             for k, v in (("s", start), ("e", end), ("a", 0), ("t", step))]
+    model = _model([helper.make_node("Slice", ["x", "s", "e", "a", "t"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, ["N", 3])], inits)
+    graph, params, state = mg.from_onnx(model)
+    assert not isinstance(graph.input_specs[0].shape[0], int)
+    model_ = mg.compile(graph)
+    for n in (1, 2, 5, 9):
+        x = np.arange(3 * n, dtype=np.float32).reshape(n, 3)
+        (want,) = _ort(model, {"x": x})
+        got, _ = model_.apply(params, state, x)
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_to_onnx_of_a_slice_to_the_end_reads_back_symbolic(tmp_path):
+    x = mg.Input(("batch", 7), name="x")
+    graph = mg.Graph(x, x[1:])
+    params, state = mg.compile(graph).init(jax.random.key(0))
+    graph.to_onnx(tmp_path / "s.onnx", params, state)
+    data = RNG.normal(size=(4, 7)).astype(np.float32)
+    want = ort.InferenceSession(str(tmp_path / "s.onnx")).run(None, {"x": data})[0]
+    np.testing.assert_array_equal(np.asarray(_ours(str(tmp_path / "s.onnx"), data)), want)
+
+
+def test_a_resize_by_scales_keeps_a_symbolic_batch():
+    """A scale of 1 on the symbolic axis keeps it; a scale of 2 on it asks for its size."""
+    model = _model([helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest")],
+                   [helper.make_tensor_value_info("x", F, ["N", 3, 4, 4])],
+                   [numpy_helper.from_array(np.asarray([1, 1, 2, 2], np.float32), "sc")],
+                   opset=19)
+    graph, params, state = mg.from_onnx(model)
+    assert str(graph.output_specs[0]) == "f32[N,3,8,8]"
+    for n in (1, 3):
+        x = RNG.normal(size=(n, 3, 4, 4)).astype(np.float32)
+        (want,) = _ort(model, {"x": x})
+        got, _ = mg.compile(graph).apply(params, state, x)
+        np.testing.assert_array_equal(np.asarray(got), want)
+    doubled = _model([helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest")],
+                     [helper.make_tensor_value_info("x", F, ["N", 3])],
+                     [numpy_helper.from_array(np.asarray([2, 1], np.float32), "sc")], opset=19)
+    with pytest.raises(mg.ShapeError, match="changes the symbolic dim N.*dims=\\{'N': size\\}"):
+        mg.from_onnx(doubled)
+    x = RNG.normal(size=(2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(_ours(doubled, x, dims={"N": 2})),
+                                  _ort(doubled, {"x": x})[0])
+
+
+def test_a_lora_adapted_conv_reads_back_and_applies(tmp_path):
+    x = mg.Input(("b", 8, 8, 3), name="x")
+    adapted = mg.lora(mg.Graph(x, ops.Conv(4, (3, 3), name="conv")(x)), "conv", rank=2)
+    model = mg.compile(adapted)
+    params, state = model.init(jax.random.key(0))
+    params = jax.tree.map(lambda a: a + 0.1, params)  # B away from zero: the adapter counts
+    adapted.to_onnx(tmp_path / "lora.onnx", params, state)
+    data = RNG.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    want, _ = model.apply(params, state, data)
+    (from_ort,) = ort.InferenceSession(str(tmp_path / "lora.onnx")).run(None, {"x": data})
+    np.testing.assert_allclose(from_ort, np.asarray(want), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(_ours(str(tmp_path / "lora.onnx"), data)), from_ort,
+                               rtol=1e-5, atol=1e-5)
