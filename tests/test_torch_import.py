@@ -217,14 +217,25 @@ def walk_payload_of(model):
     return list(walk_payload(model_payload(model, hlo=True, fold=False)["root"]))
 
 
+def _in_train_mode(frozen=()):
+    """small_cnn's program as torch.export writes the module in train mode, the
+    BatchNorms named in ``frozen`` left in eval mode (``model.train(); bn.eval()``)."""
+    record, tensors = _record("small_cnn")
+    record = copy.deepcopy(record)
+    for node in record["nodes"]:
+        if node["target"] == "aten.batch_norm.default":
+            node["args"][5] = node["stack"][-1][0] not in frozen
+    return dict(record, training=False), tensors
+
+
 def test_the_program_mode_is_carried_by_the_graph(tmp_path):
     graph, params, state, ref = _load("small_cnn")
     assert mg.aten.inference_mode(graph) is True
     assert graph.node("eval_mode").op == mg.aten.Mode(training=False)
     assert mg.aten.inference_mode(examples.mlp()) is None
-    # the same program marked as exported in train mode: inference_mode=False
-    record, tensors = _record("small_cnn")
-    train, params, state = read_program(dict(record, training=True), tensors, name="SmallCNN")
+    # the same program as exported in train mode (its BatchNorms called with
+    # training=True, as torch.export writes them): inference_mode=False
+    train, params, state = read_program(*_in_train_mode(), name="SmallCNN")
     assert mg.aten.inference_mode(train) is False
     assert train.node("train_mode").op.training
     x = jnp.asarray(ref["input_0"])
@@ -242,6 +253,31 @@ def test_the_program_mode_is_carried_by_the_graph(tmp_path):
     # a saved graph keeps its mode
     mg.save(tmp_path / "train.mlg", train, params, state)
     assert mg.aten.inference_mode(mg.load(tmp_path / "train.mlg")[0]) is False
+
+
+def test_a_frozen_batch_norm_in_a_train_mode_program_keeps_its_running_statistics():
+    # model.train(); model.stem[1].eval(): that BatchNorm normalizes with its running
+    # statistics and leaves them as they are, the others train (PyTorch's per-module mode)
+    graph, params, state, ref = _load("small_cnn")
+    train, p, s = read_program(*_in_train_mode(frozen=("stem.1",)), name="SmallCNN")
+    assert mg.aten.inference_mode(train) is False
+    x = jnp.asarray(ref["input_0"])
+    _, new_state, seen = mg.compile(train).apply(p, s, x, inference_mode=False,
+                                                 capture=["stem"])
+    _, _, eval_seen = mg.compile(graph).apply(params, state, x, inference_mode=True,
+                                              capture=["stem"])
+    # the stem (conv, frozen BatchNorm, ReLU) computes as in eval mode (NumPy: the same
+    # conv output normalized with the running statistics)
+    np.testing.assert_allclose(seen["stem"], eval_seen["stem"], rtol=1e-6, atol=1e-6)
+    sd = mg.models.to_state_dict(train, p, new_state)
+    sd_eval = mg.models.to_state_dict(graph, params, state)
+    for key in ("stem.1.running_mean", "stem.1.running_var"):
+        np.testing.assert_array_equal(sd[key], sd_eval[key])
+    assert not np.allclose(sd["layer1.0.bn1.running_mean"], sd_eval["layer1.0.bn1.running_mean"])
+    # the module's state dict loads into it: the frozen statistics as the module's buffers
+    p2, s2 = mg.models.load_state_dict(train, sd_eval)
+    assert np.array_equal(mg.models.to_state_dict(train, p2, s2)["stem.1.running_var"],
+                          sd_eval["stem.1.running_var"])
 
 
 def test_the_decoder_reads_the_mode_marker_as_the_identity_it_is():

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import mlaxgraph as mg
@@ -511,3 +512,140 @@ def test_logits_processors_make_the_tokens_transformers_generate_makes():
                                          sampler=mg.sampling.RepetitionPenalty(5.0),
                                          pad_token_id=nxt))
             np.testing.assert_array_equal(got, want)
+
+
+def _apply(module, *args, inference_mode=True, rng=None):
+    graph, params, state = mg.from_torch(module, args)
+    out, new_state = mg.compile(graph).apply(
+        params, state, *[jnp.asarray(a.numpy()) for a in args], inference_mode=inference_mode,
+        **({"rng": rng} if rng is not None else {}))
+    return graph, params, (out if isinstance(out, tuple) else (out,)), new_state
+
+
+def test_a_frozen_batch_norm_and_dropout_without_training_in_a_train_mode_module():
+    torch.manual_seed(0)
+
+    class Frozen(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.bn, self.bn2 = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, x):
+            y = self.bn2(self.bn(self.c(x)))
+            return self.head(F.dropout(y, 0.5, training=False).mean((2, 3)))
+
+    model = Frozen()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2)
+    model.train()
+    model.bn.eval()  # frozen: its running statistics, not updated
+    x = torch.randn(4, 3, 8, 8) * 3 + 2
+    graph, params, out, new_state = _apply(model, x, inference_mode=False, rng=jax.random.key(0))
+    assert mg.aten.inference_mode(graph) is False
+    ours = mg.models.to_state_dict(graph, params, new_state)
+    with torch.no_grad():
+        expected = model(x)
+    _close(np.asarray(out[0]), expected)
+    for key in ("bn.running_mean", "bn.running_var", "bn2.running_mean", "bn2.running_var"):
+        _close(ours[key], model.state_dict()[key], tol=1e-5)
+
+
+@pytest.mark.parametrize("kw,shape", [
+    ({"size": (4, 5), "mode": "bilinear"}, (8, 10)),
+    ({"scale_factor": 0.5, "mode": "bilinear"}, (8, 10)),
+    ({"scale_factor": 1.5, "mode": "bilinear"}, (5, 7)),
+    ({"scale_factor": 0.7, "mode": "bilinear", "align_corners": True}, (8, 10)),
+    ({"size": (13, 4), "mode": "bilinear", "align_corners": True}, (8, 10)),
+    ({"scale_factor": 1.7, "mode": "nearest"}, (8, 10)),
+    ({"scale_factor": 0.6, "mode": "nearest"}, (8, 10)),
+    ({"scale_factor": 1.7, "mode": "nearest", "recompute_scale_factor": True}, (8, 10)),
+    ({"size": (3, 7), "mode": "nearest"}, (8, 10)),
+])
+def test_interpolate_as_pytorch(kw, shape):
+    class Resize(nn.Module):
+        def forward(self, x):
+            return F.interpolate(x, **kw)
+
+    x = torch.randn(1, 2, *shape) * 3
+    _, _, out, _ = _apply(Resize(), x)
+    _close(np.asarray(out[0]), Resize()(x), tol=1e-5)
+
+
+def test_max_pool_indices_are_pytorch_s():
+    class Pool(nn.Module):
+        def forward(self, x):
+            a, i = F.max_pool2d(x, 3, 2, padding=1, return_indices=True)
+            b, j = F.max_pool2d(x, 2, 2, ceil_mode=True, return_indices=True, dilation=1)
+            return a, i, b, j
+
+    x = torch.randn(2, 3, 7, 9)
+    x[0, 0, :3, :3] = 1.0  # ties: the first maximum, as PyTorch
+    _, _, out, _ = _apply(Pool(), x)
+    for ours, theirs in zip(out, Pool()(x)):
+        np.testing.assert_array_equal(np.asarray(ours), theirs.numpy())
+
+
+def test_softmax_dtype_and_clamp_of_integers_with_float_bounds():
+    class M(nn.Module):
+        def forward(self, x, n):
+            return (F.softmax(x, -1, dtype=torch.float32), F.log_softmax(x, -1, dtype=torch.float32),
+                    n.clamp(-2.5, 2.5), n.clamp(min=0.5))
+
+    x, n = torch.randn(2, 50).half() * 4, torch.arange(-4, 5)
+    _, _, out, _ = _apply(M(), x, n)
+    for ours, theirs in zip(out, M()(x, n)):
+        assert ours.dtype == jnp.dtype(str(theirs.dtype).replace("torch.", ""))
+        _close(np.asarray(ours), theirs, tol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["Dropout1d", "Dropout2d", "sdpa"])
+def test_feature_and_attention_dropout_draw_in_train_mode(kind):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = nn.Dropout1d(0.5) if kind == "Dropout1d" else nn.Dropout2d(0.5)
+
+        def forward(self, x):
+            if kind == "sdpa":
+                return F.scaled_dot_product_attention(x, x, x, dropout_p=0.5 if self.training else 0.0)
+            return self.drop(x.flatten(2) if kind == "Dropout1d" else x)
+
+    x = torch.rand(4, 16, 6, 6) + 1
+    model = M().train()
+    graph, _, out, _ = _apply(model, x, inference_mode=False, rng=jax.random.key(0))
+    assert mg.aten.inference_mode(graph) is False
+    ours = np.asarray(out[0])
+    if kind == "sdpa":
+        # the attention weights dropped and scaled: some rows' sums of weights move off 1
+        plain = F.scaled_dot_product_attention(x, x, x).numpy()
+        assert not np.allclose(ours, plain)
+        ones = torch.ones(4, 16, 6, 6)
+        _, _, out1, _ = _apply(model, ones, inference_mode=False, rng=jax.random.key(0))
+        kept = np.asarray(out1[0])  # rows of ones: the sum of the kept weights, times 2
+        assert set(np.round(np.unique(kept) * 3, 4)) <= set(np.arange(0, 7) / 1.0)
+    else:
+        # whole channels are zeroed, the rest scaled by 2
+        flat = ours.reshape(4, 16, -1)
+        x_flat = x.numpy().reshape(4, 16, -1)
+        zero = (flat == 0).all(-1)
+        assert 0.2 < zero.mean() < 0.8
+        np.testing.assert_allclose(flat[~zero], 2 * x_flat[~zero], rtol=1e-6)
+    _, _, same, _ = _apply(model, x, inference_mode=True)
+    _close(np.asarray(same[0]), M().eval()(x))
+
+
+@pytest.mark.parametrize("layer,x", [
+    (nn.Linear(4, 3), torch.randn(2, 4)), (nn.Conv2d(4, 3, 3), torch.randn(1, 4, 6, 6)),
+    (nn.LayerNorm(4), torch.randn(2, 4)), (nn.Embedding(5, 3), torch.tensor([[1, 2]])),
+    (nn.BatchNorm2d(4), torch.randn(2, 4, 3, 3))])
+def test_a_bare_layer_as_the_module(layer, x):
+    torch.manual_seed(0)
+    layer = layer.eval()
+    graph, params, out, state = _apply(layer, x)
+    _close(np.asarray(out[0]), layer(x))
+    ours = mg.models.to_state_dict(graph, params, state)
+    for key, value in layer.state_dict().items():
+        if key != "num_batches_tracked":
+            np.testing.assert_array_equal(ours[key], value.numpy())

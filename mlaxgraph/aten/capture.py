@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError, GraphError
+from .layers import trains
 from .program import FORMAT, VERSION
 
 __all__ = ["capture", "require_torch"]
@@ -223,13 +224,8 @@ def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     ranges = {}
     for symbol, r in program.range_constraints.items():
         ranges[_NAMES.get(str(symbol), str(symbol))] = [_bound(r.lower) or 0, _bound(r.upper)]
-    training = any(str(n["target"]).startswith(("aten._native_batch_norm_legit_functional",
-                                                "aten.native_batch_norm"))
-                   or (n["target"] == "aten.batch_norm.default" and n["args"][5] is True)
-                   or (n["target"] == "aten.dropout.default" and n["args"][2] is True)
-                   for n in nodes)
     record = {"format": FORMAT, "version": VERSION, "torch": torch.__version__,
-              "training": bool(training), "inputs": inputs, "nodes": nodes,
+              "training": trains(nodes), "inputs": inputs, "nodes": nodes,
               "outputs": outputs, "user_outputs": user_outputs, "mutations": mutations,
               "dims": ranges}
     tensors: dict[str, np.ndarray] = {}

@@ -28,7 +28,7 @@ from ..ops.base import Layer
 from ..ops.foreign import Family, ForeignOp, OpDef, decode_array
 from ..ops.tensor import Identity
 
-__all__ = ["OpDef", "AtenOp", "Buffer", "Mode", "TABLE", "define", "op_class", "TENSOR"]
+__all__ = ["OpDef", "AtenOp", "Buffer", "Mode", "TABLE", "DRAWS", "define", "op_class", "TENSOR"]
 
 #: How a tensor argument is written among a node's hyperparameters.
 TENSOR = "$tensor"
@@ -82,9 +82,18 @@ class AtenOp(ForeignOp):
         object.__setattr__(bound, "_created_at", self.__dict__.get("_created_at"))
         return bound
 
+    def uses_rng(self) -> bool:
+        """Whether this call draws random numbers when ``inference_mode=False``: a random
+        operator's ``draws(args, kwargs)`` says (dropout with ``train=True``, attention
+        with ``dropout_p > 0``)."""
+        draws = DRAWS.get(self.op_key)
+        return self.definition().random and (draws is None or draws(self.args, dict(self.kwargs)))
+
     def compute(self, tensors, rng=None) -> tuple:
         args = [_fill(a, list(tensors)) for a in self.args]
         kwargs = {k: _fill(v, list(tensors)) for k, v in self.kwargs}
+        if self.uses_rng():  # a random operator takes the key (None: computing in eval mode)
+            kwargs["rng"] = rng
         # ATen says its own result types; inside an operator numpy's promotion holds
         with jax.numpy_dtype_promotion("standard"):
             out = self.definition().fn(*args, **kwargs)
@@ -102,6 +111,8 @@ TABLE: dict[str, OpDef] = FAMILY.table
 define = FAMILY.define
 #: The layer class of an ATen operator (registered as ``aten.<op>.<overload>``).
 op_class = FAMILY.op_class
+#: A random operator's name -> whether a call (its ``args``, ``kwargs``) draws.
+DRAWS: dict[str, Any] = {}
 
 
 def _zeros(key, shape, dtype):

@@ -12,7 +12,7 @@ from jax import lax
 
 from ..ops.flops import size
 from ..ops.pooling import ceil_mode_extra, window_max, window_mean, window_sum
-from .layer import define
+from .layer import DRAWS, define
 
 
 def _matmul_flops(inputs, outputs, args):
@@ -80,11 +80,33 @@ def _pool_window(x, kernel, stride, padding, nd):
 
 
 @define("aten.max_pool2d_with_indices.default", flops="elementwise")
-def _max_pool2d_with_indices(x, *args):
-    """The pooled values; the indices (read only by the backward pass PyTorch derives
-    from them) are not computed: the second output is zeros."""
-    y = _max_pool2d(x, *args)
-    return y, jnp.zeros(y.shape, jnp.int32)
+def _max_pool2d_with_indices(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """The pooled values and, as PyTorch's, the index of each window's first maximum in
+    its input plane (``row * width + col``; a NaN is a maximum)."""
+    y = _max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode)
+    k, s, p = _pool_window(x, kernel_size, stride, padding, 2)
+    d = _pool_window(x, dilation, None, 0, 2)[0]
+    h, w = x.shape[-2:]
+    plane = jnp.broadcast_to(jnp.arange(h * w, dtype=jnp.int32).reshape(h, w), x.shape)
+    pads = [(0, 0, 0)] * (x.ndim - 2) + [(0, 0, 0)] * 2
+    for i, (n, pi) in enumerate(zip((h, w), p)):
+        extra = ceil_mode_extra(n, pi, pi, k[i], s[i], d[i]) if ceil_mode else 0
+        pads[x.ndim - 2 + i] = (pi, pi + extra, 0)
+    xs = lax.pad(lax.stop_gradient(x), jnp.array(-jnp.inf, x.dtype), pads)
+    ids = lax.pad(plane, jnp.int32(-1), pads)
+    oh, ow = y.shape[-2:]
+    best = index = None
+    for a in range(k[0]):
+        for b in range(k[1]):
+            rows = slice(a * d[0], a * d[0] + s[0] * (oh - 1) + 1, s[0])
+            cols = slice(b * d[1], b * d[1] + s[1] * (ow - 1) + 1, s[1])
+            tap, at = xs[..., rows, cols], ids[..., rows, cols]
+            if best is None:
+                best, index = tap, at
+                continue
+            take = (tap > best) | (jnp.isnan(tap) & ~jnp.isnan(best))
+            best, index = jnp.where(take, tap, best), jnp.where(take, at, index)
+    return y, index
 
 
 @define("aten.max_pool2d.default", flops="elementwise")
@@ -167,6 +189,34 @@ def _bn_no_training(x, w, b, mean, var, momentum, eps):
     return _bn(x, w, b, mean, var, eps), jnp.zeros((0,), x.dtype), jnp.zeros((0,), x.dtype)
 
 
+def _bn_stats(x, mean, var, training):
+    """The statistics a batch norm call normalizes with: the batch's (biased variance)
+    in training or without running statistics (``track_running_stats=False``)."""
+    if training or mean is None:
+        axes = (0,) + tuple(range(2, x.ndim))
+        return x.mean(axes), x.var(axes)
+    return mean, var
+
+
+@define("aten.batch_norm.default", flops=lambda i, o, a: 4 * size(o[0]))
+def _batch_norm(x, w, b, mean, var, training, momentum, eps, cudnn_enabled=True):
+    """A call the layer rule does not read as a BatchNorm: one in eval mode in a
+    train-mode program (frozen: the running statistics, not updated), one without
+    running statistics (the batch's, always)."""
+    return _bn(x, w, b, *_bn_stats(x, mean, var, training), eps)
+
+
+@define("aten._native_batch_norm_legit_functional.default", "aten.native_batch_norm.default",
+        flops=lambda i, o, a: 4 * size(o[0]))
+def _batch_norm_functional(x, w, b, mean, var, training, momentum, eps):
+    """Likewise, after ``run_decompositions``: the running statistics come back unchanged
+    unless in training (where the rule reads a BatchNorm layer)."""
+    m, v = _bn_stats(x, mean, var, training)
+    y = _bn(x, w, b, m, v, eps)
+    empty = jnp.zeros((0,), x.dtype)
+    return y, empty, empty, *((mean, var) if mean is not None else (empty, empty))
+
+
 @define("aten.embedding.default", flops="none")
 def _embedding(w, ids, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(w, ids, axis=0)
@@ -177,8 +227,33 @@ def _sdpa_flops(inputs, outputs, args):
     return 4 * size(q.shape) * k.shape[-2]
 
 
-@define("aten.scaled_dot_product_attention.default", flops=_sdpa_flops)
-def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def _drops(p_position: int, p_name: str, train_position: int | None = None) -> Any:
+    """Whether a call draws: its drop probability is above 0 (and ``train`` is set)."""
+    def draws(args, kwargs):
+        p = args[p_position] if len(args) > p_position else kwargs.get(p_name, 0.0)
+        if train_position is not None:
+            train = args[train_position] if len(args) > train_position else kwargs.get("train")
+            if train is not True:
+                return False
+        return isinstance(p, (int, float)) and p > 0
+    return draws
+
+
+def _dropped(x, p, rng, shape):
+    """``x`` with ``shape``'s entries (broadcast over ``x``) zeroed with probability
+    ``p``, the rest scaled by ``1 / (1 - p)``, as PyTorch's dropout; ``x`` as it is
+    without a key (eval mode)."""
+    if rng is None or not p:
+        return x
+    if p >= 1:
+        return jnp.zeros_like(x)
+    keep = jax.random.bernoulli(rng, 1.0 - p, shape)
+    return jnp.where(keep, x / jnp.asarray(1.0 - p, x.dtype), jnp.zeros((), x.dtype))
+
+
+@define("aten.scaled_dot_product_attention.default", flops=_sdpa_flops, random=True)
+def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+          rng=None):
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     if enable_gqa and k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
@@ -189,11 +264,34 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
         s = jnp.where(jnp.tril(jnp.ones((n, m), bool)), s, -jnp.inf)
     if attn_mask is not None:
         s = jnp.where(attn_mask, s, -jnp.inf) if attn_mask.dtype == jnp.bool_ else s + attn_mask
-    return jnp.matmul(jax.nn.softmax(s, axis=-1), v, precision="highest")
+    weights = jax.nn.softmax(s, axis=-1)
+    # in train mode (a key given) the attention weights are dropped, as PyTorch's
+    weights = _dropped(weights, dropout_p, rng, weights.shape)
+    return jnp.matmul(weights, v, precision="highest")
 
 
-define("aten.dropout.default", "aten.dropout_.default", "aten.feature_dropout.default",
-       flops="none")(lambda x, p=0.5, train=False: x)
+DRAWS["aten.scaled_dot_product_attention.default"] = _drops(4, "dropout_p")
+# F.dropout(training=False) and nn.Dropout in eval mode (nn.Dropout in train mode is a
+# layer: layers.py)
+define("aten.dropout.default", "aten.dropout_.default", flops="none")(lambda x, p=0.5, train=False: x)
+
+
+@define("aten.native_dropout.default", flops="none")
+def _native_dropout(x, p, train):
+    return x, jnp.ones(x.shape, jnp.bool_)
+
+
+@define("aten.feature_dropout.default", "aten.feature_dropout_.default", flops="elementwise",
+        random=True)
+def _feature_dropout(x, p=0.5, train=False, rng=None):
+    """``nn.Dropout1d/2d/3d``: whole channels (``x[n, c]``) zeroed with probability
+    ``p`` in train mode, the rest scaled by ``1 / (1 - p)``."""
+    if not train:
+        return x
+    return _dropped(x, p, rng, x.shape[:2] + (1,) * (x.ndim - 2))
+
+
+DRAWS["aten.feature_dropout.default"] = DRAWS["aten.feature_dropout_.default"] = _drops(1, "p", 2)
 
 
 def _einsum_flops(inputs, outputs, args):
@@ -231,25 +329,3 @@ def _group_norm(x, w, b, n, c, hw, groups, eps):
 @define("aten.group_norm.default", flops=lambda i, o, a: 8 * size(o[0]))
 def _group_norm_composite(x, groups, w=None, b=None, eps=1e-5, cudnn_enabled=True):
     return _group_norm(x, w, b, x.shape[0], x.shape[1], None, groups, eps)[0]
-
-
-def _resize(x, size_hw, method):
-    return jax.image.resize(x, x.shape[:2] + tuple(size_hw), method=method)
-
-
-@define("aten.upsample_nearest2d.vec", "aten.upsample_nearest2d.default", flops="none")
-def _upsample_nearest(x, output_size=None, scale_factors=None):
-    if output_size is None:
-        output_size = [int(d * s) for d, s in zip(x.shape[2:], scale_factors)]
-    rows = (jnp.arange(output_size[0]) * x.shape[2] // output_size[0])
-    cols = (jnp.arange(output_size[1]) * x.shape[3] // output_size[1])
-    return x[:, :, rows][:, :, :, cols]
-
-
-@define("aten.upsample_bilinear2d.vec", flops="elementwise")
-def _upsample_bilinear(x, output_size=None, align_corners=False, scale_factors=None):
-    if output_size is None:
-        output_size = [int(d * s) for d, s in zip(x.shape[2:], scale_factors)]
-    if align_corners:
-        raise NotImplementedError("align_corners=True")
-    return _resize(x, output_size, "linear").astype(x.dtype)

@@ -114,14 +114,31 @@ define("aten.where.ScalarOther", "aten.where.ScalarSelf", "aten.where.Scalar")(
     lambda c, x, y: jnp.where(c, x, y))
 
 
+def _clamped_dtype(x, *bounds):
+    """PyTorch's result type of a clamp: an integer tensor with a float bound is float
+    (float32, torch's default dtype); a bound tensor with dims takes part as a tensor."""
+    dtype = x.dtype
+    for b in bounds:
+        if b is None:
+            continue
+        if getattr(b, "ndim", 0):
+            dtype = jnp.result_type(dtype, b.dtype)
+        elif not jnp.issubdtype(dtype, jnp.floating) and (
+                isinstance(b, float) or jnp.issubdtype(getattr(b, "dtype", np.int32), jnp.floating)):
+            dtype = jnp.float32
+    return dtype
+
+
 @define("aten.clamp.default", "aten.clamp.Tensor", "aten.clamp_.default")
 def _clamp(x, min=None, max=None):
-    return jnp.clip(x, min, max).astype(x.dtype)
+    dtype = _clamped_dtype(x, min, max)
+    return jnp.clip(x.astype(dtype), min, max).astype(dtype)
 
 
 @define("aten.clamp_min.default")
 def _clamp_min(x, min):
-    return jnp.maximum(x, min).astype(x.dtype)
+    dtype = _clamped_dtype(x, min)
+    return jnp.maximum(x.astype(dtype), min).astype(dtype)
 
 
 @define("aten.masked_fill.Scalar", "aten.masked_fill.Tensor", "aten.masked_fill_.Scalar")
@@ -180,14 +197,30 @@ def _argmax(x, dim=None, keepdim=False):
     return jnp.argmax(x, axis=dim, keepdims=keepdim)
 
 
-@define("aten._softmax.default", "aten.softmax.int", flops=lambda i, o, a: 5 * size(o[0]))
-def _softmax(x, dim, half_to_float=False, dtype=None):
-    return jax.nn.softmax(x.astype(dtype_of(dtype, x.dtype)), axis=dim)
+def _softmax_dtype(x, half_to_float=False, dtype=None):
+    """The dtype softmax computes in: ``dtype=`` (``aten.softmax.int``), float32 for
+    ``half_to_float`` (``aten._softmax``), else the input's."""
+    return dtype_of(dtype, jnp.float32 if half_to_float is True else x.dtype)
 
 
-@define("aten._log_softmax.default", "aten.log_softmax.int", flops=lambda i, o, a: 5 * size(o[0]))
-def _log_softmax(x, dim, half_to_float=False, dtype=None):
-    return jax.nn.log_softmax(x.astype(dtype_of(dtype, x.dtype)), axis=dim)
+@define("aten._softmax.default", flops=lambda i, o, a: 5 * size(o[0]))
+def _softmax(x, dim, half_to_float=False):
+    return jax.nn.softmax(x.astype(_softmax_dtype(x, half_to_float)), axis=dim)
+
+
+@define("aten.softmax.int", flops=lambda i, o, a: 5 * size(o[0]))
+def _softmax_int(x, dim, dtype=None):
+    return jax.nn.softmax(x.astype(_softmax_dtype(x, dtype=dtype)), axis=dim)
+
+
+@define("aten._log_softmax.default", flops=lambda i, o, a: 5 * size(o[0]))
+def _log_softmax(x, dim, half_to_float=False):
+    return jax.nn.log_softmax(x.astype(_softmax_dtype(x, half_to_float)), axis=dim)
+
+
+@define("aten.log_softmax.int", flops=lambda i, o, a: 5 * size(o[0]))
+def _log_softmax_int(x, dim, dtype=None):
+    return jax.nn.log_softmax(x.astype(_softmax_dtype(x, dtype=dtype)), axis=dim)
 
 
 @define("aten.cumsum.default", flops="input")

@@ -23,9 +23,9 @@ from ..ir.graph import Graph, Input
 from ..ir.outline import Scope, Step, outline
 from ..ops.foreign import encode_array
 from ..ops.param import Param
-from . import ops_nn, ops_table, ops_tensor  # noqa: F401  (they fill the table)
+from . import ops_nn, ops_resize, ops_table, ops_tensor  # noqa: F401  (they fill the table)
 from .layer import TABLE, TENSOR, Buffer, Mode, op_class
-from .layers import match_layer
+from .layers import match_layer, trains
 from .ops_table import dtype_of
 
 __all__ = ["read_program"]
@@ -73,12 +73,12 @@ class _Reader:
         self.symbols: dict[str, Any] = {}  # size computations: node -> its dim
         self.shapes: dict[Hashable, tuple] = {}
         self.dissolved: set[str] = set()  # modules that are one of our layers
+        self.training = False  # the program's mode (calls in another mode are no layers)
 
     # --- values ----------------------------------------------------------------------
 
     def key(self, ref: str) -> tuple:
         return self.alias.get(ref, (ref, 0))
-
     def placeholder(self, arg: Any, kinds: tuple) -> str | None:
         if isinstance(arg, dict) and "ref" in arg:
             entry = self.inputs.get(arg["ref"])
@@ -87,8 +87,7 @@ class _Reader:
         return None
 
     def shape_of(self, arg: Any) -> tuple:
-        entry = self.inputs[arg["ref"]]
-        return tuple(entry["shape"])
+        return tuple(self.inputs[arg["ref"]]["shape"])
 
     # --- scopes ----------------------------------------------------------------------
 
@@ -196,7 +195,7 @@ class _Reader:
             return
         args, kwargs = node["args"], node["kwargs"]
         found = self.match(node)
-        if found is not None and found.owner:
+        if found is not None and found.owner is not None:
             self.layer_step(node, found, stack, where)
             return
         if target not in TABLE and found is None:
@@ -225,7 +224,7 @@ class _Reader:
 
         enc_args = tuple(encode(a) for a in args)
         enc_kwargs = tuple(sorted((k, encode(v)) for k, v in kwargs.items()))
-        n_out = len(node["outputs"])
+        n_out = len(node["outputs"]) if found is None else 1  # a dropout's mask is not kept
         cls = op_class(target)
         (scopes, innermost), layer_name = self.scopes(stack), None
         if found is not None:  # weightless layer of ours (dropout)
@@ -270,10 +269,13 @@ class _Reader:
         self.symbols[node["name"]] = _SYM_OPS[node["target"]](value(args[0]), value(args[1]))
 
     def match(self, node: dict) -> Any:
-        return match_layer(node["target"], node["args"], node["kwargs"],
-                           lambda a, any_kind=False: self.placeholder(
-                               a, _WEIGHT_KINDS + (_STATE_KINDS if any_kind else ())),
-                           self.shape_of)
+        found = match_layer(node["target"], node["args"], node["kwargs"],
+                            lambda a, any_kind=False: self.placeholder(
+                                a, _WEIGHT_KINDS + (_STATE_KINDS if any_kind else ())),
+                            self.shape_of, self.training)
+        if found is not None and found.owner == "":
+            return None  # the top module's own weights: read directly, named as its state dict
+        return found
 
     @staticmethod
     def owner(found: Any, stack: list) -> str:
@@ -318,11 +320,8 @@ class _Reader:
         def refs(value: Any):
             if isinstance(value, dict) and "ref" in value:
                 yield value["ref"]
-            elif isinstance(value, list):
-                for v in value:
-                    yield from refs(v)
-            elif isinstance(value, dict):
-                for v in value.values():
+            elif isinstance(value, (list, dict)):
+                for v in (value.values() if isinstance(value, dict) else value):
                     yield from refs(v)
         stack = [r for w in wanted for r in refs(w)]
         while stack:
@@ -362,8 +361,9 @@ class _Reader:
                 self.shapes[(entry["name"], 0)] = shape
             elif entry["kind"] not in _WEIGHT_KINDS + _STATE_KINDS + ("token",):
                 raise GraphError(f"input {entry['name']!r} of kind {entry['kind']} is not supported")
-        self.mode_step(inputs, bool(record.get("training", False)))
         nodes = self.live_nodes()
+        self.training = bool(record.get("training", False)) or trains(nodes)
+        self.mode_step(inputs, self.training)
         self.uses = {}
         run: list = [None, 0]
         for n in nodes:  # the longest run of operations of each module call
@@ -377,7 +377,7 @@ class _Reader:
                 self.uses[leaf] = max(self.uses.get(leaf, 0), run[1])
         for n in nodes:
             found = self.match(n) if n["target"] != "getitem" else None
-            if found is not None and found.owner:
+            if found is not None and found.owner is not None:
                 owner = self.owner(found, n["stack"])
                 if owner in {path for path, _ in n["stack"]}:
                     self.dissolved.add(owner)
