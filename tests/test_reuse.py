@@ -217,3 +217,41 @@ def test_nested_scans_stack_unstack_and_reuse_at_both_levels():
     changed = scanned.graph.replace("b1/s1/relu", lambda layer, v: ops.tanh(v))
     report = mg.compile(changed, scan_blocks="always").reuse_report(stacked, stacked_state)
     assert not report.new and not report.dropped
+
+
+def _bn_net():
+    x = mg.Input(("batch", 8), name="x")
+    h = ops.relu(ops.BatchNorm(name="bn")(ops.Linear(16, name="fc")(x)))
+    return mg.compile(mg.Graph(x, ops.Linear(4, name="out")(h), name="net"))
+
+
+def test_float_weights_in_another_float_dtype_are_kept_cast_not_redrawn():
+    """A bfloat16 copy of a float32 model's weights (the BatchNorm state float32, so
+    something else is kept) is kept cast to float32, as loading casts; the report
+    says so."""
+    model = _bn_net()
+    params, state = model.init(jax.random.key(123))
+    half = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
+    report = model.reuse_report(half, state)
+    assert len(report.cast) == 6 and not report.new and len(report.kept) == 8
+    assert "6 kept cast to the model's dtype" in str(report) and "  cast: fc/kernel" in str(report)
+    for reuse in (model.init, mg.train.Trainer(model, optax.sgd(0.1)).init):
+        got = reuse(jax.random.key(0), reuse=(half, state))
+        got = got if isinstance(got, tuple) else (got.params, got.state)
+        for a, b in zip(jax.tree.leaves(got[0]), jax.tree.leaves(half)):
+            assert a.dtype == np.float32
+            np.testing.assert_array_equal(a, np.asarray(b).astype(np.float32))
+        assert got[1]["bn"]["mean"] is state["bn"]["mean"]
+
+
+def test_a_weight_of_the_right_shape_in_a_dtype_that_cannot_be_cast_is_an_error():
+    model = _bn_net()
+    params, state = model.init(jax.random.key(0))
+    wrong = dict(params, fc=dict(params["fc"], kernel=np.zeros((8, 16), np.int32)))
+    with pytest.raises(mg.DTypeError, match=r"weight fc/kernel is float32\[8, 16\] here and "
+                                             r"int32\[8, 16\] in reuse"):
+        model.init(jax.random.key(1), reuse=(wrong, state))
+    # another shape is a layer that changed: drawn new, as before
+    other = dict(params, out={"kernel": np.zeros((16, 5), np.float32), "bias": np.zeros(5, np.float32)})
+    report = model.reuse_report(other, state)
+    assert set(report.changed) == {"out/bias", "out/kernel"}

@@ -2,11 +2,14 @@
 it came from kept, the others drawn, and nothing else drawn.
 
 Each weight of the model whose path, shape and dtype ``reuse`` has is kept (the very
-array); only the others are drawn, by an init restricted to them (the values the full
-``init`` gives them; compiled once per set of new weights). Weights given in the
-graph's own layout for a model that scans runs of blocks are stacked first
-(``stack_weights``). Reuse that keeps nothing, float weights given for a quantized
-layer's stored ones, and arrays deleted by a donation are errors naming the weight.
+array); a float weight given in another float dtype (a bfloat16 copy of float32
+weights) is kept cast to the model's, as loading casts; only the others are drawn,
+by an init restricted to them (the values the full ``init`` gives them; compiled
+once per set of new weights). Weights given in the graph's own layout for a model
+that scans runs of blocks are stacked first (``stack_weights``). Reuse that keeps
+nothing, float weights given for a quantized layer's stored ones, a weight of the
+right shape in a dtype that cannot be cast (an integer for a float, int32 for int8),
+and arrays deleted by a donation are errors naming the weight.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import jax
 import numpy as np
 
 from ..core.donated import deleted_error
-from ..core.errors import GraphError, QuantizeWarning
+from ..core.errors import DTypeError, GraphError, QuantizeWarning
 from ..core.signatures import unknown_keywords
 from ..core.specs import trains
 from .lowering import make_init
@@ -33,28 +36,42 @@ __all__ = ["ModelInit", "ReuseReport", "reuse_report"]
 @dataclasses.dataclass(frozen=True)
 class ReuseReport:
     """What ``init(key, reuse=...)`` keeps: weight paths (``h.0/attn/qkv/kernel``;
-    state entries under ``state/``) kept from ``reuse``, drawn new (absent there, or
-    of another shape or dtype: ``changed`` lists those), and in ``reuse`` but not in
-    the model (dropped)."""
+    state entries under ``state/``) kept from ``reuse`` (``cast`` lists those given
+    in another float dtype, kept cast to the model's), drawn new (absent there, or of
+    another shape or dtype: ``changed`` lists those), and in ``reuse`` but not in the
+    model (dropped)."""
 
     kept: tuple[str, ...]
     new: tuple[str, ...]
     changed: tuple[str, ...]
     dropped: tuple[str, ...]
+    cast: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         lines = [f"kept {len(self.kept)}, new {len(self.new)} ({len(self.changed)} of another "
-                 f"shape or dtype), dropped {len(self.dropped)}"]
-        for label, paths in (("new", self.new), ("dropped", self.dropped)):
+                 f"shape or dtype), dropped {len(self.dropped)}"
+                 + (f", {len(self.cast)} kept cast to the model's dtype" if self.cast else "")]
+        for label, paths in (("cast", self.cast), ("new", self.new), ("dropped", self.dropped)):
             for path in paths:
                 mark = " (shape or dtype changed)" if path in self.changed else ""
                 lines.append(f"  {label}: {path}{mark}")
         return "\n".join(lines)
 
 
+def _same_shape(a: Any, b: Any) -> bool:
+    return tuple(getattr(a, "shape", ())) == tuple(getattr(b, "shape", ()))
+
+
 def _same(a: Any, b: Any) -> bool:
-    return (tuple(getattr(a, "shape", ())) == tuple(getattr(b, "shape", ()))
-            and np.dtype(getattr(a, "dtype", None)) == np.dtype(getattr(b, "dtype", None)))
+    return _same_shape(a, b) and np.dtype(getattr(a, "dtype", None)) == np.dtype(getattr(b, "dtype", None))
+
+
+def _castable(want: Any, given: Any) -> bool:
+    """A weight given in another float dtype of 16 bits or more, for a float weight of
+    the same shape: kept, cast (a float8 or integer array is a quantized layer's
+    stored values, which a cast would not make weights)."""
+    dtype = getattr(given, "dtype", None)
+    return _same_shape(want, given) and dtype is not None and trains(want.dtype) and trains(dtype)
 
 
 def _check_reuse(reuse: Any) -> tuple[Mapping, Mapping]:
@@ -88,11 +105,13 @@ def reuse_report(fresh: tuple[Any, Any], reuse: Any) -> ReuseReport:
 
 
 def _report(ours: Mapping[str, Any], old: Mapping[str, Any]) -> ReuseReport:
-    kept = tuple(p for p, leaf in ours.items() if p in old and _same(leaf, old[p]))
+    kept = tuple(p for p, leaf in ours.items() if p in old and (
+        _same(leaf, old[p]) or _castable(leaf, old[p])))
+    cast = tuple(p for p in kept if not _same(ours[p], old[p]))
     new = tuple(p for p in ours if p not in kept)
     changed = tuple(p for p in new if p in old)
     dropped = tuple(p for p in old if p not in ours)
-    return ReuseReport(kept, new, changed, dropped)
+    return ReuseReport(kept, new, changed, dropped, cast)
 
 
 def _described(leaf: Any) -> str:
@@ -113,6 +132,13 @@ def _check_report(report: ReuseReport, ours: Mapping[str, Any], old: Mapping[str
                 f"at random. Quantize the float weights first: qparams, qstate = "
                 f"mg.quantize_weights(quantized_graph, params, state), then init(key, "
                 f"reuse=(qparams, qstate))")
+        if _same_shape(want, given):
+            raise DTypeError(
+                f"init(reuse=...): weight {path} is {_described(want)} here and "
+                f"{_described(given)} in reuse: reuse keeps a weight of the same shape in its "
+                f"dtype, or cast from another float dtype, and {np.dtype(given.dtype).name} "
+                f"cannot be cast to {np.dtype(want.dtype).name} as weights. Give "
+                f"{np.dtype(want.dtype).name} arrays, or leave the weight out of reuse to draw it")
     if report.kept or not old:
         return
     parts = []
@@ -145,6 +171,8 @@ def _assemble(shapes: Any, drawn: Any, old: Any, shardings: Any) -> Any:
                 for key, value in shapes.items()}
     if drawn is not None:
         return drawn
+    if np.dtype(old.dtype) != np.dtype(shapes.dtype):  # a float weight in another float dtype
+        old = jax.numpy.asarray(old).astype(shapes.dtype)
     if shardings is not None and getattr(old, "sharding", None) != shardings:
         return jax.device_put(old, shardings)  # where this model keeps the weight
     return old
@@ -153,8 +181,9 @@ def _assemble(shapes: Any, drawn: Any, old: Any, shardings: Any) -> Any:
 class ModelInit:
     """``init(key, reuse=None) -> (params, state)``: with ``reuse=(params, state)``,
     every weight whose path, shape and dtype are unchanged is taken from it (the very
-    arrays), the others drawn as ``init`` draws them (and nothing else drawn). The
-    plain jitted function's attributes (``lower``, ``trace``) are its own."""
+    arrays; one in another float dtype cast to the model's), the others drawn as
+    ``init`` draws them (and nothing else drawn). The plain jitted function's
+    attributes (``lower``, ``trace``) are its own."""
 
     def __init__(self, plain: Callable, pure: Callable, program: Program, param_dtype: Any,
                  sharding: Any = None, compiler_options: Mapping[str, Any] | None = None):
