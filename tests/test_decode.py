@@ -5,6 +5,7 @@ recompiles and bad input."""
 import importlib
 import inspect
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -374,6 +375,31 @@ def test_the_cache_is_state_of_the_decoding_graph():
     assert mg.Graph.from_json(dec.decode_graph(3).to_json()) == dec.decode_graph(3)
 
 
+@pytest.mark.parametrize("how", ["cache_dtype", "policy"])
+def test_the_decoding_model_shows_the_cache_at_its_dtype(how):
+    # the summary, cost table and init of dec.model agree with the cache prefill makes
+    g = mg.models.gpt2(GPT2)
+    dec = (mg.decoder(g, max_length=32, cache_dtype="bfloat16") if how == "cache_dtype" else
+           mg.decoder(mg.compile(g, mg.Policy(compute_dtype="bfloat16")), max_length=32))
+    params, state = mg.compile(g).init(jax.random.key(0))
+    _, cache = dec.prefill(params, state, np.array([[1, 2, 3]]))
+    leaves = jax.tree.leaves(cache.layers)
+    assert {x.dtype for x in leaves} == {jnp.dtype("bfloat16")}
+    real = sum(x.size * x.dtype.itemsize for x in leaves)
+    model = dec.model(1)
+    _, init_state = model.init(jax.random.key(0))
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), init_state) == jax.tree.map(
+        lambda x: (x.shape, x.dtype), cache.layers)
+    line = next(s for s in model.graph.summary().splitlines() if s.startswith("non-trainable"))
+    count = sum(x.size for x in leaves)
+    assert line == f"non-trainable params: {count:,} ({real / 1024:.1f} KiB)"
+    table = model.cost_table(batch=1, seq=1, xla=False)
+    params_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params["h.0"]["attn"]))
+    cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache.layers["h.0"]["attn"]))
+    assert table["h.0/attn"].weight_bytes == params_bytes + cache_bytes
+    assert dec.cache_bytes(1) == real
+
+
 def test_weights_keep_their_paths(gpt2):
     model, params, _, _ = gpt2
     dec = mg.decoder(model, max_length=64)
@@ -605,6 +631,15 @@ def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error,
     model, params, state, _ = gpt2
     with pytest.raises(error, match=message):
         call(model, params, state)
+
+
+@pytest.mark.parametrize("batch", [0, -1, True, 2.0, ""])
+def test_a_bad_decoding_batch_is_named_as_the_batch(gpt2, batch):
+    dec = mg.decoder(gpt2[0], max_length=32)
+    for call in (dec.decode_graph, dec.model):
+        with pytest.raises(mg.GraphError, match=rf"^batch must be a positive int \(or a symbolic "
+                                                rf"dim's name, a str\), got {re.escape(repr(batch))}$"):
+            call(batch)
 
 
 def test_a_cache_or_generation_past_the_position_table_is_refused_not_nan():

@@ -119,8 +119,8 @@ class Decoder:
     # --- the derived graph and model ------------------------------------------------
 
     def decode_graph(self, batch: int | str = 1) -> Graph:
-        """The decoding graph for ``batch`` rows (``mlaxgraph.decode.derive``)."""
-        return decode_graph(self.source, max_length=self.max_length, batch=batch)
+        """The decoding graph for ``batch`` rows, caches in ``cache_dtype`` (``decode.derive``)."""
+        return decode_graph(self.source, max_length=self.max_length, batch=batch, cache_dtype=self.cache_dtype)
 
     def model(self, batch: int | str = 1) -> CompiledModel:
         """The compiled decoding graph for ``batch`` rows: its summary, cost table and
@@ -140,7 +140,7 @@ class Decoder:
         return total
 
     def _dtype(self, step) -> np.dtype:
-        return np.dtype(self.cache_dtype or step.input_specs[0].dtype)
+        return step.state_specs["key"].stored_dtype(None)  # the graph's: cache_dtype or compute
 
     def empty_cache(self, batch: int) -> Cache:
         """A cache of zeros for ``batch`` rows (no slot filled); on a mesh, each cache

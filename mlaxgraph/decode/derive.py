@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..core.errors import GraphError, ShapeError, node_message
@@ -68,10 +69,11 @@ _POINTWISE = (Relu, Gelu, Silu, Tanh, Sigmoid, Binary, Dropout, Cast, Constrain,
               Where, Linear, Embedding, RMSNorm, Dequantize)
 
 
-def decode_graph(graph: Graph, *, max_length: int, batch: int | str) -> Graph:
+def decode_graph(graph: Graph, *, max_length: int, batch: int | str, cache_dtype: Any = None) -> Graph:
     """The decoding graph of ``graph`` (see the module's docstring), with caches of
     ``max_length`` slots for ``batch`` rows (an int, or a symbolic dim's name: caches
-    of any batch, for an exported decoder).
+    of any batch, for an exported decoder), in ``cache_dtype`` (None: each attention's
+    compute dtype).
 
     Raises:
       GraphError: for a graph that is not a causal language model (token ids in), or a
@@ -87,6 +89,9 @@ def decode_graph(graph: Graph, *, max_length: int, batch: int | str) -> Graph:
       >>> d.node("h.0").op.graph.node("attn").op.op_name
       'cached_attention'
     """
+    if not (isinstance(batch, str) and batch) and (
+            not isinstance(batch, (int, np.integer)) or isinstance(batch, bool) or batch < 1):
+        raise GraphError(f"batch must be a positive int (or a symbolic dim's name, a str), got {batch!r}")
     graph = unfold_scans(graph)
     if not graph.inputs:
         raise GraphError(f"graph {graph.name!r} has no input: a decoder takes token ids")
@@ -98,6 +103,7 @@ def decode_graph(graph: Graph, *, max_length: int, batch: int | str) -> Graph:
         raise GraphError(f"graph {graph.name!r} takes {len(graph.inputs)} inputs; a decoder "
                          f"takes token ids alone (the attention mask is the decoder's)")
     return rewrite(graph, DecodeRule(int(max_length), batch if isinstance(batch, str) else int(batch),
+                                     cache_dtype=None if cache_dtype is None else jnp.dtype(cache_dtype).name,
                                      root=True))
 
 
@@ -122,6 +128,7 @@ class DecodeRule(Rule):
 
     max_length: int
     batch: int | str
+    cache_dtype: str | None = None
     root: bool = False
 
     def prepare(self, graph: Graph) -> _Facts:
@@ -239,7 +246,8 @@ class DecodeRule(Rule):
             op.num_heads, head_dim, op.out_features or x.shape[-1], max_length=self.max_length,
             batch=self.batch, num_kv_heads=op.num_kv_heads, use_bias=op.use_bias, rope=op.rope,
             rope_scaling=op.rope_scaling, sliding_window=op.sliding_window, out_bias=op.out_bias,
-            param_axes=op.param_axes, adapters=op.adapters, name=op.name, **quantized)
+            param_axes=op.param_axes, adapters=op.adapters, cache_dtype=self.cache_dtype, name=op.name,
+            **quantized)
         deltas = node.inputs[len(node.inputs) - count:] if count else ()
         return node.replace(op=cached, inputs=node.inputs[:1] + facts.extra + deltas)
 

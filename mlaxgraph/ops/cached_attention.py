@@ -47,6 +47,19 @@ def _batch(value, layer) -> int | str:
     return _positive(value, layer)
 
 
+def _float_name(value, layer) -> str | None:
+    if value is None:
+        return None
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        layer.invalid(f"cache_dtype must be a float dtype such as 'bfloat16', or None (the "
+                      f"input's), got {value!r}")
+    return dtype.name
+
+
 def _positive(value, layer) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         layer.invalid(f"must be a positive int, got {value!r}")
@@ -69,7 +82,9 @@ class CachedAttention(Layer):
     ``batch`` is the cache's rows: an int, or a symbolic dim's name (the decoder
     exported for any batch, ``mlaxgraph.decode.export``).
 
-    State: ``key`` and ``value``, each ``(batch, max_length, kv_heads, head_dim)``,
+    State: ``key`` and ``value``, each ``(batch, max_length, kv_heads, head_dim)`` in
+    ``cache_dtype`` (None: the input's dtype, the compute dtype, whatever the policy's
+    ``param_dtype``),
     logical axes ``("batch", "cache_length")`` and the key kernel's head and feature
     axes (``("heads", "kv")`` unless ``param_axes`` names others); the new keys and values
     are written with ``lax.dynamic_update_slice`` in the state's dtype (the cache's),
@@ -111,6 +126,7 @@ class CachedAttention(Layer):
     param_axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = field(
         default=None, kw_only=True, converter=to_param_axes)
     adapters: tuple[str, ...] = field(default=(), kw_only=True, converter=lambda v, layer: tuple(v))
+    cache_dtype: str | None = field(default=None, kw_only=True, converter=lambda v, layer: _float_name(v, layer))
 
     def validate(self):
         problem = adapters_problem(self.adapters)  # as MultiHeadAttention's
@@ -179,8 +195,12 @@ class CachedAttention(Layer):
         shape = (self.batch, self.max_length, self.kv_heads, self.head_dim)
         kernel = dict(self.param_axes or ()).get("key/kernel")
         axes = CACHE_AXES if kernel is None or len(kernel) != 3 else CACHE_AXES[:2] + tuple(kernel[1:])
-        spec = ParamSpec(shape, initializers.zeros, axes)
+        spec = ParamSpec(shape, initializers.zeros, axes, dtype=self._cache_dtype(inputs[0]))
         return {"key": spec, "value": spec}
+
+    def _cache_dtype(self, x) -> np.dtype:
+        """The cache's dtype: ``cache_dtype``, else the input's (the compute dtype)."""
+        return jnp.dtype(self.cache_dtype) if self.cache_dtype is not None else np.dtype(x.dtype)
 
     def output_axes(self, input_axes, inputs, outputs):
         x = inputs[0]
@@ -288,9 +308,9 @@ class CachedAttention(Layer):
         passed), the mask by slot (a compare per
         token and slot, an and per row, token and slot, the select), the softmax (and
         its converts in another dtype), the output projection, and the clamps of the
-        cache index by the two ``dynamic_update_slice``. The cache is taken in
-        ``param_dtype`` (as ``init`` makes the state): in another dtype than the
-        input's, the new keys and values and the cache read back are converted. XLA
+        cache index by the two ``dynamic_update_slice``. The cache is in its state's
+        dtype (``cache_dtype``, else the input's): in another dtype than the input's, the
+        new keys and values and the cache read back are converted. XLA
         folds the add of the index to the token offsets when ``seq`` is 1; the rule
         leaves it out (exact for a step, ``seq`` fewer than XLA's count for a prefill)."""
         x = inputs[0]
@@ -310,7 +330,7 @@ class CachedAttention(Layer):
             # step's products widened for the sums and its outputs narrowed instead
             count = count + 2 * scores + one * (2 * scores * self.head_dim - scores + per_query)
         count = count + scores + seq * length + batch * seq * length + 6  # mask, clamps
-        if np.dtype(param_dtype) != x.dtype:  # the cache converted both ways
+        if self._cache_dtype(x) != x.dtype:  # the cache converted both ways
             count = count + 2 * per_key + 2 * batch * length * self.kv_heads * self.head_dim
         if self.rope is not None:
             count = count + rotary_flops(per_query, batch * seq, self.head_dim, x.dtype)
