@@ -238,11 +238,15 @@ def test_a_gather_from_a_table_is_an_embedding():
         [numpy_helper.from_array(table, "table")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     graph, params, state = mg.from_onnx(model)
-    assert [n.op.op_name for n in graph.nodes] == ["input", "embedding"]
+    # a negative id counts from the end, as ONNX's Gather: less, add, where before it
+    assert [n.op.op_name for n in graph.nodes] == ["input", "less", "add", "where", "embedding"]
     assert list(params) == ["tok"] and list(params["tok"]) == ["embedding"]
-    ids = np.asarray([[0, 3, 9], [2, 2, 1]])
+    ids = np.asarray([[0, 3, 9], [2, -1, -10]])
     got, _ = mg.compile(graph).apply(params, state, ids.astype(np.int32))
     (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {"ids": ids})
     np.testing.assert_array_equal(np.asarray(got), want)
     np.testing.assert_array_equal(want, table[ids])
+    # out of range stays a NaN row (onnxruntime refuses the index)
+    got, _ = mg.compile(graph).apply(params, state, np.asarray([[10, -11, 1]], np.int32))
+    assert np.isnan(np.asarray(got)[0, :2]).all() and not np.isnan(np.asarray(got)[0, 2]).any()
     assert mg.from_onnx(model, layers=False)[0].nodes[-1].op.op_name == "onnx.Gather"

@@ -135,3 +135,63 @@ def test_a_lora_adapted_conv_reads_back_and_applies(tmp_path):
     np.testing.assert_allclose(from_ort, np.asarray(want), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(_ours(str(tmp_path / "lora.onnx"), data)), from_ort,
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bounds, opset", [(("", "hi"), 13), (("lo", ""), 13), (("",), 13),
+                                           ((), 13), ((), 6)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_clip_without_a_bound_clamps_to_the_dtypes_limits(bounds, opset, dtype):
+    """A bound left out is the dtype's lowest or largest value, as ONNX says: -inf and
+    inf are clamped to them."""
+    code = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    inits = [numpy_helper.from_array(np.asarray(v, dtype), k) for k, v in (("lo", -0.5), ("hi", 1))
+             if k in bounds]
+    g = helper.make_graph([helper.make_node("Clip", ["x", *bounds], ["y"])], "m",
+                          [helper.make_tensor_value_info("x", code, [5])],
+                          [helper.make_tensor_value_info("y", code, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    x = np.asarray([-np.inf, -1, 0.5, 2, np.inf], dtype)
+    (want,) = _ort(model, {"x": x})
+    got = np.asarray(_ours(model, x))
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_batch_normalization_computes_onnxs_inference_form_as_documented():
+    """Read as a BatchNorm: onnxruntime's numbers with inference_mode=True (the default
+    trains: the batch's statistics); read with layers=False, in both modes."""
+    c = 3
+    stats = {"scale": RNG.normal(size=c), "bias": RNG.normal(size=c),
+             "mean": RNG.normal(size=c), "var": RNG.uniform(0.5, 2, size=c)}
+    model = _model([helper.make_node("BatchNormalization", ["x", *stats], ["y"], epsilon=1e-3)],
+                   [helper.make_tensor_value_info("x", F, ["N", c, 4])],
+                   [numpy_helper.from_array(v.astype(np.float32), k) for k, v in stats.items()])
+    x = RNG.normal(size=(2, c, 4)).astype(np.float32)
+    (want,) = _ort(model, {"x": x})
+    graph, params, state = mg.from_onnx(model)
+    assert [n.op.op_name for n in graph.nodes][-1] == "batch_norm"
+    compiled = mg.compile(graph)
+    got, _ = compiled.apply(params, state, x, inference_mode=True)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    training, _ = compiled.apply(params, state, x)
+    batch = (x - x.mean((0, 2), keepdims=True)) / np.sqrt(x.var((0, 2), keepdims=True) + 1e-3)
+    np.testing.assert_allclose(np.asarray(training), batch * stats["scale"][:, None]
+                               + stats["bias"][:, None], rtol=1e-4, atol=1e-4)
+    plain, params, state = mg.from_onnx(model, layers=False)
+    for mode in (False, True):
+        got, _ = mg.compile(plain).apply(params, state, x, inference_mode=mode)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_negative_ids_of_an_embedding_read_from_gather_count_from_the_end():
+    table = RNG.normal(size=(6, 3)).astype(np.float32)
+    model = _model([helper.make_node("Gather", ["table", "ids"], ["y"], name="/tok/Gather")],
+                   [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b"])],
+                   [numpy_helper.from_array(table, "table")])
+    graph, params, state = mg.from_onnx(model)
+    assert "embedding" in [n.op.op_name for n in graph.nodes]
+    ids = np.asarray([-1, -6, 0, 5, -3])
+    (want,) = _ort(model, {"ids": ids})
+    np.testing.assert_array_equal(want, table[ids])
+    np.testing.assert_array_equal(np.asarray(_ours(model, ids.astype(np.int32))), want)

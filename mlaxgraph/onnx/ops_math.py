@@ -145,6 +145,12 @@ define("Where", flops="none")(lambda a, c, x, y: jnp.where(c, x, y))
 def _clip(a, x, low=None, high=None):
     if a.opset < 11:
         low, high = a.get("min"), a.get("max")
+    if jnp.issubdtype(x.dtype, jnp.floating):  # a bound left out is the dtype's limit,
+        # so -inf and inf are clamped too (before opset 11, float32's: the attributes'
+        # defaults, infinite in float16)
+        limits = jnp.finfo(x.dtype if a.opset >= 11 else np.float32)
+        low = limits.min if low is None else low
+        high = limits.max if high is None else high
     out = x
     if low is not None:
         out = jnp.maximum(out, jnp.asarray(low, x.dtype))

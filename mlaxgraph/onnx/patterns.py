@@ -13,8 +13,9 @@
   reads -> ``Embedding`` (``embedding``); a table read besides only through a
   ``Transpose`` by ``MatMul`` s (a tied output head, ``to_onnx``'s form of
   ``embedding.attend``) -> ``Embedding`` and ``embedding.attend`` for the MatMuls.
-  A negative or out-of-range id gives NaN rows, as ``Embedding`` does (ONNX counts a
-  negative index from the end).
+  A negative id counts from the end, as ONNX's ``Gather`` (``less``, ``add`` and
+  ``where`` layers before the ``Embedding``); an out-of-range one gives a NaN row, as
+  ``Embedding`` does.
 
 Each rule takes a node (and what the reader knows) and returns the layer's outputs,
 or None when the node does not match.
@@ -28,9 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ops.conv import Conv
+from ..ops.elementwise import Add, Less
 from ..ops.embedding import Embedding
 from ..ops.linear import Linear
 from ..ops.normalization import BatchNorm, LayerNorm
+from ..ops.tensor import Where
 
 __all__ = ["match"]
 
@@ -201,11 +204,29 @@ def _embedding(reader, node, attrs):
     name = _layer_name(reader, node, "embedding")
     layer = Embedding(int(table.shape[0]), int(table.shape[1]), dtype=table.dtype, name=name)
     _store(reader, name, {"embedding": table})
-    out = layer(reader.tensor(node.input[1]))
+    out = layer(_from_end(reader, name, reader.tensor(node.input[1]), int(table.shape[0])))
     for tie in ties:
         reader.values[tie.output[0]] = Tied(layer)
         reader.done.add(id(tie))
     return node.output, (out,)
+
+
+def _from_end(reader: Any, name: str, ids: Any, rows: int) -> Any:
+    """Signed ids as ONNX's ``Gather`` reads them: a negative one counts from the end
+    (``Embedding`` gives it a NaN row); one out of range stays out of range (NaN)."""
+    from .reader import _safe_name
+
+    if not jnp.issubdtype(ids.dtype, jnp.signedinteger):
+        return ids
+    parts = {}
+    for part in ("negative", "from_end", "ids"):
+        parts[part] = _safe_name(f"{name}.{part}", reader.used, part)
+        if name in reader.places:
+            scope, last = reader.places[name]
+            reader.places[parts[part]] = (scope, f"{last}.{part}")
+    negative = Less(constant=0, name=parts["negative"])(ids)
+    return Where(name=parts["ids"])(negative, Add(constant=rows, name=parts["from_end"])(ids),
+                                    ids)
 
 
 def _attend(reader, node, attrs):
