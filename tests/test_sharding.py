@@ -360,6 +360,63 @@ def test_sharded_checkpoints_round_trip_and_refuse_to_overwrite(sharded_mlp, tmp
         sharded_checkpoint.restore(tmp_path / "missing", {"params": target})
 
 
+def test_sharded_checkpoints_record_digests_and_refuse_damaged_files(sharded_mlp, tmp_path):
+    """One flipped byte in any file, a file removed or added, or the checksums file
+    edited: a SerializationError naming the file, before orbax reads a byte."""
+    import hashlib
+    import json
+    import pathlib
+    import shutil
+    import warnings
+
+    params, _ = sharded_mlp.init(jax.random.key(0))
+    where = sharded_checkpoint.save(tmp_path / "step_1", {"params": params})
+    recorded = json.loads((where / sharded_checkpoint.CHECKSUMS).read_text())["checksums"]
+    files = sorted(p.relative_to(where).as_posix() for p in where.rglob("*")
+                   if p.is_file() and p.name != sharded_checkpoint.CHECKSUMS)
+    assert sorted(recorded) == files
+    for name in files:  # an independent digest of each file's bytes
+        assert recorded[name] == hashlib.blake2b((where / name).read_bytes(), digest_size=16).hexdigest()
+
+    def damaged(change):
+        copy = pathlib.Path(shutil.copytree(where, tmp_path / f"copy{len(list(tmp_path.iterdir()))}"))
+        change(copy)
+        return copy
+
+    def flip(name):
+        def change(copy):
+            data = bytearray((copy / name).read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            (copy / name).write_bytes(bytes(data))
+        return change
+
+    biggest = max(files, key=lambda n: (where / n).stat().st_size)
+    for name in (biggest, files[0]):
+        with pytest.raises(mg.SerializationError, match=f"file '{name}' does not match its checksum"):
+            sharded_checkpoint.restore(damaged(flip(name)), {"params": params})
+    with pytest.raises(mg.SerializationError, match=f"file '{biggest}' of the checkpoint is missing"):
+        sharded_checkpoint.restore(damaged(lambda c: (c / biggest).unlink()), {"params": params})
+    with pytest.raises(mg.SerializationError, match="file 'extra' was not in the checkpoint"):
+        sharded_checkpoint.restore(damaged(lambda c: (c / "extra").write_bytes(b"x")), {"params": params})
+    with pytest.raises(mg.SerializationError, match="checksums file is damaged"):
+        sharded_checkpoint.restore(damaged(flip(sharded_checkpoint.CHECKSUMS)), {"params": params})
+    # verify=False reads a damaged file unchecked; a checkpoint without checksums (saved
+    # before they were recorded) restores with a warning
+    sharded_checkpoint.restore(damaged(flip(sharded_checkpoint.CHECKSUMS)), {"params": params},
+                               verify=False)
+    old = damaged(lambda c: (c / sharded_checkpoint.CHECKSUMS).unlink())
+    with pytest.warns(mg.UnverifiedFileWarning, match="without checksums"):
+        restored = sharded_checkpoint.restore(old, {"params": params})
+    jax.tree.map(np.testing.assert_array_equal, restored["params"], params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sharded_checkpoint.restore(where, {"params": params})
+    with pytest.raises(mg.SerializationError, match="did you mean verify"):
+        sharded_checkpoint.restore(where, {"params": params}, verfy=False)
+    with pytest.raises(mg.SerializationError, match="did you mean overwrite"):
+        sharded_checkpoint.save(where, {"params": params}, overwrte=True)
+
+
 # --- scanned blocks keep their layers' layout (8 virtual devices, in a subprocess) ------
 
 _SCANNED_LAYOUT = r"""
