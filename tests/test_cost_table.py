@@ -268,6 +268,9 @@ OP_CASES = {
     "silu": ops.silu, "tanh": ops.tanh, "sigmoid": ops.sigmoid,
     "softmax": lambda x: ops.softmax(x, axis=1), "log_softmax": ops.log_softmax,
     "add_sub_mul": lambda x: ops.mul(ops.sub(x, ops.Linear(6)(x)), ops.add(x, x)),
+    # a multiply by the constant 1 (LoRA's scale at alpha == rank), which XLA drops
+    "mul_by_one": lambda x: ops.Mul(constant=1.0)(ops.Linear(6)(x)),
+    "mul_by_two": lambda x: ops.Mul(constant=2.0)(ops.Linear(6)(x)),
     "concat_split_reshape_flatten": lambda x: ops.Flatten()(ops.reshape(
         ops.split(ops.concat([x, x], axis=2), 2, axis=-1)[0], (-1,))),
     "cast": lambda x: ops.cast(x, "bfloat16"),
@@ -417,3 +420,29 @@ def test_lstm_classifier_total_counts_every_step():
     # XLA's whole-apply count has the loop body once: far below the rule's.
     assert "lstm" in table.xla_total_note and table.xla_total < table.flops
     assert lstm.flops > 0.9 * table.flops
+
+
+@pytest.mark.parametrize("alpha", [4, 8])
+def test_lora_table_total_is_xla_count_of_the_whole_apply(alpha):
+    """The scale of mg.lora (a multiply by alpha / rank) counts as XLA does, 0 when it
+    is 1, so the table's total is XLA's count of the whole adapted model."""
+    g = mg.models.gpt2({"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 32})
+    model = mg.compile(mg.lora(g, ["h.*/attn/qkv", "h.*/mlp/c_fc"], rank=4, alpha=alpha))
+    table = model.cost_table(batch=2, seq=8, inference_mode=True)
+    row = table["h.0/attn.qkv.lora_scale"]
+    assert row.flops == row.xla_flops == (0 if alpha == 4 else 2 * 8 * 96), row
+    assert row.note == ""
+    params, state = model.init(jax.random.key(0))
+    ids = jnp.zeros((2, 8), jnp.int32)
+    whole = jax.jit(lambda p, s, i: model.apply(p, s, i, inference_mode=True)).lower(
+        params, state, ids).cost_analysis()["flops"]
+    assert table.flops == int(whole)
+
+
+def test_a_note_gives_both_counts():
+    from mlaxgraph.analysis.cost import _note
+
+    rule, xla = 1536, 0
+    assert _note(rule, xla) == f"XLA counts {xla:,} (rule {rule:,})"
+    rule, xla = 4000, 5000
+    assert _note(rule, xla) == f"XLA counts {xla:,} (rule {rule:,}, +{(xla - rule) * 100 // rule}%)"

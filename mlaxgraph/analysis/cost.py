@@ -329,7 +329,8 @@ def _note(row_flops: int | None, xla: int | None) -> str:
     if xla is None:
         return "XLA gave no cost analysis"
     if abs(row_flops - xla) > TOLERANCE * max(abs(xla), 1):
-        return f"XLA counts {xla - row_flops:+,} ({(xla - row_flops) / max(xla, 1):+.0%})"
+        share = f", {(xla - row_flops) / row_flops:+.0%}" if row_flops and xla else ""
+        return f"XLA counts {xla:,} (rule {row_flops:,}{share})"
     return ""
 
 

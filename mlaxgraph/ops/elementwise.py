@@ -128,7 +128,15 @@ class Sub(Binary):
 @register("mul")
 @dataclasses.dataclass(frozen=True)
 class Mul(Binary):
+    """``a * b``. A multiply by the constant 1 (``mg.lora``'s scale at ``alpha ==
+    rank``) counts no FLOPs: XLA's algebraic simplifier drops it."""
+
     fn = staticmethod(jnp.multiply)
+
+    def flops(self, inputs, outputs, *, param_dtype, inference_mode):
+        if self.constant is not None and not isinstance(self.constant, bool) and self.constant == 1:
+            return 0
+        return super().flops(inputs, outputs, param_dtype=param_dtype, inference_mode=inference_mode)
 
 
 @register("div")
