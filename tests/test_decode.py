@@ -68,6 +68,9 @@ CASES = {
             "original_max_position_embeddings": 8})), 80),
     # Qwen2: biases on the query, key and value projections, none on the output's
     "qwen2": (lambda: mg.models.qwen2(dict(LLAMA, tie_word_embeddings=True)), 80),
+    # YaRN: the frequencies ramped, cos and sin scaled by the attention factor
+    "qwen2_yarn": (lambda: mg.models.qwen2(dict(LLAMA, rope_theta=100.0, rope_scaling={
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8})), 80),
 }
 
 
@@ -84,7 +87,8 @@ def gpt2():
 
 @pytest.mark.parametrize("name, scan", [("gpt2", False), ("llama_gqa_rope", False),
                                         ("llama_gqa_rope", "always"), ("user_composed", False),
-                                        ("llama3_scaling_window", False), ("qwen2", "always")])
+                                        ("llama3_scaling_window", False), ("qwen2", "always"),
+                                        ("qwen2_yarn", False)])
 def test_prefill_and_steps_equal_the_full_forward_at_every_position(name, scan):
     make, vocab = CASES[name]
     g = make()

@@ -228,3 +228,15 @@ def test_the_accumulation_dtype_is_written_as_casts_around_the_product():
     assert got.dtype == np.float16
     np.testing.assert_allclose(np.asarray(got, np.float32), want.astype(np.float16).astype(np.float32),
                                rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("opset", [21, 23])
+def test_yarn_rotary_tables_are_written_scaled(opset):
+    """YaRN's rotary tables (ramped frequencies, cos and sin times the attention factor)
+    written as constants or computed from the symbolic length: onnxruntime equals
+    mlaxgraph."""
+    x = mg.Input(("batch", "seq", 16), name="x")
+    attention = ops.MultiHeadAttention(4, 4, causal=True, rope=100.0, name="attn", rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8})
+    graph = mg.Graph(x, attention(x), name="a")
+    _check(graph, [np.random.default_rng(6).normal(size=(2, 7, 16)).astype(np.float32)], opset)

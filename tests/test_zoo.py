@@ -263,7 +263,7 @@ def test_bfloat16_files_keep_their_dtype_when_asked(tmp_path):
 @pytest.mark.parametrize("build, field, message", [
     (lambda: mg.models.gpt2({"add_cross_attention": True}), "add_cross_attention", "not supported"),
     (lambda: mg.models.gpt2({"activation_function": "mish"}), "activation_function", "'mish' is not supported"),
-    (lambda: mg.models.llama({"rope_scaling": {"rope_type": "yarn", "factor": 8.0}}), "rope_scaling",
+    (lambda: mg.models.llama({"rope_scaling": {"rope_type": "longrope", "factor": 8.0}}), "rope_scaling",
      "not supported"),
     (lambda: mg.models.bert({"position_embedding_type": "relative_key"}), "position_embedding_type",
      "not supported"),

@@ -215,9 +215,10 @@ def test_builders_without_a_config_dict_check_their_arguments():
 # --- rope: both config forms, Llama 3 and linear scaling -------------------------------
 
 
-def _decoder_reference(sd, c, ids, *, inv_freq, window=None, qkv_bias=False):
-    """float64 Llama/Qwen2/Mistral forward: rotary with the given frequencies, a causal
-    mask limited to the last ``window`` keys when given."""
+def _decoder_reference(sd, c, ids, *, inv_freq, window=None, qkv_bias=False, scale=1.0):
+    """float64 Llama/Qwen2/Mistral forward: rotary with the given frequencies (``cos``
+    and ``sin`` times ``scale``), a causal mask limited to the last ``window`` keys when
+    given."""
     sd = {k: np.asarray(v, np.float64) for k, v in sd.items()}
     nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
     eps = c.get("rms_norm_eps", 1e-6)
@@ -225,7 +226,7 @@ def _decoder_reference(sd, c, ids, *, inv_freq, window=None, qkv_bias=False):
     angles = np.concatenate([pos[:, None] * inv_freq] * 2, axis=-1)
 
     def rope(x):
-        return x * np.cos(angles) + tf.rotate_half(x) * np.sin(angles)
+        return scale * (x * np.cos(angles) + tf.rotate_half(x) * np.sin(angles))
 
     h = sd["model.embed_tokens.weight"][ids]
     length = ids.shape[1]
@@ -250,12 +251,22 @@ def _decoder_reference(sd, c, ids, *, inv_freq, window=None, qkv_bias=False):
 
 
 def _inv_freq(dim, theta, scaling=None):
-    """transformers' modeling_rope_utils: default, linear and llama3 frequencies."""
+    """transformers' modeling_rope_utils: default, linear, llama3 and yarn frequencies."""
     inv = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
     if scaling is None:
         return inv
     if scaling["rope_type"] == "linear":
         return inv / scaling["factor"]
+    if scaling["rope_type"] == "yarn":  # the paper's ramp over the feature index
+        original, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+        lo, hi = (dim * math.log(original / (r * 2 * math.pi)) / (2 * math.log(theta))
+                  for r in (scaling.get("beta_fast", 32), scaling.get("beta_slow", 1)))
+        lo, hi = max(math.floor(lo), 0), min(math.ceil(hi), dim - 1)
+        out = []
+        for i, f in enumerate(inv):
+            ramp = min(max((i - lo) / (hi - lo), 0.0), 1.0)  # 0: kept, 1: divided by factor
+            out.append(f / factor * ramp + f * (1 - ramp))
+        return np.asarray(out)
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     old = scaling["original_max_position_embeddings"]
     out = []
@@ -286,18 +297,23 @@ def _ids(length=24, vocab=50):
     return np.random.default_rng(3).integers(0, vocab, size=(2, length)).astype(np.int32)
 
 
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 8}
+
+
 @pytest.mark.parametrize("form", ["transformers 4", "transformers 5"])
-@pytest.mark.parametrize("scaling", [None, LLAMA3, {"rope_type": "linear", "factor": 4.0}],
-                         ids=["default", "llama3", "linear"])
+@pytest.mark.parametrize("scaling", [None, LLAMA3, {"rope_type": "linear", "factor": 4.0}, YARN],
+                         ids=["default", "llama3", "linear", "yarn"])
 def test_rope_theta_and_scaling_in_both_config_forms_match_the_formulas(form, scaling):
-    theta = 500000.0
+    theta = 500000.0 if scaling is not YARN else 100.0  # YaRN's ramp inside 4 frequencies
     if form == "transformers 4":
         config = dict(LLAMA, rope_theta=theta, rope_scaling=scaling)
     else:
         config = dict(LLAMA, rope_parameters={"rope_theta": theta, "rope_type": "default", **(scaling or {})})
     sd = tf.state_dict("llama", LLAMA)
     ids = _ids(40)
-    want = _decoder_reference(sd, LLAMA, ids, inv_freq=_inv_freq(8, theta, scaling))
+    # YaRN's cos and sin are scaled by 0.1 ln(factor) + 1
+    scale = 0.1 * math.log(4.0) + 1 if scaling is YARN else 1.0
+    want = _decoder_reference(sd, LLAMA, ids, inv_freq=_inv_freq(8, theta, scaling), scale=scale)
     np.testing.assert_allclose(_run(mg.models.llama(config), sd, ids), want, rtol=2e-4, atol=2e-4)
 
 
@@ -312,6 +328,32 @@ def test_the_llama3_frequencies_take_each_branch():
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert (got == base.astype(np.float32)).any() and np.isclose(got, base / 8, rtol=1e-6).any()
     assert (~np.isclose(got, base, rtol=1e-6) & ~np.isclose(got, base / 8, rtol=1e-6)).any()
+
+
+def test_the_yarn_frequencies_take_each_branch_and_scale_cos_and_sin():
+    """Qwen2.5's long-context YaRN (factor 4 over 32,768 positions): the fast
+    frequencies kept, the slow ones divided by the factor, a ramp between; cos and sin
+    times 0.1 ln(4) + 1, or the attention factor mscale and mscale_all_dim give."""
+    from mlaxgraph.models.config import Config
+    from mlaxgraph.models.llama import QWEN2
+    from mlaxgraph.models.rope import rope_settings
+    from mlaxgraph.ops.rotary import inverse_frequencies, rotary_scale, rotary_tables
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    base, scaling = rope_settings(Config(QWEN2, {"rope_theta": 1e6, "rope_scaling": yarn}))
+    scaling = tuple(sorted(scaling.items()))
+    plain, want = _inv_freq(128, 1e6), _inv_freq(128, 1e6, yarn)
+    got = inverse_frequencies(128, base, scaling)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    kept, divided = np.isclose(got, plain, rtol=1e-6), np.isclose(got, plain / 4, rtol=1e-6)
+    assert kept.any() and divided.any() and (~kept & ~divided).any()
+    cos, sin = rotary_tables(np.arange(5), 128, base, np.float32, scaling)
+    angles = np.arange(5)[:, None] * np.concatenate([want, want])
+    np.testing.assert_allclose(cos, (0.1 * math.log(4) + 1) * np.cos(angles), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sin, (0.1 * math.log(4) + 1) * np.sin(angles), rtol=1e-5, atol=1e-6)
+    deepseek = {**yarn, "mscale": 0.707, "mscale_all_dim": 0.707}  # equal: the factor is 1
+    _, scaling = rope_settings(Config(QWEN2, {"rope_scaling": deepseek}))
+    assert rotary_scale(tuple(scaling.items())) == 1.0
 
 
 def test_a_llama3_config_json_of_transformers_5_is_not_read_as_base_10000(tmp_path):

@@ -110,6 +110,19 @@ SAVED = {  # family: (config, model class, inputs, our output index)
     "gpt2": (dict(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=32), "GPT2LMHeadModel"),
     "llama": (dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, intermediate_size=64), "LlamaForCausalLM"),
+    # transformers 5 writes rope_parameters; YaRN's ramp and attention factor, MLP biases
+    "llama/yarn_mlp_bias": (dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=64, mlp_bias=True,
+                                 max_position_embeddings=64, rope_parameters={
+                                     "rope_type": "yarn", "factor": 4.0, "rope_theta": 100.0,
+                                     "original_max_position_embeddings": 16, "beta_fast": 8}),
+                            "LlamaForCausalLM"),
+    "qwen2/yarn_mscale": (dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                               rope_parameters={"rope_type": "yarn", "factor": 8.0, "rope_theta": 1000.0,
+                                                "original_max_position_embeddings": 32, "mscale": 0.8,
+                                                "mscale_all_dim": 0.5, "truncate": False}),
+                          "Qwen2ForCausalLM"),
 }
 
 
@@ -123,7 +136,7 @@ def test_a_folder_save_pretrained_wrote_builds_and_loads_in_the_zoo(family, tmp_
     config = getattr(T, f"{cls.replace('Model', '').replace('LMHead', '').replace('ForCausalLM', '')}Config")
     theirs = getattr(T, cls)(config(**fields)).eval()
     theirs.save_pretrained(tmp_path)
-    graph = getattr(mg.models, family)(str(tmp_path))
+    graph = getattr(mg.models, family.split("/")[0])(str(tmp_path))
     params, state = mg.models.load_state_dict(graph, str(tmp_path))
     if family == "vit":
         args = (torch.randn(2, 3, 16, 16),)
@@ -131,7 +144,7 @@ def test_a_folder_save_pretrained_wrote_builds_and_loads_in_the_zoo(family, tmp_
         ids = torch.randint(0, 100, (2, 8))
         args = (ids, torch.zeros_like(ids), torch.ones_like(ids))
     else:
-        args = (torch.randint(0, 100, (2, 8)),)
+        args = (torch.randint(0, 100, (2, 40 if "yarn" in family else 8)),)  # past the original context
     ours, _ = mg.compile(graph).apply(params, state, *[jnp.asarray(a.numpy()).astype(
         jnp.float32 if a.is_floating_point() else jnp.int32) for a in args], inference_mode=True)
     with torch.no_grad():

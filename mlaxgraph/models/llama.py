@@ -121,8 +121,8 @@ def llama(config: Any = None, *, axes: Mapping[str, Mapping[str, Any]] | None = 
     ``tie_word_embeddings``).
 
     The rotary base and scaling are read from ``rope_theta`` and ``rope_scaling``
-    (transformers 4.x) or ``rope_parameters`` (5.x); scalings ``"linear"`` and
-    ``"llama3"`` (Llama 3.1's). Mistral's ``sliding_window`` (when not null) limits each
+    (transformers 4.x) or ``rope_parameters`` (5.x); scalings ``"linear"``,
+    ``"llama3"`` (Llama 3.1's) and ``"yarn"``. Mistral's ``sliding_window`` (when not null) limits each
     query to the last ``sliding_window`` keys (itself included), as its attention mask.
 
     Initialization as Hugging Face's: kernels and the embedding normal with standard

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..core.errors import ConfigError
@@ -17,7 +18,12 @@ ROPE_FIELDS = {"rope_theta": 10000.0, "rope_scaling": None, "rope_parameters": N
 #: Each rope_type's parameters (Hugging Face's names); "default" has none.
 _PARAMETERS = {"default": (), "linear": ("factor",),
                "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                          "original_max_position_embeddings")}
+                          "original_max_position_embeddings"),
+               "yarn": ()}
+
+#: Each rope_type's parameters that may be left out.
+_OPTIONAL = {"yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+                      "beta_slow", "mscale", "mscale_all_dim", "truncate")}
 
 
 def _scaling(c: Config, field: str, value: Any) -> tuple[str, dict[str, Any], float | None]:
@@ -37,10 +43,11 @@ def _scaling(c: Config, field: str, value: Any) -> tuple[str, dict[str, Any], fl
     for harmless in ("attention_factor",) if kind == "default" else ():
         value.pop(harmless, None)
     wanted = set(_PARAMETERS[kind])
-    unknown, missing = sorted(set(value) - wanted), sorted(wanted - set(value))
+    optional = set(_OPTIONAL.get(kind, ()))
+    unknown, missing = sorted(set(value) - wanted - optional), sorted(wanted - set(value))
     if unknown or missing:
         raise ConfigError(f"{c.model}: config field {field!r} of rope_type {kind!r} takes "
-                          f"{', '.join(sorted(wanted)) or 'no parameters'}"
+                          f"{', '.join(sorted(wanted | optional)) or 'no parameters'}"
                           + (f"; unknown: {', '.join(unknown)}" if unknown else "")
                           + (f"; missing: {', '.join(missing)}" if missing else ""))
     return kind, value, theta
@@ -73,4 +80,33 @@ def rope_settings(c: Config) -> tuple[float, dict[str, Any] | None]:
         raise ConfigError(f"{c.model}: the rope base rope_theta must be a number > 1, got {theta!r}")
     if kind == "default":
         return float(theta), None
+    if kind == "yarn":
+        params = _yarn(c, params)
     return float(theta), {"rope_type": kind, **params}
+
+
+def _yarn(c: Config, given: dict[str, Any]) -> dict[str, Any]:
+    """YaRN's parameters as transformers 5 reads them: the original context
+    ``original_max_position_embeddings`` (else ``max_position_embeddings``), ``factor``
+    (else their ratio), the attention factor given, or from ``mscale`` and
+    ``mscale_all_dim`` when both are given, else ``0.1 ln(factor) + 1``; ``beta_fast``
+    32 and ``beta_slow`` 1 when left out or null."""
+    p = {k: v for k, v in given.items() if v is not None or k == "factor"}
+    original = p.pop("original_max_position_embeddings", None) or c.get("max_position_embeddings")
+    if original is None:
+        raise ConfigError(f"{c.model}: rope_type 'yarn' needs original_max_position_embeddings "
+                          f"(in the scaling) or max_position_embeddings")
+    factor = p.pop("factor", None)
+    if factor is None:
+        factor = c.get("max_position_embeddings", original) / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = p.pop("attention_factor", None)
+    m, m_all = p.pop("mscale", None), p.pop("mscale_all_dim", None)
+    if attention is None:
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return {"factor": factor, "original_max_position_embeddings": original,
+            "attention_factor": attention, "beta_fast": p.pop("beta_fast", None) or 32,
+            "beta_slow": p.pop("beta_slow", None) or 1, "truncate": p.pop("truncate", True)}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..ops.rotary import inverse_frequencies
+from ..ops.rotary import inverse_frequencies, rotary_scale
 from .dtypes import to_code
 from .writer_shapes import dim_value, length_range, positions
 
@@ -172,10 +172,11 @@ def _tables(w, node, x: str, which: int, dim: int, path: str, *, half: bool) -> 
     inv = inverse_frequencies(dim, op.rope, op.rope_scaling)
     freq = (inv if half else np.concatenate([inv, inv]))[None]
     n = w.input_specs[which].shape[1]
+    scale = np.float32(rotary_scale(op.rope_scaling))  # YaRN's attention factor
     if isinstance(n, int):
         angles = np.arange(n, dtype=np.float32)[:, None] * freq
-        return (w.constant(f"{path}.cos", np.cos(angles).astype(dtype)),
-                w.constant(f"{path}.sin", np.sin(angles).astype(dtype)))
+        return (w.constant(f"{path}.cos", (np.cos(angles) * scale).astype(dtype)),
+                w.constant(f"{path}.sin", (np.sin(angles) * scale).astype(dtype)))
     pos = length_range(w, node, n, f"{path}/positions", source=(x, 1))
     (pos,) = w.node("Cast", [pos], f"{path}/positions", part=True, to=to_code(np.dtype(np.float32)))
     axes = w.constant(f"{path}.axes", np.asarray([1], np.int64))
@@ -185,6 +186,9 @@ def _tables(w, node, x: str, which: int, dim: int, path: str, *, half: bool) -> 
     tables = []
     for f in ("Cos", "Sin"):
         (t,) = w.node(f, [angles], f"{path}/{f.lower()}", part=True)
+        if scale != 1:
+            (t,) = w.node("Mul", [t, w.constant(f"{path}.scale", scale)], f"{path}/{f.lower()}_scale",
+                          part=True)
         if dtype != np.float32:
             (t,) = w.node("Cast", [t], f"{path}/{f.lower()}", part=True, to=to_code(dtype))
         tables.append(t)

@@ -93,7 +93,7 @@ class MultiHeadAttention(Layer):
     key/value head ``h // (num_heads // num_kv_heads)``, as Hugging Face's
     ``repeat_kv``. ``rope=True`` (base 10000) or ``rope=base`` rotates queries and keys
     by their positions ``0 .. length - 1`` first (``ops.rotary_embedding``);
-    ``rope_scaling={"rope_type": "llama3" | "linear", "factor": ..., ...}`` scales its
+    ``rope_scaling={"rope_type": "llama3" | "linear" | "yarn", "factor": ..., ...}`` scales its
     frequencies as Hugging Face's ``rope_scaling`` does. ``sliding_window=w`` (with
     ``causal``) lets query ``i`` attend to keys ``i - w < j <= i`` only (Mistral's).
 

@@ -16,12 +16,18 @@ from .base import Layer, expect_float
 from .flops import size
 
 __all__ = ["RotaryEmbedding", "rotary_embedding", "rotary_tables", "rotate", "rotary_flops",
-           "to_rope_base", "to_rope_scaling", "inverse_frequencies"]
+           "to_rope_base", "to_rope_scaling", "inverse_frequencies", "rotary_scale"]
 
 #: The scalings of the frequencies (Hugging Face's ``rope_type``) and their parameters.
 ROPE_SCALINGS = {"linear": ("factor",),
                  "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                            "original_max_position_embeddings")}
+                            "original_max_position_embeddings"),
+                 "yarn": ("factor", "original_max_position_embeddings", "attention_factor",
+                          "beta_fast", "beta_slow", "truncate")}
+
+#: YaRN's parameters that have defaults (the paper's, as Hugging Face's): the attention
+#: factor ``0.1 ln(factor) + 1`` is computed from ``factor`` when not given.
+_YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}
 
 
 def to_rope_base(value, layer) -> float | None:
@@ -41,9 +47,11 @@ def to_rope_base(value, layer) -> float | None:
 
 def to_rope_scaling(value, layer) -> tuple[tuple[str, object], ...] | None:
     """``rope_scaling=``: None, or the scaling as a mapping or pairs: ``rope_type``
-    (``"linear"`` or ``"llama3"``) and its parameters (``factor``; Llama 3's also
-    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``),
-    kept as sorted pairs."""
+    (``"linear"``, ``"llama3"`` or ``"yarn"``) and its parameters (``factor``; Llama 3's
+    also ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``;
+    YaRN's also ``original_max_position_embeddings`` and, with defaults,
+    ``attention_factor``, ``beta_fast``, ``beta_slow``, ``truncate``), kept as sorted
+    pairs."""
     if value is None:
         return None
     try:
@@ -55,11 +63,18 @@ def to_rope_scaling(value, layer) -> tuple[tuple[str, object], ...] | None:
     if not isinstance(kind, str) or kind not in ROPE_SCALINGS:
         layer.invalid(f"rope_scaling's rope_type must be one of {', '.join(map(repr, ROPE_SCALINGS))}, "
                       f"got {kind!r}")
+    if kind == "yarn":
+        items = {**_YARN_DEFAULTS, **items}
+        if isinstance(items.get("factor"), (int, float)) and "attention_factor" not in items:
+            items["attention_factor"] = 0.1 * np.log(items["factor"]) + 1.0 if items["factor"] > 1 else 1.0
+        if not isinstance(items["truncate"], (bool, np.bool_)):
+            layer.invalid(f"rope_scaling['truncate'] must be a bool, got {items['truncate']!r}")
+        items["truncate"] = bool(items["truncate"])
     wanted = set(ROPE_SCALINGS[str(kind)]) | {"rope_type"}
     if set(items) != wanted:
         layer.invalid(f"rope_scaling of type {kind!r} takes exactly "
                       f"{', '.join(sorted(wanted - {'rope_type'}))}; got {', '.join(sorted(items))}")
-    for name in wanted - {"rope_type"}:
+    for name in wanted - {"rope_type", "truncate"}:
         number = items[name]
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
             layer.invalid(f"rope_scaling[{name!r}] must be a positive number, got {number!r}")
@@ -81,6 +96,8 @@ def inverse_frequencies(dim: int, base: float, scaling=None) -> np.ndarray:
         factor = s["factor"]
         if s["rope_type"] == "linear":
             inv_freq = inv_freq / factor
+        elif s["rope_type"] == "yarn":
+            inv_freq = _yarn(inv_freq, dim, base, s)
         else:  # llama3
             original = s["original_max_position_embeddings"]
             low, high = s["low_freq_factor"], s["high_freq_factor"]
@@ -93,6 +110,30 @@ def inverse_frequencies(dim: int, base: float, scaling=None) -> np.ndarray:
     return inv_freq.astype(np.float32)
 
 
+def _yarn(inv_freq: np.ndarray, dim: int, base: float, s: dict) -> np.ndarray:
+    """YaRN: the frequencies that turn fewer than ``beta_slow`` times over the original
+    context divided by ``factor``, those turning more than ``beta_fast`` times kept, a
+    linear ramp over the feature index between (bounds rounded outwards with
+    ``truncate``), as Hugging Face's ``_compute_yarn_parameters``."""
+    def index(rotations: float) -> float:  # the feature index turning this many times
+        return dim * np.log(s["original_max_position_embeddings"] / (rotations * 2 * np.pi)) / (2 * np.log(base))
+
+    low, high = index(s["beta_fast"]), index(s["beta_slow"])
+    if s["truncate"]:
+        low, high = np.floor(low), np.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # 1: the frequency kept (extrapolated), 0: divided by factor
+    return inv_freq / s["factor"] * (1 - keep) + inv_freq * keep
+
+
+def rotary_scale(scaling) -> float:
+    """The factor on ``cos`` and ``sin`` (YaRN's ``attention_factor``; 1 otherwise)."""
+    return float(dict(scaling)["attention_factor"]) if scaling and dict(scaling)["rope_type"] == "yarn" else 1.0
+
+
 def rotary_tables(positions, dim: int, base: float, dtype, scaling=None):
     """``(cos, sin)`` of shape ``positions.shape + (dim,)``: the angles
     ``position * base ** (-2i / dim)`` (scaled by ``scaling``, see
@@ -101,7 +142,11 @@ def rotary_tables(positions, dim: int, base: float, dtype, scaling=None):
     inv_freq = inverse_frequencies(dim, base, scaling)
     freqs = positions.astype(jnp.float32)[..., None] * inv_freq
     angles = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    scale = rotary_scale(scaling)
+    if scale != 1.0:
+        cos, sin = cos * np.float32(scale), sin * np.float32(scale)
+    return cos.astype(dtype), sin.astype(dtype)
 
 
 def rotate(x, cos, sin):
