@@ -649,3 +649,87 @@ def test_a_bare_layer_as_the_module(layer, x):
     for key, value in layer.state_dict().items():
         if key != "num_batches_tracked":
             np.testing.assert_array_equal(ours[key], value.numpy())
+
+
+def test_train_mode_with_in_place_operations_and_batch_norm_options():
+    torch.manual_seed(0)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3, padding="same")
+            self.bn = nn.BatchNorm2d(4)
+            self.plain = nn.BatchNorm2d(4, affine=False)
+            self.batch_only = nn.BatchNorm2d(4, track_running_stats=False)
+            self.act = nn.ReLU(inplace=True)
+            self.c2 = nn.Conv2d(4, 2, (2, 3), padding="same", dilation=2, bias=False)
+
+        def forward(self, x):
+            y = self.act(self.bn(self.c(x)))
+            y += 1
+            return self.c2(self.batch_only(self.plain(y)))
+
+    model = M().train()
+    x = torch.randn(4, 3, 8, 8)
+    graph, params, out, new_state = _apply(model, x, inference_mode=False)
+    assert mg.aten.inference_mode(graph) is False
+    ours = mg.models.to_state_dict(graph, params, new_state)
+    with torch.no_grad():
+        expected = model(x)
+    _close(np.asarray(out[0]), expected)
+    for key in ("bn.running_mean", "bn.running_var", "plain.running_mean", "plain.running_var"):
+        _close(ours[key], model.state_dict()[key], tol=1e-5)
+    model.eval()
+    _, _, out, _ = _apply(model, x)
+    _close(np.asarray(out[0]), model(x))
+
+
+def test_torch_cond_computes_the_branch_its_predicate_picks():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda x: self.l(x).relu(), lambda x: x - 1, (x,))
+
+    model = M()
+    graph, params, state = mg.from_torch(model, (torch.randn(2, 4),))
+    for x in (torch.ones(2, 4), -torch.ones(2, 4)):
+        out, _ = mg.compile(graph).apply(params, state, jnp.asarray(x.numpy()), inference_mode=True)
+        _close(np.asarray(out), model(x))
+
+
+def test_inputs_and_modules_from_torch_cannot_take_are_named():
+    class Two(nn.Module):
+        def forward(self, x, y=None):
+            return x if y is None else x + y
+
+    with pytest.raises(mg.GraphError, match=r"input 'y' of the module is None, not a tensor"):
+        mg.from_torch(Two(), (torch.randn(2, 4), None))
+    with pytest.raises(mg.GraphError, match=r"input 'y' of the module is 2.0, not a tensor"):
+        mg.from_torch(Two(), (torch.randn(2, 4), 2.0))
+    with torch.device("meta"):
+        meta = nn.Linear(4, 3)
+    with pytest.raises(mg.GraphError, match=r"tensor 'weight' is on the meta device.*to_empty"):
+        mg.from_torch(meta, (torch.randn(2, 4),))
+
+    class Bessel(nn.Module):
+        def forward(self, x):
+            return torch.special.bessel_j0(x * 2)
+
+    with pytest.raises(mg.GraphError, match=r"in module \(the top module\) \(File .*test_torch_live.py"
+                                            r"\", line \d+, in forward\): the ATen operator"):
+        mg.from_torch(Bessel(), (torch.randn(2, 4),))
+    with pytest.raises(mg.ShapeError, match=r"specialized it to be a constant \(1\).*size 2 or more"):
+        mg.from_torch(nn.Sequential(nn.Linear(4, 4)), (torch.randn(1, 4),),
+                      dynamic_shapes=({0: torch.export.Dim("batch")},))
+
+    class Transposed(nn.Module):
+        def forward(self, x):
+            w = torch.ones(2, 2, 2, 2)
+            return torch.ops.aten.convolution(x, w, None, [2, 2], [0, 0], [1, 1], True, [0, 0], 1)
+
+    with pytest.raises(mg.GraphError, match=r"aten\.convolution\.default with transposed "
+                                            r"convolution is not supported"):
+        mg.from_torch(Transposed(), (torch.randn(1, 2, 4, 4),))

@@ -70,10 +70,16 @@ def _export(module: Any, example_args: Any, dynamic_shapes: Any) -> Any:
                          f"{type(module).__name__}: wrap a function in an nn.Module's forward")
     args = tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,)
     _check_dims_axes(torch, args, dynamic_shapes)
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        if t.is_meta:
+            raise GraphError(f"the module's tensor {name!r} is on the meta device (it has no "
+                             f"values): materialize the module first (module.to_empty("
+                             f"device='cpu') then load_state_dict(...) of its weights)")
     try:
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
     except Exception as e:  # torch's own errors: data-dependent flow, bad dims
-        text = (str(e).strip().splitlines() or [type(e).__name__])[0][:400]
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        text = (lines or [type(e).__name__])[0][:400]
         kind = type(e).__name__
         if "in output, which is not a known type" in text:
             cache = "Cache" in text
@@ -85,10 +91,15 @@ def _export(module: Any, example_args: Any, dynamic_shapes: Any) -> Any:
                    "return tensors (or tuples, lists and dicts of them)")) from None
         if "Constraint" in kind or "constraint" in text.lower() or "dynamic_shapes" in text \
                 or re.search(r"\bDim\b", text):
+            # torch's reasons follow its first line (a dim specialized to the example's size)
+            why = [line.lstrip("- ") for line in lines[1:6] if line.startswith("- ")]
+            if any("constant (1)" in w for w in why):
+                why.append("torch specializes an example size of 1: give an example of size 2 or more")
             raise ShapeError(f"torch.export could not export {type(module).__name__} with these "
-                             f"dims: {kind}: {text}") from None
+                             f"dims: {kind}: {text}" + "".join(f"; {w[:300]}" for w in why[:3])) from None
         if "data-dependent" in text.lower() or "control flow" in text.lower() or "DataDependent" in kind:
-            hint = "data-dependent control flow must be written with torch.cond or removed"
+            hint = ("data-dependent control flow must be written with torch.cond (both branches "
+                    "computed, the predicate picking one) or removed")
         elif _fails_eagerly(torch, module, args):
             hint = "the module itself fails on these example inputs (check their shapes and dtypes)"
         else:

@@ -150,6 +150,8 @@ class _Body:
                 wrap = _WRAPS.get(str(node.target))
                 if wrap is not None:
                     self.inline(node, wrap, prefix, ref)
+                elif str(node.target) == "cond":
+                    self.cond(node, prefix, ref, node.meta.get("nn_module_stack") or stack)
                 elif _target(node) == "getitem" and prefix + node.args[0].name in self.results:
                     self.alias[prefix + node.name] = self.results[prefix + node.args[0].name][node.args[1]]
                 else:
@@ -158,21 +160,41 @@ class _Body:
                 outputs = [_arg(a, ref) for a in node.args[0]]
             elif node.op == "placeholder":
                 continue  # the program's inputs (read above), a body's (aliased)
-            elif node.op == "get_attr" and all(str(u.target) in _WRAPS for u in node.users):
+            elif node.op == "get_attr" and all(str(u.target) in _WRAPS or str(u.target) == "cond"
+                                               for u in node.users):
                 continue  # a wrapper's body, read where the wrapper is called
             else:
                 raise GraphError(f"node {node.name!r}: {node.op} nodes are not supported "
                                  f"(torch.export gives placeholders, call_function and output)")
         return outputs
 
-    def inline(self, node: Any, position: int, prefix: str, ref: Any) -> None:
+    def inline(self, node: Any, position: int, prefix: str, ref: Any,
+               operands: Any = None, inner: str = "") -> list:
         body = getattr(self.module, node.args[position].target)
-        inner = f"{prefix}{node.name}_"
+        inner = inner or f"{prefix}{node.name}_"
         placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-        for p, a in zip(placeholders, node.args[position + 1:]):
+        for p, a in zip(placeholders, node.args[position + 1:] if operands is None else operands):
             self.alias[inner + p.name] = _arg(a, ref)
-        self.results[prefix + node.name] = self.read(body.graph, inner,
-                                                      node.meta.get("nn_module_stack") or {})
+        outputs = self.read(body.graph, inner, node.meta.get("nn_module_stack") or {})
+        self.results[prefix + node.name] = outputs
+        return outputs
+
+    def cond(self, node: Any, prefix: str, ref: Any, stack: dict) -> None:
+        """``torch.cond(pred, true_fn, false_fn, operands)``: both branches computed (their
+        nodes named ``<cond>_true_<node>``, ``<cond>_false_<node>``), each output the
+        branch ``pred`` picks (``aten.where.self``)."""
+        name = prefix + node.name
+        chosen = [self.inline(node, i, prefix, ref, node.args[3], f"{name}_{branch}_")
+                  for i, branch in ((1, "true"), (2, "false"))]
+        vals = node.meta.get("val") or ()
+        results = []
+        for i, (a, b) in enumerate(zip(*chosen)):
+            self.nodes.append({"name": f"{name}_{i}", "target": "aten.where.self",
+                               "args": [_arg(node.args[0], ref), a, b], "kwargs": {},
+                               "outputs": [_spec(vals[i] if i < len(vals) else None)],
+                               "stack": _stack(stack), "source": _source(node)})
+            results.append({"ref": f"{name}_{i}"})
+        self.results[name] = results
 
     def node(self, node: Any, prefix: str, ref: Any, stack: dict) -> None:
         val = node.meta.get("val")
@@ -182,11 +204,24 @@ class _Body:
             "args": [_arg(a, ref) for a in node.args],
             "kwargs": {k: _arg(v, ref) for k, v in node.kwargs.items()},
             "outputs": [_spec(v) for v in vals],
-            "stack": [[path, getattr(kind, "__name__", str(kind)).rpartition(".")[2]]
-                      for path, kind in stack.values()
-                      if path and not path.startswith("_empty_nn_module_stack")],
-            "source": (node.meta.get("stack_trace") or "").strip().splitlines()[-2:][:1],
+            "stack": _stack(stack), "source": _source(node),
         })
+
+
+def _stack(stack: dict) -> list:
+    return [[path, getattr(kind, "__name__", str(kind)).rpartition(".")[2]]
+            for path, kind in stack.values() if path and not path.startswith("_empty_nn_module_stack")]
+
+
+def _source(node: Any) -> list:
+    """The user's line a node comes from (``File "m.py", line 5, in forward``: the
+    innermost frame outside torch's own modules), as a list."""
+    import os
+
+    frames = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()
+              if line.strip().startswith('File "')]
+    own = [f for f in frames if f"{os.sep}torch{os.sep}" not in f]
+    return (own or frames)[-1:]
 
 
 def _bound(value: Any) -> int | None:
@@ -214,6 +249,12 @@ def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     for node in program.graph.nodes:
         if node.op == "placeholder":
             kind, target = kinds.get(node.name, ("user_input", None))
+            if kind == "user_input" and _spec(node.meta.get("val")) is None:
+                raise GraphError(
+                    f"input {node.name!r} of the module is {node.meta.get('val')!r}, not a tensor: "
+                    f"torch.export fixes a None or a number given among the example inputs, and "
+                    f"mlaxgraph's graphs take tensors; pass a tensor, or fix the value in a "
+                    f"wrapper module whose forward calls the module with it")
             inputs.append({"name": node.name, "kind": kind, "target": target,
                            **({"persistent": False} if node.name in transient else {}),
                            **(_spec(node.meta.get("val")) or {})})
@@ -232,6 +273,10 @@ def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     for source in (program.state_dict, program.constants):
         for name, t in source.items():
             if isinstance(t, torch.Tensor):
+                if t.is_meta:
+                    raise GraphError(f"the module's tensor {name!r} is on the meta device (it has "
+                                     f"no values): materialize the module first (module.to_empty("
+                                     f"device='cpu') then load_state_dict(...) of its weights)")
                 t = t.detach().cpu()
                 if t.dtype == torch.bfloat16:
                     t = t.float()

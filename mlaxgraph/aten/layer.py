@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..core.errors import GraphError
 from ..core.registry import register
 from ..core.specs import ParamSpec, TensorSpec, is_symbolic, substitute
 from ..ops.base import Layer
@@ -96,7 +97,10 @@ class AtenOp(ForeignOp):
             kwargs["rng"] = rng
         # ATen says its own result types; inside an operator numpy's promotion holds
         with jax.numpy_dtype_promotion("standard"):
-            out = self.definition().fn(*args, **kwargs)
+            try:
+                out = self.definition().fn(*args, **kwargs)
+            except NotImplementedError as e:  # an option the definition does not compute
+                raise GraphError(f"{self.op_key} with {e} is not supported") from None
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     def rule_args(self) -> tuple:

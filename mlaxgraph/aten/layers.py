@@ -81,9 +81,12 @@ def _conv(args, kwargs, weight, shape, training, core=False):
     else:
         stride, padding, dilation, groups = (list(args[3:]) + [1, 0, 1, 1][len(args) - 3:])[:4] \
             if len(args) > 3 else (1, 0, 1, 1)
-        if isinstance(padding, str):
-            return None
-    pads = tuple((p, p) for p in _tuple(padding, nd))
+    if isinstance(padding, str):  # "valid": none; "same" (stride 1): PyTorch's, the odd one right
+        totals = [d * (int(n) - 1) if padding == "same" else 0
+                  for d, n in zip(_tuple(dilation, nd), k[2:])]
+        pads = tuple((t // 2, t - t // 2) for t in totals)
+    else:
+        pads = tuple((p, p) for p in _tuple(padding, nd))
     params = {"kernel": w, **({"bias": b} if b else {})}
 
     def make(name):
@@ -154,6 +157,7 @@ def _core(rule: Callable) -> Callable:
 _RULES: dict[str, Callable] = {
     "aten.linear.default": _linear,
     "aten.conv1d.default": _conv, "aten.conv2d.default": _conv, "aten.conv3d.default": _conv,
+    "aten.conv1d.padding": _conv, "aten.conv2d.padding": _conv, "aten.conv3d.padding": _conv,
     "aten.convolution.default": _core(_conv),
     "aten.batch_norm.default": _batch_norm,
     "aten._native_batch_norm_legit_functional.default": _batch_norm,

@@ -52,21 +52,24 @@ def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding,
         raise NotImplementedError("transposed convolution")
     nd = w.ndim - 2
     y = lax.conv_general_dilated(
-        x, w, tuple(stride), [(p, p) for p in padding], rhs_dilation=tuple(dilation),
+        x, w, tuple(stride), [p if isinstance(p, tuple) else (p, p) for p in padding],
+        rhs_dilation=tuple(dilation),
         feature_group_count=groups, precision="highest",
         dimension_numbers=("NCH", "OIH", "NCH") if nd == 1 else (
             ("NCHW", "OIHW", "NCHW") if nd == 2 else ("NCDHW", "OIDHW", "NCDHW")))
     return y if b is None else y + b.reshape((1, -1) + (1,) * nd)
 
 
-@define("aten.conv2d.default", "aten.conv1d.default", flops=_conv_flops)
+@define("aten.conv2d.default", "aten.conv1d.default", "aten.conv3d.default", "aten.conv1d.padding",
+        "aten.conv2d.padding", "aten.conv3d.padding", flops=_conv_flops)
 def _conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     nd = w.ndim - 2
 
     def tup(v):
         return tuple(v) * (nd if len(tuple(v)) == 1 else 1) if isinstance(v, (list, tuple)) else (v,) * nd
-    if isinstance(padding, str):
-        raise NotImplementedError("string padding")
+    if isinstance(padding, str):  # "valid": none; "same": PyTorch's, the odd one on the right
+        totals = [d * (n - 1) if padding == "same" else 0 for d, n in zip(tup(dilation), w.shape[2:])]
+        padding = tuple((t // 2, t - t // 2) for t in totals)
     return _convolution(x, w, b, tup(stride), tup(padding), tup(dilation), False, (0,) * nd, groups)
 
 
@@ -215,6 +218,13 @@ def _batch_norm_functional(x, w, b, mean, var, training, momentum, eps):
     y = _bn(x, w, b, m, v, eps)
     empty = jnp.zeros((0,), x.dtype)
     return y, empty, empty, *((mean, var) if mean is not None else (empty, empty))
+
+
+@define("aten._native_batch_norm_legit.no_stats", flops=lambda i, o, a: 4 * size(o[0]))
+def _batch_norm_no_stats(x, w, b, training, momentum, eps):
+    """``track_running_stats=False`` after ``run_decompositions``: the batch's statistics."""
+    m, v = _bn_stats(x, None, None, True)
+    return _bn(x, w, b, m, v, eps), m, lax.rsqrt(v + eps)
 
 
 @define("aten.embedding.default", flops="none")

@@ -199,7 +199,8 @@ class _Reader:
             self.layer_step(node, found, stack, where)
             return
         if target not in TABLE and found is None:
-            raise GraphError(f"{where}: the ATen operator {target} is not supported; "
+            at = "".join(f" ({line.strip()})" for line in node.get("source") or [])
+            raise GraphError(f"{where}{at}: the ATen operator {target} is not supported; "
                              f"mg.aten.supported_ops() lists those that are")
         # tensors: the node's references, in order of appearance
         refs: list[tuple] = []
@@ -310,8 +311,7 @@ class _Reader:
     # --- the whole program -------------------------------------------------------------
 
     def live_nodes(self) -> list[dict]:
-        """The nodes the module's outputs depend on (buffer updates left out: the
-        layers keep their own statistics)."""
+        """The nodes the module's outputs depend on (buffer updates left out)."""
         record = self.record
         by_name = {n["name"]: n for n in record["nodes"]}
         wanted = [record["outputs"][i] for i in record["user_outputs"]]
