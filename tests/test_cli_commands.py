@@ -35,6 +35,10 @@ def not_a_graph():
 
 def fails():
     raise RuntimeError("the weights server is down\\nsecond line")
+
+def cnn_bfloat16():
+    from mlaxgraph.examples import residual_cnn
+    return mg.compile(residual_cnn(), mg.Policy(compute_dtype="bfloat16"))
 '''
 
 
@@ -161,6 +165,16 @@ def test_compare(run):
     assert status == 0 and "mixed_bfloat16" in out
 
 
+def test_a_builder_returning_a_compiled_model_keeps_its_policy(run):
+    model = mg.compile(residual_cnn(), mg.Policy(compute_dtype="bfloat16"))
+    status, out, err = run("summary", "builders:cnn_bfloat16")
+    assert status == 0, err
+    assert out == model.summary() + "\n"
+    assert sum(n.op.op_name == "cast" for n in model.graph.nodes) > 0
+    status, out, _ = run("summary", "builders:cnn_bfloat16", "--policy", "float32")
+    assert status == 0 and out == mg.compile(residual_cnn(), mg.Policy.named("float32")).summary() + "\n"
+
+
 def test_a_builder_in_a_python_file(run):
     status, out, err = run("summary", "builders.py:build")
     assert status == 1
@@ -206,6 +220,10 @@ def test_a_builder_in_a_python_file(run):
     (["export", "cnn.mlg", "--dim", "bacth=3"], "no symbolic dim 'bacth'"),
     (["view", "cnn.mlg", "--dim", "bacth=3"], "no symbolic dim 'bacth'"),
     (["summary", "cnn.mlg", "--batch", "2", "--dim", "batch=3"], "give the batch twice"),
+    (["cost", "cnn.mlg", "--dim", "batch=3", "--dim", "batch=4"],
+     "--dim batch=3 and --dim batch=4 give batch twice: give one"),
+    (["summary", "builders:biuld"], "builders has no attribute 'biuld' (did you mean 'build'?)"),
+    (["summary", "mlaxgraph.models:gpt"], "has no attribute 'gpt' (did you mean 'gpt2'?)"),
     (["compare", "cnn.mlg", "--batch", "2", "--policy", "float32", "--policy", "float32"],
      "two or more different --policy names"),
     (["compare", "cnn.mlg", "--batch", "2", "--policy", "bf16"], "did you mean 'bfloat16'?"),

@@ -75,11 +75,16 @@ def _dim(text: str) -> tuple[str, int]:
 
 def _compiled(args):
     loaded = load_model(args.model)
-    return loaded, compile(loaded.graph, args.policy)
+    return loaded, compile(loaded.graph, args.policy if args.policy is not None else loaded.policy)
 
 
 def _dims(args) -> dict[str, int]:
-    dims = dict(getattr(args, "dim", None) or [])
+    dims: dict[str, int] = {}
+    for name, value in getattr(args, "dim", None) or []:
+        if dims.get(name, value) != value:
+            raise UsageError(f"--dim {name}={dims[name]} and --dim {name}={value} give {name} "
+                             f"twice: give one")
+        dims[name] = value
     if getattr(args, "batch", None) is not None:
         if "batch" in dims and dims["batch"] != args.batch:
             raise UsageError(f"--batch {args.batch} and --dim batch={dims['batch']} give the "

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import os
@@ -23,10 +24,12 @@ class UsageError(MlaxGraphError, ValueError):
 
 
 class LoadedModel:
-    """A graph named on the command line, with its weights when the file has them."""
+    """A graph named on the command line, with its weights when the file has them and
+    the policy of a compiled model a function returned (None: none)."""
 
-    def __init__(self, graph, params=None, state=None, source: str = ""):
+    def __init__(self, graph, params=None, state=None, source: str = "", policy=None):
         self.graph, self.params, self.state, self.source = graph, params, state, source
+        self.policy = policy
 
 
 def load_model(spec: str) -> LoadedModel:
@@ -65,20 +68,25 @@ def load_model(spec: str) -> LoadedModel:
     module_name, colon, attribute = spec.rpartition(":")
     if not colon or not module_name or not attribute:
         raise UsageError(f"no such file: {spec} (give a .mlg, .json or .onnx file, or module:function)")
-    target = getattr(_import(module_name), attribute, None) if attribute.isidentifier() else None
+    module = _import(module_name)
+    target = getattr(module, attribute, None) if attribute.isidentifier() else None
     if target is None:
-        raise UsageError(f"{module_name} has no attribute {attribute!r}")
+        near = difflib.get_close_matches(attribute, [n for n in dir(module) if not n.startswith("_")], n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise UsageError(f"{module_name} has no attribute {attribute!r}{hint}")
     try:
         made = target() if callable(target) and not isinstance(target, Graph) else target
     except MlaxGraphError:
         raise
     except Exception as e:
         raise MlaxGraphError(f"{spec} raised {type(e).__name__}: {_first_line(e)}") from e
+    policy = None
     if hasattr(made, "source_graph") and isinstance(made.source_graph, Graph):
-        made = made.source_graph  # a CompiledModel: its graph (the policy comes from --policy)
-    if not isinstance(made, Graph):
+        # a CompiledModel: its graph, compiled again under its policy (or --policy's)
+        made, policy = made.source_graph, getattr(made, "policy", None)
+    if not isinstance(made, Graph):  # the name points at something else: a wrong argument
         raise UsageError(f"{spec} returned {type(made).__name__}, not an mg.Graph")
-    return LoadedModel(made, source=spec)
+    return LoadedModel(made, source=spec, policy=policy)
 
 
 def _import(name: str):
