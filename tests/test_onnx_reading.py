@@ -195,3 +195,57 @@ def test_negative_ids_of_an_embedding_read_from_gather_count_from_the_end():
     (want,) = _ort(model, {"ids": ids})
     np.testing.assert_array_equal(want, table[ids])
     np.testing.assert_array_equal(np.asarray(_ours(model, ids.astype(np.int32))), want)
+
+
+def test_an_initializer_listed_as_an_input_is_its_weight_overridden_by_params():
+    """IR >= 4: onnxruntime takes a feed for it, else the initializer. Here it is the
+    weight: its default computes as onnxruntime unfed, params give another value as
+    the feed does; shapes= naming it says so."""
+    g = helper.make_graph([helper.make_node("Add", ["x", "W"], ["y"])], "m",
+                          [helper.make_tensor_value_info("x", F, [3]),
+                           helper.make_tensor_value_info("W", F, [3])],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          [numpy_helper.from_array(np.arange(3, dtype=np.float32), "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 7
+    x, w = RNG.normal(size=3).astype(np.float32), np.full(3, 100, np.float32)
+    graph, params, state = mg.from_onnx(model)
+    assert list(graph.inputs) == ["x"] and list(params) == ["W"]
+    compiled = mg.compile(graph)
+    np.testing.assert_array_equal(np.asarray(compiled.apply(params, state, x)[0]),
+                                  _ort(model, {"x": x})[0])
+    fed = {"W": {"value": w}}
+    np.testing.assert_array_equal(np.asarray(compiled.apply(fed, state, x)[0]),
+                                  _ort(model, {"x": x, "W": w})[0])
+    with pytest.raises(mg.GraphError, match="'W', a graph input the file gives an initializer"):
+        mg.from_onnx(model, shapes={"W": (3,)})
+
+
+def _shared_weight_model(second_bias="b", other_reader=None):
+    """x -> MatMul W (+ b) -> MatMul W (+ second_bias) [-> other_reader of W]."""
+    w, b, c = (RNG.normal(size=s).astype(np.float32) for s in ((4, 4), (4,), (4,)))
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h0"], name="/fc1/MatMul"),
+             helper.make_node("Add", ["h0", "b"], ["h"], name="/fc1/Add"),
+             helper.make_node("Identity", ["W"], ["W2"], name="Identity_0"),
+             helper.make_node("MatMul", ["h", "W2"], ["y0"], name="/fc2/MatMul"),
+             helper.make_node("Add", ["y0", second_bias], ["y1"], name="/fc2/Add"),
+             helper.make_node(other_reader or "Identity", ["y1"] + (["W"] if other_reader else []),
+                              ["y"], **({"transB": 1} if other_reader else {}))]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, ["N", 4])],
+                  [numpy_helper.from_array(a, k) for k, a in (("W", w), ("b", b), ("c", c))])
+
+
+@pytest.mark.parametrize("second_bias, other_reader, shared", [
+    ("b", None, True), ("c", None, False), ("b", "Gemm", False)])
+def test_one_initializer_read_by_two_matmuls_is_one_weight(second_bias, other_reader, shared):
+    """The same Linear called twice (one kernel, as the file ties it) when both nodes are
+    that Linear; otherwise one weight the ONNX operators read: never two copies."""
+    model = _shared_weight_model(second_bias, other_reader)
+    graph, params, state = mg.from_onnx(model)
+    kernels = [a for layer in params.values() for a in layer.values() if np.shape(a) == (4, 4)]
+    assert len(kernels) == 1
+    assert ("linear" in [n.op.op_name for n in graph.nodes]) == shared
+    x = RNG.normal(size=(3, 4)).astype(np.float32)
+    (want,) = _ort(model, {"x": x})
+    got, _ = mg.compile(graph).apply(params, state, x)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)

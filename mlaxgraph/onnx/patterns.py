@@ -3,7 +3,8 @@
 
 - ``MatMul`` by a constant 2-D weight, and the ``Add`` of a constant bias that alone
   reads it -> ``Linear`` (``kernel``, ``bias``); ``Gemm`` with a constant ``B``
-  (alpha = beta = 1, ``transA`` = 0) -> ``Linear``;
+  (alpha = beta = 1, ``transA`` = 0) -> ``Linear``; a kernel several nodes read is one
+  ``Linear`` called at each when each is that ``Linear``, else none of them;
 - ``Conv`` with a constant weight (and bias) -> ``Conv`` (channel-first, OIHW kernel);
 - ``LayerNormalization`` over the last axis with a constant scale (and bias) ->
   ``LayerNorm``;
@@ -41,7 +42,7 @@ __all__ = ["match"]
 def _weight(reader: Any, name: str, rank: int | None = None) -> np.ndarray | None:
     from .weights import Weight as _Weight
 
-    value = reader.values.get(name) if name else None
+    value = _value(reader, name) if name else None
     if not isinstance(value, _Weight) or value.array.dtype.kind != "f":
         return None
     if rank is not None and value.array.ndim != rank:
@@ -69,7 +70,22 @@ def _store(reader: Any, name: str, params: dict, state: dict | None = None) -> N
         reader.state[name] = {k: jnp.asarray(v) for k, v in state.items()}
 
 
-def _linear(reader, node, attrs):
+def _value(reader: Any, name: str) -> Any:
+    """A value, or the weight an ``Identity`` not read yet will pass on."""
+    if name in reader.values:
+        return reader.values[name]
+    return reader.values.get((reader.aliases or {}).get(name, ""))
+
+
+def _root(reader: Any, name: str) -> str:
+    """The initializer a value is (through ``Identity`` nodes)."""
+    return getattr(_value(reader, name), "name", name)
+
+
+def _linear_form(reader, node, attrs) -> tuple | None:
+    """``(kernel, bias, last node, key)`` of the ``Linear`` a ``MatMul`` (and the ``Add``
+    of a bias) or a ``Gemm`` is, or None; ``key`` names its weights, so that the nodes
+    reading one kernel are one layer."""
     if node.op_type == "Gemm":
         if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or attrs.get("transA", 0):
             return None
@@ -77,32 +93,66 @@ def _linear(reader, node, attrs):
         if kernel is None:
             return None
         kernel = kernel.T if attrs.get("transB", 0) else kernel
-        bias = _weight(reader, node.input[2], 1) if len(node.input) > 2 else None
-        if len(node.input) > 2 and node.input[2] and (bias is None or bias.shape != kernel.shape[1:]):
+        bias_name = node.input[2] if len(node.input) > 2 else ""
+        bias = _weight(reader, bias_name, 1) if bias_name else None
+        if bias_name and (bias is None or bias.shape != kernel.shape[1:]):
             return None
-        outputs, last = node.output, node
+        last = node
     else:
         kernel = _weight(reader, node.input[1], 2)
         if kernel is None:
             return None
-        bias, last = None, node
+        bias, bias_name, last = None, "", node
         users = reader.consumers.get(node.output[0], [])
         if len(users) == 1 and users[0].op_type == "Add" and node.output[0] not in reader.outputs:
             add = users[0]
             other = add.input[1] if add.input[0] == node.output[0] else add.input[0]
             candidate = _weight(reader, other, 1)
             if candidate is not None and candidate.shape == kernel.shape[1:]:
-                bias, last = candidate, add
-                reader.done.add(id(add))
-        outputs = last.output
+                bias, bias_name, last = candidate, other, add
+    key = (_root(reader, node.input[1]), bool(attrs.get("transB", 0)),
+           _root(reader, bias_name) if bias is not None else None)
+    return kernel, bias, last, key
+
+
+def _shared(reader, key: tuple) -> bool:
+    """Whether the kernel ``key`` names may be a ``Linear``'s: read by this node alone,
+    or only by nodes that are the same ``Linear`` (one layer called again, its weights
+    one copy). Read otherwise too, it stays one weight and the nodes ONNX operators."""
+    from .protos import attribute_value
+    from .weights import readers
+
+    nodes, outputs = readers(reader, key[0])
+    if len(nodes) + outputs <= 1:
+        return True
+    for n in nodes:
+        if outputs or n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2:
+            return False
+        form = _linear_form(reader, n, {a.name: attribute_value(a, reader.folder, n.name)
+                                        for a in n.attribute})
+        if form is None or form[3] != key:
+            return False
+    return True
+
+
+def _linear(reader, node, attrs):
+    form = _linear_form(reader, node, attrs)
+    if form is None:
+        return None
+    kernel, bias, last, key = form
     x = reader.values[node.input[0]]
     if isinstance(x, np.ndarray) or not hasattr(x, "shape") or not x.shape or \
-            x.shape[-1] != kernel.shape[0]:
+            x.shape[-1] != kernel.shape[0] or not _shared(reader, key):
         return None
-    name = _layer_name(reader, node, "linear")
-    layer = Linear(int(kernel.shape[1]), use_bias=bias is not None, name=name)
-    _store(reader, name, {"kernel": kernel, **({"bias": bias} if bias is not None else {})})
-    return outputs, (layer(reader.tensor(node.input[0])),)
+    if last is not node:
+        reader.done.add(id(last))
+    layer = reader.shared.get(key)
+    if layer is None:
+        name = _layer_name(reader, node, "linear")
+        layer = reader.shared[key] = Linear(int(kernel.shape[1]), use_bias=bias is not None,
+                                            name=name)
+        _store(reader, name, {"kernel": kernel, **({"bias": bias} if bias is not None else {})})
+    return last.output, (layer(reader.tensor(node.input[0])),)
 
 
 def _conv(reader, node, attrs):

@@ -91,6 +91,7 @@ class _Reader:
         self.used: set[str] = set()
         self.materialized: dict[str, Any] = {}
         self.aliases: dict[str, str] | None = None  # Identity outputs -> their weight (weights.py)
+        self.shared: dict[tuple, Any] = {}  # the layers several nodes are (patterns.py)
         #: values known when the graph is built up to its symbolic dims (symbolic.py)
         self.dimvals: dict[str, np.ndarray] = {}
 
@@ -99,11 +100,12 @@ class _Reader:
         for t in g.initializer:
             self.values[t.name] = as_value(t.name, tensor_to_array(t, self.folder))
         inputs = []
-        shapes = check_shapes(self.shapes, [v.name for v in g.input if v.name not in self.values])
+        shapes = check_shapes(self.shapes, [v.name for v in g.input if v.name not in self.values],
+                              [v.name for v in g.input if v.name in self.values])
         dim_names: set[str] = set()
         for value in g.input:
             if value.name in self.values:
-                continue  # an initializer listed as an input (IR version < 4)
+                continue  # an initializer listed as an input: its default, a weight here
             code = value.type.tensor_type.elem_type
             spec_dtype = canonical(to_dtype(code))
             name = _safe_name(value.name, self.used, "input")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,9 +67,9 @@ def input_shape(value: Any, dims: Mapping[str, int], shapes: Mapping[str, Any],
     return tuple(shape)
 
 
-def check_shapes(shapes: Any, inputs: list[str]) -> dict[str, tuple]:
+def check_shapes(shapes: Any, inputs: list[str], defaults: Sequence[str] = ()) -> dict[str, tuple]:
     """``from_onnx(shapes=...)``: graph input name -> its shape, each dim an int >= 0
-    or a name."""
+    or a name; ``defaults`` the graph inputs that have an initializer (read as it)."""
     if not shapes:
         return {}
     if not isinstance(shapes, Mapping):
@@ -77,6 +77,10 @@ def check_shapes(shapes: Any, inputs: list[str]) -> dict[str, tuple]:
                          f"{type(shapes).__name__}")
     out = {}
     for key, shape in shapes.items():
+        if key in defaults:
+            raise GraphError(f"from_onnx(shapes=...) names {key!r}, a graph input the file "
+                             f"gives an initializer: it is read as that initializer (a weight "
+                             f"whose value params give, or a constant), not as an input")
         if key not in inputs:
             raise GraphError(f"from_onnx(shapes=...) names {key!r}, which is no graph input "
                              f"of the model; its inputs: {', '.join(inputs) or 'none'}"

@@ -15,7 +15,7 @@ import numpy as np
 
 from .layer import TABLE, encode_array, op_class
 
-__all__ = ["Weight", "weight_view", "VIEWS", "as_value"]
+__all__ = ["Weight", "weight_view", "VIEWS", "as_value", "readers"]
 
 
 class Weight:
@@ -81,6 +81,13 @@ def weight_view(reader: Any, node: Any, attrs: dict) -> bool:
 def _readers(reader: Any, weight: str) -> int:
     """How many nodes read a weight, through ``Identity`` nodes too (a graph output
     counting as one)."""
+    nodes, outputs = readers(reader, weight)
+    return len(nodes) + outputs
+
+
+def readers(reader: Any, weight: str) -> tuple[list, int]:
+    """The nodes reading a weight, through ``Identity`` nodes too, and how many graph
+    outputs are it."""
     if reader.aliases is None:  # Identity outputs -> the initializer they pass on
         reader.aliases = {}
         changed = True
@@ -94,6 +101,6 @@ def _readers(reader: Any, weight: str) -> int:
                         reader.aliases[n.output[0]] = root
                         changed = True
     names = [weight] + [k for k, root in reader.aliases.items() if root == weight]
-    return sum(int(v in reader.outputs) + sum(
-        n.op_type != "Identity" or n.output[0] not in reader.aliases
-        for n in reader.consumers.get(v, [])) for v in names)
+    nodes = [n for v in names for n in reader.consumers.get(v, [])
+             if n.op_type != "Identity" or n.output[0] not in reader.aliases]
+    return nodes, sum(v in reader.outputs for v in names)
