@@ -443,10 +443,8 @@ json.dump({"devices": jax.device_count(), "specs": found}, sys.stdout)
 """
 
 
-def test_scanned_blocks_keep_their_layers_param_axes_on_eight_devices():
-    """A scanned block's stacked weights get the layout its layers have unscanned (their
-    ``param_axes``, the zoo's Megatron layout, a user's ``axes=`` override, Llama's
-    ``kv_heads``), with the stacked axis not sharded."""
+def _on_eight_devices(script: str) -> dict:
+    """What ``script`` prints (JSON), run in a process with 8 virtual CPU devices."""
     import json
     import os
     import pathlib
@@ -458,10 +456,17 @@ def test_scanned_blocks_keep_their_layers_param_axes_on_eight_devices():
                XLA_FLAGS="--xla_force_host_platform_device_count=8",
                PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     env.pop("JAX_NUM_CPU_DEVICES", None)
-    done = subprocess.run([sys.executable, "-c", _SCANNED_LAYOUT], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def test_scanned_blocks_keep_their_layers_param_axes_on_eight_devices():
+    """A scanned block's stacked weights get the layout its layers have unscanned (their
+    ``param_axes``, the zoo's Megatron layout, a user's ``axes=`` override, Llama's
+    ``kv_heads``), with the stacked axis not sharded."""
+    report = _on_eight_devices(_SCANNED_LAYOUT)
     assert report["devices"] == 8
     for kv in ("kv4", "kv2"):
         flat, scanned = report["specs"][f"{kv}/never"], report["specs"][f"{kv}/always"]
@@ -483,3 +488,45 @@ def test_scanned_blocks_keep_their_layers_param_axes_on_eight_devices():
     # 2 key/value heads on model=4: replicated (sharding_rules leaves kv_heads out)
     assert report["specs"]["kv2/always"][f"{layers}/self_attn/key/kernel"] == [None, None, None, None]
     assert report["specs"]["kv4/always"][f"{layers}/self_attn/key/kernel"] == [None, None, "model", None]
+
+
+_TRAINABLE_ON_A_MESH = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np, optax, mlaxgraph as mg
+from mlaxgraph.examples import mlp
+
+mesh = jax.make_mesh((2, 4), ("data", "model"))
+model = mg.compile(mlp(4, (8,), 4), mesh=mesh, rules={"batch": "data", "mlp": "model"})
+trainer = mg.train.Trainer(model, optax.adam(0.1), loss="mean_squared_error", trainable="dense")
+ts = trainer.init(jax.random.key(0))
+mu = ts.opt_state[0].mu
+x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+y = np.random.default_rng(1).normal(size=(8, 4)).astype(np.float32)
+params, state = jax.tree.map(np.asarray, ts.params), ts.state
+
+def loss(trained):  # plain optax on the trainable weights, the others constants
+    out = model.apply_fn(dict(params, dense=trained), state, x, inference_mode=False)[0]
+    return jnp.mean(jnp.mean((out - y) ** 2, axis=1))
+
+optimizer = optax.adam(0.1)
+grads = jax.grad(loss)(params["dense"])
+updates, _ = optimizer.update(grads, optimizer.init(params["dense"]), params["dense"])
+want = optax.apply_updates(params["dense"], updates)
+ts, _ = trainer.train_step(ts, x, y)
+json.dump({"moments": sorted(mu), "mu_spec": [e for e in mu["dense"]["kernel"].sharding.spec],
+           "kernel_spec": [e for e in ts.params["dense"]["kernel"].sharding.spec],
+           "error": max(float(np.abs(np.asarray(ts.params["dense"][k]) - np.asarray(want[k])).max())
+                        for k in want),
+           "frozen_same": bool((np.asarray(ts.params["logits"]["kernel"]) == params["logits"]["kernel"]).all())},
+          sys.stdout)
+"""
+
+
+def test_a_trainer_with_trainable_on_a_mesh_shards_the_moments_of_its_weights():
+    """Trainer(trainable=...) on a mesh: the optimizer state of the trainable weights
+    alone, each moment sharded like its weight; a step moves those weights as plain optax
+    does and leaves the frozen ones."""
+    report = _on_eight_devices(_TRAINABLE_ON_A_MESH)
+    assert report["moments"] == ["dense"]
+    assert report["mu_spec"] == report["kernel_spec"] == [None, "model"]
+    assert report["error"] < 1e-6 and report["frozen_same"]

@@ -123,9 +123,12 @@ class ShardingPlan:
         return (None if params is None else _constrain_tree(params, self.params),
                 None if state is None else _constrain_tree(state, self.state))
 
-    def shard_optimizer_state(self, optimizer, opt_state):
+    def shard_optimizer_state(self, optimizer, opt_state, params: Any = None):
         """``opt_state`` with every part that mirrors the params (Adam's moments, a
         momentum trace) constrained to the params' shardings, counters left alone.
+        ``params``: the shardings of the weights the optimizer holds, when it holds a
+        part of them (``subtree(plan.params, trainable)``); all of ``self.params`` by
+        default.
 
         Inside ``jit``, ``optimizer.init(params)`` makes its ``zeros_like`` moments
         without looking at where the params live, so XLA replicates them; call this on
@@ -145,8 +148,8 @@ class ShardingPlan:
         import optax
 
         return optax.tree_map_params(
-            optimizer, lambda x, sharding: _constrain_tree(x, sharding), opt_state, self.params,
-            transform_non_params=lambda x: x)
+            optimizer, lambda x, sharding: _constrain_tree(x, sharding), opt_state,
+            self.params if params is None else params, transform_non_params=lambda x: x)
 
     # --- for people ----------------------------------------------------------------------
 

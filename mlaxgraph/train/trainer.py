@@ -292,7 +292,8 @@ class Trainer:
         opt_state = _standard_promotion(self.optimizer.init)(self._train_part(params))
         plan = getattr(self.model, "sharding", None)
         if plan is not None:       # moments sharded like their weights, not replicated
-            opt_state = plan.shard_optimizer_state(self.optimizer, opt_state)
+            opt_state = plan.shard_optimizer_state(self.optimizer, opt_state,
+                                                   self._train_part(plan.params))
         return opt_state
 
     def _start(self, params: Any, state: Any, rng: jax.Array,
