@@ -789,6 +789,32 @@ def test_cli_generate_bad_input(llama_folder, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_cli_generate_names_the_config_files_and_their_misspelt_fields(llama_folder, tmp_path, capsys):
+    from mlaxgraph.cli.main import main
+
+    source = llama_folder[0]
+    folder = tmp_path / "typo"
+    folder.mkdir()
+    for f in source.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "bad.json").write_text("{bad")
+    base = ["generate", "--model", "llama", "--prompt-ids", "4,9,2", "--max-new-tokens", "2"]
+    assert main([*base, "--config", str(tmp_path / "none.json")]) == 2
+    assert f"--config {tmp_path / 'none.json'}: no such file" in capsys.readouterr().err
+    assert main([*base, "--config", str(tmp_path / "bad.json")]) == 1
+    assert f"{tmp_path / 'bad.json'} line 1 column 2: not valid JSON" in capsys.readouterr().err
+    for text, status, message in (
+            ("{bad", 1, "generation_config.json line 1 column 2: not valid JSON"),
+            ('{"do_sample": true, "temprature": 0.1}', 1,
+             "field 'temprature' (did you mean 'temperature'?) is not a Hugging Face generation setting"),
+            ('{"do_sample": false, "chat_format": "raw"}', 0,
+             "warning: " + str(folder / "generation_config.json") + ": field 'chat_format' is not a "
+             "Hugging Face generation setting; it is not read")):
+        (folder / "generation_config.json").write_text(text)
+        assert main([*base, "--weights", str(folder)]) == status
+        assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("policy", [None, mg.Policy(compute_dtype="bfloat16")], ids=["f32", "bf16"])
 @pytest.mark.parametrize("kv_heads", [2, 1], ids=["summed_step", "dotted_step"])
 def test_cached_attention_flops_rule_matches_xla(policy, kv_heads):

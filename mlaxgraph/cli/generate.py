@@ -4,7 +4,6 @@ decoder the compiler derives from its graph (``mg.generate``)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any
@@ -17,6 +16,7 @@ from ..compiler.compile import compile
 from ..decode import generate, sampling
 from ..decode.sampling import as_sampler
 from .commands import UsageError
+from .generation_config import read_generation_config, read_json
 
 __all__ = ["add_generate", "run_generate", "GENERATE_MODELS"]
 
@@ -92,8 +92,7 @@ def _config(args) -> Any:
         path = os.path.join(folder, "config.json")
     if path is None:
         return SMALL_LLAMA if args.model in ("llama", "qwen2") else None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_json(path, "--config" if args.config is not None else "config")
 
 
 def _token_ids(text: str) -> list[int]:
@@ -112,11 +111,7 @@ def _generation_config(args) -> dict:
     path = os.path.join(folder, "generation_config.json") if folder else None
     if not path or not os.path.exists(path):
         return {}
-    with open(path, encoding="utf-8") as f:
-        fields = json.load(f)
-    if not isinstance(fields, dict):
-        raise UsageError(f"{path}: a generation config is a JSON object")
-    return fields
+    return read_generation_config(path)
 
 
 def _stop_tokens(args, config: Any, generation: dict) -> list[int] | None:
@@ -182,6 +177,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.weights and not os.path.exists(args.weights):
         raise UsageError(f"--weights {args.weights}: no such file or folder")
     config = _config(args)
+    generation = _generation_config(args)  # its errors before any work
     graph = getattr(models, args.model)(config)
     tokenizer = None
     if args.prompt is not None:
@@ -200,7 +196,6 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         params, state = compile(graph).init(jax.random.key(args.seed))
     loaded = time.perf_counter() - start
-    generation = _generation_config(args)
     eos = _stop_tokens(args, config, generation)
     sampler = _sampler(args, generation)
     start = time.perf_counter()
