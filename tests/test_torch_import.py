@@ -299,3 +299,25 @@ def test_a_fixed_batch_error_points_a_torch_user_to_dynamic_shapes():
             "dynamic_shapes says otherwise" in str(e.value))
     assert 'dynamic_shapes=({0: torch.export.Dim("batch")},)' in str(e.value)
     assert "mg.Input" not in str(e.value)
+
+
+def test_a_folder_without_its_tied_head_loads_the_head_from_the_embedding(tmp_path):
+    # a save_pretrained folder of a tied model leaves out the head (lm_head.weight), and
+    # its config.json says tie_word_embeddings: the head is the embedding's table
+    from safetensors.numpy import save_file
+
+    graph, _, _, _ = _load("tiny_transformer")
+    tensors = load_file(os.path.join(HERE, "tiny_transformer", "tensors.safetensors"))
+    del tensors["head.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(mg.SerializationError, match=r"'head.weight' is missing, and 'wte.weight' "
+                                                    r"has its shape.*has no config.json beside it"):
+        mg.models.load_state_dict(graph, tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
+    with pytest.raises(mg.SerializationError, match=r"tie_word_embeddings=False"):
+        mg.models.load_state_dict(graph, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    params, state = mg.models.load_state_dict(graph, tmp_path)
+    ours = mg.models.to_state_dict(graph, params, state)
+    np.testing.assert_array_equal(ours["head.weight"], tensors["wte.weight"])
+    np.testing.assert_array_equal(ours["ln_f.weight"], tensors["ln_f.weight"])

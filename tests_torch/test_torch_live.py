@@ -733,3 +733,59 @@ def test_inputs_and_modules_from_torch_cannot_take_are_named():
     with pytest.raises(mg.GraphError, match=r"aten\.convolution\.default with transposed "
                                             r"convolution is not supported"):
         mg.from_torch(Transposed(), (torch.randn(1, 2, 4, 4),))
+
+
+def test_a_module_updating_its_own_buffers_is_refused_by_name():
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(()))
+            self.register_buffer("ema", torch.zeros(4))
+
+        def forward(self, x):
+            self.count += 1
+            self.ema.mul_(0.9).add_(0.1 * x.mean(0))
+            return x - self.ema
+
+    with pytest.raises(mg.GraphError, match=r"updates its buffer 'count' in forward \(2 buffer\(s\): "
+                                            r"count, ema\).*not other buffers' updates"):
+        mg.from_torch(Counting().train(), (torch.randn(3, 4),))
+
+    class Reading(nn.Module):  # a buffer read, and a tensor computed from it written in place
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.full((4,), 2.0))
+            self.bn = nn.BatchNorm1d(4)
+
+        def forward(self, x):
+            y = self.scale * x
+            y.add_(1)
+            return self.bn(y)
+
+    model = Reading().train()
+    x = torch.randn(3, 4)
+    _, _, out, _ = _apply(model, x, inference_mode=False)
+    with torch.no_grad():
+        _close(np.asarray(out[0]), model(x))
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_save_pretrained_folder_of_a_tied_model_loads_into_its_imported_graph(kind, tmp_path):
+    import transformers
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=32, use_cache=False))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, use_cache=False))
+    model = model.eval()
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(0, 100, (2, 8))
+    graph, _, _ = mg.from_torch(model, (ids,))
+    params, state = mg.models.load_state_dict(graph, tmp_path)  # lm_head.weight is not in it
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(ids.numpy(), jnp.int32),
+                                     inference_mode=True)
+    with torch.no_grad():
+        _close(np.asarray(out[0] if isinstance(out, tuple) else out), model(ids).logits)

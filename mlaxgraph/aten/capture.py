@@ -232,8 +232,52 @@ def _bound(value: Any) -> int | None:
     return None
 
 
+_VIEWS = {"slice", "select", "view", "unsqueeze", "squeeze", "transpose", "permute", "expand",
+          "alias", "narrow", "diagonal", "as_strided", "t", "unflatten", "flatten"}
+
+
+def _in_place(node: Any) -> bool:
+    if node.op != "call_function" or not str(node.target).startswith("aten."):
+        return False
+    op = str(node.target).split(".")[1]
+    return op.endswith("_") and not op.endswith("__")
+
+
+def _updated_buffers(program: Any) -> list[str]:
+    """The buffers the program writes (``self.count += 1``, ``self.ema.mul_(0.9)``) that no
+    layer of ours keeps: a BatchNorm's running statistics and its ``num_batches_tracked``
+    (a count read only by ``momentum=None``) are left out."""
+    buffers = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs
+               if spec.kind.name.lower() == "buffer"}
+    nodes = {n.name: n for n in program.graph.nodes}
+    written = []
+    for node in program.graph.nodes:  # in place, as torch.export writes a module's updates
+        if _in_place(node) and node.args:
+            source = node.args[0]  # through in-place results and views to what they write
+            while getattr(source, "op", None) == "call_function" and source.args and (
+                    _in_place(source) or str(source.target).split(".")[1] in _VIEWS):
+                source = source.args[0]
+            if getattr(source, "op", None) == "placeholder" and source.name in buffers:
+                written.append(buffers[source.name])
+    for spec in program.graph_signature.output_specs:  # made functional: the new values
+        if spec.kind.name.lower() == "buffer_mutation":
+            made = nodes.get(spec.arg.name)
+            while made is not None and _target(made) == "getitem":
+                made = made.args[0]
+            if made is None or "batch_norm" not in str(made.target):
+                written.append(spec.target)
+    return sorted({t for t in written if t.rpartition(".")[2] != "num_batches_tracked"})
+
+
 def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     torch = require_torch()
+    updated = _updated_buffers(program)
+    if updated:
+        raise GraphError(f"the module updates its buffer {updated[0]!r} in forward ("
+                         f"{len(updated)} buffer(s): {', '.join(updated[:4])}); mlaxgraph's graph "
+                         f"carries a BatchNorm's running statistics as new state, not other "
+                         f"buffers' updates: update the buffer outside forward (a training step's "
+                         f"code), or return its new value as an output")
     if _writes_in_place(program):
         program = program.run_decompositions({})
     sig = program.graph_signature

@@ -45,6 +45,7 @@ from .peft_config import (
     saved_modules,
 )
 from .sources import StateDictSource, as_stored, side_by_side, stored_dtype
+from .tied_head import with_tied_heads
 from .torch_layout import (
     TorchLayout,
     adapter_converter,
@@ -357,7 +358,7 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
         legacy = prefix + name[:-len(relative)] + _LEGACY.get(relative, relative)
         if name not in found and step.op.op_name == "layer_norm" and legacy in present:
             found[name] = legacy
-    missing = sorted(set(expected) - set(found))
+    missing = sorted(set(expected) - set(with_tied_heads(found, source, expected)))
     used = set(found.values())
     tied = {prefix + copy if prefix + copy in present else copy: weight
             for copy, weight in layout.tied}
