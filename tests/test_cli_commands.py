@@ -141,6 +141,28 @@ def test_export_then_load(run, workdir):
     assert not (workdir / "mlp-export" / "weights.safetensors").exists()
 
 
+def test_export_into_an_earlier_export_removes_the_files_it_does_not_rewrite(run, workdir):
+    folder = workdir / "again-export"
+    assert run("export", "cnn.mlg", "--batch", "2", "--out", str(folder))[0] == 0
+    first = set(json.loads((folder / "manifest.json").read_text())["files"].values())
+    assert {"stablehlo.mlir", "optimized_hlo.txt"} <= first
+    (folder / "notes.txt").write_text("the user's")
+    status, out, _ = run("export", "cnn.json", "--training", "--out", str(folder))
+    assert status == 0
+    second = set(json.loads((folder / "manifest.json").read_text())["files"].values())
+    assert {p.name for p in folder.iterdir()} == second | {"manifest.json", "notes.txt"}
+    for name in sorted(first - second):
+        assert f"removed {folder / name}" in out
+    assert mg.load_exported(folder) is not None  # the checksums hold
+
+
+def test_export_to_a_folder_that_cannot_be_made_exits_2(run, workdir):
+    (workdir / "plain_file").write_text("x")
+    status, _, err = run("export", "cnn.mlg", "--out", str(workdir / "plain_file" / "sub"))
+    assert status == 2 and err.count("\n") == 1
+    assert f"--out {workdir / 'plain_file' / 'sub'}: cannot make the folder" in err
+
+
 def test_cost(run):
     status, out, _ = run("cost", "cnn.mlg", "--batch", "8", "--inference-mode")
     assert status == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import pathlib
 
 from ..analysis.policy_comparison import compare_policies
@@ -19,6 +20,7 @@ from ..compiler.compile import compile
 from ..compiler.policy import Policy
 from ..core.errors import MlaxGraphError
 from ..core.specs import dim_names
+from ..io.exported import MANIFEST
 from ..io.weights import write_atomic
 from ..render.graphviz import FORMATS
 from .loading import LoadedModel, UsageError, load_model
@@ -201,6 +203,17 @@ def run_hlo(args) -> int:
     return 0
 
 
+def _exported_files(folder: str) -> set[str]:
+    """The files an earlier export wrote to ``folder``, as its manifest lists them (none
+    without a readable manifest: other files are not the export's)."""
+    try:
+        manifest = json.loads((pathlib.Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"].values()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+    return {name for name in files if isinstance(name, str) and pathlib.PurePath(name).name == name}
+
+
 def run_export(args) -> int:
     _check_out(args.out, folder=True)
     loaded, model = _compiled(args)
@@ -208,10 +221,21 @@ def run_export(args) -> int:
     _known_dims(model, dims)  # a typo named, whether the texts are asked for or not
     dims = _needed_dims(model, dims) if dims else {}
     out = args.out or f"{model.graph.name}-export"
-    written = model.save_hlo(out, params=loaded.params, state=loaded.state,
-                             inference_mode=not args.training, **dims)
+    try:
+        pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot make the folder: {e.strerror or e}") from None
+    earlier = _exported_files(out)
+    try:
+        written = model.save_hlo(out, params=loaded.params, state=loaded.state,
+                                 inference_mode=not args.training, **dims)
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot write {e.filename or 'the files'}: {e.strerror or e}") from None
     for path in written.values():
         print(f"wrote {path}")
+    for name in sorted(earlier - {p.name for p in written.values()}):
+        (pathlib.Path(out) / name).unlink(missing_ok=True)  # an earlier export's, not rewritten
+        print(f"removed {pathlib.Path(out) / name} (an earlier export's)")
     if loaded.params is None:
         print("no weights: the source has none (a .mlg file from mg.save does)")
     return 0
