@@ -163,6 +163,16 @@ def test_export_to_a_folder_that_cannot_be_made_exits_2(run, workdir):
     assert f"--out {workdir / 'plain_file' / 'sub'}: cannot make the folder" in err
 
 
+@pytest.mark.parametrize("flag,message", [("--weights", "--weights {}: no such file or folder"),
+                                          ("--config", "--config {}: no such file")])
+def test_demo_with_a_missing_file_exits_2_before_any_work(run, workdir, flag, message):
+    missing, out = workdir / "nofile.safetensors", workdir / "demo-missing"
+    status, printed, err = run("demo", "--model", "gpt2", flag, str(missing), "--out", str(out))
+    assert status == 2 and printed == "" and err.count("\n") == 1
+    assert message.format(missing) in err
+    assert not out.exists()
+
+
 def test_cost(run):
     status, out, _ = run("cost", "cnn.mlg", "--batch", "8", "--inference-mode")
     assert status == 0

@@ -72,6 +72,10 @@ def _first_block(graph) -> str | None:
 
 
 def run_model(args) -> int:
+    if args.weights and not os.path.exists(args.weights):  # before any work, as generate
+        raise UsageError(f"--weights {args.weights}: no such file or folder")
+    if args.config and not os.path.isfile(args.config):
+        raise UsageError(f"--config {args.config}: no such file")
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     graph = build(args)
