@@ -789,3 +789,16 @@ def test_a_save_pretrained_folder_of_a_tied_model_loads_into_its_imported_graph(
                                      inference_mode=True)
     with torch.no_grad():
         _close(np.asarray(out[0] if isinstance(out, tuple) else out), model(ids).logits)
+
+
+def test_further_activations_and_logsumexp():
+    class M(nn.Module):
+        def forward(self, x):
+            return (F.softplus(x), F.softplus(x, beta=2, threshold=3), F.logsigmoid(x), F.selu(x),
+                    F.celu(x, 0.5), F.glu(x, -1), F.hardshrink(x, 0.3), torch.logsumexp(x, -1),
+                    torch.logsumexp(x, (0, 1), keepdim=True))
+
+    x = torch.randn(3, 4, 6) * 4
+    _, _, out, _ = _apply(M(), x)
+    for ours, theirs in zip(out, M()(x), strict=True):
+        _close(np.asarray(ours), theirs, tol=1e-5)

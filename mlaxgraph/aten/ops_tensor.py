@@ -197,3 +197,22 @@ def _topk(x, k, dim=-1, largest=True, sorted=True):
     values, indices = jax.lax.top_k(moved, k)
     values = values if largest else -values
     return jnp.moveaxis(values, -1, dim), jnp.moveaxis(indices, -1, dim)
+
+
+# --- further activations and reductions (PyTorch's definitions) ------------------------
+
+@define("aten.softplus.default")
+def _softplus(x, beta=1, threshold=20):
+    """``log(1 + exp(beta * x)) / beta``, ``x`` itself where ``beta * x > threshold``."""
+    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta).astype(x.dtype)
+
+
+define("aten.log_sigmoid.default")(lambda x: jax.nn.log_sigmoid(x))
+define("aten.selu.default", "aten.selu_.default")(lambda x: jax.nn.selu(x).astype(x.dtype))
+define("aten.celu.default", "aten.celu_.default")(
+    lambda x, alpha=1.0: jax.nn.celu(x, alpha).astype(x.dtype))
+define("aten.glu.default")(lambda x, dim=-1: jax.nn.glu(x, axis=dim))
+define("aten.hardshrink.default")(
+    lambda x, lambd=0.5: jnp.where(jnp.abs(x) > lambd, x, jnp.zeros((), x.dtype)))
+define("aten.logsumexp.default", flops="input")(
+    lambda x, dim, keepdim=False: jax.nn.logsumexp(x, axis=_axes(dim), keepdims=keepdim))
