@@ -321,3 +321,116 @@ def test_a_folder_without_its_tied_head_loads_the_head_from_the_embedding(tmp_pa
     ours = mg.models.to_state_dict(graph, params, state)
     np.testing.assert_array_equal(ours["head.weight"], tensors["wte.weight"])
     np.testing.assert_array_equal(ours["ln_f.weight"], tensors["ln_f.weight"])
+
+
+def _program(nodes, inputs, tensors=None, outputs=None):
+    """A program record of ``nodes`` (each ``(target, args[, outputs])``, named n0 ...) on user
+    inputs ``{name: (shape, dtype)}`` and weights ``tensors`` (``{name: (kind, array)}``),
+    returning the last node's outputs."""
+    entries = [{"name": f"p_{k.replace('.', '_')}", "kind": kind, "target": k,
+                "shape": list(a.shape), "dtype": str(a.dtype)} for k, (kind, a) in (tensors or {}).items()]
+    entries += [{"name": k, "kind": "user_input", "target": None, "shape": list(shape), "dtype": dtype}
+                for k, (shape, dtype) in inputs.items()]
+    records = [{"name": f"n{i}", "target": t, "args": a, "kwargs": {}, "outputs": [None] * (n[0] if n else 1),
+                "stack": [], "source": []} for i, (t, a, *n) in enumerate(nodes)]
+    record = {"format": "mlaxgraph.torch_program", "version": 1, "torch": "2", "training": False,
+              "inputs": entries, "nodes": records,
+              "outputs": outputs or [{"ref": f"n{len(nodes) - 1}"}], "mutations": {}, "dims": {}}
+    record["user_outputs"] = list(range(len(record["outputs"])))
+    return read_program(record, {k: a for k, (_, a) in (tensors or {}).items()})
+
+
+def _torch_nearest(x, out, factor):
+    # PyTorch's nearest: source index floor(i * (1 / scale_factor)) in float32
+    rows = [min(int(np.floor(np.float32(i) * np.float32(1 / factor[0]))), x.shape[2] - 1) for i in range(out[0])]
+    cols = [min(int(np.floor(np.float32(j) * np.float32(1 / factor[1]))), x.shape[3] - 1) for j in range(out[1])]
+    return x[:, :, rows][:, :, :, cols]
+
+
+def test_resampling_maps_positions_as_pytorch():
+    x = np.random.default_rng(0).normal(size=(1, 2, 8, 10)).astype(np.float32)
+    ref = {"x": jnp.asarray(x)}
+    cases = [
+        # bilinear halving, half-pixel centres: the mean of each 2 x 2 block (no antialiasing)
+        (("aten.upsample_bilinear2d.vec", [{"ref": "x"}, [4, 5], False, None]),
+         x.reshape(1, 2, 4, 2, 5, 2).mean((3, 5))),
+        (("aten.upsample_bilinear2d.vec", [{"ref": "x"}, None, False, [0.5, 0.5]]),
+         x.reshape(1, 2, 4, 2, 5, 2).mean((3, 5))),
+        # align_corners: the corners kept, a size of 1 per step between them
+        (("aten.upsample_bilinear2d.vec", [{"ref": "x"}, [15, 19], True, None]),
+         None),
+        (("aten.upsample_nearest2d.vec", [{"ref": "x"}, None, [1.7, 1.7]]),
+         _torch_nearest(x, (13, 17), (1.7, 1.7))),
+        (("aten.upsample_nearest2d.vec", [{"ref": "x"}, None, [0.6, 0.6]]),
+         _torch_nearest(x, (4, 6), (0.6, 0.6))),
+    ]
+    for node, expected in cases:
+        graph, params, state = _program([node], {"x": ((1, 2, 8, 10), "float32")})
+        out, _ = mg.compile(graph).apply(params, state, ref["x"], inference_mode=True)
+        out = np.asarray(out)
+        if expected is None:  # align_corners: out[2i, 2j] is x[i, j], midpoints the means
+            np.testing.assert_allclose(out[:, :, ::2, ::2], x, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(out[:, :, 1::2, ::2], (x[:, :, :-1] + x[:, :, 1:]) / 2,
+                                       rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_max_pool_indices_softmax_dtype_and_clamp_promotion():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 3, 7, 9)).astype(np.float32)
+    x[0, 0, :3, :3] = 1.0  # a tie: the first maximum
+    graph, params, state = _program(
+        [("aten.max_pool2d_with_indices.default", [{"ref": "x"}, [3, 3], [2, 2], [1, 1]], 2),
+         ("getitem", [{"ref": "n0"}, 1])], {"x": (x.shape, "float32")})
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(x), inference_mode=True)
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    expected = np.zeros((2, 3, 4, 5), np.int64)
+    for i in range(4):
+        for j in range(5):
+            window = padded[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3].reshape(2, 3, 9)
+            a, b = np.unravel_index(window.argmax(-1), (3, 3))
+            expected[:, :, i, j] = (2 * i + a - 1) * 9 + (2 * j + b - 1)
+    np.testing.assert_array_equal(np.asarray(out), expected)
+
+    h = (rng.normal(size=(2, 50)) * 4).astype(np.float16)
+    graph, params, state = _program([("aten.softmax.int", [{"ref": "h"}, -1, {"dtype": "float32"}])],
+                                    {"h": (h.shape, "float16")})
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(h), inference_mode=True)
+    z = h.astype(np.float32)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(out, np.exp(z - z.max(-1, keepdims=True)) / np.exp(
+        z - z.max(-1, keepdims=True)).sum(-1, keepdims=True), rtol=1e-6, atol=1e-7)
+
+    n = np.arange(-4, 5, dtype=np.int32)
+    graph, params, state = _program([("aten.clamp.default", [{"ref": "n"}, -2.5, 2.5])],
+                                    {"n": (n.shape, "int64")})
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(n), inference_mode=True)
+    assert out.dtype == jnp.float32
+    np.testing.assert_array_equal(out, np.clip(n.astype(np.float32), -2.5, 2.5))
+
+
+def test_feature_dropout_draws_whole_channels_and_a_bare_layer_keeps_its_names():
+    x = np.random.default_rng(2).uniform(1, 2, size=(4, 16, 5, 5)).astype(np.float32)
+    graph, params, state = _program([("aten.feature_dropout.default", [{"ref": "x"}, 0.5, True])],
+                                    {"x": (x.shape, "float32")})
+    assert mg.aten.inference_mode(graph) is False  # the program drops: train mode
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(x), inference_mode=False,
+                                     rng=jax.random.key(0))
+    out = np.asarray(out)
+    zero = (out == 0).all((2, 3))
+    assert 0.2 < zero.mean() < 0.8 and not (out[~zero] == 0).any()
+    np.testing.assert_allclose(out[~zero], 2 * x[~zero], rtol=1e-6)
+    same, _ = mg.compile(graph).apply(params, state, jnp.asarray(x), inference_mode=True)
+    np.testing.assert_array_equal(same, x)
+
+    # nn.Linear(4, 3) given as the module: its weights at the top, "weight" and "bias"
+    w = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    b = np.array([1, 2, 3], np.float32)
+    graph, params, state = _program(
+        [("aten.linear.default", [{"ref": "x"}, {"ref": "p_weight"}, {"ref": "p_bias"}])],
+        {"x": ((2, 4), "float32")}, {"weight": ("parameter", w), "bias": ("parameter", b)})
+    xs = np.ones((2, 4), np.float32)
+    out, _ = mg.compile(graph).apply(params, state, jnp.asarray(xs), inference_mode=True)
+    np.testing.assert_allclose(out, xs @ w.T + b, rtol=1e-6)
+    assert sorted(mg.models.to_state_dict(graph, params, state)) == ["bias", "weight"]
