@@ -323,7 +323,7 @@ def test_a_folder_without_its_tied_head_loads_the_head_from_the_embedding(tmp_pa
     np.testing.assert_array_equal(ours["ln_f.weight"], tensors["ln_f.weight"])
 
 
-def _program(nodes, inputs, tensors=None, outputs=None):
+def _program(nodes, inputs, tensors=None, outputs=None, mutations=None):
     """A program record of ``nodes`` (each ``(target, args[, outputs])``, named n0 ...) on user
     inputs ``{name: (shape, dtype)}`` and weights ``tensors`` (``{name: (kind, array)}``),
     returning the last node's outputs."""
@@ -335,8 +335,9 @@ def _program(nodes, inputs, tensors=None, outputs=None):
                 "stack": [], "source": []} for i, (t, a, *n) in enumerate(nodes)]
     record = {"format": "mlaxgraph.torch_program", "version": 1, "torch": "2", "training": False,
               "inputs": entries, "nodes": records,
-              "outputs": outputs or [{"ref": f"n{len(nodes) - 1}"}], "mutations": {}, "dims": {}}
-    record["user_outputs"] = list(range(len(record["outputs"])))
+              "outputs": [{"ref": n} for n in mutations or {}] + (outputs or [{"ref": f"n{len(nodes) - 1}"}]),
+              "mutations": mutations or {}, "dims": {}}
+    record["user_outputs"] = list(range(len(mutations or {}), len(record["outputs"])))
     return read_program(record, {k: a for k, (_, a) in (tensors or {}).items()})
 
 
@@ -434,3 +435,23 @@ def test_feature_dropout_draws_whole_channels_and_a_bare_layer_keeps_its_names()
     out, _ = mg.compile(graph).apply(params, state, jnp.asarray(xs), inference_mode=True)
     np.testing.assert_allclose(out, xs @ w.T + b, rtol=1e-6)
     assert sorted(mg.models.to_state_dict(graph, params, state)) == ["bias", "weight"]
+
+
+def test_a_buffer_the_module_updates_is_new_state():
+    # self.ema.mul_(0.9).add_(0.1 * x.mean(0)); return x - self.ema, made functional: the
+    # update is a buffer_mutation output, the new state of the buffer's layer
+    x = np.random.default_rng(3).normal(size=(3, 4)).astype(np.float32)
+    ema = np.array([1, 2, 3, 4], np.float32)
+    graph, params, state = _program(
+        [("aten.mul.Tensor", [{"ref": "p_ema"}, 0.9]), ("aten.mean.dim", [{"ref": "x"}, [0]]),
+         ("aten.mul.Tensor", [{"ref": "n1"}, 0.1]), ("aten.add.Tensor", [{"ref": "n0"}, {"ref": "n2"}]),
+         ("aten.sub.Tensor", [{"ref": "x"}, {"ref": "n3"}])],
+        {"x": (x.shape, "float32")}, {"ema": ("buffer", ema)}, mutations={"n3": "ema"})
+    model = mg.compile(graph)
+    expected = ema
+    for _ in range(2):
+        out, state = model.apply(params, state, jnp.asarray(x), inference_mode=False)
+        expected = 0.9 * expected + 0.1 * x.mean(0)
+        np.testing.assert_allclose(out, x - expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(mg.models.to_state_dict(graph, params, state)["ema"], expected,
+                                   rtol=1e-6)

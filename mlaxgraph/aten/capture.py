@@ -245,8 +245,8 @@ def _in_place(node: Any) -> bool:
 
 def _updated_buffers(program: Any) -> list[str]:
     """The buffers the program writes (``self.count += 1``, ``self.ema.mul_(0.9)``) that no
-    layer of ours keeps: a BatchNorm's running statistics and its ``num_batches_tracked``
-    (a count read only by ``momentum=None``) are left out."""
+    layer of ours keeps (a BatchNorm's running statistics and its ``num_batches_tracked``
+    are left out): such a program is made functional, its updates read as new state."""
     buffers = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs
                if spec.kind.name.lower() == "buffer"}
     nodes = {n.name: n for n in program.graph.nodes}
@@ -271,15 +271,8 @@ def _updated_buffers(program: Any) -> list[str]:
 
 def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     torch = require_torch()
-    updated = _updated_buffers(program)
-    if updated:
-        raise GraphError(f"the module updates its buffer {updated[0]!r} in forward ("
-                         f"{len(updated)} buffer(s): {', '.join(updated[:4])}); mlaxgraph's graph "
-                         f"carries a BatchNorm's running statistics as new state, not other "
-                         f"buffers' updates: update the buffer outside forward (a training step's "
-                         f"code), or return its new value as an output")
-    if _writes_in_place(program):
-        program = program.run_decompositions({})
+    if _updated_buffers(program) or _writes_in_place(program):
+        program = program.run_decompositions({})  # functional: buffer updates as outputs
     sig = program.graph_signature
     kinds: dict[str, tuple[str, str | None]] = {}
     transient = set()  # buffers registered with persistent=False: not in the state dict

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import GraphError
+from ..core.errors import GraphError, ShapeError
 from ..core.registry import register
 from ..core.specs import ParamSpec, TensorSpec, is_symbolic, substitute
 from ..ops.base import Layer
@@ -131,7 +131,8 @@ class Buffer(Layer):
     ``state_dict()`` leaves out (registered with ``persistent=False``: Llama's rotary
     ``inv_freq``, BERT's ``position_ids``) and a tensor constant ``torch.export`` lifted
     hold their ``value`` in the layer instead (``encode_array``'s form), so that the
-    graph's state is what the state dict holds."""
+    graph's state is what the state dict holds. Called again with ``(output, new)``, it
+    is the module's update of the buffer: ``new`` its new state, ``output`` passed on."""
 
     shape: tuple = ()
     dtype: str = "float32"
@@ -142,7 +143,13 @@ class Buffer(Layer):
         return "buffer"
 
     def infer(self, inputs):
-        return (TensorSpec(tuple(self.shape), np.dtype(jnp.dtype(self.dtype))),)
+        spec = TensorSpec(tuple(self.shape), np.dtype(jnp.dtype(self.dtype)))
+        if inputs:  # an update: (the output it passes on, the buffer's new value)
+            if len(inputs) != 2 or tuple(inputs[1].shape) != spec.shape:
+                raise ShapeError(f"a buffer's update takes the output it passes on and the "
+                                 f"new value of shape {spec.shape}, got {len(inputs)} input(s)")
+            return (inputs[0],)
+        return (spec,)
 
     def state_specs(self, inputs):
         if self.value:
@@ -154,6 +161,8 @@ class Buffer(Layer):
         return {"value": ParamSpec(tuple(self.shape), _zeros, dtype=fixed)}
 
     def apply(self, params, state, inputs, *, rng, inference_mode):
+        if inputs:  # the module's update: the new value is the state, the output passed on
+            return (inputs[0],), {"value": jnp.asarray(inputs[1]).astype(state["value"].dtype)}
         value = decode_array(self.value) if self.value else state["value"]
         return (jnp.asarray(value).astype(jnp.dtype(self.dtype)),), state
 

@@ -27,6 +27,7 @@ from . import ops_nn, ops_resize, ops_table, ops_tensor  # noqa: F401  (they fil
 from .layer import TABLE, TENSOR, Buffer, Mode, op_class
 from .layers import match_layer, trains
 from .ops_table import dtype_of
+from .updates import buffer_updates, live_nodes
 
 __all__ = ["read_program"]
 
@@ -310,29 +311,19 @@ class _Reader:
 
     # --- the whole program -------------------------------------------------------------
 
-    def live_nodes(self) -> list[dict]:
-        """The nodes the module's outputs depend on (buffer updates left out)."""
-        record = self.record
-        by_name = {n["name"]: n for n in record["nodes"]}
-        wanted = [record["outputs"][i] for i in record["user_outputs"]]
-        live: set[str] = set()
-
-        def refs(value: Any):
-            if isinstance(value, dict) and "ref" in value:
-                yield value["ref"]
-            elif isinstance(value, (list, dict)):
-                for v in (value.values() if isinstance(value, dict) else value):
-                    yield from refs(v)
-        stack = [r for w in wanted for r in refs(w)]
-        while stack:
-            name = stack.pop()
-            if name in live or name not in by_name:
-                continue
-            live.add(name)
-            node = by_name[name]
-            stack.extend(refs(node["args"]))
-            stack.extend(refs(node["kwargs"]))
-        return [n for n in record["nodes"] if n["name"] in live]
+    def update_steps(self, outputs: list, updates: dict) -> list:
+        """Each updated buffer's new value written to its layer's state: the layer called
+        again with the first output (which it passes on, so the call is kept) and the
+        value. Its layers sit at the top (named by the buffer's path), read first."""
+        if updates and not outputs:
+            raise GraphError("a module that updates its buffers returns nothing: return a tensor")
+        for node_name, placeholder in updates.items():
+            layer = self.layers[((), _safe(self.inputs[placeholder]["target"]))]
+            new = (f"{placeholder}__update", 0)
+            self.steps.append(Step((), (outputs[0], self.key(node_name)), (new,),
+                                   lambda c, v, layer=layer: (layer(c, v),)))
+            outputs = [new] + outputs[1:]
+        return outputs
 
     def mode_step(self, inputs: dict, training: bool) -> None:
         """The program's mode as a ``Mode`` layer on its first input (which every
@@ -361,9 +352,12 @@ class _Reader:
                 self.shapes[(entry["name"], 0)] = shape
             elif entry["kind"] not in _WEIGHT_KINDS + _STATE_KINDS + ("token",):
                 raise GraphError(f"input {entry['name']!r} of kind {entry['kind']} is not supported")
-        nodes = self.live_nodes()
+        updates = buffer_updates(record)
+        nodes = live_nodes(record, updates)
         self.training = bool(record.get("training", False)) or trains(nodes)
         self.mode_step(inputs, self.training)
+        for placeholder in updates.values():  # updated buffers: read at the top, first
+            self.weight_step(self.inputs[placeholder]["target"], "buffer", placeholder, [], "")
         self.uses = {}
         run: list = [None, 0]
         for n in nodes:  # the longest run of operations of each module call
@@ -394,7 +388,7 @@ class _Reader:
                 outputs.append(self.weight_step(entry["target"], entry["kind"], out["ref"], [], ""))
             else:
                 outputs.append(self.key(out["ref"]))
-        graph = outline(inputs, self.steps, outputs, name=name)
+        graph = outline(inputs, self.steps, self.update_steps(outputs, updates), name=name)
         return graph, self.params, self.state
 
 
