@@ -404,6 +404,31 @@ def test_the_decoding_model_shows_the_cache_at_its_dtype(how):
     assert dec.cache_bytes(1) == real
 
 
+def test_a_decoding_graph_for_any_batch_is_summarized_drawn_and_costed():
+    g = mg.models.gpt2(GPT2)
+    dec = mg.decoder(g, max_length=32)
+    graph = dec.decode_graph("batch")
+    # per row: key and value of every layer, max_length x heads x head_dim each
+    per_row = 2 * GPT2["n_layer"] * 32 * GPT2["n_embd"]
+    summary = graph.summary()
+    assert f"non-trainable params: {per_row}*batch ({4 * per_row}*batch B)" in summary
+    assert f"{per_row // GPT2['n_layer']}*batch+" in summary  # a block's row
+    assert f"{per_row // GPT2['n_layer']}*batch non-trainable" in graph.to_dot()
+    assert "<!DOCTYPE html>" in graph.to_html()
+    from mlaxgraph.render.html.payload import graph_payload
+
+    params, _ = jax.eval_shape(mg.compile(g).init_fn, jax.random.key(0))
+    weights = sum(x.size for x in jax.tree.leaves(params))
+    payload = graph_payload(graph, dims={"batch": 3})
+    assert payload["params_f"] == f"{per_row}*batch+{weights}"
+    assert payload["params"] == 3 * per_row + weights and payload["unbound"] == ["seq"]
+    at_two = dec.model(2).cost_table(batch=2, seq=1, xla=False)
+    assert str(dec.model("batch").cost_table(batch=2, seq=1, xla=False)) == str(at_two)
+    with pytest.raises(mg.ShapeError, match=r"state of a symbolic shape \(h\.0/attn/key: "
+                                            r"\[batch,32,2,16\].*dec\.model\(2\)"):
+        dec.model("batch").cost_table(batch=2, seq=1)
+
+
 def test_weights_keep_their_paths(gpt2):
     model, params, _, _ = gpt2
     dec = mg.decoder(model, max_length=64)

@@ -19,7 +19,8 @@ import jax
 from ..compiler.policy import Policy
 from ..compiler.program import get_in
 from ..compiler.stages import dim_values, lower
-from ..core.specs import Dim, bind_dims, flatten_specs
+from ..core.errors import ShapeError
+from ..core.specs import Dim, bind_dims, flatten_specs, is_symbolic, shape_str
 from ..ops.flops import size
 
 __all__ = ["LayerCost", "CostTable", "cost_table", "step_formulas", "evaluate", "TOLERANCE"]
@@ -298,10 +299,11 @@ def _row(step, input_gradients: bool, params, state, policy, bindings, inference
     forward, activations = step_formulas(step, policy.param_dtype, inference_mode)
     training = None if forward is None else forward + op.backward_flops(
         step.input_specs, step.output_specs, forward, input_gradients=input_gradients)
-    row = LayerCost(step.path, op.op_name, trainable, nontrainable, forward, training,
+    row = LayerCost(step.path, op.op_name, evaluate(trainable, bindings),  # caches for any
+                    evaluate(nontrainable, bindings), forward, training,  # batch: at the batch
                     activations, _evaluate_optional(forward, bindings),
                     _evaluate_optional(training, bindings), evaluate(activations, bindings),
-                    weight_bytes=stored)
+                    weight_bytes=evaluate(stored, bindings))
     if xla:
         caveat = op.xla_cost_caveat(inference_mode)
         if caveat:
@@ -361,6 +363,13 @@ def cost_table(model, *example: Any, inference_mode: bool = False, xla: bool = T
     bindings = dim_values(model, example, dims)
     policy = model.policy or Policy()
     params, state = jax.eval_shape(model.init_fn, jax.random.key(0))
+    symbolic = [("/".join(str(k.key) for k in path), x) for path, x in jax.tree_util.tree_leaves_with_path(state)
+                if any(is_symbolic(d) for d in x.shape)]
+    if xla and symbolic:
+        name, leaf = symbolic[0]
+        raise ShapeError(f"model {model.graph.name!r} holds state of a symbolic shape ({name}: "
+                         f"{shape_str(leaf.shape)}, a decoding graph's caches for any batch): XLA's "
+                         f"column needs the model compiled for a batch (dec.model(2)); or pass xla=False")
     flows = _gradient_flows(model.program)
     rows = []
     for step in model.program.steps:

@@ -16,7 +16,7 @@ from jax import lax
 from ..core.axes import same_dim
 from ..core.errors import DTypeError, ShapeError
 from ..core.registry import register
-from ..core.specs import ParamSpec, is_symbolic, shape_str
+from ..core.specs import ParamSpec, as_dim, is_symbolic, shape_str
 from . import initializers
 from .attention import MultiHeadAttention, adapters_problem, with_qkv_delta
 from .base import Layer, cast_params, expect_float, field, to_param_axes
@@ -192,7 +192,7 @@ class CachedAttention(Layer):
         return self.attention().param_specs([x, x])
 
     def state_specs(self, inputs):
-        shape = (self.batch, self.max_length, self.kv_heads, self.head_dim)
+        shape = (as_dim(self.batch), self.max_length, self.kv_heads, self.head_dim)
         kernel = dict(self.param_axes or ()).get("key/kernel")
         axes = CACHE_AXES if kernel is None or len(kernel) != 3 else CACHE_AXES[:2] + tuple(kernel[1:])
         spec = ParamSpec(shape, initializers.zeros, axes, dtype=self._cache_dtype(inputs[0]))

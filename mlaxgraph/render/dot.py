@@ -49,7 +49,7 @@ from .dot_style import (
     dtype_category,
     layer_category,
 )
-from .summary import count_params
+from .summary import count_params, count_text
 
 __all__ = ["graph_to_dot", "DEFAULT_OPTIONS", "DTYPE_COLORS", "dtype_category", "check_options",
            "FONTNAME"]
@@ -105,9 +105,9 @@ class _Writer:
         trainable, state = counts.get(node.layer, (0, 0))
         if not self.o["show_params"] or trainable + state == 0:
             return None
-        text = f"params: {trainable + state:,}"
+        text = f"params: {count_text(trainable + state)}"
         if state:
-            text += f" ({state:,} non-trainable)"
+            text += f" ({count_text(state)} non-trainable)"
         return text
 
     def ports(self, prefix: str, cells: list[tuple[str, str | None]]) -> str:
@@ -401,7 +401,7 @@ def graph_to_dot(graph, **options: Any) -> str:
     total = sum(t + s for t, s in counts.values())
     title = f"<B>{_html(graph.name)}</B>"
     if o["show_params"]:
-        title += f" &middot; {total:,} params"
+        title += f" &middot; {count_text(total)} params"
     head = [
         f"digraph {_plain_id(graph.name)} {{",
         f'  graph [rankdir={o["rankdir"]}, label=<{title}>, labelloc=t, fontname="{FONTNAME}", '

@@ -6,7 +6,13 @@ import numpy as np
 
 from ..core.specs import dtype_str, flatten_specs, shape_str, trains
 
-__all__ = ["summarize", "count_params", "weight_bytes"]
+__all__ = ["summarize", "count_params", "weight_bytes", "count_text"]
+
+
+def count_text(count) -> str:
+    """A count with thousands separators; a symbolic one (a decoding graph's caches for
+    any batch) as its formula of the dims, ``2048*batch+12704``."""
+    return f"{count:,}" if isinstance(count, (int, np.integer)) else str(count).replace(" ", "")
 
 
 def _split(graph, node, measure) -> tuple[int, int]:
@@ -54,7 +60,7 @@ def _rows(graph, expand_nested: bool, indent: str = "", sharding=None, prefix: s
         if node.shares_weights:
             params = f"(shared with {node.layer})"
         else:
-            params = f"{trainable + state:,}"
+            params = count_text(trainable + state)
         row = (indent + node.op.display_name(node.name), node.op.op_name,
                ", ".join(shape_str(s.shape) for s in node.outputs),
                ", ".join(dtype_str(s.dtype) for s in node.outputs), params,
@@ -66,7 +72,9 @@ def _rows(graph, expand_nested: bool, indent: str = "", sharding=None, prefix: s
                              f"{prefix}{node.name}/")
 
 
-def _size(size: float) -> str:
+def _size(size) -> str:
+    if not isinstance(size, (int, float, np.integer)):  # symbolic: its formula
+        return f"{count_text(size)} B"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
@@ -95,8 +103,8 @@ def summarize(graph, expand_nested: bool = False, param_dtype="float32",
     trainable_bytes, state_bytes = weight_bytes(graph, np.dtype(param_dtype))
     return "\n".join([
         f'graph "{graph.name}"', rule, fmt(header), rule, *(fmt(r) for r in rows), rule,
-        f"trainable params: {trainable:,} ({_size(trainable_bytes)})",
-        f"non-trainable params: {state:,} ({_size(state_bytes)})",
+        f"trainable params: {count_text(trainable)} ({_size(trainable_bytes)})",
+        f"non-trainable params: {count_text(state)} ({_size(state_bytes)})",
         f"inputs: {', '.join(f'{n} {graph.node(n).outputs[0]}' for n in graph.inputs)}",
         f"outputs: {', '.join(str(graph.spec(v)) for v in graph.outputs)}",
     ])

@@ -110,7 +110,7 @@ class _Builder:
         if node.shares_weights:
             item["shares"] = node.layer
         trainable, state = counts.get(node.layer, (0, 0))
-        item["params"] = 0 if node.shares_weights else int(trainable + state)
+        item["params"] = 0 if node.shares_weights else self.count(item, trainable + state)
         if getattr(op, "inserted", False):
             item["inserted"] = True
         if path in self.sharding and self.sharding[path]:
@@ -139,6 +139,13 @@ class _Builder:
             item["cat"] = layer_category(op, inputs, outputs[0].dtype)
         item["flops_f"], item["act_f"] = self.formulas(path)
         return item
+
+    def count(self, item: dict, count) -> int | None:
+        """A weight count's number at the dims (a symbolic one, a decoding graph's caches
+        for any batch, also as its formula in ``params_f``)."""
+        if is_symbolic(count):
+            item["params_f"] = _formula(count)
+        return _evaluate(count, self.dims, self.unbound)
 
     def formulas(self, path: str):
         """The forward FLOPs and output bytes of the program's step at ``path``, as the
@@ -295,13 +302,22 @@ def scope_of(graph, *, param_dtype="float32", dims=None, sharding=None, hlo=None
     return root, facts
 
 
+def _params(graph, dims, facts: dict) -> dict:
+    """The page's weight count: its number at the dims (a dim without a value at 1, as
+    named in ``facts``) and, when symbolic, its formula (``params_f``)."""
+    total = _sum(t + s for t, s in count_params(graph).values())
+    unbound = dict.fromkeys(facts["unbound"])
+    value = _evaluate(total, dict(dims or {}), unbound)
+    facts["unbound"] = list(unbound)
+    return {"params": value, "params_f": _formula(total)} if is_symbolic(total) else {"params": int(total)}
+
+
 def graph_payload(graph, *, overlay=None, dims=None, title: str | None = None,
                   fold: bool = True) -> dict:
     """The page data of a graph (see the module's docstring)."""
     root, facts = scope_of(graph, dims=dims, overlay=overlay, fold=fold)
-    counts = count_params(graph).values()
     return {"version": 1, "title": title or graph.name, "graph": graph.name,
-            "params": int(sum(t + s for t, s in counts)), "compiled": False, "policy": None,
+            **_params(graph, dims, facts), "compiled": False, "policy": None,
             "root": root, **facts}
 
 
@@ -316,8 +332,7 @@ def model_payload(model, *, overlay=None, dims=None, hlo: bool = False,
     root, facts = scope_of(model.graph, param_dtype=policy.param_dtype, dims=dims,
                            sharding=sharding, hlo=by_layer, overlay=overlay, fold=fold,
                            program=model.program)
-    counts = count_params(model.graph).values()
     return {"version": 1, "title": title or model.graph.name, "graph": model.graph.name,
-            "params": int(sum(t + s for t, s in counts)), "compiled": True,
+            **_params(model.graph, dims, facts), "compiled": True,
             "policy": None if model.policy is None else repr(model.policy),
             "hlo": bool(hlo), "root": root, **facts}

@@ -463,7 +463,7 @@
     section("weights", (n.weights || []).map(function (w) {
       return [w[0], w[2] + w[1], w[3] === "state" ? "non-trainable" : "trainable", w[4] ? "axes " + w[4] : ""];
     }), true);
-    var cost = [["params", fmt(n.params)]];
+    var cost = [["params", n.params_f ? n.params_f + " = " + fmt(n.params) + at() : fmt(n.params)]];
     if (n.shares) cost.push(["weights", "shared with " + n.shares]);
     if ("flops" in n) cost.push(["FLOPs", (n.flops === null ? "no rule" : n.flops + " = " + fmt(n.flops_v) + at())]);
     if ("act" in n) cost.push(["activations", n.act + " bytes = " + bytes(n.act_v) + at()]);
@@ -528,7 +528,7 @@
   // --- start ------------------------------------------------------------------------------
   document.title = D.title + " \u2014 mlaxgraph explorer";
   $("#mg-heading").textContent = D.title;
-  $("#mg-meta").textContent = fmt(D.params) + " params" + (D.policy ? " \u00b7 " + D.policy : "") +
+  $("#mg-meta").textContent = fmt(D.params) + " params" + (D.params_f ? at() + " (" + D.params_f + ")" : "") + (D.policy ? " \u00b7 " + D.policy : "") +
     (D.diff ? " \u00b7 diff " + D.diff[0] + " \u2192 " + D.diff[1] : "");
   relayout();
   fit();
