@@ -14,6 +14,7 @@ reason:
 """
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -446,3 +447,13 @@ def test_a_note_gives_both_counts():
     assert _note(rule, xla) == f"XLA counts {xla:,} (rule {rule:,})"
     rule, xla = 4000, 5000
     assert _note(rule, xla) == f"XLA counts {xla:,} (rule {rule:,}, +{(xla - rule) * 100 // rule}%)"
+
+
+def test_a_missing_layer_is_named_with_the_near_ones():
+    g = mg.models.gpt2({"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 32})
+    table = mg.compile(g).cost_table(batch=1, seq=4, xla=False)
+    assert "h.0/mlp.c_fc" in table and "h.0/mlp/c_fc" not in table
+    for typo in ("h.0/mlp.cfc", "h.0/mlp/c_fc"):
+        with pytest.raises(mg.GraphError, match=rf"the cost table has no layer '{re.escape(typo)}'; "
+                                                r"did you mean 'h\.0/mlp\.c_fc'"):
+            table[typo]

@@ -11,6 +11,7 @@ and reads ``cost_analysis()["flops"]``, the number XLA's ``HloCostAnalysis`` giv
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ import jax
 from ..compiler.policy import Policy
 from ..compiler.program import get_in
 from ..compiler.stages import dim_values, lower
-from ..core.errors import ShapeError
+from ..core.errors import GraphError, ShapeError
 from ..core.specs import Dim, bind_dims, flatten_specs, is_symbolic, shape_str
 from ..ops.flops import size
 
@@ -114,7 +115,13 @@ class CostTable:
         for row in self.rows:
             if row.layer == layer:
                 return row
-        raise KeyError(layer)
+        names = [row.layer for row in self.rows]
+        close = difflib.get_close_matches(str(layer), names, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise GraphError(f"the cost table has no layer {layer!r}{hint} Its layers: {', '.join(names)}")
+
+    def __contains__(self, layer: object) -> bool:
+        return any(row.layer == layer for row in self.rows)
 
     @property
     def params(self) -> int:
