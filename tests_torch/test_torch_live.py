@@ -826,3 +826,15 @@ def test_further_activations_and_logsumexp():
     _, _, out, _ = _apply(M(), x)
     for ours, theirs in zip(out, M()(x), strict=True):
         _close(np.asarray(ours), theirs, tol=1e-5)
+
+
+def test_dropout_of_probability_one_zeroes_everything_in_train_mode():
+    class M(nn.Module):
+        def forward(self, x):
+            return F.dropout(x, 1.0, training=True) + F.dropout(x, 0.0, training=True)
+
+    x = torch.randn(4, 5)
+    graph, _, out, _ = _apply(M(), x, inference_mode=False, rng=jax.random.key(0))
+    _close(np.asarray(out[0]), M()(x))
+    _, _, same, _ = _apply(M(), x, inference_mode=True)
+    np.testing.assert_array_equal(np.asarray(same[0]), 2 * x.numpy())

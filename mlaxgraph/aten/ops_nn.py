@@ -281,14 +281,21 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
 
 
 DRAWS["aten.scaled_dot_product_attention.default"] = _drops(4, "dropout_p")
-# F.dropout(training=False) and nn.Dropout in eval mode (nn.Dropout in train mode is a
-# layer: layers.py)
-define("aten.dropout.default", "aten.dropout_.default", flops="none")(lambda x, p=0.5, train=False: x)
+@define("aten.dropout.default", "aten.dropout_.default", flops="elementwise", random=True)
+def _dropout(x, p=0.5, train=False, rng=None):
+    """``F.dropout(training=False)``: the identity; with ``train=True`` a ``dropout``
+    layer (layers.py) unless ``p`` is 1 (all zeroed in train mode, as PyTorch's)."""
+    return _dropped(x, p, rng, x.shape) if train else x
 
 
-@define("aten.native_dropout.default", flops="none")
-def _native_dropout(x, p, train):
-    return x, jnp.ones(x.shape, jnp.bool_)
+@define("aten.native_dropout.default", flops="elementwise", random=True)
+def _native_dropout(x, p, train, rng=None):
+    y = _dropout(x, p, train, rng)
+    return y, y != 0 if train and rng is not None else jnp.ones(x.shape, jnp.bool_)
+
+
+DRAWS["aten.dropout.default"] = DRAWS["aten.dropout_.default"] = _drops(1, "p", 2)
+DRAWS["aten.native_dropout.default"] = _drops(1, "p", 2)
 
 
 @define("aten.feature_dropout.default", "aten.feature_dropout_.default", flops="elementwise",
