@@ -281,14 +281,19 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
 
 
 DRAWS["aten.scaled_dot_product_attention.default"] = _drops(4, "dropout_p")
-@define("aten.dropout.default", "aten.dropout_.default", flops="elementwise", random=True)
+def _dropout_flops(inputs, outputs, args):
+    """A draw's compare, divide and select per element with ``train=True``; none without."""
+    return 3 * size(outputs[0]) if len(args) > 2 and args[2] is True else 0
+
+
+@define("aten.dropout.default", "aten.dropout_.default", flops=_dropout_flops, random=True)
 def _dropout(x, p=0.5, train=False, rng=None):
     """``F.dropout(training=False)``: the identity; with ``train=True`` a ``dropout``
     layer (layers.py) unless ``p`` is 1 (all zeroed in train mode, as PyTorch's)."""
     return _dropped(x, p, rng, x.shape) if train else x
 
 
-@define("aten.native_dropout.default", flops="elementwise", random=True)
+@define("aten.native_dropout.default", flops=_dropout_flops, random=True)
 def _native_dropout(x, p, train, rng=None):
     y = _dropout(x, p, train, rng)
     return y, y != 0 if train and rng is not None else jnp.ones(x.shape, jnp.bool_)
@@ -298,7 +303,7 @@ DRAWS["aten.dropout.default"] = DRAWS["aten.dropout_.default"] = _drops(1, "p", 
 DRAWS["aten.native_dropout.default"] = _drops(1, "p", 2)
 
 
-@define("aten.feature_dropout.default", "aten.feature_dropout_.default", flops="elementwise",
+@define("aten.feature_dropout.default", "aten.feature_dropout_.default", flops=_dropout_flops,
         random=True)
 def _feature_dropout(x, p=0.5, train=False, rng=None):
     """``nn.Dropout1d/2d/3d``: whole channels (``x[n, c]``) zeroed with probability
