@@ -662,6 +662,15 @@ def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error,
         call(model, params, state)
 
 
+@pytest.mark.parametrize("name, meant", [("gredy", "'greedy'"), ("Greedy", "'greedy'"),
+                                         ("topk", r"mg\.sampling\.TopK\(\.\.\.\)"),
+                                         ("temprature", r"mg\.sampling\.Temperature\(\.\.\.\)")])
+def test_a_misspelt_sampler_name_names_the_one_meant(gpt2, name, meant):
+    model, params, state, _ = gpt2
+    with pytest.raises(mg.ConfigError, match=rf"got '{name}' \(did you mean {meant}\?\)"):
+        mg.generate(model, params, state, np.array([[1, 2]]), max_new_tokens=2, sampler=name)
+
+
 @pytest.mark.parametrize("batch", [0, -1, True, 2.0, ""])
 def test_a_bad_decoding_batch_is_named_as_the_batch(gpt2, batch):
     dec = mg.decoder(gpt2[0], max_length=32)

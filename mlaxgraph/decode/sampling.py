@@ -14,6 +14,7 @@ warpers). A drawing sampler needs ``key``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import numbers
 from typing import Any, NamedTuple
 
@@ -334,5 +335,15 @@ def as_sampler(value: Any) -> Sampler:
     if isinstance(value, (list, tuple)) and value and all(
             isinstance(v, Sampler) or v == "greedy" for v in value):
         return Chain(tuple(p for v in value for p in _parts(as_sampler(v))))
+    hint = ""
+    if isinstance(value, str):  # a misspelt "greedy", or a sampler's name as text
+        names = {"greedy": "'greedy'", **{n.lower(): f"mg.sampling.{n}(...)" for n in _NAMED}}
+        close = difflib.get_close_matches(value.lower(), list(names), n=1, cutoff=0.6)
+        hint = f" (did you mean {names[close[0]]}?)" if close else ""
     raise ConfigError(f"sampler must be 'greedy', an mg.sampling sampler or a list of them, "
-                      f"got {value!r}")
+                      f"got {value!r}{hint}")
+
+
+#: The samplers a text naming one is compared with.
+_NAMED = ("Temperature", "TopK", "TopP", "RepetitionPenalty", "NoRepeatNGram", "BadWords",
+          "MinLength", "MinNewTokens")
