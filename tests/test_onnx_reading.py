@@ -249,3 +249,168 @@ def test_one_initializer_read_by_two_matmuls_is_one_weight(second_bias, other_re
     (want,) = _ort(model, {"x": x})
     got, _ = mg.compile(graph).apply(params, state, x)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def _refused_by_onnx(model, feeds):
+    with pytest.raises(Exception) as caught:
+        onnx.checker.check_model(model, full_check=True)
+    assert not isinstance(caught.value, mg.MlaxGraphError)
+    with pytest.raises(Exception) as caught:
+        _ort(model, feeds)
+    assert not isinstance(caught.value, mg.MlaxGraphError)
+
+
+def test_inputs_of_one_type_parameter_and_two_dtypes_are_refused():
+    """Add(float32, int32) is refused by onnx.checker and onnxruntime: a DTypeError
+    naming the node and both inputs, not a silent promotion."""
+    model = _model([helper.make_node("Add", ["x", "W"], ["y"], name="/add/Add")],
+                   [helper.make_tensor_value_info("x", F, [3])],
+                   [numpy_helper.from_array(np.arange(3, dtype=np.int32), "W")])
+    _refused_by_onnx(model, {"x": np.ones(3, np.float32)})
+    with pytest.raises(mg.DTypeError, match="'/add/Add' \\(Add\\): its inputs 'x' \\(float32\\) "
+                                            "and 'W' \\(int32\\) are of the operator's one type T"):
+        mg.from_onnx(model)
+    # types the operator's schema keeps apart are read: Pow(float32, int64), Where(bool, ...)
+    nodes = [helper.make_node("Pow", ["x", "e"], ["p"]),
+             helper.make_node("Greater", ["x", "zero"], ["c"]),
+             helper.make_node("Where", ["c", "p", "x"], ["y"])]
+    inits = [numpy_helper.from_array(np.asarray(2, np.int64), "e"),
+             numpy_helper.from_array(np.asarray(0, np.float32), "zero")]
+    mixed = _model(nodes, [helper.make_tensor_value_info("x", F, [3])], inits)
+    x = np.asarray([-1.5, 0.5, 2], np.float32)
+    np.testing.assert_allclose(np.asarray(_ours(mixed, x)), _ort(mixed, {"x": x})[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("op, inputs, outputs, message", [
+    ("Add", ["x"], ["y"], "Add of opset 21 takes 2 inputs, got 1"),
+    ("Relu", ["x", "x"], ["y"], "Relu of opset 21 takes 1 input, got 2"),
+    ("Relu", ["x"], ["y", "z"], "Relu of opset 21 takes 1 output, got 2"),
+    ("Concat", [], ["y"], "Concat of opset 21 takes at least 1 inputs, got 0")])
+def test_a_node_of_another_arity_than_its_operators_is_named(op, inputs, outputs, message):
+    model = _model([helper.make_node(op, inputs, outputs, name="n", axis=0) if op == "Concat"
+                    else helper.make_node(op, inputs, outputs, name="n")],
+                   [helper.make_tensor_value_info("x", F, [3])], outputs=outputs)
+    _refused_by_onnx(model, {"x": np.ones(3, np.float32)})
+    with pytest.raises(mg.GraphError, match=f"node 'n' \\({op}\\): {message}; onnx.checker"):
+        mg.from_onnx(model)
+
+
+def test_a_static_input_the_graph_computes_says_what_would_make_it_known():
+    x = helper.make_tensor_value_info("x", F, [2, 3])
+    axes = helper.make_tensor_value_info("a", TensorProto.INT64, [1])
+    model = _model([helper.make_node("ReduceSum", ["x", "a"], ["y"], name="r")], [x, axes])
+    with pytest.raises(mg.ShapeError, match="it is the graph input 'a': make it an initializer"):
+        mg.from_onnx(model)
+    computed = _model([helper.make_node("Neg", ["a"], ["b"]),
+                       helper.make_node("ReduceSum", ["x", "b"], ["y"], name="r")], [x, axes])
+    with pytest.raises(mg.ShapeError, match="computed from the values of the graph's inputs "
+                                            "\\(their shapes are all known\\)"):
+        mg.from_onnx(computed)
+    # a symbolic dim: Squeeze without axes depends on its size
+    squeeze = _model([helper.make_node("Squeeze", ["x"], ["y"])],
+                     [helper.make_tensor_value_info("x", F, ["N", 3, 1])])
+    with pytest.raises(mg.ShapeError, match="depends on the size of the symbolic dim N: bind "
+                                            "it with from_onnx\\(..., dims=\\{'N': size\\}\\)"):
+        mg.from_onnx(squeeze)
+    data = np.ones((1, 3, 1), np.float32)
+    np.testing.assert_array_equal(np.asarray(_ours(squeeze, data, dims={"N": 1})),
+                                  _ort(squeeze, {"x": data})[0])
+
+
+def test_the_declared_output_warning_points_at_the_callers_line():
+    model = _model([helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, [3])])
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", F, [4]))
+    with pytest.warns(UserWarning, match="declared \\[4\\], but its nodes compute \\[3\\]") as w:
+        mg.from_onnx(model)
+    assert w[0].filename == __file__
+    x = np.ones(3, np.float32)  # onnxruntime too gives what the nodes compute
+    with pytest.warns(UserWarning, match="declared"):
+        got = np.asarray(_ours(model, x))
+    np.testing.assert_array_equal(got, _ort(model, {"x": x})[0])
+
+
+def test_a_model_printed_as_text_is_named_as_no_path():
+    model = _model([helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, [3])])
+    with pytest.raises(mg.SerializationError, match="a str that is no path but text "
+                                                    "\\('ir_version: 10\\\\ngraph"):
+        mg.from_onnx(str(model))
+    with pytest.raises(mg.SerializationError, match="cannot read the ONNX file 'no.onnx'"):
+        mg.from_onnx("no.onnx")
+
+
+@pytest.mark.parametrize("spelling", ["?", "_", "mod", "max", "min", "floordiv", "batch size",
+                                      "2N", "x_0"])
+def test_dim_param_spellings_are_read_and_bound_by_them(spelling):
+    """Each spelling is a symbolic dim (none of JAX's words), bound by dims= as the file
+    spells it or by its name; "?" and "_" name no dim: each is a dim of its own."""
+    model = _model([helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, [spelling, 3])])
+    graph, params, state = mg.from_onnx(model)
+    (dim,) = [d for d in graph.input_specs[0].shape if not isinstance(d, int)]
+    x = RNG.normal(size=(2, 3)).astype(np.float32)
+    (want,) = _ort(model, {"x": x})
+    np.testing.assert_array_equal(np.asarray(mg.compile(graph).apply(params, state, x)[0]), want)
+    for key in {spelling, str(dim)} - {"?", "_"}:
+        bound, _, _ = mg.from_onnx(model, dims={key: 2})
+        assert bound.input_specs[0].shape == (2, 3)
+
+
+def test_distinct_dim_params_stay_distinct_and_unnamed_dims_are_explained():
+    """N+1 and N-1 are two dims (they were merged into one N_1); dims without a name
+    are each their own, and the error that they do not broadcast says how to join them."""
+    two = _model([helper.make_node("Concat", ["x", "z"], ["y"], axis=0)],
+                 [helper.make_tensor_value_info("x", F, ["N+1", 3]),
+                  helper.make_tensor_value_info("z", F, ["N-1", 3])])
+    graph, params, state = mg.from_onnx(two)
+    assert [str(s.shape[0]) for s in graph.input_specs] == ["N_plus_1", "N_minus_1"]
+    x, z = np.ones((4, 3), np.float32), np.zeros((2, 3), np.float32)
+    got, _ = mg.compile(graph).apply(params, state, x, z)
+    np.testing.assert_array_equal(np.asarray(got), _ort(two, {"x": x, "z": z})[0])
+    plus = _model([helper.make_node("Add", ["x", "z"], ["y"])],
+                  [helper.make_tensor_value_info("x", F, ["N+1", 3]),
+                   helper.make_tensor_value_info("z", F, ["N-1", 1])])
+    with pytest.raises(mg.ShapeError, match="N_minus_1, N_plus_1 are symbolic dims of their own"):
+        mg.from_onnx(plus)
+    z = np.ones((1, 1), np.float32)
+    np.testing.assert_array_equal(np.asarray(_ours(plus, x, z, dims={"N-1": 1})),
+                                  _ort(plus, {"x": x, "z": z})[0])
+    unnamed = _model([helper.make_node("Add", ["x", "z"], ["y"])],
+                     [helper.make_tensor_value_info("x", F, [None, 4]),
+                      helper.make_tensor_value_info("z", F, [None, 4])])
+    with pytest.raises(mg.ShapeError, match="x_0, z_0 are dims the file gives no name .*shapes="):
+        mg.from_onnx(unnamed)
+    x = RNG.normal(size=(3, 4)).astype(np.float32)
+    got = _ours(unnamed, x, x, shapes={"x": ("n", 4), "z": ("n", 4)})
+    np.testing.assert_array_equal(np.asarray(got), _ort(unnamed, {"x": x, "z": x})[0])
+
+
+def test_dims_given_as_no_mapping_is_a_config_error():
+    model = _model([helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, ["N", 3])])
+    with pytest.raises(mg.ConfigError, match="dims=...\\) takes a mapping .*got list"):
+        mg.from_onnx(model, dims=[("N", 2)])
+
+
+@pytest.mark.parametrize("scale_shape, bias_shape, bias_input", [
+    ((1,), (4,), False), ((4,), (1,), False), ((4,), (4,), True), ((4,), (4,), False)])
+def test_layer_normalization_with_broadcast_weights(scale_shape, bias_shape, bias_input):
+    """A (1,) scale or bias (ONNX broadcasts it) or a bias the graph computes is left to
+    ONNX's operator; (4,) weights are a LayerNorm."""
+    inits = [numpy_helper.from_array(RNG.normal(size=scale_shape).astype(np.float32), "s")]
+    inputs = [helper.make_tensor_value_info("x", F, ["N", 4])]
+    if bias_input:
+        inputs.append(helper.make_tensor_value_info("b", F, [4]))
+    else:
+        inits.append(numpy_helper.from_array(RNG.normal(size=bias_shape).astype(np.float32), "b"))
+    model = _model([helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)],
+                   inputs, inits, opset=17)
+    feeds = {"x": RNG.normal(size=(3, 4)).astype(np.float32)}
+    if bias_input:
+        feeds["b"] = RNG.normal(size=4).astype(np.float32)
+    graph, _, _ = mg.from_onnx(model)
+    pattern = scale_shape == bias_shape == (4,) and not bias_input
+    assert ("layer_norm" in [n.op.op_name for n in graph.nodes]) == pattern
+    np.testing.assert_allclose(np.asarray(_ours(model, *feeds.values())), _ort(model, feeds)[0],
+                               rtol=1e-5, atol=1e-5)

@@ -4,6 +4,7 @@ onnx2torch, jaxonnxruntime) go here."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import ConfigError
@@ -30,7 +31,11 @@ FROM_ONNX_HINTS = {
 
 
 def check_sizes_are_ints(dims: Any) -> None:
-    """``from_onnx(dims=...)``'s sizes are ints (2.5, "3" and True were read as 2, 3, 1)."""
+    """``from_onnx(dims=...)`` is a mapping, its sizes ints (2.5, "3" and True were read
+    as 2, 3, 1)."""
+    if dims is not None and not isinstance(dims, Mapping):
+        raise ConfigError(f"from_onnx(dims=...) takes a mapping {{dim name: size}} "
+                          f"(dims={{'batch': 8}}), got {type(dims).__name__}")
     for name, size in (dims or {}).items():
         if not is_int(size):
             raise ConfigError(f"from_onnx(dims=...): the size of {name!r} is an int, got "

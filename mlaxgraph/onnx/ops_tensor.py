@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from ..core.errors import ShapeError
 from .dtypes import canonical, int64
 from .layer import define
 
@@ -49,6 +50,12 @@ def _flatten(a, x):
 def _squeeze(a, x, axes=None):
     axes = _attr_or_input(a, axes, "axes", 13)
     if axes is None:
+        symbolic = [str(d) for d in x.shape if not isinstance(d, int)]
+        if symbolic:  # which dims it removes depends on their sizes
+            raise ShapeError(f"Squeeze without axes removes every dim of size 1, so what it "
+                             f"gives depends on the size of the symbolic dim {symbolic[0]}: "
+                             f"bind it with from_onnx(..., dims={{{symbolic[0]!r}: size}}), "
+                             f"or give the node its axes", expected="axes, or static dims")
         return jnp.squeeze(x)
     return jnp.squeeze(x, tuple(v % x.ndim for v in axes))
 

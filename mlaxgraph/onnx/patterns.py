@@ -185,7 +185,12 @@ def _layer_norm(reader, node, attrs):
     x = reader.values[node.input[0]]
     scale = _weight(reader, node.input[1], 1)
     bias = _weight(reader, node.input[2], 1) if len(node.input) > 2 and node.input[2] else None
-    if scale is None or not hasattr(x, "shape") or attrs.get("axis", -1) not in (-1, len(x.shape) - 1):
+    if scale is None or not hasattr(x, "shape") or not x.shape or \
+            attrs.get("axis", -1) not in (-1, len(x.shape) - 1):
+        return None
+    # a scale or bias ONNX broadcasts ((1,) for a last axis of 4) is left to the operator
+    if any(w is not None and w.shape != (x.shape[-1],) for w in (scale, bias)) or \
+            (len(node.input) > 2 and node.input[2] and bias is None):
         return None
     name = _layer_name(reader, node, "layer_norm")
     layer = LayerNorm(epsilon=float(attrs.get("epsilon", 1e-5)), use_bias=bias is not None,

@@ -51,6 +51,13 @@ def load_model(source: Any) -> tuple[Any, str | None]:
         with open(path, "rb") as f:
             data = f.read(MAX_MODEL_BYTES + 1)
     except OSError as e:
+        if isinstance(source, str) and ("\n" in source or len(source) > 1024):
+            raise SerializationError(
+                f"from_onnx got a str that is no path but text ({source[:40]!r}...), such as "
+                f"str(model) gives: pass the onnx.ModelProto itself, its bytes "
+                f"(model.SerializeToString()) or the .onnx file's path (text such as "
+                f"str(model) parses with google.protobuf.text_format.Parse(text, "
+                f"onnx.ModelProto()))") from None
         raise SerializationError(f"cannot read the ONNX file {path!r}: {e.strerror}") from None
     if len(data) > MAX_MODEL_BYTES:
         raise SerializationError(f"{path!r} is larger than 2 GiB, the most a protobuf holds")

@@ -22,7 +22,7 @@ from ..core.signatures import unknown_keywords
 from ..ir.graph import Graph, Input
 from ..ops.param import Param
 from .arguments import FROM_ONNX_HINTS, FROM_ONNX_SIGNATURE, check_sizes_are_ints
-from .checks import check_kernel_shape
+from .checks import check_kernel_shape, check_signature, not_static
 from .dtypes import canonical, to_dtype
 from .layer import TABLE, Constant, encode_array, op_class
 from .ops_bounded import BOUNDED, check_sizes, read_sizes
@@ -32,7 +32,7 @@ from .patterns import match
 from .protos import attribute_value, load_model, tensor_to_array
 from .scopes import nest
 from .sequences import check_tensors, flatten, read_sequence
-from .signature import check_declared, check_dims, check_shapes, input_shape
+from .signature import DimNames, check_declared, check_dims, check_shapes, input_shape, unnamed_hint
 from .symbolic import read_range, read_shaped, track
 from .versions import _DOMAINS, MIN_OPSET, _opset, check_attributes, domain_versions
 from .weights import Weight as _Weight
@@ -103,23 +103,28 @@ class _Reader:
         shapes = check_shapes(self.shapes, [v.name for v in g.input if v.name not in self.values],
                               [v.name for v in g.input if v.name in self.values])
         dim_names: set[str] = set()
+        self.namer = DimNames(g.input)
         for value in g.input:
             if value.name in self.values:
                 continue  # an initializer listed as an input: its default, a weight here
             code = value.type.tensor_type.elem_type
             spec_dtype = canonical(to_dtype(code))
             name = _safe_name(value.name, self.used, "input")
-            x = Input(input_shape(value, self.dims, shapes, dim_names), spec_dtype, name=name)
+            x = Input(input_shape(value, self.dims, shapes, dim_names, self.namer), spec_dtype,
+                      name=name)
             self.symbolic += [str(d) for d in x.shape
                               if not isinstance(d, int) and str(d) not in self.symbolic]
             self.values[value.name] = x
             inputs.append(x)
-        check_dims(self.dims, dim_names)
+        check_dims(self.dims, dim_names, self.namer)
         check_sizes(self.sizes, [(_text(n.name), n.output[:1], n.op_type) for n in g.node])
         # a Gradient node gets the part of the graph it differentiates as its body
         nodes = [with_body(g, n) if n.op_type == "Gradient" else n for n in g.node]
         for node in _toposort(nodes, set(self.values), set(self.values)):
-            self.node(node)
+            try:
+                self.node(node)
+            except ShapeError as e:  # a word on the dims the file gives no name
+                raise unnamed_hint(e, self.namer) from None
             track(self, node, {a.name: attribute_value(a, self.folder, node.name)
                                for a in node.attribute})
         outputs = []
@@ -178,6 +183,7 @@ class _Reader:
                              f"supported")
         check_attributes(node, self.versions, where)
         check_kernel_shape(node, attrs, self.values, where)
+        check_signature(node, self.values, self.versions, where)
         if not any(node.output):
             raise GraphError(f"{where} has no outputs")
         if node.op_type in BOUNDED:
@@ -213,11 +219,8 @@ class _Reader:
                 continue
             if position in static:
                 if not isinstance(value, (np.ndarray, _Weight)):
-                    raise ShapeError(f"{where}: input {position} ({v!r}) must be known when the "
-                                     f"graph is built (it sets a shape or an index), but it is "
-                                     f"computed from the graph's inputs; bind the symbolic "
-                                     f"dims ({', '.join(self.symbolic) or 'none'}) with "
-                                     f"from_onnx(..., dims={{name: size}})")
+                    raise not_static(where, position, v, self.symbolic,
+                                     any(i.name == v for i in self.model.graph.input))
                 array = value.array if isinstance(value, _Weight) else value
                 statics.append((position, encode_array(array)))
             else:

@@ -238,8 +238,11 @@ def _split(reader: Any, node: Any, attrs: dict, where: str) -> None:
     squeeze = split is None and not attrs.get("keepdims", 1)
     pieces = [f"{out}__{i}" for i in range(len(sizes))]
     parts = [f"{p}__kept" for p in pieces] if squeeze else pieces
-    _node(reader, "Split", [x, _constant(reader, f"{out}__split", sizes)], parts, node.name,
-          axis=axis)
+    if reader.opset >= 13:  # its sizes an input; before, an attribute
+        _node(reader, "Split", [x, _constant(reader, f"{out}__split", sizes)], parts,
+              node.name, axis=axis)
+    else:
+        _node(reader, "Split", [x], parts, node.name, axis=axis, split=sizes)
     if squeeze:
         for part, piece in zip(parts, pieces):
             _axes(reader, "Squeeze", part, piece, axis, node.name)
