@@ -838,3 +838,30 @@ def test_dropout_of_probability_one_zeroes_everything_in_train_mode():
     _close(np.asarray(out[0]), M()(x))
     _, _, same, _ = _apply(M(), x, inference_mode=True)
     np.testing.assert_array_equal(np.asarray(same[0]), 2 * x.numpy())
+
+
+def test_shuffles_instance_norm_prelu_and_further_tensor_functions():
+    torch.manual_seed(0)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.prelu, self.prelu1 = nn.PReLU(8), nn.PReLU()
+            self.inorm = nn.InstanceNorm2d(8, affine=True)
+            self.inorm_plain = nn.InstanceNorm2d(8)
+
+        def forward(self, x, y):
+            return (F.pixel_shuffle(x, 2), F.pixel_unshuffle(x, 2), self.prelu(x), self.prelu1(x),
+                    self.inorm(x), self.inorm_plain(x), F.threshold(x, 0.1, -3.0), torch.frac(x),
+                    torch.floor_divide(x, 0.7), torch.cumprod(x, 1), torch.addcmul(x, x, y, value=0.5),
+                    torch.addcdiv(x, x, y.abs() + 1, value=2), x.narrow(2, 1, 3),
+                    torch.nan_to_num(x / y.round(), posinf=9.0))
+
+    x, y = torch.randn(2, 8, 4, 6), torch.randn(2, 8, 4, 6)
+    with torch.no_grad():
+        model = M().eval()
+        model.prelu.weight.uniform_(0, 1)
+        model.inorm.weight.uniform_(0.5, 1.5)
+        _, _, out, _ = _apply(model, x, y)
+        for ours, theirs in zip(out, model(x, y), strict=True):
+            _close(np.asarray(ours), theirs, tol=1e-5)

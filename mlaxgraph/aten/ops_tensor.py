@@ -216,3 +216,58 @@ define("aten.hardshrink.default")(
     lambda x, lambd=0.5: jnp.where(jnp.abs(x) > lambd, x, jnp.zeros((), x.dtype)))
 define("aten.logsumexp.default", flops="input")(
     lambda x, dim, keepdim=False: jax.nn.logsumexp(x, axis=_axes(dim), keepdims=keepdim))
+define("aten.threshold.default")(
+    lambda x, threshold, value: jnp.where(x > threshold, x, jnp.asarray(value, x.dtype)))
+define("aten.prelu.default", "aten._prelu_kernel.default")(
+    lambda x, w: jnp.where(x >= 0, x, x * (w.reshape((-1,) + (1,) * (x.ndim - 2)) if x.ndim > 1 and w.size > 1
+                                        else w.reshape(()))))
+define("aten.frac.default")(lambda x: x - jnp.trunc(x))
+define("aten.floor_divide.default", "aten.floor_divide.Scalar")(jnp.floor_divide)
+define("aten.cumprod.default", flops="input")(
+    lambda x, dim, dtype=None: jnp.cumprod(x, axis=dim, dtype=dtype_of(dtype)))
+define("aten.addcmul.default")(lambda x, a, b, value=1: x + value * a * b)
+define("aten.addcdiv.default")(lambda x, a, b, value=1: x + value * a / b)
+define("aten.narrow.default", flops="none")(
+    lambda x, dim, start, length: jax.lax.slice_in_dim(x, start % x.shape[dim], start % x.shape[dim] + length,
+                                                       axis=dim % x.ndim))
+
+
+@define("aten.nan_to_num.default")
+def _nan_to_num(x, nan=None, posinf=None, neginf=None):
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+@define("aten.pixel_shuffle.default", flops="none")
+def _pixel_shuffle(x, r):
+    *lead, c, h, w = x.shape
+    y = x.reshape((*lead, c // (r * r), r, r, h, w))
+    n = len(lead)
+    y = jnp.transpose(y, tuple(range(n)) + (n, n + 3, n + 1, n + 4, n + 2))
+    return y.reshape((*lead, c // (r * r), h * r, w * r))
+
+
+@define("aten.pixel_unshuffle.default", flops="none")
+def _pixel_unshuffle(x, r):
+    *lead, c, h, w = x.shape
+    y = x.reshape((*lead, c, h // r, r, w // r, r))
+    n = len(lead)
+    y = jnp.transpose(y, tuple(range(n)) + (n, n + 2, n + 4, n + 1, n + 3))
+    return y.reshape((*lead, c * r * r, h // r, w // r))
+
+
+@define("aten.instance_norm.default", flops=lambda i, o, a: 8 * size(o[0]))
+def _instance_norm(x, w, b, mean, var, use_input_stats, momentum, eps, cudnn_enabled=True):
+    """``nn.InstanceNorm*``: each sample's channels over their positions; with
+    ``track_running_stats`` in eval mode the running statistics."""
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    if use_input_stats:
+        if mean is not None:
+            raise NotImplementedError("track_running_stats=True in train mode (its running "
+                                      "statistics' update)")
+        axes = tuple(range(2, x.ndim))
+        m, v = x.mean(axes, keepdims=True), x.var(axes, keepdims=True)
+    else:
+        m, v = mean.reshape(shape), var.reshape(shape)
+    y = (x - m) * jax.lax.rsqrt(v + eps)
+    y = y if w is None else y * w.reshape(shape)
+    return y if b is None else y + b.reshape(shape)
