@@ -725,14 +725,9 @@ def test_inputs_and_modules_from_torch_cannot_take_are_named():
         mg.from_torch(nn.Sequential(nn.Linear(4, 4)), (torch.randn(1, 4),),
                       dynamic_shapes=({0: torch.export.Dim("batch")},))
 
-    class Transposed(nn.Module):
-        def forward(self, x):
-            w = torch.ones(2, 2, 2, 2)
-            return torch.ops.aten.convolution(x, w, None, [2, 2], [0, 0], [1, 1], True, [0, 0], 1)
-
-    with pytest.raises(mg.GraphError, match=r"aten\.convolution\.default with transposed "
-                                            r"convolution is not supported"):
-        mg.from_torch(Transposed(), (torch.randn(1, 2, 4, 4),))
+    with pytest.raises(mg.GraphError, match=r"aten\.instance_norm\.default with "
+                                            r"track_running_stats=True in train mode .* is not supported"):
+        mg.from_torch(nn.InstanceNorm2d(2, track_running_stats=True).train(), (torch.randn(2, 2, 4, 4),))
 
 
 def test_a_module_s_own_buffer_updates_are_its_new_state():
@@ -865,3 +860,20 @@ def test_shuffles_instance_norm_prelu_and_further_tensor_functions():
         _, _, out, _ = _apply(model, x, y)
         for ours, theirs in zip(out, model(x, y), strict=True):
             _close(np.asarray(ours), theirs, tol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [
+    {"stride": 2}, {"stride": 2, "padding": 1, "output_padding": 1},
+    {"stride": (2, 3), "padding": (0, 2), "dilation": 2, "groups": 2}, {"dims": 1, "stride": 3, "padding": 1}])
+def test_transposed_convolution(kw):
+    torch.manual_seed(0)
+    dims = kw.pop("dims", 2)
+    cls = nn.ConvTranspose1d if dims == 1 else nn.ConvTranspose2d
+    layer = nn.Sequential(cls(4, 6, 3, **kw)).eval()
+    x = torch.randn(2, 4, *((5,) if dims == 1 else (5, 7)))
+    graph, _, out, _ = _apply(layer, x)
+    _close(np.asarray(out[0]), layer(x), tol=1e-5)
+    core = torch.export.export(layer, (x,)).run_decompositions()  # aten.convolution, transposed
+    g2, p2, s2 = mg.from_torch(core)
+    out2, _ = mg.compile(g2).apply(p2, s2, jnp.asarray(x.numpy()), inference_mode=True)
+    _close(np.asarray(out2), layer(x), tol=1e-5)

@@ -49,7 +49,7 @@ def _conv_flops(inputs, outputs, args):
 @define("aten.convolution.default", flops=_conv_flops)
 def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     if transposed:
-        raise NotImplementedError("transposed convolution")
+        return _conv_transpose(x, w, b, stride, padding, output_padding, groups, dilation)
     nd = w.ndim - 2
     y = lax.conv_general_dilated(
         x, w, tuple(stride), [p if isinstance(p, tuple) else (p, p) for p in padding],
@@ -57,6 +57,29 @@ def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding,
         feature_group_count=groups, precision="highest",
         dimension_numbers=("NCH", "OIH", "NCH") if nd == 1 else (
             ("NCHW", "OIHW", "NCHW") if nd == 2 else ("NCDHW", "OIDHW", "NCDHW")))
+    return y if b is None else y + b.reshape((1, -1) + (1,) * nd)
+
+
+@define("aten.conv_transpose1d.default", "aten.conv_transpose2d.input", "aten.conv_transpose3d.input",
+        flops=lambda i, o, a: 2 * size(i[0]) * size(i[1].shape[1:]))
+def _conv_transpose(x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """``nn.ConvTranspose1d/2d/3d`` (weight ``(in, out / groups, *kernel)``): the
+    convolution of the input spread out by ``stride`` with the flipped kernel, padded
+    ``dilation * (k - 1) - padding`` on each side and ``output_padding`` more on the right."""
+    nd = w.ndim - 2
+
+    def tup(v):
+        return tuple(v) * (nd if len(tuple(v)) == 1 else 1) if isinstance(v, (list, tuple)) else (v,) * nd
+    stride, padding, output_padding, dilation = map(tup, (stride, padding, output_padding, dilation))
+    cin, cout_g, kernel = w.shape[0], w.shape[1], w.shape[2:]
+    k = w.reshape((groups, cin // groups, cout_g) + kernel).swapaxes(1, 2)
+    k = jnp.flip(k.reshape((groups * cout_g, cin // groups) + kernel), tuple(range(2, 2 + nd)))
+    pads = [(d * (n - 1) - p, d * (n - 1) - p + o)
+            for n, p, o, d in zip(kernel, padding, output_padding, dilation)]
+    spec = ("NCH", "OIH", "NCH") if nd == 1 else (
+        ("NCHW", "OIHW", "NCHW") if nd == 2 else ("NCDHW", "OIDHW", "NCDHW"))
+    y = lax.conv_general_dilated(x, k, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation,
+                                 feature_group_count=groups, precision="highest", dimension_numbers=spec)
     return y if b is None else y + b.reshape((1, -1) + (1,) * nd)
 
 
