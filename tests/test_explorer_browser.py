@@ -155,6 +155,38 @@ def test_the_panel_shows_the_pinned_details(open_page):
     assert not panel.is_displayed()
 
 
+def test_the_panel_and_the_bar_break_no_word(open_page):
+    """Labels stay whole ("params", not "param s"), values break only where they must,
+    and the search box shows its whole placeholder."""
+    model = mg.compile(examples.residual_cnn(), mg.Policy(compute_dtype="bfloat16"))
+    browser = open_page(model.to_html(hlo=True, batch=2))
+    click(browser, "stem")
+    cells = browser.execute_script("""
+      return [...document.querySelectorAll('[data-panel] tr')].map(tr => {
+        const td = tr.querySelector('td'), range = document.createRange();
+        range.selectNodeContents(td);
+        const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+        return [td.textContent, lines.size, getComputedStyle(tr.lastElementChild).overflowWrap,
+                getComputedStyle(tr.lastElementChild).wordBreak];
+      });""")
+    labels = {c[0] for c in cells}
+    assert {"params", "FLOPs", "activations"} <= labels, cells
+    for label, lines, wrap, word_break in cells:
+        assert lines == (1 if label else 0), (label, lines)  # one line: no word broken
+        assert wrap == "anywhere" and word_break != "break-all", (label, wrap, word_break)
+    rows = browser.execute_script(
+        "return [...document.querySelectorAll('[data-panel] .mg-row, [data-panel] .mg-path')]"
+        ".map(e => getComputedStyle(e).wordBreak)")
+    assert rows and "break-all" not in rows
+    fits = browser.execute_script("""
+      const input = document.getElementById('mg-search'), style = getComputedStyle(input);
+      const context = document.createElement('canvas').getContext('2d');
+      context.font = style.font;
+      const room = input.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+      return [context.measureText(input.placeholder).width, room];""")
+    assert fits[0] <= fits[1], fits
+
+
 def test_equal_blocks_fold_and_unfold(open_page):
     browser = open_page(gpt(5).to_html())
     fold = browser.find_element(By.CSS_SELECTOR, "[data-fold]")
@@ -213,6 +245,13 @@ def test_diff_marks_the_policy_casts_as_added(open_page):
     assert drawn(browser, '[data-diff-inside="true"]') == ["res1"]
     legend = browser.find_element(By.ID, "mg-legend").text
     assert "added in residual_cnn (bfloat16 policy)" in legend
+    # the diff's outlines in colours none of the dtypes' swatches has
+    swatches = browser.execute_script(
+        "return [...document.querySelectorAll('#mg-legend .mg-swatch')].map(s => "
+        "[s.getAttribute('data-diff'), getComputedStyle(s).borderTopColor])")
+    dtypes = {colour for diff, colour in swatches if diff is None}
+    diffs = {diff: colour for diff, colour in swatches if diff is not None}
+    assert set(diffs) == {"added", "removed", "changed"} and not set(diffs.values()) & dtypes, swatches
     assert console_errors(browser) == []
 
 

@@ -139,7 +139,25 @@ def test_show_options_hide_and_show_parts():
     assert "[batch" not in no_shapes and "<BR/>f32<BR/>" in no_shapes
     assert "params:" not in g.to_dot(show_params=False)
     assert "padding=&#39;SAME&#39;" in g.to_dot(show_attrs=True)
-    assert "padding" not in labels_only(g.to_dot())
+
+
+def test_show_attrs_breaks_lines_between_names_and_keeps_every_attribute():
+    from mlaxgraph.ir.printer import format_attr, non_default_attrs
+    from mlaxgraph.render.dot_style import _attrs_text
+
+    op = ops.MultiHeadAttention(2, kernel_init=ops.initializers.normal(0.02),
+                                out_init=ops.initializers.normal(0.01), causal=True,
+                                adapters=("query", "key", "value", "out"))
+    lines = _attrs_text(op)
+    assert all(len(line) <= 40 for line in lines), lines
+    # each line ends after a comma, a bracket or the dot before a name: never inside one
+    assert all(line[-1] in ",([" or re.search(r"[A-Za-z_]\.$", line) for line in lines[:-1]), lines
+    text = lines[0]
+    for line in lines[1:]:  # a long attribute's next lines are indented
+        text += line[2:] if line.startswith("  ") and not text.endswith(",") else \
+            (" " + line.strip() if text.endswith(",") else line.strip())
+    assert text == ", ".join(f"{k}={format_attr(v)}" for k, v in non_default_attrs(op).items())
+    assert "adapters=('query', 'key', 'value', 'out')" in text
 
 
 def test_multi_output_edges_leave_from_their_output_port():

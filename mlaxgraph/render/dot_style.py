@@ -5,7 +5,6 @@ writes the graph)."""
 from __future__ import annotations
 
 import re
-import textwrap
 import unicodedata
 from typing import Any
 
@@ -228,16 +227,44 @@ def _node_line(node) -> str:
     return _ADDRESS.sub("", format_node(node))
 
 
-def _attrs_text(op) -> list[str]:
-    """The op's non-default hyperparameters, wrapped to lines of at most 40 characters,
-    without memory addresses (which differ between runs)."""
-    attrs = non_default_attrs(op)
-    if not attrs:
-        return []
-    text = ", ".join(f"{k}={_ADDRESS.sub('', format_attr(v))}" for k, v in attrs.items())
-    if len(text) > 160:
-        text = text[:159] + "\u2026"
-    return textwrap.wrap(text, 40, break_long_words=True, break_on_hyphens=False) or [text]
+def _attrs_text(op, width: int = 40, longest: int = 120) -> list[str]:
+    """The op's non-default hyperparameters, without memory addresses (which differ
+    between runs), packed into lines of about ``width`` characters: a line breaks between
+    attributes, or inside a long one after a comma, a dot or a bracket (its next lines
+    indented), never inside a name or a number; a value longer than ``longest``
+    characters (a callable's repr) is cut at such a break, marked ``…``."""
+    attrs = list(non_default_attrs(op).items())
+    lines: list[str] = []
+    line = ""
+    for n, (k, v) in enumerate(attrs):
+        value = _ADDRESS.sub("", format_attr(v))
+        if len(value) > longest:
+            cut = max(value.rfind(c, 0, longest) for c in ",.([")
+            value = value[:cut + 1 if cut > 0 else longest].rstrip() + "\u2026"
+        item = f"{k}={value}" + ("," if n < len(attrs) - 1 else "")
+        if line and len(line) + 1 + len(item) <= width:
+            line += " " + item
+            continue
+        if line:
+            lines.append(line)
+        line = ""
+        for piece in _BREAKS.split(item):  # a long attribute over lines, at its breaks
+            if line.strip() and len(line) + len(piece.rstrip()) > width:
+                lines.append(line.rstrip())
+                line = "  "
+            line += piece
+        line = line.rstrip()
+        if line.startswith("  "):  # the end of a long one: the next starts a line
+            lines.append(line)
+            line = ""
+    if line:
+        lines.append(line)
+    return lines
+
+
+#: Where a long attribute may break: after a comma (and its space), an opening bracket,
+#: or a dot before a name (not a number's).
+_BREAKS = re.compile(r"(?<=, )|(?<=,)(?! )|(?<=[(\[])|(?<=\.)(?=[A-Za-z_])")
 
 
 # --- the writer -----------------------------------------------------------------------

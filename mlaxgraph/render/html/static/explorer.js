@@ -518,10 +518,11 @@
                            (overlay === "flops" || overlay === "activation_bytes" ? at() : ""), "mg-legend-note"));
       swatch("#f8f9fa", "#adb5bd", "no value / zero");
     } else legend.appendChild(h("div", "no values in view", "mg-legend-note"));
-    if (D.diff) {
-      swatch("#ebfbee", "#2b8a3e", "added in " + D.diff[1], "added");
-      swatch("#fff5f5", "#c92a2a", "removed from " + D.diff[0], "removed");
-      swatch("#fff9db", "#e67700", "changed", "changed");
+    if (D.diff) {  // outlines, in colours of their own (the dtypes' are fills)
+      legend.appendChild(h("div", "diff: outline", "mg-legend-title"));
+      swatch("#ffffff", "#1098ad", "added in " + D.diff[1], "added");
+      swatch("#ffffff", "#c92a2a", "removed from " + D.diff[0], "removed");
+      swatch("#ffffff", "#e67700", "changed", "changed");
     }
   }
 
