@@ -877,3 +877,16 @@ def test_transposed_convolution(kw):
     g2, p2, s2 = mg.from_torch(core)
     out2, _ = mg.compile(g2).apply(p2, s2, jnp.asarray(x.numpy()), inference_mode=True)
     _close(np.asarray(out2), layer(x), tol=1e-5)
+
+
+def test_a_bare_batch_norm_in_train_mode_updates_its_running_statistics():
+    torch.manual_seed(0)
+    layer = nn.BatchNorm2d(4, momentum=0.3).train()
+    x = torch.randn(3, 4, 5, 5) * 2 + 1
+    graph, params, out, new_state = _apply(layer, x, inference_mode=False)
+    with torch.no_grad():
+        expected = layer(x)
+    _close(np.asarray(out[0]), expected)
+    ours = mg.models.to_state_dict(graph, params, new_state)
+    for key in ("running_mean", "running_var", "weight", "bias"):
+        _close(ours[key], layer.state_dict()[key], tol=1e-5)

@@ -269,9 +269,19 @@ def _updated_buffers(program: Any) -> list[str]:
     return sorted({t for t in written if t.rpartition(".")[2] != "num_batches_tracked"})
 
 
+def _top_batch_norm_trains(program: Any) -> bool:
+    """Whether the top module's own BatchNorm (a bare ``nn.BatchNorm2d``, read as the
+    ATen operator) trains: made functional, its statistics' updates are the program's."""
+    buffers = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs
+               if spec.kind.name.lower() == "buffer"}
+    return any(str(n.target) == "aten.batch_norm.default" and len(n.args) > 5 and n.args[5] is True
+               and "." not in buffers.get(getattr(n.args[3], "name", ""), ".")
+               for n in program.graph.nodes if n.op == "call_function")
+
+
 def _capture(program: Any) -> tuple[dict, dict[str, np.ndarray]]:
     torch = require_torch()
-    if _updated_buffers(program) or _writes_in_place(program):
+    if _updated_buffers(program) or _writes_in_place(program) or _top_batch_norm_trains(program):
         program = program.run_decompositions({})  # functional: buffer updates as outputs
     sig = program.graph_signature
     kinds: dict[str, tuple[str, str | None]] = {}

@@ -235,12 +235,20 @@ def _batch_norm(x, w, b, mean, var, training, momentum, eps, cudnn_enabled=True)
 @define("aten._native_batch_norm_legit_functional.default", "aten.native_batch_norm.default",
         flops=lambda i, o, a: 4 * size(o[0]))
 def _batch_norm_functional(x, w, b, mean, var, training, momentum, eps):
-    """Likewise, after ``run_decompositions``: the running statistics come back unchanged
-    unless in training (where the rule reads a BatchNorm layer)."""
+    """Likewise, after ``run_decompositions``, with the running statistics' new values
+    (the module's buffer updates): unchanged in eval mode; in training (a bare
+    ``nn.BatchNorm2d`` given as the module) moved towards the batch's by ``momentum``,
+    the variance unbiased, as PyTorch's."""
     m, v = _bn_stats(x, mean, var, training)
     y = _bn(x, w, b, m, v, eps)
     empty = jnp.zeros((0,), x.dtype)
-    return y, empty, empty, *((mean, var) if mean is not None else (empty, empty))
+    if mean is None:
+        return y, empty, empty, empty, empty
+    if training:
+        n = x.size // x.shape[1]
+        mean = (1 - momentum) * mean + momentum * m
+        var = (1 - momentum) * var + momentum * v * (n / max(n - 1, 1))
+    return y, empty, empty, mean, var
 
 
 @define("aten._native_batch_norm_legit.no_stats", flops=lambda i, o, a: 4 * size(o[0]))

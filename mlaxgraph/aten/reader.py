@@ -352,9 +352,9 @@ class _Reader:
                 self.shapes[(entry["name"], 0)] = shape
             elif entry["kind"] not in _WEIGHT_KINDS + _STATE_KINDS + ("token",):
                 raise GraphError(f"input {entry['name']!r} of kind {entry['kind']} is not supported")
-        updates = buffer_updates(record)
+        self.training = bool(record.get("training", False)) or trains(record["nodes"])
+        updates = buffer_updates(record, lambda n: getattr(self.match(n), "owner", None) is not None)
         nodes = live_nodes(record, updates)
-        self.training = bool(record.get("training", False)) or trains(nodes)
         self.mode_step(inputs, self.training)
         for placeholder in updates.values():  # updated buffers: read at the top, first
             self.weight_step(self.inputs[placeholder]["target"], "buffer", placeholder, [], "")

@@ -22,10 +22,11 @@ def _refs(value: Any):
             yield from _refs(v)
 
 
-def buffer_updates(record: dict) -> dict[str, str]:
+def buffer_updates(record: dict, is_layer: Any) -> dict[str, str]:
     """The updates carried as new state: the node holding a buffer's new value -> the
-    buffer's input (placeholder) name. An update of a buffer the state dict leaves out
-    (``persistent=False``) is an ``mg.GraphError`` naming it."""
+    buffer's input (placeholder) name; ``is_layer(node)``: whether a batch norm node is
+    one of our layers (which keeps its statistics). An update of a buffer the state
+    dict leaves out (``persistent=False``) is an ``mg.GraphError`` naming it."""
     by_name = {n["name"]: n for n in record["nodes"]}
     placeholders = {i["target"]: i for i in record["inputs"] if i["kind"] == "buffer"}
     updates = {}
@@ -33,7 +34,7 @@ def buffer_updates(record: dict) -> dict[str, str]:
         made = by_name.get(node_name)
         while made is not None and made["target"] == "getitem":
             made = by_name.get(made["args"][0].get("ref")) if isinstance(made["args"][0], dict) else None
-        if (made is not None and "batch_norm" in made["target"]) or \
+        if (made is not None and "batch_norm" in made["target"] and is_layer(made)) or \
                 target.rpartition(".")[2] == "num_batches_tracked":
             continue  # the BatchNorm layer's own
         entry = placeholders.get(target)
