@@ -8,6 +8,7 @@ import optax
 import pytest
 
 import mlaxgraph as mg
+from mlaxgraph import ops
 from mlaxgraph.examples import residual_cnn
 from mlaxgraph.train import CheckpointManager, Trainer
 
@@ -102,3 +103,35 @@ def test_mismatched_or_damaged_checkpoints_are_refused(tmp_path):
         CheckpointManager(tmp_path / "empty").restore(small.init(jax.random.key(0)))
     with pytest.raises(mg.SerializationError, match="keep must be at least 1"):
         CheckpointManager(tmp_path, keep=0)
+
+
+def test_a_mismatch_names_the_differing_arrays_by_part_and_the_step_is_checked(tmp_path):
+    """Another model's checkpoint names its params that differ (not the first names in
+    sorted order, which may all be the loss scale's); a file renamed to another step, or
+    misspelt keywords, are refused by name."""
+    import shutil
+
+    small = Trainer(mg.compile(mg.examples.mlp(4, (8,), 3)), optax.adam(1e-3), loss_scale="dynamic")
+    manager = CheckpointManager(tmp_path)
+    manager.save(small.init(jax.random.key(0)))
+    x = mg.Input(("batch", 4), name="x")
+    other = mg.compile(mg.Graph(x, ops.Linear(3, name="head")(ops.Linear(8, name="dense")(x))))
+    with pytest.raises(mg.SerializationError) as info:
+        manager.restore(Trainer(other, optax.adam(1e-3)).init(jax.random.key(0)))
+    message = str(info.value)
+    assert "params: 2 missing from the file (params/head/bias, params/head/kernel)" in message
+    assert "params: 2 in the file, not in this state (params/logits/bias, params/logits/kernel)" in message
+    assert "loss_scale: 2 in the file, not in this state (loss_scale/good_steps, loss_scale/scale)" in message
+    assert message.index("params: 2 missing") < message.index("opt_state: 4 missing")
+    shutil.copy(manager.path(0), manager.path(7))
+    with pytest.raises(mg.SerializationError, match="the file of step 7 records step 0 and holds a "
+                                                    "state at step 0: it was renamed"):
+        manager.restore(small.init(jax.random.key(0)), 7)
+    with pytest.raises(mg.SerializationError, match=r"unexpected keyword argument 'kep' \(did you mean keep\?\)"):
+        CheckpointManager(tmp_path, kep=2)
+    with pytest.raises(mg.SerializationError, match=r"'stp' \(did you mean step\?\)"):
+        manager.restore(small.init(jax.random.key(0)), stp=0)
+    with pytest.raises(mg.SerializationError, match="save replaces a checkpoint of the same step"):
+        manager.save(small.init(jax.random.key(0)), overwrite=True)
+    with pytest.raises(mg.SerializationError, match="keep must be at least 1 .* got 'two'"):
+        CheckpointManager(tmp_path, keep="two")

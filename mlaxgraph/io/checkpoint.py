@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from ..core.errors import SerializationError
+from ..core.signatures import unknown_keywords
 from .weights import SafetensorsReader, warn_unverified, write_atomic, write_safetensors
 
 __all__ = ["CheckpointManager", "tree_arrays"]
@@ -52,6 +53,22 @@ def tree_arrays(tree: Any) -> dict[str, Any]:
     return named
 
 
+def _differences(expected: list[str], missing: list[str], extra: list[str]) -> str:
+    """The arrays the train state has and the file lacks, and the reverse, by part of
+    the train state (``params``, ``opt_state``, ...: in the state's order), each with
+    its first names."""
+    parts = list(dict.fromkeys(name.split("/")[0] for name in [*expected, *extra]))
+    out = []
+    for part in parts:
+        for label, names in (("missing from the file", missing),
+                             ("in the file, not in this state", extra)):
+            found = [n for n in names if n.split("/")[0] == part]
+            if found:
+                shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+                out.append(f"{part}: {len(found)} {label} ({shown})")
+    return "; ".join(out)
+
+
 class CheckpointManager:
     """Saves and restores TrainStates in ``directory``, keeping the last ``keep``.
 
@@ -73,9 +90,13 @@ class CheckpointManager:
       0
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3):
-        if int(keep) < 1:
-            raise SerializationError(f"keep must be at least 1, got {keep}")
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, **unknown: Any):
+        if unknown:
+            raise SerializationError(unknown_keywords("CheckpointManager", unknown,
+                                                      "CheckpointManager(directory, keep=3)"))
+        if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)) or keep < 1:
+            raise SerializationError(f"CheckpointManager: keep must be at least 1 (an int: how "
+                                     f"many of the newest checkpoints to keep), got {keep!r}")
         self.directory = os.fspath(directory)
         self.keep = int(keep)
 
@@ -93,8 +114,16 @@ class CheckpointManager:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def save(self, ts: Any) -> str:
-        """Writes ``ts`` (any pytree with an int ``step``) atomically; returns the path."""
+    def save(self, ts: Any, **unknown: Any) -> str:
+        """Writes ``ts`` (any pytree with an int ``step``) atomically, replacing a
+        checkpoint of the same step; returns the path."""
+        if unknown:
+            raise SerializationError(unknown_keywords(
+                "CheckpointManager.save", unknown, "save(ts)",
+                {"overwrite": "save replaces a checkpoint of the same step: it takes no overwrite"}))
+        if not hasattr(ts, "step"):
+            raise SerializationError(f"CheckpointManager.save takes a train state (with its "
+                                     f"step), got {type(ts).__name__}")
         step = int(ts.step)
         arrays = {}
         for name, leaf in tree_arrays(ts).items():
@@ -117,7 +146,8 @@ class CheckpointManager:
                 pass
         return path
 
-    def restore(self, template: Any, step: int | None = None, *, verify: bool = True) -> Any:
+    def restore(self, template: Any, step: int | None = None, *, verify: bool = True,
+                **unknown: Any) -> Any:
         """The saved state of ``step`` (the latest when None), in the structure, dtypes
         and shardings of ``template``.
 
@@ -128,12 +158,16 @@ class CheckpointManager:
 
         Raises:
           SerializationError: no checkpoint, one whose arrays do not match the
-            template (another model or optimizer), or one whose bytes changed since it
-            was written (naming the header or the array).
+            template (another model or optimizer: the differing arrays named, by part
+            of the train state), one whose recorded step is not its file's, or one
+            whose bytes changed since it was written (naming the header or the array).
 
         Warns:
           UnverifiedFileWarning: a checkpoint written before files carried checksums.
         """
+        if unknown:
+            raise SerializationError(unknown_keywords(
+                "CheckpointManager.restore", unknown, "restore(template, step=None, *, verify=True)"))
         if step is None:
             step = self.latest_step()
             if step is None:
@@ -159,13 +193,20 @@ class CheckpointManager:
                                              f"this one has none")
                 if verify:
                     warn_unverified(path, "the checkpoint")
-            names = set(reader.names())
-            missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
+            names = list(reader.names())
+            missing = [n for n in expected if n not in set(names)]
+            extra = [n for n in names if n not in expected]
             if missing or extra:
-                raise SerializationError(
-                    f"{path}: the checkpoint does not match this train state (another model "
-                    f"or optimizer?): missing {missing[:5]}, unexpected {extra[:5]}")
+                raise SerializationError(f"{path}: the checkpoint does not match this train "
+                                         f"state (another model, optimizer, trainable= or "
+                                         f"loss scale?): {_differences(list(expected), missing, extra)}")
             leaves = [self._leaf(reader, path, name, leaf) for name, leaf in expected.items()]
+            recorded = metadata.get("step")
+            saved = int(np.asarray(reader.array("step"))) if "step" in expected else int(step)
+            if recorded is not None and not (recorded == str(int(step)) == str(saved)):
+                raise SerializationError(f"{path}: the file of step {int(step)} records step "
+                                         f"{recorded} and holds a state at step {saved}: it was "
+                                         f"renamed or copied over another step's file")
         return jax.tree.unflatten(jax.tree.structure(template), leaves)
 
     @staticmethod
