@@ -185,6 +185,9 @@ def test_rules_need_a_mesh_and_the_right_types(mesh):
         mg.compile(mlp(4, (8,), 2), mesh=(2, 4))
     with pytest.raises(mg.ShardingError, match="rules\\['mlp'\\] must be a mesh axis name"):
         mg.compile(mlp(4, (8,), 2), mesh=mesh, rules={"mlp": 3})
+    # jax's DuplicateSpecError, later, in apply: refused at compile
+    with pytest.raises(mg.ShardingError, match="rules\\['batch'\\] names mesh axis 'data' twice"):
+        mg.compile(mlp(4, (8,), 2), mesh=mesh, rules={"batch": ("data", "data")})
 
 
 def test_a_logical_axis_without_a_rule_is_replicated(mesh):
@@ -320,6 +323,8 @@ def test_shard_batch_and_abstract_init(sharded_mlp):
     assert state == {}
     with pytest.raises(mg.ShardingError, match="compiled without a mesh"):
         shard_batch(mg.compile(mlp(4, (8,), 2)), np.ones((6, 4)))
+    with pytest.raises(mg.ShardingError, match="shard_batch got unexpected keyword argument 'axis'"):
+        shard_batch(model, np.ones((6, 4), np.float32), axis=0)
 
 
 def test_hlo_of_a_sharded_model_and_its_collectives(sharded_mlp):
@@ -513,7 +518,12 @@ grads = jax.grad(loss)(params["dense"])
 updates, _ = optimizer.update(grads, optimizer.init(params["dense"]), params["dense"])
 want = optax.apply_updates(params["dense"], updates)
 ts, _ = trainer.train_step(ts, x, y)
-json.dump({"moments": sorted(mu), "mu_spec": [e for e in mu["dense"]["kernel"].sharding.spec],
+try:  # jax's IndivisibleError before: a batch of 3 over data=2
+    mg.distributed.shard_batch(model, np.ones((3, 4), np.float32))
+    indivisible = None
+except mg.ShardingError as e:
+    indivisible = str(e)
+json.dump({"indivisible": indivisible, "moments": sorted(mu), "mu_spec": [e for e in mu["dense"]["kernel"].sharding.spec],
            "kernel_spec": [e for e in ts.params["dense"]["kernel"].sharding.spec],
            "error": max(float(np.abs(np.asarray(ts.params["dense"][k]) - np.asarray(want[k])).max())
                         for k in want),
@@ -530,3 +540,6 @@ def test_a_trainer_with_trainable_on_a_mesh_shards_the_moments_of_its_weights():
     assert report["moments"] == ["dense"]
     assert report["mu_spec"] == report["kernel_spec"] == [None, "model"]
     assert report["error"] < 1e-6 and report["frozen_same"]
+    assert report["indivisible"].startswith(
+        "shard_batch: array 0 (float32[3, 4]) has a leading (batch) dim of 3, which mesh axis "
+        "'data' of size 2 does not divide"), report["indivisible"]

@@ -66,6 +66,11 @@ def as_rules(rules: Mapping[str, Any] | None) -> dict[str, tuple[str, ...]]:
         if not all(isinstance(t, str) and t for t in targets):
             raise ShardingError(f"rules[{name!r}] must be a mesh axis name, a tuple of them or "
                                 f"None, got {target!r}")
+        twice = next((t for i, t in enumerate(targets) if t in targets[:i]), None)
+        if twice is not None:
+            raise ShardingError(f"rules[{name!r}] names mesh axis {twice!r} twice ({target!r}): "
+                                f"a mesh axis shards a dim once; give it once, or two different "
+                                f"mesh axes")
         result[name] = targets
     return result
 
