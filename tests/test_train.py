@@ -335,3 +335,158 @@ def test_bad_arguments_raise_mlaxgraph_errors():
         trainer.fit(ts, (x, y), epochs=1, batch_size=4, progress=False,
                     validation=(x, np.where(y == 0, -100, y)))
     assert int(ts.step) == 0  # nothing was trained
+
+
+def _log_softmax_ce(logits, labels):
+    """Cross-entropy of class ids in NumPy (float64): the reference."""
+    logits = np.asarray(logits, np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) \
+        - logits.max(1, keepdims=True)
+    return -logp[np.arange(len(labels)), labels]
+
+
+def test_steps_refuse_class_ids_outside_the_classes_of_host_targets():
+    """train_step, train_steps and eval_step check class ids held in a NumPy array
+    (on the host, before dispatch) as fit does; on a device, an id outside [0, classes)
+    gives the loss NaN, never another class's loss."""
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1))
+    ts = trainer.init(jax.random.key(0))
+    x, y = _data(8)
+    for bad, hint in ((3, r"\[0, 3\)$"), (-1, r"\[0, 3\)$"), (-100, "Hugging Face's labels")):
+        labels = y.copy()
+        labels[2] = bad
+        for name, call in (("train_step", lambda t: trainer.train_step(ts, x, t)),
+                           ("train_steps", lambda t: trainer.train_steps(ts, x[None], t[None])),
+                           ("eval_step", lambda t: trainer.eval_step(ts, x, t))):
+            with pytest.raises(mg.ShapeError, match=f"{name}: the targets hold class id {bad}, and "
+                                                    f"the graph's output 'logits' has 3 classes.*{hint}"):
+                call(labels)
+        metrics = trainer.eval_step(ts, jnp.asarray(x), jnp.asarray(labels))  # not read back
+        assert np.isnan(float(metrics["loss"]))
+    assert int(ts.step) == 0
+    logits = np.asarray(trainer.predict(ts, x))
+    np.testing.assert_allclose(float(trainer.eval_step(ts, x, y)["loss"]),
+                               _log_softmax_ce(logits, y).mean(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_loss_function_gets_float32_outputs_as_the_named_loss(dtype):
+    model = mg.compile(mlp(4, (8,), 3), dtype)
+    seen = []
+
+    def loss(outputs, targets):
+        seen.append(outputs.dtype)
+        return optax.softmax_cross_entropy_with_integer_labels(outputs, targets)
+
+    def metric(outputs, targets):
+        seen.append(outputs.dtype)
+        return jnp.max(outputs, axis=-1)
+
+    custom = Trainer(model, optax.sgd(0.1), loss=loss, metrics={"top": metric}, loss_scale=None)
+    ts = custom.init(jax.random.key(0))
+    x, y = _data(8)
+    got = custom.eval_step(ts, x, y)
+    assert seen == [np.float32, np.float32]
+    logits = np.asarray(custom.predict(ts, x)).astype(np.float32)
+    np.testing.assert_allclose(float(got["loss"]), _log_softmax_ce(logits, y).mean(), rtol=1e-5)
+    named = Trainer(model, optax.sgd(0.1), loss_scale=None)
+    assert float(named.eval_step(ts, x, y)["loss"]) == float(got["loss"])
+
+
+def test_what_a_loss_or_metric_function_returns_is_checked():
+    model = mg.compile(mlp(4, (8,), 3))
+    x, y = _data(8)
+
+    def step(loss, metrics=None):
+        trainer = Trainer(model, optax.sgd(0.1), loss=loss, metrics=metrics)
+        return trainer.train_step(trainer.init(jax.random.key(0)), x, y)
+
+    ce = optax.softmax_cross_entropy_with_integer_labels
+    with pytest.raises(mg.DTypeError, match=r"the loss returned complex values \(complex64\[8\]\)"):
+        step(lambda o, t: ce(o, t).astype(jnp.complex64))
+    with pytest.raises(mg.DTypeError, match=r"the loss returned int32 values .*no gradient"):
+        step(lambda o, t: jnp.argmax(o, -1))
+    with pytest.raises(mg.GraphError, match="the loss returned the Python number 1.5, a constant"):
+        step(lambda o, t: 1.5)
+    with pytest.raises(mg.GraphError, match="the loss returned a dict; it returns per-example"):
+        step(lambda o, t: {"loss": ce(o, t)})
+    with pytest.raises(mg.GraphError, match=r"the loss returned a tuple; .*capture="):
+        step(lambda o, t: (ce(o, t), o))
+    with pytest.raises(mg.DTypeError, match="metric 'c' returned complex values"):
+        step("softmax_cross_entropy", {"c": lambda o, t: o[:, 0].astype(jnp.complex64)})
+    _, metrics = step("softmax_cross_entropy", {"one": lambda o, t: 1.0, "hit": lambda o, t: o.argmax(-1) == t})
+    assert float(metrics["one"]) == 1.0 and metrics["hit"].dtype == np.float32
+
+
+def test_misused_steps_name_what_they_take():
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.adam(0.1))
+    ts = trainer.init(jax.random.key(0))
+    x, y = _data(8)
+    with pytest.raises(mg.GraphError, match=r"train_step got unexpected keyword argument 'rng' "
+                                            r"\(the step draws its dropout keys from the train state"):
+        trainer.train_step(ts, x, y, rng=jax.random.key(1))
+    with pytest.raises(mg.GraphError, match=r"takes train_step\(ts, inputs, targets\): a TrainState "
+                                            r"first, got ndarray; the train state is argument 2"):
+        trainer.train_step(x, ts, y)
+    with pytest.raises(mg.GraphError, match="eval_step got unexpected keyword argument 'weight' "
+                                            r"\(did you mean weights\?\)"):
+        trainer.eval_step(ts, x, y, weight=np.ones(8, np.float32))
+    with pytest.raises(mg.GraphError, match="got 3 arguments after ts; a graph with several inputs"):
+        trainer.train_step(ts, x, x, y)
+    with pytest.raises(mg.GraphError, match=r"Trainer.init takes one JAX random key, .*got 0$"):
+        trainer.init(0)
+    # another optimizer's state, either way
+    momentum = Trainer(trainer.model, optax.sgd(0.1, momentum=0.9))
+    for a, b in ((trainer, momentum), (momentum, trainer), (Trainer(trainer.model, optax.sgd(0.1)), trainer)):
+        with pytest.raises(mg.GraphError, match="train_step: ts.opt_state is not this Trainer's optimizer state"):
+            a.train_step(b.init(jax.random.key(0)), x, y)
+    # train_steps given one batch, not batches stacked on a steps axis
+    with pytest.raises(mg.ShapeError, match=r"train_steps runs k steps on batches stacked on a "
+                                            r"leading steps axis, and input .* got float32\[8, 4\], one batch"):
+        trainer.train_steps(ts, x, y)
+    assert int(ts.step) == 0 and float(trainer.eval_step(ts, x, y, np.ones(8, np.float32))["loss"]) > 0
+
+
+def test_optax_multi_steps_accumulates_gradients_as_written_out():
+    """optax.MultiSteps (optax's gradient accumulation) is taken as its
+    gradient_transformation(): every k-th step applies the mean of k gradients."""
+    model = mg.compile(mlp(4, (8,), 3))
+    trainer = Trainer(model, optax.MultiSteps(optax.sgd(0.5), every_k_schedule=2))
+    ts = trainer.init(jax.random.key(0))
+    params = jax.tree.map(np.asarray, ts.params)
+    batches = [_data(8, seed=s) for s in range(4)]
+
+    def loss(p, x, y):
+        logits = model.apply_fn(p, ts.state, x, inference_mode=False)[0]
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+
+    want = params
+    for i in range(0, 4, 2):
+        g = [jax.grad(loss)(want, *batches[j]) for j in (i, i + 1)]
+        want = jax.tree.map(lambda p, a, b: p - 0.5 * (a + b) / 2, want, *g)
+    for x, y in batches:
+        ts, _ = trainer.train_step(ts, x, y)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), ts.params, want)
+
+
+def test_fit_names_its_misused_arguments_before_python_does():
+    trainer = Trainer(mg.compile(mlp(4, (8,), 3)), optax.sgd(0.1))
+    ts = trainer.init(jax.random.key(0))
+    x, y = _data(16)
+    with pytest.raises(mg.GraphError, match=r"fit got unexpected keyword argument 'batch_sise' "
+                                            r"\(did you mean batch_size\?\)"):
+        trainer.fit(ts, (x, y), epochs=1, batch_sise=8)
+    with pytest.raises(mg.GraphError, match="fit needs batch_size"):
+        trainer.fit(ts, (x, y), epochs=1)
+    with pytest.raises(mg.GraphError, match=r"fit takes the training data as one pair: .*got 2 "
+                                            r"positional arguments after ts"):
+        trainer.fit(ts, x, y, epochs=1, batch_size=8)
+    with pytest.raises(mg.DTypeError, match=r"training data: input 'x' is <U1\[16, 4\]"):
+        trainer.fit(ts, (np.full((16, 4), "a"), y), epochs=1, batch_size=8, progress=False)
+    # the inputs the train step refuses, fit refuses too; float64 NumPy data both take
+    with pytest.raises(mg.DTypeError, match=r"input 'x' is int32\[16, 4\], .*cast it"):
+        trainer.fit(ts, (x.astype(np.int32), y), epochs=1, batch_size=8, progress=False)
+    with pytest.raises(mg.DTypeError):
+        trainer.train_step(ts, x.astype(np.int32), y)
+    ts, history = trainer.fit(ts, (x.astype(np.float64), y), epochs=1, batch_size=8, progress=False)
+    assert int(ts.step) == 2

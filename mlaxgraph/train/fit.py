@@ -16,9 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.errors import ConfigError, GraphError, ShapeError
+from ..core.errors import ConfigError, DTypeError, GraphError, ShapeError
 from ..core.signatures import unknown_keywords
+from .objectives import check_class_ids, label_classes
 from .state import TrainState
+from .step_calls import unchecked
 
 __all__ = ["fit", "evaluate", "as_inputs"]
 
@@ -37,7 +39,11 @@ def _prepare(trainer, data: Any, what: str) -> tuple[tuple[np.ndarray, ...], np.
     if len(inputs) != len(specs):
         raise ShapeError(f"{what}: graph {trainer.model.graph.name!r} takes {len(specs)} "
                          f"inputs, got {len(inputs)}")
-    arrays = tuple(np.asarray(x, dtype=spec.dtype) for x, spec in zip(inputs, specs))
+    arrays = tuple(_as_input(np.asarray(x), spec, name, what)
+                   for x, spec, name in zip(inputs, specs, trainer.model.graph.inputs))
+    if not np.issubdtype(targets.dtype, np.number) and targets.dtype != np.bool_:
+        raise DTypeError(f"{what}: the targets are {targets.dtype} values; they are numbers "
+                         f"(class ids or float targets)")
     if np.issubdtype(targets.dtype, np.integer):
         targets = targets.astype(np.int32)
     elif jnp.issubdtype(targets.dtype, jnp.floating):
@@ -50,25 +56,23 @@ def _prepare(trainer, data: Any, what: str) -> tuple[tuple[np.ndarray, ...], np.
     return arrays, targets
 
 
+def _as_input(x: np.ndarray, spec: Any, name: str, what: str) -> np.ndarray:
+    """An input array in its graph input's dtype where the train step would take it
+    (the same kind: float64 NumPy data for a float32 input, as jax takes it), else the
+    train step's DTypeError, before training starts."""
+    want = np.dtype(spec.dtype)
+    if x.dtype.kind in "biufc" and jax.dtypes.canonicalize_dtype(x.dtype) == want:
+        return x.astype(want, copy=False)
+    raise DTypeError(f"{what}: input {name!r} is {x.dtype}{list(x.shape)}, and the graph takes "
+                     f"{spec} there" + (f": cast it (x.astype({want.name!r})), as train_step "
+                                        f"takes it only so" if x.dtype.kind in "fiub" else ""))
+
+
 def _check_class_ids(trainer, targets: np.ndarray, what: str) -> None:
-    """Class ids outside the output's classes, which the step's loss would turn into NaN
-    (a gather out of range): checked once, on the host, before training."""
-    specs = trainer.model.graph.output_specs
-    if (trainer._loss_name != "softmax_cross_entropy" or len(specs) != 1 or not specs[0].shape
-            or not isinstance(classes := specs[0].shape[-1], int)
-            or not np.issubdtype(targets.dtype, np.integer) or not targets.size):
-        return
-    low, high = int(targets.min()), int(targets.max())
-    if low >= 0 and high < classes:
-        return
-    bad = low if low < 0 else high
-    hint = (f"; they run from 1 to {classes}: class ids count from 0 (targets - 1)"
-            if low == 1 and high == classes else
-            "; -100 marks an ignored position in Hugging Face's labels, which the named loss "
-            "does not have: give a loss function that masks it" if low == -100 else "")
-    raise ShapeError(f"{what}: the targets hold class id {bad}, and the graph's output "
-                     f"{trainer._output_name!r} has {classes} classes: ids must be in "
-                     f"[0, {classes}){hint}")
+    """Class ids outside the output's classes: checked once, on the host, before training."""
+    classes = label_classes(trainer._loss_name, trainer.model.graph.output_specs)
+    if classes is not None:
+        check_class_ids(targets, classes, trainer._output_name, f"{what}: the targets")
 
 
 def _take(inputs: tuple[np.ndarray, ...], index: np.ndarray):
@@ -103,8 +107,8 @@ def evaluate(trainer, ts: TrainState, data: tuple, batch_size: int) -> dict[str,
         index = np.arange(start, start + batch_size)
         valid = index < n
         index = np.where(valid, index, 0)
-        metrics = trainer.eval_step(ts, _take(inputs, index), targets[index],
-                                    valid.astype(np.float32))
+        metrics = unchecked(trainer.eval_step)(ts, _take(inputs, index), targets[index],
+                                               valid.astype(np.float32))
         count = float(valid.sum())
         for name, value in metrics.items():
             sums[name] = sums.get(name, 0.0) + value * count
@@ -124,8 +128,8 @@ _KERAS_FIT_NAMES = {
     "validation_split": "fit takes validation=(inputs, targets): split the arrays first"}
 
 
-def fit(trainer, ts: TrainState, train: tuple | None = None, *, epochs: int, batch_size: int,
-        initial_epoch: int | None = None,
+def fit(trainer, ts: TrainState, train: tuple | None = None, *more: Any, epochs: Any = None,
+        batch_size: Any = None, initial_epoch: int | None = None,
         validation: tuple | None = None, shuffle: bool = True, seed: int = 0,
         steps_per_dispatch: int = 1, checkpoints=None, patience: int | None = None,
         progress: bool = True, **unknown: Any) -> tuple[TrainState, dict[str, list[float]]]:
@@ -164,12 +168,19 @@ def fit(trainer, ts: TrainState, train: tuple | None = None, *, epochs: int, bat
       ``(ts, history)``: the final state and, per epoch, the mean train metrics and
       ``val_``-prefixed validation metrics (``history["epoch"]`` counts from 1).
     """
-    if unknown:
+    if unknown:  # before the required ones: a misspelt batch_size is named as such
         raise GraphError(unknown_keywords("fit", unknown, _FIT_SIGNATURE, _KERAS_FIT_NAMES))
     if not isinstance(ts, TrainState):  # Keras's fit(x, y) or fit((x, y)), the state left out
         raise GraphError(f"fit trains a train state: trainer.fit(ts, (inputs, targets), ...), "
                          f"ts from trainer.init(key) (or a checkpoint), got "
                          f"{type(ts).__name__} first")
+    if more:  # Keras's fit(x, y, ...) after the state
+        raise GraphError(f"fit takes the training data as one pair: trainer.fit(ts, (inputs, "
+                         f"targets), epochs=..., batch_size=...), got {len(more) + 1} positional "
+                         f"arguments after ts (Keras's fit(x, y) is fit(ts, (x, y)))")
+    missing = [name for name, given in (("epochs", epochs), ("batch_size", batch_size)) if given is None]
+    if missing:
+        raise GraphError(f"fit needs {' and '.join(missing)}: {_FIT_SIGNATURE}")
     tqdm = _progress_bar()
     inputs, targets = _prepare(trainer, train, "training data")
     if validation is not None:  # checked now, not after the first epoch's training
@@ -182,6 +193,7 @@ def fit(trainer, ts: TrainState, train: tuple | None = None, *, epochs: int, bat
     if per_epoch == 0:
         raise ShapeError(f"batch_size={batch_size} does not fit the {n} training examples")
     k = int(steps_per_dispatch)
+    train_step, train_steps = unchecked(trainer.train_step), unchecked(trainer.train_steps)
     history: dict[str, list[float]] = {"epoch": []}
     best, stale = math.inf, 0
     step = int(ts.step)
@@ -213,13 +225,13 @@ def fit(trainer, ts: TrainState, train: tuple | None = None, *, epochs: int, bat
         while i < per_epoch:
             if k > 1 and i + k <= per_epoch:
                 index = order[i:i + k]
-                ts, metrics = trainer.train_steps(ts, _take(inputs, index), targets[index])
+                ts, metrics = train_steps(ts, _take(inputs, index), targets[index])
                 collected.append(metrics)
                 i += k
                 bar.update(k)
             else:
                 index = order[i]
-                ts, metrics = trainer.train_step(ts, _take(inputs, index), targets[index])
+                ts, metrics = train_step(ts, _take(inputs, index), targets[index])
                 collected.append(jax.tree.map(lambda v: v[None], metrics))
                 i += 1
                 bar.update(1)

@@ -1,6 +1,7 @@
 """Losses and metrics by name, each a function ``(outputs, targets) -> per-example
-values``. The train step averages them; outputs are cast to float32 first, so a
-half-precision model's loss is computed in float32."""
+values``. The train step averages them; outputs are cast to float32 first (for a loss
+or metric function as for the named ones), so a half-precision model's loss is
+computed in float32; what a function returns is checked to be real values."""
 
 from __future__ import annotations
 
@@ -8,20 +9,28 @@ import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from ..core.errors import DTypeError, GraphError, ShapeError
 
 __all__ = ["LOSSES", "METRICS", "resolve_loss", "resolve_metrics", "check_targets",
-           "weighted_mean"]
+           "weighted_mean", "float32_outputs", "objective_values", "label_classes",
+           "check_class_ids"]
 
 Objective = Callable[[Any, Any], Any]
 
 
 def softmax_cross_entropy(logits, labels):
-    """Cross-entropy of integer class labels against logits (optax's, in float32)."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+    """Cross-entropy of integer class labels against logits (optax's, in float32); NaN
+    for a label outside ``[0, classes)`` (-1, Hugging Face's ignored -100), which has
+    no class to score, rather than some other class's loss."""
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+    # NaN added outside the derivative, which stays optax's
+    invalid = jnp.where((labels >= 0) & (labels < logits.shape[-1]), 0.0, jnp.nan)
+    return losses + jax.lax.stop_gradient(invalid)
 
 
 def sigmoid_binary_cross_entropy(logits, labels):
@@ -146,3 +155,83 @@ def weighted_mean(values: Any, weights: Any, name: str) -> Any:
     each = jnp.broadcast_to(weights.reshape(weights.shape + (1,) * (values.ndim - 1)),
                             values.shape)
     return jnp.sum(values * each) / jnp.maximum(jnp.sum(each), 1.0)
+
+
+def float32_outputs(outputs: Any) -> Any:
+    """The model's outputs with every float one cast to float32, as the loss and the
+    metrics get them."""
+    return jax.tree.map(lambda o: o.astype(jnp.float32) if jnp.issubdtype(o.dtype, jnp.floating)
+                        else o, outputs)
+
+
+def objective_values(value: Any, what: str, *, loss: bool) -> Any:
+    """What a loss or metric function returned, as float32 values (per example, or one).
+
+    Raises:
+      GraphError: a dict, tuple or list (a ``(loss, aux)`` pair), no array at all, or
+        a loss that is a Python number (a constant).
+      DTypeError: complex values, or, for a loss, integer or boolean ones (no
+        gradient: nothing would train).
+    """
+    if isinstance(value, (Mapping, tuple, list)):
+        hint = (": return the loss alone; read other outputs with Trainer(capture=...) and "
+                "report values with metrics=" if loss else "")
+        raise GraphError(f"{what} returned a {type(value).__name__}; it returns per-example "
+                         f"values, one array (or one value){hint}")
+    if loss and isinstance(value, (bool, int, float, complex, np.number)):
+        raise GraphError(f"{what} returned the Python number {value!r}, a constant that does "
+                         f"not depend on the outputs, so nothing would train; compute it with "
+                         f"jnp from the outputs and targets")
+    try:
+        value = jnp.asarray(value)
+    except TypeError:
+        raise GraphError(f"{what} returned {type(value).__name__}; it returns per-example "
+                         f"values, one array (or one value)") from None
+    if jnp.issubdtype(value.dtype, jnp.complexfloating):
+        raise DTypeError(f"{what} returned complex values ({value.dtype}{list(value.shape)}), "
+                         f"which have no order to minimise; return a real value, such as "
+                         f"jnp.abs(...) or jnp.real(...)")
+    if loss and not jnp.issubdtype(value.dtype, jnp.floating):
+        raise DTypeError(f"{what} returned {value.dtype} values ({value.dtype}{list(value.shape)}), "
+                         f"which have no gradient, so nothing would train; compute it in floats "
+                         f"from the outputs (an argmax or a comparison is a metric, not a loss)")
+    return value.astype(jnp.float32)
+
+
+def label_classes(loss: str | None, output_specs: Any) -> int | None:
+    """The number of classes whose ids the targets of the named loss must stay below
+    (None: nothing to check: another loss, several outputs, a symbolic class count)."""
+    if loss != "softmax_cross_entropy" or len(output_specs) != 1 or not output_specs[0].shape:
+        return None
+    classes = output_specs[0].shape[-1]
+    return classes if isinstance(classes, int) else None
+
+
+#: Integer dtype -> the unsigned one of its size (the ids read in one pass).
+_UNSIGNED = {np.dtype(f"{kind}{size}"): np.dtype(f"u{size}") for kind in "iu" for size in (1, 2, 4, 8)}
+_largest = np.maximum.reduce
+
+
+def check_class_ids(targets: np.ndarray, classes: int, output_name: str, what: str) -> None:
+    """Class ids outside ``[0, classes)``, which the loss turns into NaN (or, without its
+    check, another class's loss): checked on the host, where the targets are.
+
+    Raises:
+      ShapeError: naming the id, the classes and the output.
+    """
+    unsigned = _UNSIGNED.get(targets.dtype)
+    if unsigned is None or not targets.size:
+        return
+    # one pass: read as unsigned, a negative id is larger than any class count
+    if _largest(targets.view(unsigned), None) < classes:
+        return
+    low, high = int(targets.min()), int(targets.max())
+    if low >= 0 and high < classes:
+        return
+    bad = low if low < 0 else high
+    hint = (f"; they run from 1 to {classes}: class ids count from 0 (targets - 1)"
+            if low == 1 and high == classes else
+            "; -100 marks an ignored position in Hugging Face's labels, which the named loss "
+            "does not have: give a loss function that masks it" if low == -100 else "")
+    raise ShapeError(f"{what} hold class id {bad}, and the graph's output {output_name!r} has "
+                     f"{classes} classes: ids must be in [0, {classes}){hint}")

@@ -1,5 +1,6 @@
-"""Which weights train: ``Trainer(trainable=...)``'s glob over weight paths, and the
-subtree of the weights that train taken out of ``params`` and put back."""
+"""Which weights train: ``Trainer(trainable=...)``'s glob over weight paths (or
+predicate), and the subtree of the weights that train taken out of ``params`` and put
+back."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..compiler.program import Program, ScanStep
-from ..ir.paths import path_matcher
+import jax
 
-__all__ = ["ADAPTER", "glob_test", "subtree", "combine", "matching_nothing"]
+from ..compiler.program import Program, ScanStep, leaf_paths
+from ..core.errors import GraphError
+from ..core.signatures import call_problem
+from ..core.specs import trains
+from ..ir.paths import path_matcher
+from .gradient_paths import check_trainable
+
+__all__ = ["ADAPTER", "glob_test", "subtree", "combine", "matching_nothing", "trainable_paths"]
 
 
 #: An adapter's layer ``<target>.lora_A`` read as a child of its target.
@@ -83,3 +90,31 @@ def matching_nothing(trainable: Any, paths: list[str], program: Program, name: s
                  f"the run; to train some blocks alone, compile without scan_blocks")
     return (f"Trainer(trainable=...): {what} matches no weight of model {name!r}, so nothing "
             f"would train; weight paths such as {', '.join(near)}{hint}")
+
+
+def trainable_paths(model: Any, trainable: Any) -> tuple[frozenset[str] | None, frozenset[str],
+                                                         tuple[str, ...]]:
+    """``(chosen, all, stored)``: the paths of the weights that train (None: all), of
+    every weight, and of the quantized ones (int8, packed int4 or float8 values), which
+    cannot train: naming one, or training all of a model holding them, is an error."""
+    shapes, _ = jax.eval_shape(model.init_fn, jax.random.key(0))
+    if trainable is None:
+        check_trainable(model.program, shapes, None)
+        return None, frozenset(), ()
+    if isinstance(trainable, str):
+        test = glob_test(trainable)
+    elif callable(trainable):
+        if problem := call_problem(trainable, 1):
+            raise GraphError(f"Trainer(trainable=...) calls a predicate as f(path) -> bool "
+                             f"(path: 'fc/kernel'); {problem}")
+        test = trainable
+    else:
+        raise GraphError(f"Trainer(trainable=...) takes a glob over weight paths or a "
+                         f"predicate on the path, got {trainable!r}")
+    leaves = leaf_paths(shapes)
+    stored = tuple(p for p, leaf in leaves.items() if not trains(leaf.dtype))
+    chosen = frozenset(path for path in leaves if test(path))
+    if not chosen:
+        raise GraphError(matching_nothing(trainable, list(leaves), model.program, model.graph.name))
+    check_trainable(model.program, shapes, chosen)
+    return chosen, frozenset(leaves), stored

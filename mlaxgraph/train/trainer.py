@@ -16,21 +16,27 @@ import optax
 
 from ..compiler.indexed import PER_BLOCK_BACKENDS, unstack_frozen
 from ..compiler.lowering import make_apply
-from ..compiler.program import leaf_paths
 from ..compiler.taps import Taps
 from ..compiler.xla_options import TopLevelJit, checked_compiler_options, step_compiler_options
 from ..core.errors import GraphError, ShapeError
-from ..core.signatures import call_problem, unknown_keywords
-from ..core.specs import trains
-from .arguments import TRAINER_HINTS, TRAINER_SIGNATURE
+from ..core.signatures import unknown_keywords
+from .arguments import TRAINER_HINTS, TRAINER_SIGNATURE, check_loss_signature, initial_loss_scale
 from .chunked_loss import ChunkedHead
 from .fit import as_inputs, fit
 from .frozen import FrozenStep, given_arrays
-from .gradient_paths import check_trainable
-from .loss_scale import DynamicLossScale, all_finite
-from .objectives import check_targets, resolve_loss, resolve_metrics, weighted_mean
-from .selection import combine, glob_test, matching_nothing, subtree
+from .loss_scale import all_finite
+from .objectives import (
+    check_targets,
+    float32_outputs,
+    label_classes,
+    objective_values,
+    resolve_loss,
+    resolve_metrics,
+    weighted_mean,
+)
+from .selection import combine, subtree, trainable_paths
 from .state import TrainState
+from .step_calls import CheckedStep, check_optimizer_state, check_stacked
 
 __all__ = ["Trainer"]
 
@@ -134,6 +140,8 @@ class Trainer:
         if not hasattr(model, "apply_fn") or not hasattr(model, "init_fn"):
             raise GraphError(f"Trainer takes a compiled model (mg.compile(graph)), got "
                              f"{type(model).__name__}")
+        if isinstance(optimizer, optax.MultiSteps):  # optax's gradient accumulation
+            optimizer = optimizer.gradient_transformation()
         if not isinstance(optimizer, optax.GradientTransformation):
             raise GraphError(f"Trainer takes an optax optimizer (e.g. optax.adam(1e-3)), got "
                              f"{type(optimizer).__name__}")
@@ -147,7 +155,7 @@ class Trainer:
         self._apply_fn = model.apply_fn if self._taps is None else model.tapped_apply_fn(self._taps)
         self.loss_fn = resolve_loss(loss)
         if callable(loss):
-            self._check_loss_signature(loss)
+            check_loss_signature(loss, self._captures)
         self._loss_name = loss if isinstance(loss, str) else None
         self._output_name = ", ".join(v.node for v in model.graph.outputs)
         self.metric_fns = resolve_metrics(metrics)
@@ -157,9 +165,9 @@ class Trainer:
                                         self.metric_fns, metrics,
                                         () if self._taps is None else self._taps.intervene)
             self._apply_fn = make_apply(self._head.body, model.sharding, taps=self._taps)
-        self.loss_scale = self._initial_loss_scale(loss_scale)
-        self._stored: tuple[str, ...] = ()  # quantized weights: values init cannot draw
-        self.trainable = self._trainable_paths(trainable)
+        self.loss_scale = initial_loss_scale(loss_scale, model.policy)
+        # _stored: quantized weights, whose values init cannot draw
+        self.trainable, self._all_paths, self._stored = trainable_paths(model, trainable)
         # a scanned run's frozen layers are kept per block (compiler.indexed), unsharded,
         # on the backends where that pays
         self._frozen = (frozenset() if self.trainable is None or getattr(model, "sharding", None)
@@ -175,69 +183,20 @@ class Trainer:
                                  else checked_compiler_options(compiler_options, "Trainer"))
         self._init = jax.jit(self.init_fn)
         self._init_optimizer = jax.jit(self._optimizer_state)
-        self.train_step: Any  # TopLevelJit or FrozenStep (both have lower and trace)
-        self.train_steps: Any
         options = self.compiler_options
+        step: Any  # TopLevelJit or FrozenStep (both have lower and trace)
+        steps: Any
         if self.trainable is None:  # every weight is replaced: the whole state donated
-            self.train_step = TopLevelJit(self.step_fn, options, "train_step", ("ts",), donate_argnums=0)
-            self.train_steps = TopLevelJit(self.steps_fn, options, "train_steps", ("ts",), donate_argnums=0)
+            step = TopLevelJit(self.step_fn, options, "train_step", ("ts",), donate_argnums=0)
+            steps = TopLevelJit(self.steps_fn, options, "train_steps", ("ts",), donate_argnums=0)
         else:  # the frozen weights and the model's state neither donated nor copied
-            self.train_step = FrozenStep(self.step_fn, self.trainable, options, "train_step")
-            self.train_steps = FrozenStep(self.steps_fn, self.trainable, options, "train_steps")
-        self.eval_step = TopLevelJit(self.eval_fn, None, "eval_step", ("ts",))
-
-    def _check_loss_signature(self, loss: Callable) -> None:
-        if self._captures:
-            form = "loss(outputs, targets, captured) -> per-example losses (with capture=...)"
-            problem = call_problem(loss, 3)
-        else:
-            form = "loss(outputs, targets) -> per-example losses"
-            problem = call_problem(loss, 2)
-            if problem is not None and call_problem(loss, 3) is None:
-                form += "; a loss reading captured outputs needs Trainer(capture=...)"
-        if problem is not None:
-            raise GraphError(f"Trainer(loss=...): the loss is called as {form}, and {problem}")
-
-    def _initial_loss_scale(self, loss_scale: Any) -> DynamicLossScale | None:
-        if isinstance(loss_scale, DynamicLossScale) or loss_scale is None:
-            return loss_scale
-        if loss_scale == "dynamic":
-            return DynamicLossScale.create()
-        if loss_scale == "auto":
-            policy = self.model.policy
-            half = policy is not None and policy.compute_dtype == np.dtype("float16")
-            return DynamicLossScale.create() if half else None
-        raise GraphError(f"loss_scale must be 'auto', 'dynamic', None or a DynamicLossScale, "
-                         f"got {loss_scale!r}")
-
-    def _trainable_paths(self, trainable: Any) -> frozenset[str] | None:
-        """The paths of the weights that train (None: all). Quantized weights (int8,
-        packed int4 or float8 values) cannot: naming one, or training all of a model
-        holding them, is an error."""
-        if trainable is None:
-            shapes, _ = jax.eval_shape(self.model.init_fn, jax.random.key(0))
-            check_trainable(self.model.program, shapes, None)
-            return None
-        if isinstance(trainable, str):
-            test = glob_test(trainable)
-        elif callable(trainable):
-            if problem := call_problem(trainable, 1):
-                raise GraphError(f"Trainer(trainable=...) calls a predicate as f(path) -> bool "
-                                 f"(path: 'fc/kernel'); {problem}")
-            test = trainable
-        else:
-            raise GraphError(f"Trainer(trainable=...) takes a glob over weight paths or a "
-                             f"predicate on the path, got {trainable!r}")
-        shapes, _ = jax.eval_shape(self.model.init_fn, jax.random.key(0))
-        paths = list(leaf_paths(shapes))
-        self._all_paths = frozenset(paths)
-        self._stored = tuple(p for p, leaf in leaf_paths(shapes).items() if not trains(leaf.dtype))
-        chosen = frozenset(path for path in paths if test(path))
-        if not chosen:
-            raise GraphError(matching_nothing(trainable, paths, self.model.program,
-                                              self.model.graph.name))
-        check_trainable(self.model.program, shapes, chosen)
-        return chosen
+            step = FrozenStep(self.step_fn, self.trainable, options, "train_step")
+            steps = FrozenStep(self.steps_fn, self.trainable, options, "train_steps")
+        classes = label_classes(self._loss_name, model.graph.output_specs)
+        self.train_step = CheckedStep(step, "train_step", classes, self._output_name)
+        self.train_steps = CheckedStep(steps, "train_steps", classes, self._output_name)
+        self.eval_step = CheckedStep(TopLevelJit(self.eval_fn, None, "eval_step", ("ts",)),
+                                     "eval_step", classes, self._output_name)
 
     def _train_part(self, params: Any) -> Any:
         """The weights that train (all of ``params`` without ``trainable``)."""
@@ -260,6 +219,7 @@ class Trainer:
         model's ``init`` draws them. A model holding quantized weights needs it: their
         values come from ``mg.quantize_weights``, and ``init`` would draw zeros.
         """
+        self._typed_key(key)  # a key, checked before jit makes an int seed a tracer
         if reuse is None:
             if self._stored:
                 raise GraphError(
@@ -283,7 +243,11 @@ class Trainer:
         return self._start(params, state, rng, self._optimizer_state)
 
     def _typed_key(self, key: jax.Array) -> jax.Array:
-        if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        typed = isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+        if not typed and not (isinstance(key, jax.Array) and key.dtype == np.uint32 and key.shape == (2,)):
+            raise GraphError(f"Trainer.init takes one JAX random key, trainer.init(jax.random.key(0)), "
+                             f"got {key!r}")
+        if not typed:
             key = jax.random.wrap_key_data(key)        # a legacy uint32 key
         self._key_impl = jax.random.key_impl(key)
         return key
@@ -317,14 +281,17 @@ class Trainer:
             return self._head.values(params, state, outputs, targets, inference_mode)
         if self._loss_name is not None:  # shapes are static: checked once per trace
             check_targets(self._loss_name, outputs, jnp.asarray(targets), self._output_name)
+        outputs = float32_outputs(outputs)
         if self._captures:
             reads_captures: Callable[..., Any] = self.loss_fn
-            return jnp.asarray(reads_captures(outputs, targets, captured)).astype(jnp.float32)
-        return self.loss_fn(outputs, targets).astype(jnp.float32)
+            return objective_values(reads_captures(outputs, targets, captured), "the loss", loss=True)
+        return objective_values(self.loss_fn(outputs, targets), "the loss", loss=True)
 
     def _metrics(self, outputs, targets, losses, weights=None) -> dict[str, jax.Array]:
+        if not isinstance(losses, dict):
+            outputs = float32_outputs(outputs)
         values = losses if isinstance(losses, dict) else {
-            "loss": losses, **{name: fn(outputs, targets).astype(jnp.float32)
+            "loss": losses, **{name: objective_values(fn(outputs, targets), f"metric {name!r}", loss=False)
                                for name, fn in self.metric_fns.items()}}
         if weights is None:
             return {name: jnp.mean(v) for name, v in values.items()}
@@ -333,7 +300,12 @@ class Trainer:
     def step_fn(self, ts: TrainState, inputs: Any, targets: Any):
         """One optimizer step, pure: ``(ts, inputs, targets) -> (ts, metrics)``."""
         self.trace_counts["train_step"] += 1
+        self._check_state("train_step", ts)
         return self._step(ts, inputs, targets)
+
+    def _check_state(self, name: str, ts: TrainState) -> None:
+        check_optimizer_state(name, _standard_promotion(self.optimizer.init),
+                              self._train_part(ts.params), ts.opt_state)
 
     def _step_key(self, ts: TrainState) -> jax.Array | None:
         """Step ``n``'s key: ``fold_in(base key, n)``; None when no layer draws."""
@@ -379,6 +351,8 @@ class Trainer:
         """``k`` optimizer steps on ``lax.scan``; inputs and targets have a leading
         ``k`` axis. Pure: ``(ts, inputs, targets) -> (ts, stacked metrics)``."""
         self.trace_counts["train_steps"] += 1
+        self._check_state("train_steps", ts)
+        check_stacked(as_inputs(inputs), self.model.graph.input_specs)
         counts = {int(np.shape(a)[0]) if np.ndim(a) else 0 for a in jax.tree.leaves((inputs, targets))}
         if len(counts) > 1:
             raise ShapeError(f"train_steps: the leading axis counts the steps, and inputs and "
@@ -401,9 +375,9 @@ class Trainer:
                                       inference_mode=True)
         return outputs
 
-    def fit(self, ts: TrainState, train: tuple | None = None, **kwargs):
+    def fit(self, ts: TrainState, train: tuple | None = None, *more: Any, **kwargs):
         """Trains over numpy arrays for some epochs; see ``mg.train.fit``."""
-        return fit(self, ts, train, **kwargs)
+        return fit(self, ts, train, *more, **kwargs)
 
     def __repr__(self) -> str:
         return (f"<Trainer {self.model.graph.name!r} loss={getattr(self.loss_fn, '__name__', self.loss_fn)} "
