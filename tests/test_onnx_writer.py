@@ -240,3 +240,20 @@ def test_yarn_rotary_tables_are_written_scaled(opset):
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8})
     graph = mg.Graph(x, attention(x), name="a")
     _check(graph, [np.random.default_rng(6).normal(size=(2, 7, 16)).astype(np.float32)], opset)
+
+
+def test_a_layer_called_twice_writes_its_weights_once_and_reads_back_shared():
+    """A Linear and a Conv each called twice: one initializer per weight, read by both
+    calls; onnxruntime equals mlaxgraph, and ``from_onnx`` reads one shared weight."""
+    x = mg.Input(("batch", 6), name="x")
+    image = mg.Input(("batch", 5, 5, 2), name="image")
+    fc, conv = ops.Linear(6, name="fc"), ops.Conv(2, (3, 3), padding="SAME", name="conv")
+    graph = mg.Graph([x, image], (fc(ops.relu(fc(x))), conv(ops.relu(conv(image)))), name="twice")
+    rng = np.random.default_rng(7)
+    xs = [rng.normal(size=(2, 6)).astype(np.float32), rng.normal(size=(2, 5, 5, 2)).astype(np.float32)]
+    _check(graph, xs, 21)
+    params, state = mg.compile(graph).init(jax.random.key(0))
+    proto = graph.to_onnx(None, params, state)
+    assert sorted(t.name for t in proto.graph.initializer) == ["conv.bias", "conv.kernel", "fc.bias", "fc.kernel"]
+    _, read, _ = mg.from_onnx(proto)
+    assert sum(v.size for v in jax.tree.leaves(read)) == sum(v.size for v in jax.tree.leaves(params))

@@ -168,14 +168,18 @@ def _conv(reader, node, attrs):
     pads = attrs.get("pads") or (0,) * (2 * nd)
     padding: Any = "SAME" if auto == "SAME_UPPER" else tuple(
         (int(pads[i]), int(pads[i + nd])) for i in range(nd))
-    name = _layer_name(reader, node, "conv")
-    layer = Conv(int(kernel.shape[0]), tuple(int(k) for k in kernel.shape[2:]),
-                 strides=tuple(attrs.get("strides") or (1,) * nd),
-                 padding=padding,
-                 dilation=tuple(attrs.get("dilations") or (1,) * nd),
-                 groups=int(attrs.get("group", 1)), use_bias=bias is not None,
-                 data_format="NCHW", precision="highest", name=name)
-    _store(reader, name, {"kernel": kernel, **({"bias": bias} if bias is not None else {})})
+    # the nodes reading one kernel (and bias) alike are one layer called again
+    key = ("conv", _root(reader, node.input[1]), _root(reader, node.input[2]) if bias is not None else None,
+           repr(sorted(attrs.items())))
+    layer = reader.shared.get(key)
+    if layer is None:
+        name = _layer_name(reader, node, "conv")
+        layer = reader.shared[key] = Conv(
+            int(kernel.shape[0]), tuple(int(k) for k in kernel.shape[2:]),
+            strides=tuple(attrs.get("strides") or (1,) * nd), padding=padding,
+            dilation=tuple(attrs.get("dilations") or (1,) * nd), groups=int(attrs.get("group", 1)),
+            use_bias=bias is not None, data_format="NCHW", precision="highest", name=name)
+        _store(reader, name, {"kernel": kernel, **({"bias": bias} if bias is not None else {})})
     return node.output, (layer(reader.tensor(node.input[0])),)
 
 

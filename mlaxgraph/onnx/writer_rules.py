@@ -37,11 +37,11 @@ def _cast_back(w: Any, node, out: str, acc: Any, path: str) -> str:
 
 
 def _linear(w: Any, node, args, weights, stats, path):
-    kernel = w.constant(f"{path}.kernel", np.asarray(weights["kernel"]))
+    kernel = w.weight("kernel", f"{path}.kernel", np.asarray(weights["kernel"]))
     operands, acc = _accumulating(w, node, [args[0], kernel], path)
     (out,) = w.node("MatMul", operands, path, part=True)
     if node.op.use_bias:
-        (bias,), _ = _accumulating(w, node, [w.constant(f"{path}.bias", np.asarray(weights["bias"]))],
+        (bias,), _ = _accumulating(w, node, [w.weight("bias", f"{path}.bias", np.asarray(weights["bias"]))],
                                    path + "/bias")
         (out,) = w.node("Add", [out, bias], path, part=True)
     return [_cast_back(w, node, out, acc, path)]
@@ -164,9 +164,9 @@ def _conv(w, node, args, weights, stats, path):
     kernel = np.asarray(weights["kernel"])
     if last:  # O, spatial..., I -> O, I, spatial...
         kernel = np.transpose(kernel, (0, n + 1, *range(1, n + 1)))
-    ins = [_channels_first(w, node, args[0], path, n, last), w.constant(f"{path}.kernel", kernel)]
+    ins = [_channels_first(w, node, args[0], path, n, last), w.weight("kernel", f"{path}.kernel", kernel)]
     if op.use_bias:
-        ins.append(w.constant(f"{path}.bias", np.asarray(weights["bias"])))
+        ins.append(w.weight("bias", f"{path}.bias", np.asarray(weights["bias"])))
     ins, acc = _accumulating(w, node, ins, path)
     (out,) = w.node("Conv", ins, path, part=last or acc is not None, strides=_per_dim(op.strides, n),
                     dilations=_per_dim(op.dilation, n), group=op.groups, **_pads(op.padding, n))
@@ -188,9 +188,9 @@ def _conv_transpose(w, node, args, weights, stats, path):
         raise SerializationError(f"layer {path!r} (op conv_transpose): the padding "
                                  f"{op.padding!r} extends the output beyond what ONNX's pads "
                                  f"and output_padding express")
-    ins = [_channels_first(w, node, args[0], path, n, last), w.constant(f"{path}.kernel", kernel)]
+    ins = [_channels_first(w, node, args[0], path, n, last), w.weight("kernel", f"{path}.kernel", kernel)]
     if op.use_bias:
-        ins.append(w.constant(f"{path}.bias", np.asarray(weights["bias"])))
+        ins.append(w.weight("bias", f"{path}.bias", np.asarray(weights["bias"])))
     extra = [max(-hi, 0) for _, hi in crops]
     (out,) = w.node("ConvTranspose", ins, path, part=last, strides=strides, dilations=dilation,
                     kernel_shape=list(kernel.shape[2:]),
