@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ..core.donated import refuse_deleted
-from ..core.errors import GraphError, ShardingError
+from ..core.errors import ConfigError, GraphError, ShardingError
 from ..core.signatures import unknown_keywords
 from ..core.specs import dim_names
 from ..ir.graph import Graph
@@ -170,9 +170,12 @@ class CompiledModel:
         return hlo_by_layer(self, *example, optimized=optimized,
                             inference_mode=inference_mode, **dims)
 
-    def export(self, *, inference_mode: bool = True, platforms=None):
+    def export(self, *, inference_mode: bool = True, platforms=None, **unknown: Any):
         """A ``jax.export.Exported`` of ``apply(params, state, *inputs)`` with the
         symbolic dims kept symbolic."""
+        if unknown:
+            raise ConfigError(unknown_keywords("export", unknown,
+                                               "export(*, inference_mode=True, platforms=None)"))
         return stages.export(self, inference_mode=inference_mode, platforms=platforms)
 
     def to_onnx(self, path: Any, params: Any = None, state: Any = None, *, opset: int = 21,
@@ -214,7 +217,7 @@ class CompiledModel:
         refuse_deleted("unstack_weights", params=params, state=state)
         return unstack_weights(self.program, params, state)
 
-    def summary(self, expand_nested: bool = False) -> str:
+    def summary(self, expand_nested: bool = False, **unknown: Any) -> str:
         """The summary of the compiled graph: the policy's casts show as layers, weight
         sizes are at the policy's ``param_dtype``; compiled with a mesh, a ``sharding``
         column (docs/sharding.md) and a last line with the mesh and the rules."""
@@ -223,7 +226,7 @@ class CompiledModel:
         param_dtype = (self.policy or Policy()).param_dtype
         labels = None if self.sharding is None else self.sharding.labels()
         text = summarize(self.graph, expand_nested=expand_nested, param_dtype=param_dtype,
-                         sharding=labels)
+                         sharding=labels, unknown=unknown)
         text += f"\npolicy: {self.policy}"
         remat = self.remat
         if remat:

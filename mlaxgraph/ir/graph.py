@@ -408,7 +408,7 @@ class Graph:
 
         return notebook_html(self.to_html())
 
-    def summary(self, expand_nested: bool = False) -> str:
+    def summary(self, expand_nested: bool = False, **unknown: Any) -> str:
         """A table of layers: name, op, output shape, dtype, params, connected to; then
         the totals of trainable and non-trainable params (sizes at float32).
 
@@ -417,4 +417,4 @@ class Graph:
         """
         from ..render.summary import summarize
 
-        return summarize(self, expand_nested=expand_nested)
+        return summarize(self, expand_nested=expand_nested, unknown=unknown)

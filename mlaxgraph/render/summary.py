@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.errors import ConfigError
+from ..core.signatures import unknown_keywords
 from ..core.specs import dtype_str, flatten_specs, shape_str, trains
 
 __all__ = ["summarize", "count_params", "weight_bytes", "count_text"]
@@ -83,11 +85,14 @@ def _size(size) -> str:
 
 
 def summarize(graph, expand_nested: bool = False, param_dtype="float32",
-              sharding=None) -> str:
+              sharding=None, unknown=None) -> str:
     """The summary table; nested blocks' layers listed under them with ``expand_nested``;
     sizes of weights as stored (at ``param_dtype``, or the dtype a weight fixes: a
     quantized layer's int8 values); with ``sharding`` (path -> text, from a
-    compiled model's sharding plan) a last column showing each layer's sharding."""
+    compiled model's sharding plan) a last column showing each layer's sharding.
+    ``unknown``: keywords the caller's ``summary`` was given and does not take."""
+    if unknown:
+        raise ConfigError(unknown_keywords("summary", unknown, "summary(expand_nested=False)"))
     header: tuple[str, ...] = ("layer", "op", "output shape", "dtype", "params", "connected to")
     if sharding is not None:
         header += ("sharding",)
