@@ -77,8 +77,11 @@ def test_weights_flops_and_bytes_match_hand_counts():
     g = examples.mlp(784, (256,), 10)
     nodes = nodes_of(g.to_html(batch=8))
     dense = nodes["dense"]
-    assert dense["weights"] == [["kernel", "[784,256]", "f32", "param", "embed,mlp"],
-                                ["bias", "[256]", "f32", "param", "mlp"]]
+    assert dense["weights"] == [["kernel", "[784,256]", "f32", "trainable", "embed,mlp"],
+                                ["bias", "[256]", "f32", "trainable", "mlp"]]
+    # a quantized layer's int8 values and their scales as the summary counts them
+    quantized = nodes_of(mg.quantize(g, "int8_weight_only").to_html(batch=8))["dense"]["weights"]
+    assert {w[0]: (w[2], w[3]) for w in quantized}["kernel"] == ("i8", "non-trainable")
     assert dense["params"] == 784 * 256 + 256
     # a multiply-add is 2 FLOPs, plus one add per output for the bias
     assert dense["flops"] == f"{2 * 784 * 256 + 256}*batch"

@@ -28,7 +28,7 @@ import numpy as np
 from ...compiler.flatten import flatten
 from ...compiler.policy import Policy
 from ...core.errors import GraphError
-from ...core.specs import dtype_str, flatten_specs, is_symbolic, shape_str
+from ...core.specs import dtype_str, flatten_specs, is_symbolic, shape_str, trains
 from ...ir.graph import Graph, InputLayer
 from ...ir.printer import format_attr
 from ..dot import dtype_category
@@ -129,8 +129,9 @@ class _Builder:
         weights = []
         for kind, specs in (("param", op.param_specs(inputs)), ("state", op.state_specs(inputs))):
             for name, spec in flatten_specs(specs):
-                weights.append([name, shape_str(spec.shape),
-                                dtype_str(spec.stored_dtype(self.param_dtype)), kind,
+                stored = spec.stored_dtype(self.param_dtype)  # a quantized layer's int8 values do not train
+                weights.append([name, shape_str(spec.shape), dtype_str(stored),
+                                "trainable" if kind == "param" and trains(stored) else "non-trainable",
                                 None if spec.axes is None else
                                 ",".join(a if a is not None else "-" for a in spec.axes)])
         if weights:

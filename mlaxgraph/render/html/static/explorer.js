@@ -461,7 +461,7 @@
     section("attributes", (n.attrs || []).map(function (a) { return [a[0], a[1]]; }), true);
     section("outputs", n.outs.map(function (o, j) { return [n.outs.length > 1 ? String(j) : "", o[0] + o[1]]; }), true);
     section("weights", (n.weights || []).map(function (w) {
-      return [w[0], w[2] + w[1], w[3] === "state" ? "non-trainable" : "trainable", w[4] ? "axes " + w[4] : ""];
+      return [w[0], w[2] + w[1], w[3], w[4] ? "axes " + w[4] : ""];
     }), true);
     var cost = [["params", n.params_f ? n.params_f + " = " + fmt(n.params) + at() : fmt(n.params)]];
     if (n.shares) cost.push(["weights", "shared with " + n.shares]);
