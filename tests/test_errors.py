@@ -119,6 +119,13 @@ def test_node_claiming_a_wrong_shape_is_a_shape_error():
 def test_unknown_op_is_a_graph_error():
     with pytest.raises(mg.GraphError, match="unknown op 'os.system'"):
         ops.lookup("os.system")
+    # a misspelt op, in code or in a .json file, names the one meant
+    with pytest.raises(mg.GraphError, match=r"unknown op 'quantized_lineer' \(did you mean 'quantized_linear'\?\)"):
+        ops.lookup("quantized_lineer")
+    x = mg.Input(("batch", 3), name="x")
+    text = mg.Graph(x, ops.Linear(2, name="fc")(x)).to_json().replace('"op":"linear"', '"op":"lineer"')
+    with pytest.raises(mg.SerializationError, match=r"unknown op 'lineer' \(did you mean 'linear'\?\)"):
+        mg.Graph.from_json(text)
 
 
 def test_apply_with_wrong_input_shape_names_the_input_and_its_line():

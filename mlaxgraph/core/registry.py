@@ -3,15 +3,16 @@ so no file can make mlaxgraph import or run code."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import GraphError
 
 if TYPE_CHECKING:
     from ..ir.op import Layer
 
-__all__ = ["register", "lookup", "registered_ops"]
+__all__ = ["register", "lookup", "registered_ops", "near_op"]
 
 _REGISTRY: dict[str, type[Layer]] = {}
 
@@ -54,8 +55,14 @@ def lookup(op_name: str) -> type[Layer]:
         plain = [name for name in sorted(_REGISTRY) if "." not in name]
         families = sorted({name.partition(".")[0] for name in _REGISTRY if "." in name})
         more = f"; and the families {', '.join(f + '.*' for f in families)}" if families else ""
-        raise GraphError(f"unknown op {op_name!r}; registered ops: "
+        raise GraphError(f"unknown op {op_name!r}{near_op(op_name)}; registered ops: "
                          f"{', '.join(plain)}{more}") from None
+
+
+def near_op(op_name: Any) -> str:
+    """`` (did you mean 'x'?)`` naming the registered op spelt nearest, or ''."""
+    near = difflib.get_close_matches(str(op_name), list(_REGISTRY), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def registered_ops() -> dict[str, type[Layer]]:

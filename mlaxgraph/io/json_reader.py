@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import MlaxGraphError, SerializationError
-from ..core.registry import lookup
+from ..core.registry import lookup, near_op
 from ..core.specs import TensorSpec, as_dim, as_dtype, has_control_characters, is_symbolic
 from ..ir.graph import Graph, InputLayer
 from ..ir.node import Node, Value
@@ -78,7 +78,7 @@ class Reader:
         try:
             cls = lookup(op_name)
         except MlaxGraphError:
-            raise SerializationError(f"{where}.op: unknown op {op_name!r}; ops are looked up "
+            raise SerializationError(f"{where}.op: unknown op {op_name!r}{near_op(op_name)}; ops are looked up "
                                      f"by name among the registered ops (import the module "
                                      f"that registers it before loading)") from None
         layer = _name(data["layer"], f"{where}.layer")
