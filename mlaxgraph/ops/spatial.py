@@ -23,7 +23,9 @@ CONVOLUTION_OPS = frozenset({
     "conv", "conv_transpose", "quantized_conv",
     "onnx.Conv", "onnx.ConvTranspose", "onnx.ConvInteger", "onnx.DeformConv",
     "onnx.CausalConvWithState",
-    "aten.convolution.default", "aten.conv1d.default", "aten.conv2d.default"})
+    "aten.convolution.default", "aten.conv1d.default", "aten.conv2d.default",
+    "aten.conv3d.default", "aten.conv1d.padding", "aten.conv2d.padding", "aten.conv3d.padding",
+    "aten.conv_transpose1d.default", "aten.conv_transpose2d.input", "aten.conv_transpose3d.input"})
 
 CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
 CHANNELS_FIRST = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
