@@ -214,7 +214,7 @@ def _stack(stack: dict) -> list:
 
 
 def _source(node: Any) -> list:
-    """The user's line a node comes from (``File "m.py", line 5, in forward``: the
+    """The user's line a node comes from (``File "...", line 5, in forward``: the
     innermost frame outside torch's own modules), as a list."""
     import os
 
