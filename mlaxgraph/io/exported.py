@@ -33,7 +33,15 @@ from ..compiler import stages
 from ..core.errors import SerializationError, ShapeError
 from ..core.specs import dim_names
 from ..core.version import __version__
-from .weights import SafetensorsReader, digest, flatten_tree, warn_unverified, write_atomic, write_safetensors
+from .weights import (
+    SafetensorsReader,
+    digest,
+    flatten_tree,
+    manifest_digest,
+    warn_unverified,
+    write_atomic,
+    write_safetensors,
+)
 
 __all__ = ["save_hlo", "load_exported", "ExportedModel", "FORMAT", "VERSION"]
 
@@ -123,7 +131,7 @@ def save_hlo(model, directory: str | os.PathLike, *example: Any, params: Mapping
         "mlaxgraph": __version__, "jax": jax.__version__,
         "checksums": checksums,
     }
-    manifest["checksum"] = _manifest_digest(manifest)
+    manifest["checksum"] = manifest_digest(manifest)
     write("manifest", MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return written
 
@@ -247,11 +255,6 @@ def load_exported(path: str | os.PathLike, verify: bool = True) -> ExportedModel
     return ExportedModel(exported, params, state, manifest)
 
 
-def _manifest_digest(manifest: Mapping[str, Any]) -> str:
-    content = {k: v for k, v in manifest.items() if k != "checksum"}
-    return digest(json.dumps(content, sort_keys=True, separators=(",", ":")).encode())
-
-
 def _check_file(manifest: Mapping[str, Any], path: pathlib.Path, data: bytes,
                 verify: bool) -> None:
     """A file of a checksummed folder must be listed in its manifest, with its digest."""
@@ -294,7 +297,7 @@ def _read_manifest(path: pathlib.Path, verify: bool) -> dict[str, Any]:
             or not all(isinstance(v, str) for v in checksums.values())):
         raise SerializationError(f"{path}: a version {version} manifest records the "
                                  f"checksums of its files and its own; this one does not")
-    if verify and _manifest_digest(manifest) != manifest["checksum"]:
+    if verify and manifest_digest(manifest) != manifest["checksum"]:
         raise SerializationError(f"{path}: the manifest does not match its checksum: it was "
                                  f"changed or damaged after save_hlo wrote it (verify=False "
                                  f"reads it unchecked)")

@@ -18,7 +18,6 @@ orbax reads anything, so a damaged, truncated, missing or added file is a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
@@ -28,7 +27,7 @@ import jax
 
 from ..core.errors import SerializationError
 from ..core.signatures import unknown_keywords
-from .weights import digest, warn_unverified, write_atomic
+from .weights import file_digest, manifest_digest, warn_unverified, write_atomic
 
 __all__ = ["save", "restore", "abstract"]
 
@@ -52,21 +51,10 @@ CHECKSUMS = "mlaxgraph_checksums.json"
 _FORMAT = "mlaxgraph.sharded_checkpoint"
 
 
-def _file_digest(path: pathlib.Path) -> str:
-    """The digest ``weights.digest`` gives the file's bytes, read a block at a time."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
-
-
 def _files(directory: pathlib.Path) -> list[str]:
     """Every file under ``directory`` but the checksums, by its relative POSIX path."""
     return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*")
                   if p.is_file() and p.name != CHECKSUMS)
-
-
-def _manifest_digest(manifest: dict) -> str:
-    content = {k: v for k, v in manifest.items() if k != "checksum"}
-    return digest(json.dumps(content, sort_keys=True, separators=(",", ":")).encode())
 
 
 def _barrier(name: str) -> None:
@@ -81,8 +69,8 @@ def _record_checksums(directory: pathlib.Path) -> None:
     _barrier("mlaxgraph_sharded_checkpoint_written")
     if jax.process_index() == 0:
         manifest: dict[str, Any] = {"format": _FORMAT, "version": 1, "checksums": {
-            name: _file_digest(directory / name) for name in _files(directory)}}
-        manifest["checksum"] = _manifest_digest(manifest)
+            name: file_digest(directory / name) for name in _files(directory)}}
+        manifest["checksum"] = manifest_digest(manifest)
         text = json.dumps(manifest, indent=1, sort_keys=True).encode()
         write_atomic(directory / CHECKSUMS, lambda f: f.write(text))
     _barrier("mlaxgraph_sharded_checkpoint_checksummed")
@@ -101,7 +89,7 @@ def _verify(directory: pathlib.Path) -> None:
                  and all(isinstance(k, str) and isinstance(v, str) for k, v in recorded.items()))
     except (ValueError, KeyError, TypeError):
         valid = False
-    if not valid or _manifest_digest(manifest) != manifest["checksum"]:
+    if not valid or manifest_digest(manifest) != manifest["checksum"]:
         raise SerializationError(f"{where}: the checkpoint's checksums file is damaged (it does "
                                  f"not match its own checksum), so its files cannot be verified")
     present = _files(directory)
@@ -112,7 +100,7 @@ def _verify(directory: pathlib.Path) -> None:
     for name, expected in recorded.items():
         if name not in present:
             raise SerializationError(f"{directory}: file {name!r} of the checkpoint is missing")
-        if _file_digest(directory / name) != expected:
+        if file_digest(directory / name) != expected:
             raise SerializationError(
                 f"{directory}: file {name!r} does not match its checksum: its bytes were changed "
                 f"or damaged after the checkpoint was written (restore(..., verify=False) reads "

@@ -34,7 +34,7 @@ from ..core.errors import SerializationError, UnverifiedFileWarning
 if TYPE_CHECKING:
     from safetensors import safe_open
 
-__all__ = ["SAFETENSORS_DTYPES", "flatten_tree", "rebuild_tree", "write_atomic",
+__all__ = ["SAFETENSORS_DTYPES", "flatten_tree", "rebuild_tree", "write_atomic", "file_digest", "manifest_digest",
            "write_safetensors", "SafetensorsReader", "CHECKSUM_KEYS", "digest",
            "warn_unverified"]
 
@@ -51,6 +51,21 @@ _ZEROS = "0" * (2 * _DIGEST_SIZE)
 def digest(data) -> str:
     """The hex blake2b-128 digest of ``data`` (bytes or any contiguous buffer)."""
     return hashlib.blake2b(data, digest_size=_DIGEST_SIZE).hexdigest()
+
+
+def file_digest(path: Any) -> str:
+    """``digest`` of a file's bytes, read a block at a time."""
+    h = hashlib.blake2b(digest_size=_DIGEST_SIZE)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """``digest`` of a JSON manifest without its own ``checksum`` field, keys sorted."""
+    content = {k: v for k, v in manifest.items() if k != "checksum"}
+    return digest(json.dumps(content, sort_keys=True, separators=(",", ":")).encode())
 
 
 def _array_digest(array: np.ndarray) -> str:
