@@ -305,6 +305,8 @@ SEQUENCE_CASES = {
     "attention_cross": (lambda x, kv: ops.MultiHeadAttention(2)(x, kv), (("batch", 5, 8),)),
     "attention_gqa_rope_causal": (lambda x: ops.MultiHeadAttention(4, 4, num_kv_heads=2, rope=True,
                                                                    causal=True)(x), ()),
+    "attention_yarn_rope": (lambda x: ops.MultiHeadAttention(4, 4, rope=100.0, causal=True, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4})(x), ()),
     "attention_key_padding_causal": (lambda x, m: ops.MultiHeadAttention(2, 6, causal=True)(
         x, mask=ops.cast(m, "int32")), (("batch", 7),)),
     "rotary_embedding": (lambda x: ops.rotary_embedding(x), ()),

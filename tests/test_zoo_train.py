@@ -341,7 +341,7 @@ def test_the_yarn_frequencies_take_each_branch_and_scale_cos_and_sin():
 
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
     base, scaling = rope_settings(Config(QWEN2, {"rope_theta": 1e6, "rope_scaling": yarn}))
-    scaling = tuple(sorted(scaling.items()))
+    scaling = mg.ops.MultiHeadAttention(2, 128, rope=base, rope_scaling=scaling).rope_scaling  # defaults filled
     plain, want = _inv_freq(128, 1e6), _inv_freq(128, 1e6, yarn)
     got = inverse_frequencies(128, base, scaling)
     np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -353,7 +353,7 @@ def test_the_yarn_frequencies_take_each_branch_and_scale_cos_and_sin():
     np.testing.assert_allclose(sin, (0.1 * math.log(4) + 1) * np.sin(angles), rtol=1e-5, atol=1e-6)
     deepseek = {**yarn, "mscale": 0.707, "mscale_all_dim": 0.707}  # equal: the factor is 1
     _, scaling = rope_settings(Config(QWEN2, {"rope_scaling": deepseek}))
-    assert rotary_scale(tuple(scaling.items())) == 1.0
+    assert rotary_scale(mg.ops.MultiHeadAttention(2, 128, rope=base, rope_scaling=scaling).rope_scaling) == 1.0
 
 
 def test_a_llama3_config_json_of_transformers_5_is_not_read_as_base_10000(tmp_path):

@@ -89,9 +89,10 @@ def _yarn(c: Config, given: dict[str, Any]) -> dict[str, Any]:
     """YaRN's parameters as transformers 5 reads them: the original context
     ``original_max_position_embeddings`` (else ``max_position_embeddings``), ``factor``
     (else their ratio), the attention factor given, or from ``mscale`` and
-    ``mscale_all_dim`` when both are given, else ``0.1 ln(factor) + 1``; ``beta_fast``
-    32 and ``beta_slow`` 1 when left out or null."""
-    p = {k: v for k, v in given.items() if v is not None or k == "factor"}
+    ``mscale_all_dim`` when both are given; a null field left out, for
+    ``ops.MultiHeadAttention``'s ``rope_scaling`` to give its default (the attention
+    factor ``0.1 ln(factor) + 1``, ``beta_fast`` 32, ``beta_slow`` 1, ``truncate``)."""
+    p = {k: v for k, v in given.items() if v is not None}
     original = p.pop("original_max_position_embeddings", None) or c.get("max_position_embeddings")
     if original is None:
         raise ConfigError(f"{c.model}: rope_type 'yarn' needs original_max_position_embeddings "
@@ -103,10 +104,7 @@ def _yarn(c: Config, given: dict[str, Any]) -> dict[str, Any]:
     def mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
-    attention = p.pop("attention_factor", None)
     m, m_all = p.pop("mscale", None), p.pop("mscale_all_dim", None)
-    if attention is None:
-        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-    return {"factor": factor, "original_max_position_embeddings": original,
-            "attention_factor": attention, "beta_fast": p.pop("beta_fast", None) or 32,
-            "beta_slow": p.pop("beta_slow", None) or 1, "truncate": p.pop("truncate", True)}
+    if "attention_factor" not in p and m and m_all:
+        p["attention_factor"] = mscale(factor, m) / mscale(factor, m_all)
+    return {"factor": factor, "original_max_position_embeddings": original, **p}

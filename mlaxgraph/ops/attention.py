@@ -391,8 +391,8 @@ class MultiHeadAttention(Layer):
         if self.dropout > 0 and not inference_mode:
             count = count + 3 * scores  # compare, divide, select
         if self.rope is not None:
-            count = count + rotary_flops(per_query, q_len, head_dim, q.dtype)
-            count = count + rotary_flops(per_key, kv_len, head_dim, q.dtype)
+            count = count + rotary_flops(per_query, q_len, head_dim, q.dtype, self.rope_scaling)
+            count = count + rotary_flops(per_key, kv_len, head_dim, q.dtype, self.rope_scaling)
         if self.sliding_window is not None:
             count = count + 2 * q_len * kv_len  # the window's subtract and compare
         count = count + 2 * per_query * y.shape[-1] + int(self.has_out_bias) * size(y)

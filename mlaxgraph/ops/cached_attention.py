@@ -333,7 +333,7 @@ class CachedAttention(Layer):
         if self._cache_dtype(x) != x.dtype:  # the cache converted both ways
             count = count + 2 * per_key + 2 * batch * length * self.kv_heads * self.head_dim
         if self.rope is not None:
-            count = count + rotary_flops(per_query, batch * seq, self.head_dim, x.dtype)
+            count = count + rotary_flops(per_query, batch * seq, self.head_dim, x.dtype, self.rope_scaling)
             count = count + 3 * per_key + per_key // 2
         if self.sliding_window is not None:
             count = count + 2 * seq * length  # the window's subtract and compare

@@ -156,11 +156,13 @@ def rotate(x, cos, sin):
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-def rotary_flops(rotated, positions, dim: int, dtype) -> object:
-    """The tables (convert the positions, multiply by the frequencies, the casts of cos
-    and sin to ``dtype`` unless float32) and the rotation of ``rotated`` elements (two
-    multiplies, an add, the negation of half)."""
+def rotary_flops(rotated, positions, dim: int, dtype, scaling=None) -> object:
+    """The tables (convert the positions, multiply by the frequencies, YaRN's scale of
+    cos and sin, their casts to ``dtype`` unless float32) and the rotation of
+    ``rotated`` elements (two multiplies, an add, the negation of half)."""
     count = positions + positions * (dim // 2)
+    if rotary_scale(scaling) != 1.0:
+        count = count + 2 * positions * dim
     if np.dtype(dtype) != np.float32:
         count = count + 2 * positions * dim
     return count + 3 * rotated + rotated // 2
