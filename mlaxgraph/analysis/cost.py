@@ -118,7 +118,7 @@ class CostTable:
         names = [row.layer for row in self.rows]
         close = difflib.get_close_matches(str(layer), names, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise GraphError(f"the cost table has no layer {layer!r}{hint} Its layers: {', '.join(names)}")
+        raise GraphError(f"the cost table has no layer {layer!r}{hint}; its layers: {', '.join(names)}")
 
     def __contains__(self, layer: object) -> bool:
         return any(row.layer == layer for row in self.rows)

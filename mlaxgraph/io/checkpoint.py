@@ -194,7 +194,8 @@ class CheckpointManager:
                 if verify:
                     warn_unverified(path, "the checkpoint")
             names = list(reader.names())
-            missing = [n for n in expected if n not in set(names)]
+            have = set(names)
+            missing = [n for n in expected if n not in have]
             extra = [n for n in names if n not in expected]
             if missing or extra:
                 raise SerializationError(f"{path}: the checkpoint does not match this train "

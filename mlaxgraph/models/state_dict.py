@@ -341,8 +341,7 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
     names = source.names()
     # Other names of the files' weights (transformers 5.x's in memory), as the files' names
     given = set(names)
-    aliases = {layout.file_name(n): n for n in names}
-    aliases = {k: v for k, v in aliases.items() if k != v and k not in given}
+    aliases = {k: v for k, v in ((layout.file_name(n), n) for n in names) if k != v and k not in given}
     if aliases:
         as_files = {v: k for k, v in aliases.items()}
         names = [as_files.get(n, n) for n in names]
@@ -358,7 +357,8 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
         legacy = prefix + name[:-len(relative)] + _LEGACY.get(relative, relative)
         if name not in found and step.op.op_name == "layer_norm" and legacy in present:
             found[name] = legacy
-    missing = sorted(set(expected) - set(with_tied_heads(found, source, expected)))
+    found = with_tied_heads(found, source, expected)
+    missing = sorted(set(expected) - set(found))
     used = set(found.values())
     tied = {prefix + copy if prefix + copy in present else copy: weight
             for copy, weight in layout.tied}

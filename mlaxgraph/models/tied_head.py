@@ -41,8 +41,8 @@ def with_tied_heads(found: dict, source: Any, expected: dict) -> dict:
         same = [e for e in embeddings if expected[e][2] == shape]
         if step.op.op_name == "linear" and relative == "weight" and len(same) == 1:
             heads[name] = same[0]
-    if not heads:
-        return found
+    if not heads or len(heads) < len(missing):
+        return found  # other weights missing too: the generic message names them all
     config = _config(source)
     tie = None if config is None else config.get("tie_word_embeddings")
     if tie is not True:

@@ -70,7 +70,7 @@ class CheckedStep:
                              f"{self._name}(ts, (x1, x2), targets)")
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("__") or name in CheckedStep.__slots__:  # unset (copy, unpickle)
             raise AttributeError(name)
         return getattr(self._step, name)
 
