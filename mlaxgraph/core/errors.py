@@ -27,6 +27,7 @@ __all__ = [
     "CheckError",
     "SourceInfo",
     "capture_source",
+    "user_stacklevel",
     "node_message",
 ]
 
@@ -127,6 +128,15 @@ def _internal(code) -> bool:
     # mlaxgraph's own frames, and the __init__ that dataclasses generate for layers.
     return code.co_filename.startswith(_PACKAGE_DIR) or (
         code.co_filename == "<string>" and code.co_name == "__init__")
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` of the innermost frame outside mlaxgraph, for a warning
+    ``warnings.warn`` gives at the line of the user's that called into mlaxgraph."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and _internal(frame.f_code):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def capture_source() -> SourceInfo | None:

@@ -5,16 +5,14 @@ what the nodes compute, as onnxruntime makes it."""
 from __future__ import annotations
 
 import difflib
-import os
 import re
-import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..core.errors import DTypeError, GraphError, SerializationError, ShapeError
+from ..core.errors import DTypeError, GraphError, SerializationError, ShapeError, user_stacklevel
 from ..core.specs import as_dim
 from .dtypes import CODES, to_dtype
 
@@ -211,16 +209,4 @@ def check_declared(value: Any, out: Any) -> None:
         declared_shape = ", ".join("?" if d is None else str(d) for d in dims)
         warnings.warn(f"graph output {value.name!r} is declared [{declared_shape}], but its "
                       f"nodes compute {list(shape)}; read as computed (onnxruntime too gives "
-                      f"what the nodes compute)", UserWarning, stacklevel=_user_level())
-
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _user_level() -> int:
-    """The ``stacklevel`` of the innermost frame outside mlaxgraph, for a warning given
-    by the caller: the user's line that called ``from_onnx`` (or the CLI's)."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame, level = frame.f_back, level + 1
-    return level
+                      f"what the nodes compute)", UserWarning, stacklevel=user_stacklevel())
