@@ -120,10 +120,22 @@ class TopLevelJit:
         try:
             return self._top(*args, **kwargs)
         except (ValueError, RuntimeError) as e:
-            if self._top is self._plain or "top-level" not in str(e):
-                if self._name is not None:
-                    reraise_deleted(e, self._name, **dict(zip(self._argnames, args)), **kwargs)
-                raise
+            return self.after_failure(e, args, kwargs)
+
+    @property
+    def first_try(self) -> Callable:
+        """What a call runs first: a caller with its own checks (``CheckedStep``) calls it
+        directly, one Python frame fewer, and hands a ``ValueError`` or ``RuntimeError``
+        it raises to ``after_failure``."""
+        return self._top
+
+    def after_failure(self, e: Exception, args: tuple, kwargs: dict) -> Any:
+        """``first_try(*args, **kwargs)`` raised ``e``: inside another trace, the same
+        jit without the options; else ``e`` (naming a deleted argument where one is)."""
+        if self._top is self._plain or "top-level" not in str(e):
+            if self._name is not None:
+                reraise_deleted(e, self._name, **dict(zip(self._argnames, args)), **kwargs)
+            raise e
         return self._plain(*args, **kwargs)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:

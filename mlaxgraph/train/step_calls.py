@@ -29,10 +29,14 @@ class CheckedStep:
     """A jitted step (``TopLevelJit`` or ``FrozenStep``) whose call is checked first;
     ``lower``, ``trace`` and the rest are the step's own."""
 
-    __slots__ = ("_step", "_name", "_classes", "_output", "_takes", "_keywords", "_what")
+    __slots__ = ("_step", "_name", "_classes", "_output", "_takes", "_keywords", "_what",
+                 "_first", "_after")
 
     def __init__(self, step: Any, name: str, classes: int | None, output_name: str):
         self._step = step
+        # a TopLevelJit's own jit, called here directly (one Python frame fewer per step)
+        self._first = getattr(step, "first_try", step)
+        self._after = getattr(step, "after_failure", None)
         self._name = name
         self._classes = classes  # None: the targets are not class ids of the named loss
         self._output = output_name
@@ -51,7 +55,12 @@ class CheckedStep:
             return self._step(ts, *args, **kwargs)
         if type(targets) is _NDARRAY and self._classes is not None:
             check_class_ids(targets, self._classes, self._output, self._what)
-        return self._step(ts, inputs, targets)
+        try:
+            return self._first(ts, inputs, targets)
+        except (ValueError, RuntimeError) as e:
+            if self._after is None:
+                raise
+            return self._after(e, (ts, inputs, targets), {})
 
     def _check_call(self, ts: Any, args: tuple, kwargs: dict) -> None:
         unknown = {k: v for k, v in kwargs.items() if k not in self._keywords}
