@@ -49,8 +49,10 @@ def test_a_layers_path_names_its_own_call_not_the_tied_heads(gpt2):
 
     g2 = g.replace("wte", lookup)
     assert seen == [np.dtype("int32")]  # the lookup's call only
+    # the head, the layer's one call left, takes its name; its weights keep their path
     assert [(n.name, n.layer) for n in g2.nodes if "wte" in n.name] == [("wte_new", "wte_new"),
-                                                                         ("wte@1", "wte")]
+                                                                         ("wte", "wte")]
+    assert g2.select("wte*") == ["wte_new", "wte"]
     with pytest.raises(mg.GraphError, match=r"layer 'wte' is also called as 'wte@1' \(sharing its "
                        r"weights\).*\['wte', 'wte@1'\].*name=\.\.\."):
         g.replace("wte", lambda layer, ids: ops.Embedding(64, 32)(ids))

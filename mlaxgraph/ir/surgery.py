@@ -51,15 +51,15 @@ def layer_paths(graph: Graph, prefix: str = "") -> Iterator[tuple[str, Node]]:
 
 
 def shared_call_paths(graph: Graph, prefix: str = "") -> Iterator[tuple[str, Node]]:
-    """Every further call of a layer (sharing its weights: GPT-2's tied head ``wte@1``)
-    with its path: the calls ``layer_paths`` lists under their layer's name."""
+    """Every further call of a layer or block (sharing its weights: GPT-2's tied head
+    ``wte@1``, a block called twice ``blk@1``) with its path: the calls ``layer_paths``
+    lists under their layer's name."""
     for node in graph.nodes:
+        if node.shares_weights:
+            yield prefix + node.name, node
+            continue
         inner = node.op.subgraph()
         if inner is None:
-            if node.shares_weights:
-                yield prefix + node.name, node
-            continue
-        if node.shares_weights:
             continue
         for name in getattr(node.op, "names", None) or (node.name,):
             yield from shared_call_paths(inner, f"{prefix}{name}/")
@@ -165,6 +165,12 @@ def resolve_selection(graph: Graph, selection: Any, action: str, calls: bool = F
         else:
             problem = (f"{item!r} is a block, not a layer: select its layers ({item}/*)"
                        if item in blocks else f"graph {graph.name!r} has no layer {item!r}")
+            for call, node in shared_call_paths(graph):
+                if item.startswith(call + "/"):  # inside a block called again: its layer's
+                    owner = call[: len(call) - len(node.name)] + node.layer
+                    problem += (f"; {call!r} calls block {owner!r} again, sharing its weights: "
+                                f"its layers are named under {owner!r} ({owner}{item[len(call):]}), "
+                                f"and a change there changes every call")
             raise GraphError(f"{what}: {problem}{near_names(item, known + others)}")
     return list(dict.fromkeys(paths))
 
@@ -191,7 +197,7 @@ def surgery(graph: Graph, action: str, selection: Any, fn: Any) -> Graph:
     rule = _Surgery(action, fn, targets, source)
     where = f" at {source}" if source is not None else ""
     try:
-        result = rewrite(graph, rule, memo={})  # nothing kept after
+        result = rewrite(rewrite(graph, rule, memo={}), _Promote())  # nothing kept after
     except MlaxGraphError as e:
         raise type(e)(f"{action}({selection!r}){where} breaks the graph:\n{e}") from None
     try:
@@ -296,8 +302,9 @@ class _Surgery(Rule):
                 node.name, node.op.op_name,
                 f"remove takes out a layer of one input (its readers read that input), and "
                 f"this one reads {len(node.inputs)}: removing it would drop the others and what "
-                f"computes them. To keep one of them, replace the layer: "
-                f"replace({'/'.join((*self.block, node.name))!r}, lambda layer, *xs: xs[0])",
+                f"computes them. To keep {'them' if len(node.outputs) > 1 else 'one of them'}, "
+                f"replace the layer: replace({'/'.join((*self.block, node.name))!r}, lambda "
+                f"layer, *xs: xs{'' if len(node.outputs) > 1 else '[0]'})",
                 got=f"inputs {ins}", source=self.source))
         if not node.inputs or len(node.outputs) != 1 or rewrite.spec(node.inputs[0]) != node.outputs[0]:
             ins = ", ".join(str(rewrite.spec(v)) for v in node.inputs) or "no inputs"
@@ -308,6 +315,24 @@ class _Surgery(Rule):
                 got=f"inputs {ins} -> outputs {', '.join(map(str, node.outputs))}",
                 source=self.source))
         return (node.inputs[0],)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Promote(Rule):
+    """A layer's first call taken out, its next call takes the layer's name (``wte@1``
+    becomes ``wte``): its weights keep their path, and it is listed and printed as a
+    layer, as a graph built with that call alone."""
+
+    def prepare(self, graph: Graph) -> dict[str, str]:
+        names, first = {node.name for node in graph.nodes}, dict[str, str]()
+        for node in graph.nodes:
+            if node.shares_weights and node.layer not in names:
+                first.setdefault(node.layer, node.name)
+        return {call: layer for layer, call in first.items()}
+
+    def visit(self, node: Node, rewrite: Rewrite):
+        name = rewrite.data.get(node.name)
+        return None if name is None else node.replace(name=name)
 
 
 def _placeholders(specs: Sequence[TensorSpec]) -> list[SymbolicTensor]:
@@ -356,12 +381,16 @@ def _splice(rewrite: Rewrite, old: Node, values: list[Value], build: Callable,
             f"build its result from the tensors it gets alone", source=source)) from None
     mapping: dict[Value, Value] = {Value(name, 0): v for name, v in zip(input_names, values)}
     names: dict[str, str] = {}
+    layers: dict[str, str] = {}  # a traced call of the old layer -> the weights it uses
     produced = {v.node for v in output_values}
     for node in nodes:
         if node.name in input_names:
             continue
         if node.op is old.op and not node.shares_weights:
-            new_name = old.name  # the old layer called again keeps its name and weights
+            # the old layer called again keeps its name and weights (a further call,
+            # wte@1, those of the layer it calls again)
+            new_name = old.name
+            layers[node.name] = old.layer
             rewrite.names.add(new_name)
         elif (keep_name and node.op.name in (None, old.name) and node.name in produced
               and len(produced) == 1 and old.name not in names.values()):
@@ -371,7 +400,7 @@ def _splice(rewrite: Rewrite, old: Node, values: list[Value], build: Callable,
             new_name = rewrite.fresh(node.name) if node.name in rewrite.names else node.name
             rewrite.names.add(new_name)
         names[node.name] = new_name
-        layer = names.get(node.layer, node.layer)
+        layer = layers.get(node.layer) or names.get(node.layer, node.layer)
         inputs = tuple(mapping.get(v, v) for v in node.inputs)
         emitted = rewrite.emit(Node(new_name, node.op, inputs, node.outputs, layer,
                                     node.source or source))
