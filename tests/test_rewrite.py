@@ -160,3 +160,44 @@ def test_a_node_renamed_by_a_rule_takes_its_weights_along():
     moved = {"dense": params["fc1"], "fc2": params["fc2"]}
     np.testing.assert_array_equal(mg.compile(renamed).apply(moved, state, np.ones((2, 4), np.float32))[0],
                                   mg.compile(g).apply(params, state, np.ones((2, 4), np.float32))[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answers(Rule):
+    """Gives, at the relu, what ``answer(node, rewrite)`` makes; the graph's outputs
+    what ``outputs(outputs)`` makes."""
+
+    answer: object = None
+    outputs: object = None
+
+    def visit(self, node, rewrite):
+        return self.answer(node, rewrite) if self.answer and node.op.op_name == "relu" else None
+
+    def results(self, outputs, rewrite):
+        return self.outputs(outputs) if self.outputs else outputs
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda node, rw: node.replace(op="gelu"), r"_Answers: node 'relu' holds 'gelu', which is no layer"),
+    (lambda node, rw: node.replace(op=jax.nn.gelu), r"node 'relu' holds <function gelu.*which is no layer"),
+    (lambda node, rw: (rw.emit(Node("z", ops.Tanh(), ("fc",), (), "z")).value(),),
+     r"layer 'z' \(op tanh\): reads 'fc', which is no Value"),
+    (lambda node, rw: (rw.emit(Node("z", ops.Tanh(), (Value("out", 0),), (), "z")).value(),),
+     r"layer 'z' \(op tanh\): reads %out, which no node before it makes"),
+])
+def test_a_node_a_rule_makes_wrong_is_an_error_naming_it(answer, message):
+    with pytest.raises(mg.GraphError, match=message):
+        rewrite(small(), _Answers(answer))
+
+
+@pytest.mark.parametrize("outputs, message", [
+    (lambda outs: ("out",), r"_Answers.results gave the outputs \('out',\) of graph 'small': 'out' is no value"),
+    (lambda outs: (Value("gone", 0),), r"Value\(node='gone', index=0\) is no value of the rewritten graph"),
+    (lambda outs: (), r"gave the outputs \(\) of graph 'small': none"),
+])
+def test_outputs_a_rule_gives_wrong_are_an_error_at_the_rewrite(outputs, message):
+    with pytest.raises(mg.GraphError, match=message):
+        rewrite(small(), _Answers(outputs=outputs))
+    # a list of the graph's values is fine
+    out = rewrite(small(), _Answers(outputs=lambda outs: [Value("fc", 0)]))
+    assert out.outputs == (Value("fc", 0),)

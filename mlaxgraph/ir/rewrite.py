@@ -111,6 +111,7 @@ class Rewrite:
         """Adds a new node (its name made unique by the caller, e.g. with ``fresh``);
         with ``infer`` (or no outputs given) its output specs are inferred from its
         inputs'."""
+        self._check_inputs(node)
         if infer or not node.outputs:
             node = node.replace(outputs=self._infer(node))
         self.names.add(node.name)
@@ -167,6 +168,15 @@ class Rewrite:
             self.specs[node.value(i)] = spec
 
     def _check_inputs(self, node: Node) -> None:
+        if not isinstance(node, Node) or not isinstance(node.op, Layer):
+            what = f"node {node.name!r} holds {node.op!r}" if isinstance(node, Node) else repr(node)
+            raise GraphError(f"{type(self.rule).__name__}: {what}, which is no layer; a node holds "
+                             f"a layer object (node.replace(op=ops.Gelu()))")
+        bad = [v for v in node.inputs if not isinstance(v, Value)]
+        if bad:
+            raise GraphError(node_message(
+                node.name, node.op.op_name, f"reads {bad[0]!r}, which is no Value: a node's "
+                f"inputs are Values (other.value(0), Value(name, index))", source=node.source))
         unknown = [v for v in node.inputs if v not in self.specs]
         if unknown:
             raise GraphError(node_message(
@@ -266,7 +276,13 @@ def _rewrite(graph: Graph, rule: Rule, memo: dict | None) -> Graph:
                 f"{type(result).__name__}; it returns None (keep the node), a Node (node.replace"
                 f"(op=...)) or a tuple of the values standing for the node's outputs",
                 source=node.source))
-    outputs = rule.results(tuple(state.renamed.get(v, v) for v in graph.outputs), state)
+    outputs = tuple(rule.results(tuple(state.renamed.get(v, v) for v in graph.outputs), state))
+    bad = [v for v in outputs if not isinstance(v, Value) or v not in state.specs]
+    if bad or (graph.outputs and not outputs):
+        raise GraphError(f"{type(rule).__name__}.results gave the outputs {outputs!r} of graph "
+                         f"{graph.name!r}: "
+                         + (f"{bad[0]!r} is no value of the rewritten graph" if bad else "none")
+                         + "; a graph returns one or more Values of its nodes")
     names = tuple(rule.inputs(graph.inputs, state))
     if (not state.changed and outputs == graph.outputs and names == graph.inputs
             and len(state.nodes) == len(graph.nodes)):
