@@ -29,7 +29,8 @@ from ..ops.base import Layer
 from ..ops.foreign import Family, ForeignOp, OpDef, decode_array
 from ..ops.tensor import Identity
 
-__all__ = ["OpDef", "AtenOp", "Buffer", "Mode", "TABLE", "DRAWS", "define", "op_class", "TENSOR"]
+__all__ = ["OpDef", "AtenOp", "Buffer", "Mode", "TABLE", "DRAWS", "EVERY_MODE", "define", "op_class",
+           "TENSOR"]
 
 #: How a tensor argument is written among a node's hyperparameters.
 TENSOR = "$tensor"
@@ -103,6 +104,14 @@ class AtenOp(ForeignOp):
                 raise GraphError(f"{self.op_key} with {e} is not supported") from None
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
+    def apply(self, params, state, inputs, *, rng, inference_mode):
+        if self.op_key not in EVERY_MODE:
+            return super().apply(params, state, inputs, rng=rng, inference_mode=inference_mode)
+        if rng is None:  # torch.rand & co. draw in eval mode too
+            raise GraphError(f"{self.op_key} draws random numbers in either mode, as PyTorch's: "
+                             f"pass rng=jax.random.key(...) to apply (with inference_mode=True too)")
+        return self.compute(list(inputs), rng), state
+
     def rule_args(self) -> tuple:
         return self.args
 
@@ -117,6 +126,8 @@ define = FAMILY.define
 op_class = FAMILY.op_class
 #: A random operator's name -> whether a call (its ``args``, ``kwargs``) draws.
 DRAWS: dict[str, Any] = {}
+#: The random operators that draw in eval mode too (``torch.rand``, ...), given a key.
+EVERY_MODE: set[str] = set()
 
 
 def _zeros(key, shape, dtype):

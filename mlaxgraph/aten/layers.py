@@ -172,19 +172,24 @@ _RULES: dict[str, Callable] = {
 _BATCH_NORMS = ("aten.batch_norm.default", "aten._native_batch_norm_legit_functional.default",
                 "aten.native_batch_norm.default")
 _DROPOUTS = ("aten.dropout.default", "aten.native_dropout.default", "aten.feature_dropout.default",
-             "aten.dropout_.default", "aten.feature_dropout_.default")
+             "aten.dropout_.default", "aten.feature_dropout_.default", "aten.alpha_dropout.default",
+             "aten.alpha_dropout_.default", "aten.feature_alpha_dropout.default",
+             "aten.feature_alpha_dropout_.default")
+_RECURRENT = ("aten.lstm.input", "aten.gru.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
 
 
 def trains(nodes: list[dict]) -> bool:
     """Whether a program's nodes compute differently in train mode: a BatchNorm with
     running statistics called with ``training=True``, a dropout with ``train=True``,
-    attention with ``dropout_p > 0``."""
+    attention with ``dropout_p > 0``, a recurrent module's dropout between layers."""
     for node in nodes:
         target, args, kwargs = node["target"], node["args"], node["kwargs"]
         if target in _BATCH_NORMS and len(args) > 5 and args[5] is True and args[3] is not None:
             return True
         if target in _DROPOUTS and (args[2] if len(args) > 2 else kwargs.get("train")) is True:
             return True
+        if target in _RECURRENT and len(args) > 6 and args[6] is True and args[5] and args[4] > 1:
+            return True  # dropout between layers
         if target == "aten.scaled_dot_product_attention.default":
             p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
             if isinstance(p, (int, float)) and p > 0:

@@ -1,4 +1,4 @@
-"""The ``aten`` family's network operators: matrix products, convolution, pooling,
+"""The ``aten`` family's network operators: matrix products, convolution,
 normalization, embedding, attention, dropout (in ATen's signatures)."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..ops.flops import size
-from ..ops.pooling import ceil_mode_extra, window_max, window_mean, window_sum
 from .layer import DRAWS, define
 
 
@@ -39,7 +38,7 @@ def _linear(x, w, b=None):
     return y if b is None else y + b
 
 
-# --- convolution, pooling ----------------------------------------------------------------
+# --- convolution ----------------------------------------------------------------------
 
 def _conv_flops(inputs, outputs, args):
     w = inputs[1]
@@ -94,82 +93,6 @@ def _conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
         totals = [d * (n - 1) if padding == "same" else 0 for d, n in zip(tup(dilation), w.shape[2:])]
         padding = tuple((t // 2, t - t // 2) for t in totals)
     return _convolution(x, w, b, tup(stride), tup(padding), tup(dilation), False, (0,) * nd, groups)
-
-
-def _pool_window(x, kernel, stride, padding, nd):
-    def tup(v, default):
-        v = default if v is None or (isinstance(v, (list, tuple)) and not v) else v
-        v = tuple(v) if isinstance(v, (list, tuple)) else (v,)
-        return v * nd if len(v) == 1 else v
-    k = tup(kernel, 1)
-    return k, tup(stride, k), tup(padding, 0)
-
-
-@define("aten.max_pool2d_with_indices.default", flops="elementwise")
-def _max_pool2d_with_indices(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
-    """The pooled values and, as PyTorch's, the index of each window's first maximum in
-    its input plane (``row * width + col``; a NaN is a maximum)."""
-    y = _max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode)
-    k, s, p = _pool_window(x, kernel_size, stride, padding, 2)
-    d = _pool_window(x, dilation, None, 0, 2)[0]
-    h, w = x.shape[-2:]
-    plane = jnp.broadcast_to(jnp.arange(h * w, dtype=jnp.int32).reshape(h, w), x.shape)
-    pads = [(0, 0, 0)] * (x.ndim - 2) + [(0, 0, 0)] * 2
-    for i, (n, pi) in enumerate(zip((h, w), p)):
-        extra = ceil_mode_extra(n, pi, pi, k[i], s[i], d[i]) if ceil_mode else 0
-        pads[x.ndim - 2 + i] = (pi, pi + extra, 0)
-    xs = lax.pad(lax.stop_gradient(x), jnp.array(-jnp.inf, x.dtype), pads)
-    ids = lax.pad(plane, jnp.int32(-1), pads)
-    oh, ow = y.shape[-2:]
-    best = index = None
-    for a in range(k[0]):
-        for b in range(k[1]):
-            rows = slice(a * d[0], a * d[0] + s[0] * (oh - 1) + 1, s[0])
-            cols = slice(b * d[1], b * d[1] + s[1] * (ow - 1) + 1, s[1])
-            tap, at = xs[..., rows, cols], ids[..., rows, cols]
-            if best is None:
-                best, index = tap, at
-                continue
-            take = (tap > best) | (jnp.isnan(tap) & ~jnp.isnan(best))
-            best, index = jnp.where(take, tap, best), jnp.where(take, at, index)
-    return y, index
-
-
-@define("aten.max_pool2d.default", flops="elementwise")
-def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
-    k, s, p = _pool_window(x, kernel_size, stride, padding, 2)
-    d = _pool_window(x, dilation, None, 0, 2)[0]
-    pads = [(pi, pi + (ceil_mode_extra(n, pi, pi, ki, si, di) if ceil_mode else 0))
-            for n, ki, si, pi, di in zip(x.shape[2:], k, s, p, d)]
-    return window_max(x, k, s, pads, (2, 3), d)
-
-
-@define("aten.avg_pool2d.default", flops="elementwise")
-def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-                divisor_override=None):
-    k, s, p = _pool_window(x, kernel_size, stride, padding, 2)
-    # ceil_mode: room on the right for a last window starting inside the (padded) input
-    pads = [(pi, pi + (ceil_mode_extra(n, pi, pi, ki, si) if ceil_mode else 0))
-            for n, ki, si, pi in zip(x.shape[2:], k, s, p)]
-    if divisor_override:
-        return window_sum(x, k, s, pads, (2, 3)) / divisor_override
-    # the taps each window counts: with count_include_pad the padding, not ceil_mode's room
-    return window_mean(x, k, s, pads, (2, 3),
-                       counted=[(pi, pi) for pi in p] if count_include_pad else None)
-
-
-@define("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default", flops="input")
-def _adaptive_avg_pool2d(x, output_size):
-    h, w = x.shape[-2:]
-    oh, ow = output_size
-    if h % oh or w % ow:
-        rows = [x[..., (i * h) // oh: -(-(i + 1) * h // oh), :] for i in range(oh)]
-        out = []
-        for r in rows:
-            out.append(jnp.stack([r[..., (j * w) // ow: -(-(j + 1) * w // ow)].mean((-2, -1))
-                                  for j in range(ow)], -1))
-        return jnp.stack(out, -2)
-    return x.reshape(x.shape[:-2] + (oh, h // oh, ow, w // ow)).mean((-3, -1))
 
 
 # --- normalization, embedding, attention -----------------------------------------------

@@ -271,3 +271,39 @@ def _instance_norm(x, w, b, mean, var, use_input_stats, momentum, eps, cudnn_ena
     y = (x - m) * jax.lax.rsqrt(v + eps)
     y = y if w is None else y * w.reshape(shape)
     return y if b is None else y + b.reshape(shape)
+
+
+# --- repeat_interleave ---------------------------------------------------------------
+
+@define("aten.repeat_interleave.self_int", flops="none")
+def _repeat_interleave(x, repeats, dim=None, output_size=None):
+    """Each entry ``repeats`` times along ``dim`` (the flattened tensor without)."""
+    if dim is None:
+        x, dim = x.reshape(-1), 0
+    return jnp.repeat(x, repeats, axis=dim)
+
+
+@define("aten.repeat_interleave.self_Tensor", flops="none")
+def _repeat_interleave_tensor(x, repeats, dim=None, output_size=None):
+    """Entry ``i`` ``repeats[i]`` times (a one-element ``repeats``: each as often). The
+    output's size depends on ``repeats``' values: known to the graph only when
+    ``output_size`` is given (otherwise the program's size is data-dependent, a
+    ``ShapeError`` when it is read)."""
+    if dim is None:
+        x, dim = x.reshape(-1), 0
+    if repeats.size == 1:
+        repeats = jnp.broadcast_to(repeats.reshape(()), (x.shape[dim],))
+    if output_size is None:
+        raise NotImplementedError("repeats given as a tensor and no output_size (the output's "
+                                  "size depends on the tensor's values; pass output_size)")
+    return jnp.repeat(x, repeats, axis=dim, total_repeat_length=output_size)
+
+
+@define("aten.repeat_interleave.Tensor", flops="none")
+def _repeat_interleave_indices(repeats, output_size=None):
+    """``torch.repeat_interleave(repeats)``: index ``i`` ``repeats[i]`` times."""
+    if output_size is None:
+        raise NotImplementedError("repeats and no output_size (the output's size depends on "
+                                  "the tensor's values; pass output_size)")
+    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats,
+                      total_repeat_length=output_size)

@@ -23,7 +23,7 @@ from ..ir.graph import Graph, Input
 from ..ir.outline import Scope, Step, outline
 from ..ops.foreign import encode_array
 from ..ops.param import Param
-from . import ops_nn, ops_resize, ops_table, ops_tensor  # noqa: F401  (they fill the table)
+from . import ops_nn, ops_pool, ops_random, ops_recurrent, ops_resize, ops_table, ops_tensor  # noqa: F401
 from .layer import TABLE, TENSOR, Buffer, Mode, op_class
 from .layers import match_layer, trains
 from .ops_table import dtype_of
