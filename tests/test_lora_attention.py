@@ -145,6 +145,13 @@ def test_bad_attention_targets_are_errors():
             f"lora('attn/{wrong}'): 'attn' names attention (MultiHeadAttention), and "
             f"{wrong!r} is none of its projections: query, key, value, out, and qkv"), e.value
         assert near in str(e.value)
+    # "**" names every layer, attention or not: "**/atn" (a typo) is a pattern that
+    # matches no layer, not a projection of the attention layers "**" also matches
+    with pytest.raises(mg.GraphError) as e:
+        mg.lora(g, "**/atn", rank=2)
+    assert str(e.value).startswith("lora('**/atn'): pattern '**/atn' matches no layer"), e.value
+    assert [p for p, _ in mg.lora(g, "**/query", rank=2).walk() if p.endswith("lora_A")] == \
+        ["attn.query.lora_A"]
     g2 = mg.lora(g, "attn", rank=2)
     with pytest.raises(mg.ConfigError, match="adapters already"):
         mg.lora(g2, "attn/query", rank=2)

@@ -562,3 +562,24 @@ def test_modules_to_save_naming_a_holder_round_trips_and_a_projection_alone_is_n
     with pytest.raises(mg.ConfigError, match="modules_to_save names 'q_proj', a projection of the "
                                              "attention 'model.layers.0/self_attn'"):
         mg.lora_from_peft(g, {**fields, "modules_to_save": ["q_proj"]})
+
+
+def _adapted(graph):
+    return sorted(p[: -len(".lora_A")] for p, _ in layer_paths(unfold_scans(graph)) if p.endswith(".lora_A"))
+
+
+def test_all_linear_leaves_out_the_output_embeddings_alone_as_peft():
+    """PEFT's "all-linear" leaves out a Hugging Face model's output embeddings (Llama's
+    lm_head) and, for task_type SEQ_CLS without them, its score or classifier head; the
+    last Linear of any other model (torchvision's ResNet fc, a hand-built MLP) is
+    adapted, as PEFT adapts it."""
+    llama = _adapted(mg.lora_from_peft(mg.models.llama(LLAMA), {"target_modules": "all-linear"}))
+    assert "lm_head" not in llama and "model.layers.0/mlp.down_proj" in llama
+    resnet = mg.models.resnet18(10, image_size=32, width=8)
+    assert _adapted(mg.lora_from_peft(resnet, {"target_modules": "all-linear"})) == ["fc"]
+    x = mg.Input(("batch", 8), name="x")
+    mlp = mg.Graph(x, mg.ops.Linear(3, name="classifier")(
+        mg.ops.relu(mg.ops.Linear(16, name="fc")(x))))
+    assert _adapted(mg.lora_from_peft(mlp, {"target_modules": "all-linear"})) == ["classifier", "fc"]
+    assert _adapted(mg.lora_from_peft(mlp, {"target_modules": "all-linear",
+                                            "task_type": "SEQ_CLS"})) == ["fc"]

@@ -194,3 +194,19 @@ def test_a_vit_adapter_save_adapter_writes_loads_in_peft_under_transformers_5(tm
     ours = np.asarray(out[0] if isinstance(out, (tuple, list)) else out)
     _close(ours, want)
     assert mg.lora_from_peft(graph, tmp_path) == adapted
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "resnet18"])
+def test_all_linear_adapts_the_modules_peft_adapts(tmp_path, kind):
+    """"all-linear" read from a config gives the adapters PEFT gives (its folder holds
+    the modules it resolved): Llama's lm_head left out, ResNet's fc (no output
+    embeddings) adapted."""
+    if kind == "resnet18":
+        torchvision = pytest.importorskip("torchvision")
+        model, graph = torchvision.models.resnet18(num_classes=10), mg.models.resnet18(10, image_size=32)
+    else:
+        model, graph, _ = _base(kind)
+    config = peft.LoraConfig(r=2, target_modules="all-linear")
+    peft.get_peft_model(model, config).save_pretrained(tmp_path)
+    assert mg.lora_from_peft(graph, {"r": 2, "target_modules": "all-linear"}) == \
+        mg.lora_from_peft(graph, tmp_path)

@@ -152,8 +152,9 @@ def lora_targets(graph: Graph, targets: Any) -> dict[str, tuple[str, ...]]:
                 for path in layers:
                     chosen.setdefault(path, []).extend(names)
                 continue
-            if layers and not select(graph, item):
-                # inside an attention layer there are its projections alone
+            if layers and not select(graph, item) and all(path in layers for path in known if match(path)):
+                # inside an attention layer there are its projections alone (a head that
+                # names other layers too, "**", leaves the item a path as any other)
                 raise GraphError(_no_projection(item, head, tail))
         plain.append(item)
     selection = targets if len(plain) == len(items) else plain  # as the user wrote it

@@ -69,16 +69,31 @@ def peft_modules(graph: Graph) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _outputs(graph: Graph) -> set[str]:
-    """The paths of the layers whose output is the graph's (a head)."""
-    return {value.node for value in graph.outputs}
+#: The classification heads PEFT's ``all-linear`` leaves out for ``task_type`` ``SEQ_CLS``
+#: where the model has no output embeddings (its ``SEQ_CLS_HEAD_NAMES``, the first found).
+_SEQ_CLS_HEADS = ("score", "classifier")
+
+
+def _all_linear_excluded(layout: Any, keys: list[str], task_type: Any) -> set[str]:
+    """The modules PEFT's ``all-linear`` leaves out: a Hugging Face model's output
+    embeddings (``lm_head``, the module of the weight the layout's ``tied`` names), or,
+    without them, for ``task_type="SEQ_CLS"``, its top-level ``score`` or
+    ``classifier``. Any other Linear is adapted, the last layer of a model without
+    output embeddings included (torchvision's ResNet ``fc``), as PEFT adapts it."""
+    heads = {name.rsplit(".", 1)[0] for name, _ in layout.tied}
+    if heads:
+        return heads
+    if task_type == "SEQ_CLS":
+        return {next((name for name in _SEQ_CLS_HEADS if name in keys), "")}
+    return set()
 
 
 def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
     """``graph`` with the LoRA adapters a PEFT folder's ``adapter_config.json``
     describes: ``target_modules`` (a list of module names, matched as PEFT matches them:
     the whole name or its last dotted parts; a regular expression matching whole names;
-    or ``"all-linear"``: every Linear and attention projection but the output head),
+    or ``"all-linear"``: every Linear and attention projection but the output
+    embeddings, ``lm_head``, as PEFT leaves them out),
     minus ``exclude_modules``; ``r``, ``lora_alpha``, ``rank_pattern``,
     ``alpha_pattern``, ``lora_dropout``, ``use_rslora``, ``init_lora_weights`` (how a
     fresh ``init`` draws the adapters: ``mg.lora``'s ``init_weights``). ``modules_to_save`` must name
@@ -118,9 +133,9 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
         return tuple(layout.model_prefix + f for f in forms) + forms if layout.model_prefix else forms
 
     if isinstance(config.target_modules, str) and config.target_modules.lower() == "all-linear":
-        heads = _outputs(unfold_scans(graph))
+        heads = _all_linear_excluded(layout, keys, config.fields.get("task_type"))
         wanted = [k for k, (path, op) in modules.items()
-                  if (op in _LINEAR and path not in heads) or op == "attention"]
+                  if (op in _LINEAR and k not in heads) or op == "attention"]
     else:
         wanted = [k for k in keys if any(config.selects(n) for n in full(k))]
         _check_names(config, "target_modules", config.target_modules, keys, full, graph)
