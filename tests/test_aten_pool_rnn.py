@@ -227,3 +227,31 @@ def test_alpha_dropout_keeps_selu_s_statistics_in_train_mode_only():
     np.testing.assert_array_equal(_run("aten.alpha_dropout.default", (T, p, True), [x]), x)
     np.testing.assert_array_equal(_run("aten.alpha_dropout.default", (T, p, False), [x], inference_mode=False,
                                        rng=jax.random.key(0)), x)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(reduce, include_self):
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    src = rng.standard_normal((6, 5)).astype(np.float32)
+    index = rng.integers(0, 4, (6, 5)).astype(np.int32)
+    expected = x.astype(np.float64).copy()
+    for j in range(5):
+        for row in range(4):
+            taken = [src[i, j] for i in range(6) if index[i, j] == row]
+            if not taken:
+                continue
+            values = ([x[row, j]] if include_self else []) + taken
+            expected[row, j] = {"sum": np.sum, "prod": np.prod, "mean": np.mean, "amax": np.max,
+                                "amin": np.min}[reduce](values)
+    got = _run("aten.scatter_reduce.two", (T, 0, U, V, reduce), [x, index, src], {"include_self": include_self})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, float("inf")])
+def test_cdist(p):
+    a, b = rng.standard_normal((2, 6, 3)).astype(np.float32), rng.standard_normal((2, 4, 3)).astype(np.float32)
+    diff = np.abs(a[:, :, None] - b[:, None]).astype(np.float64)
+    expected = (diff != 0).sum(-1) if p == 0 else diff.max(-1) if p == np.inf else (diff ** p).sum(-1) ** (1 / p)
+    np.testing.assert_allclose(_run("aten._cdist_forward.default", (T, U, p, None), [a, b]), expected,
+                               rtol=1e-5, atol=1e-6)

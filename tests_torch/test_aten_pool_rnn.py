@@ -223,3 +223,28 @@ def test_multinomial_and_alpha_dropout():
                                    rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(
         np.asarray(model.apply(params, state, jnp.asarray(x.numpy()), inference_mode=True)[0]), x.numpy())
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_as_pytorch(reduce, include_self):
+    torch.manual_seed(0)
+    index = torch.randint(0, 4, (6, 5))
+    module = Fn(lambda x, src: x.scatter_reduce(0, index, src, reduce, include_self=include_self))
+    x, src = torch.randn(4, 5), torch.randn(6, 5)
+    if reduce != "prod":  # JAX has no gradient of a product scattered to repeated indices
+        _compare(module, x, src, exact=reduce != "mean", tol=1e-6)
+        return
+    graph, params, state = mg.from_torch(module, (x, src))
+    got = mg.compile(graph).apply(params, state, jnp.asarray(x.numpy()), jnp.asarray(src.numpy()))[0]
+    np.testing.assert_array_equal(np.asarray(got), module(x, src).numpy())
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, float("inf")])
+def test_cdist_as_pytorch(p):
+    torch.manual_seed(0)
+    module = Fn(lambda a, b: torch.cdist(a, b, p=p))
+    a, b = torch.randn(2, 30, 7), torch.randn(2, 40, 7)
+    graph, params, state = mg.from_torch(module, (a, b))
+    got = mg.compile(graph).apply(params, state, jnp.asarray(a.numpy()), jnp.asarray(b.numpy()))[0]
+    np.testing.assert_allclose(np.asarray(got), module(a, b).numpy(), rtol=1e-5, atol=1e-5)

@@ -307,3 +307,47 @@ def _repeat_interleave_indices(repeats, output_size=None):
                                   "the tensor's values; pass output_size)")
     return jnp.repeat(jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats,
                       total_repeat_length=output_size)
+
+
+# --- scatter_reduce, cdist -------------------------------------------------------------
+
+_IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "amax": -jnp.inf, "amin": jnp.inf}
+
+
+@define("aten.scatter_reduce.two", flops="none")
+def _scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    """``src``'s entries reduced into ``x`` at ``index`` along ``dim`` (``sum``,
+    ``prod``, ``mean``, ``amax``, ``amin``); without ``include_self`` the positions
+    scattered to start from the reduction's identity, not ``x``'s value; a mean
+    divides by the values reduced (``x``'s own counted with ``include_self``)."""
+    where = _scatter_index(x, dim, index)
+    src = src[tuple(slice(0, n) for n in index.shape)].astype(x.dtype)
+    hit = jnp.zeros(x.shape, jnp.int32).at[where].add(1)
+    identity = _IDENTITY[reduce]
+    if jnp.issubdtype(x.dtype, jnp.integer) and reduce in ("amax", "amin"):
+        info = jnp.iinfo(x.dtype)
+        identity = info.min if reduce == "amax" else info.max
+    base = x if include_self else jnp.where(hit > 0, jnp.asarray(identity, x.dtype), x)
+    at = base.at[where]
+    out = {"sum": at.add, "mean": at.add, "prod": at.multiply, "amax": at.max, "amin": at.min}[reduce](src)
+    if reduce != "mean":
+        return out
+    count = jnp.maximum(hit + (1 if include_self else 0), 1).astype(x.dtype)
+    divided = jnp.floor_divide(out, count) if jnp.issubdtype(x.dtype, jnp.integer) else out / count
+    return jnp.where(hit > 0, divided, x)
+
+
+@define("aten._cdist_forward.default", "aten.cdist.default",
+        flops=lambda i, o, a: 3 * size(o[0]) * i[0].shape[-1])
+def _cdist(x1, x2, p=2.0, compute_mode=None):
+    """``torch.cdist``: the ``p``-norm distance of each row of ``x1`` to each of ``x2``."""
+    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
+    if p == 0:
+        return jnp.sum(diff != 0, -1).astype(x1.dtype)
+    if p == float("inf"):
+        return jnp.max(diff, -1)
+    if p == 1:
+        return jnp.sum(diff, -1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, -1))
+    return jnp.sum(diff ** p, -1) ** (1.0 / p)
