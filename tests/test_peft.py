@@ -583,3 +583,19 @@ def test_all_linear_leaves_out_the_output_embeddings_alone_as_peft():
     assert _adapted(mg.lora_from_peft(mlp, {"target_modules": "all-linear"})) == ["classifier", "fc"]
     assert _adapted(mg.lora_from_peft(mlp, {"target_modules": "all-linear",
                                             "task_type": "SEQ_CLS"})) == ["fc"]
+
+
+def test_save_adapter_takes_a_scanned_models_graph(tmp_path):
+    """model.graph of a model compiled with scan_blocks holds the adapters inside its
+    scan: save_adapter writes the folder the graph before scanning writes."""
+    adapted = mg.lora(mg.models.gpt2(GPT2), ["h.*/attn/qkv", "h.*/mlp.c_fc"], rank=2, alpha=4)
+    scanned = mg.compile(adapted, scan_blocks="always")
+    assert any(node.op.op_name == "scan" for node in scanned.graph.nodes)
+    stacked, stacked_state = scanned.init(jax.random.key(0))
+    params, _ = scanned.unstack_weights(stacked, stacked_state)
+    mg.models.save_adapter(adapted, params, tmp_path / "plain")
+    mg.models.save_adapter(scanned.graph, params, tmp_path / "scanned")
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "scanned" / name).read_bytes()
+    with pytest.raises(mg.SerializationError, match="scanned model's stacked weights"):
+        mg.models.save_adapter(scanned.graph, stacked, tmp_path / "stacked")

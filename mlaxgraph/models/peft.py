@@ -346,8 +346,9 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
         raise GraphError(f"save_adapter(graph, params, folder) takes the adapted Graph and its "
                          f"params (a dict), got {type(graph).__name__} and "
                          f"{type(params).__name__}")
+    graph = unfold_scans(graph)   # a scanned model's graph (model.graph) writes as its own
     layout = layout_for(graph.name)
-    nodes = dict(layer_paths(unfold_scans(graph)))
+    nodes = dict(layer_paths(graph))
     settings: dict[str, tuple[int, float]] = {}
     dropouts: dict[float, list[str]] = collections.defaultdict(list)
     for name, (target, rank, scale) in adapted_modules(graph, "save_adapter").items():
