@@ -271,3 +271,55 @@ def test_an_intervention_that_fails_is_named_and_a_numpy_mask_it_reads_works(bas
     want, _ = model.apply(params, state, IDS, inference_mode=True,
                           intervene={"h.0/attn": lambda v: v * jnp.asarray(~mask, v.dtype)})
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+
+
+STACK_X = np.asarray(jax.random.normal(jax.random.key(1), (2, 8)))
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """Three equal blocks ``b0``-``b2``, each ``tanh(fc(h)) + h``, then ``head``."""
+    x = mg.Input(("batch", 8), name="x")
+    inner = mg.Input(("batch", 8), name="h")
+    block = mg.Graph(inner, ops.tanh(ops.Linear(8, name="fc")(inner)) + inner, name="block")
+    h = x
+    for i in range(3):
+        h = block.as_block(f"b{i}")(h)
+    g = mg.Graph(x, ops.Linear(2, name="head")(h), name="stack")
+    params, state = mg.compile(g).init(jax.random.key(0))
+    return g, params, state
+
+
+def test_an_interventions_failing_lookup_by_path_is_named_at_the_path(stack):
+    g, params, state = stack
+    model = mg.compile(g, scan_blocks="always")
+    stacked, stacked_state = model.stack_weights(params, state)
+    scale = {"b0/fc": 2.0}  # b1/fc left out
+    with pytest.raises(mg.GraphError, match=r"intervene at 'b1/fc': the function \(<lambda>\) "
+                       r"failed on the output float32\[2, 8\].*KeyError: 'b1/fc'"):
+        model.apply(stacked, stacked_state, STACK_X, intervene={"b*/fc": lambda v, path: v * scale[path]})
+    # with every path there, the numbers: fc's output doubled in b0 alone
+    scale["b1/fc"] = scale["b2/fc"] = 1.0
+    out, _ = model.apply(stacked, stacked_state, STACK_X, intervene={"b*/fc": lambda v, path: v * scale[path]})
+    h = STACK_X
+    for i in range(3):
+        p = params[f"b{i}"]["fc"]
+        h = np.tanh((h @ np.asarray(p["kernel"]) + np.asarray(p["bias"])) * (2.0 if i == 0 else 1.0)) + h
+    want = h @ np.asarray(params["head"]["kernel"]) + np.asarray(params["head"]["bias"])
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scans_name_and_an_input_are_errors_saying_what_to_tap(stack):
+    g, params, state = stack
+    model = mg.compile(g, scan_blocks="always")
+    assert [n.name for n in model.graph.nodes] == ["x", "b0..b2", "head"]
+    stacked, stacked_state = model.stack_weights(params, state)
+    with pytest.raises(mg.GraphError, match=r"path 'b0..b2/fc' names no layer or block of graph "
+                       r"'stack'; 'b0..b2' is the scan of blocks b0, b1, b2: name a block as in the "
+                       r"graph built \(b0/fc\); near names: .*b0/fc"):
+        model.apply(stacked, stacked_state, STACK_X, capture="b0..b2/fc")
+    with pytest.raises(mg.GraphError, match=r"path 'x' names no layer.*'x' is an input, not tapped: "
+                       r"its value is what feeds it"):
+        model.apply(stacked, stacked_state, STACK_X, capture="x")
+    with pytest.raises(mg.GraphError, match=r"'b1/h' is an input, not tapped"):
+        mg.compile(g).apply(params, state, STACK_X, intervene={"b1/h": lambda v: v})

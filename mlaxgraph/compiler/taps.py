@@ -148,7 +148,7 @@ def _call(fn: Callable, value: Any, path: str) -> Any:
         raise GraphError(f"intervene at {path!r}: the function ({name}) turned the value into a "
                          f"NumPy array; it runs inside jax.jit on a traced value, so use "
                          f"jax.numpy ({example}) and jax.lax, not NumPy") from None
-    except (TypeError, ValueError, AttributeError, IndexError) as e:
+    except (TypeError, ValueError, AttributeError, LookupError, ArithmeticError) as e:
         if isinstance(e, (MlaxGraphError, jax.errors.ConcretizationTypeError,
                           jax.errors.NonConcreteBooleanIndexError)):
             raise  # a value it reads in Python: apply traces it again with constants
@@ -276,6 +276,14 @@ def plan_taps(program: Program, taps: Taps) -> TapPlan:
         if not any(matches(path) for path in known):
             kind = "pattern" if is_pattern(pattern) else "path"
             hint = near_names(pattern, known)
+            head = pattern.split("/", 1)[0]
+            runs = [step for step in program.steps if isinstance(step, ScanStep) and step.path == head]
+            if runs:
+                hint = (f"; {head!r} is the scan of blocks {', '.join(runs[0].blocks)}: name a "
+                        f"block as in the graph built ({runs[0].blocks[0]}{pattern[len(head):]}){hint}")
+            elif isinstance(getattr(program.nodes.get(pattern), "op", None), InputLayer):
+                hint = (f"; {pattern!r} is an input, not tapped: its value is what feeds it (the "
+                        f"array given to apply, or the output of the layer before the block){hint}")
             if any(isinstance(inner, ScanStep) for step in program.steps
                    if isinstance(step, ScanStep) for inner in step.block.steps):
                 hint += ("; a scan nested in a scanned block is not tapped: compile without "
