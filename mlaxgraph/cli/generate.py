@@ -13,10 +13,11 @@ import numpy as np
 
 from .. import models
 from ..compiler.compile import compile
+from ..core.errors import ConfigError
 from ..decode import generate, sampling
 from ..decode.sampling import as_sampler
 from .commands import UsageError
-from .generation_config import read_generation_config, read_json
+from .generation_config import file_count, read_generation_config, read_json, refuse_unsupported
 
 __all__ = ["add_generate", "run_generate", "GENERATE_MODELS"]
 
@@ -25,6 +26,8 @@ GENERATE_MODELS = ("gpt2", "llama", "qwen2")
 #: Without --config or a config.json: GPT-2 small, a small Llama (random weights).
 SMALL_LLAMA = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1376,
                "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4}
+#: New tokens without --max-new-tokens or a length in generation_config.json.
+DEFAULT_NEW_TOKENS = 32
 
 
 def add_generate(commands) -> None:
@@ -44,8 +47,9 @@ def add_generate(commands) -> None:
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="the prompt text (tokenized by tokenizer.json)")
     prompt.add_argument("--prompt-ids", metavar="IDS", help="the prompt as token ids: 1,2,3")
-    p.add_argument("--max-new-tokens", type=_number(int, 0), default=32,
-                   help="new tokens (default 32)")
+    p.add_argument("--max-new-tokens", type=_number(int, 0),
+                   help=f"new tokens (default: generation_config.json's max_new_tokens, or its "
+                        f"max_length less the prompt's tokens, else {DEFAULT_NEW_TOKENS})")
     p.add_argument("--repetition-penalty", type=_number(float, 0, open_low=True), metavar="P",
                    help="divide the positive logits of the tokens so far by P, multiply the "
                         "negative ones (Hugging Face's repetition_penalty)")
@@ -105,13 +109,31 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
-def _generation_config(args) -> dict:
-    """generation_config.json beside the weights, or {} (none there)."""
+def _generation_config(args) -> tuple[str, dict]:
+    """The path of generation_config.json beside the weights and its fields ({}: none
+    there)."""
     folder = _folder(args)
-    path = os.path.join(folder, "generation_config.json") if folder else None
+    path = os.path.join(folder, "generation_config.json") if folder else ""
     if not path or not os.path.exists(path):
-        return {}
-    return read_generation_config(path)
+        return path, {}
+    return path, read_generation_config(path)
+
+
+def _new_tokens(args, path: str, generation: dict, prompt: int) -> int:
+    """--max-new-tokens, else the file's max_new_tokens, else its max_length (the prompt
+    and the new tokens, as Hugging Face counts it) less the prompt, else the default."""
+    if args.max_new_tokens is not None:
+        return args.max_new_tokens
+    new = file_count(path, generation, "max_new_tokens")  # Hugging Face's precedence
+    if new is not None:
+        return new
+    length = file_count(path, generation, "max_length")
+    if length is None:
+        return DEFAULT_NEW_TOKENS
+    if length <= prompt:
+        raise ConfigError(f"{path}: max_length={length} counts the prompt's {prompt} tokens and "
+                          f"the new ones, so nothing is left to generate; give --max-new-tokens")
+    return length - prompt
 
 
 def _stop_tokens(args, config: Any, generation: dict) -> list[int] | None:
@@ -144,32 +166,48 @@ def _tokenizer(args):
     return Tokenizer.from_file(path)
 
 
-def _sampler(args, generation: dict):
+def _sampler(args, path: str, generation: dict):
     """The flags' sampler; where they set nothing, generation_config.json's settings as
-    Hugging Face's generate reads them: its penalties, and with ``do_sample: true`` its
-    draw, Hugging Face's defaults (temperature 1, top_k 50) where the file leaves them unset."""
+    Hugging Face's generate reads them: its logits processors (repetition_penalty,
+    no_repeat_ngram_size, bad_words_ids, min_length, min_new_tokens, the latter taking
+    precedence as Hugging Face's), and with ``do_sample: true`` its draw, Hugging Face's
+    defaults (temperature 1, top_k 50) where the file leaves them unset. A setting that
+    mg.generate does not have is refused by name."""
+    temperature, top_k, top_p = args.temperature, args.top_k, args.top_p
+    drawn = (temperature, top_k, top_p) == (None, None, None) and bool(generation.get("do_sample"))
+    refuse_unsupported(path, generation, draws=drawn)
     penalty = args.repetition_penalty
     if penalty is None and generation.get("repetition_penalty") not in (None, 1.0):
         penalty = generation["repetition_penalty"]
     ngram = args.no_repeat_ngram_size
     if ngram is None:
         ngram = generation.get("no_repeat_ngram_size")
-    temperature, top_k, top_p = args.temperature, args.top_k, args.top_p
-    if (temperature, top_k, top_p) == (None, None, None) and generation.get("do_sample"):
-        temperature = generation.get("temperature") or 1.0
+    if drawn:
+        temperature = 1.0 if generation.get("temperature") is None else generation["temperature"]
         top_k = 50 if generation.get("top_k") is None else generation["top_k"]
         top_p = generation.get("top_p")
-    parts: list = []  # Hugging Face's order: its logits processors, then its warpers
-    if penalty is not None:
-        parts.append(sampling.RepetitionPenalty(penalty))
-    if ngram:
-        parts.append(sampling.NoRepeatNGram(ngram))
-    if temperature is not None:
-        parts.append(sampling.Temperature(temperature))
-    if top_k:  # 0: no top-k, as Hugging Face's
-        parts.append(sampling.TopK(top_k))
-    if top_p is not None and top_p != 1.0:
-        parts.append(sampling.TopP(top_p))
+    min_new, min_length = generation.get("min_new_tokens"), generation.get("min_length")
+    try:  # Hugging Face's order: its logits processors, then its warpers
+        parts: list = []
+        if penalty is not None:
+            parts.append(sampling.RepetitionPenalty(penalty))
+        if ngram:
+            parts.append(sampling.NoRepeatNGram(ngram))
+        if generation.get("bad_words_ids") is not None:
+            parts.append(sampling.BadWords(generation["bad_words_ids"]))
+        if min_new is not None:  # min_length is then min_new_tokens + the prompt's, as Hugging Face's
+            if min_new:
+                parts.append(sampling.MinNewTokens(min_new))
+        elif min_length:
+            parts.append(sampling.MinLength(min_length))
+        if temperature is not None:
+            parts.append(sampling.Temperature(temperature))
+        if top_k:  # 0: no top-k, as Hugging Face's
+            parts.append(sampling.TopK(top_k))
+        if top_p is not None and top_p != 1.0:
+            parts.append(sampling.TopP(top_p))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     return parts or "greedy"
 
 
@@ -177,7 +215,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.weights and not os.path.exists(args.weights):
         raise UsageError(f"--weights {args.weights}: no such file or folder")
     config = _config(args)
-    generation = _generation_config(args)  # its errors before any work
+    path, generation = _generation_config(args)  # its errors before any work
     graph = getattr(models, args.model)(config)
     tokenizer = None
     if args.prompt is not None:
@@ -190,6 +228,8 @@ def run_generate(args: argparse.Namespace) -> int:
             raise UsageError(f"--prompt-ids takes comma-separated ints, got {args.prompt_ids!r}") from None
     if not ids:
         raise UsageError("the prompt is empty")
+    new_tokens = _new_tokens(args, path, generation, len(ids))
+    sampler = _sampler(args, path, generation)
     start = time.perf_counter()
     if args.weights:
         params, state = models.load_state_dict(graph, args.weights)
@@ -197,10 +237,9 @@ def run_generate(args: argparse.Namespace) -> int:
         params, state = compile(graph).init(jax.random.key(args.seed))
     loaded = time.perf_counter() - start
     eos = _stop_tokens(args, config, generation)
-    sampler = _sampler(args, generation)
     start = time.perf_counter()
     out = generate(compile(graph), params, state, np.array([ids], np.int32),
-                   max_new_tokens=args.max_new_tokens, sampler=sampler,
+                   max_new_tokens=new_tokens, sampler=sampler,
                    key=jax.random.key(args.seed) if as_sampler(sampler).draws else None,
                    eos_token_id=eos)
     new = [int(t) for t in np.asarray(out)[0, len(ids):]]

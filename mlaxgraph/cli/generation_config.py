@@ -2,7 +2,9 @@
 each named in its errors (a missing file, broken JSON), and a ``generation_config.json``
 read strictly: a field that is not one of Hugging Face's generation settings but close
 to one (``temprature``) is a ``ConfigError`` naming the one meant; another unknown field
-is named in a warning (it is not read)."""
+is named in a warning (it is not read). A setting of Hugging Face's that ``mg.generate``
+does not have (beam search, ``suppress_tokens``, ``min_p`` ...) is refused by name
+unless it holds the value at which Hugging Face's ``generate`` does not use it."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from ..core.errors import ConfigError
 from ..models.config import read_config_json
 from .loading import UsageError
 
-__all__ = ["read_json", "read_generation_config", "GENERATION_FIELDS"]
+__all__ = ["read_json", "read_generation_config", "refuse_unsupported", "file_count",
+           "GENERATION_FIELDS", "NOT_BUILT", "NOT_BUILT_DRAWS"]
 
 #: The fields of Hugging Face's GenerationConfig (``generation_config.json``).
 GENERATION_FIELDS = frozenset((
@@ -35,7 +38,43 @@ GENERATION_FIELDS = frozenset((
     "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
     "prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit",
     "assistant_lookbehind", "target_lookbehind", "compile_config", "disable_compile",
-    "generation_kwargs", "transformers_version", "_from_model_config"))
+    "generation_kwargs", "transformers_version", "_from_model_config",
+    # transformers 5's
+    "top_h", "use_mtp", "max_cache_len", "speculation_type", "assistant_ensemble_weight",
+    "continuous_batching_config"))
+
+#: Hugging Face's settings that ``mg.generate`` does not have: each field, the values
+#: at which Hugging Face's ``generate`` does not use it (None always), and what it asks for.
+NOT_BUILT: dict[str, tuple[tuple[Any, ...], str]] = {
+    "num_beams": ((1,), "beam search"),
+    "num_beam_groups": ((1,), "group beam search"),
+    "constraints": ((), "constrained beam search"),
+    "force_words_ids": ((), "constrained beam search"),
+    "num_return_sequences": ((1,), "several sequences per prompt"),
+    "penalty_alpha": ((0,), "contrastive search"),
+    "dola_layers": ((), "DoLa decoding"),
+    "guidance_scale": ((1,), "classifier-free guidance"),
+    "token_healing": ((False,), "token healing"),
+    "stop_strings": (([],), "stop strings (stop tokens are eos_token_id)"),
+    "max_time": ((), "a time limit"),
+    "suppress_tokens": (([],), "suppressed tokens"),
+    "begin_suppress_tokens": (([],), "tokens suppressed at the first step"),
+    "sequence_bias": (({}, []), "a bias of token sequences"),
+    "forced_bos_token_id": ((), "a forced first token"),
+    "forced_eos_token_id": ((), "a forced last token"),
+    "forced_decoder_ids": (([],), "forced tokens"),
+    "exponential_decay_length_penalty": ((), "a length penalty"),
+    "watermarking_config": ((), "watermarking"),
+}
+#: Hugging Face's drawing settings that ``mg.generate`` does not have (read with
+#: ``do_sample`` only), as ``NOT_BUILT``.
+NOT_BUILT_DRAWS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "min_p": ((), "min-p sampling"),
+    "top_h": ((), "top-h sampling"),
+    "typical_p": ((1,), "typical sampling"),
+    "epsilon_cutoff": ((0,), "epsilon sampling"),
+    "eta_cutoff": ((0,), "eta sampling"),
+}
 
 
 def read_json(path: str, option: str) -> Any:
@@ -61,3 +100,27 @@ def read_generation_config(path: str) -> dict:
         print(f"mlaxgraph generate: warning: {path}: field {name!r} is not a Hugging Face "
               f"generation setting; it is not read", file=sys.stderr)
     return fields
+
+
+def refuse_unsupported(path: str, fields: dict, *, draws: bool) -> None:
+    """A ``ConfigError`` naming the fields of a generation config that ask for what
+    ``mg.generate`` does not do (``NOT_BUILT``; ``NOT_BUILT_DRAWS`` when the file's
+    draw is used, ``draws``), rather than generating without them."""
+    table = {**NOT_BUILT, **(NOT_BUILT_DRAWS if draws else {})}
+    asked = [(name, fields[name], table[name][1]) for name in table
+             if name in fields and fields[name] is not None and fields[name] not in table[name][0]]
+    if asked:
+        listed = "; ".join(f"{name}={value!r} ({what})" for name, value, what in asked)
+        raise ConfigError(f"{path}: {listed}: mlaxgraph's generate does not do this; remove the "
+                          f"field{'s' if len(asked) > 1 else ''} (or set Hugging Face's default) to "
+                          f"generate without it")
+
+
+def file_count(path: str, fields: dict, name: str) -> int | None:
+    """The field ``name`` of a generation config as an int >= 0, or None (not set)."""
+    value = fields.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{path}: field {name!r} must be an int >= 0, got {value!r}")
+    return value
