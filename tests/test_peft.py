@@ -206,6 +206,12 @@ def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
     ("modules_to_save", ["lm_head"], r"names 'lm_head', which is no module of graph 'gpt2' \(its "
      r"output head is tied to 'wte.weight'"),
     ("rank_pattern", {"c_attn(": 2}, "key 'c_attn\\(' is not a regular expression"),
+    # PEFT adapts the tied head as a Linear of its own; here it is wte's second call
+    ("target_modules", ["c_attn", "lm_head"], r"target_modules \('c_attn', 'lm_head'\) names "
+     r"'lm_head', the output head tied to 'wte.weight', which PEFT adapts as a Linear"),
+    ("target_modules", r".*\.c_attn|lm_head", r"names 'lm_head', the output head tied to"),
+    ("modules_to_save", ["attn"], r"modules_to_save \['attn'\] removes all 2 modules that "
+     r"target_modules \('c_attn',\) selects"),
     ("exclude_modules", ["c_attn"], r"exclude_modules \('c_attn',\) removes all 2 modules that "
      r"target_modules \('c_attn',\) selects \(h.0.attn.c_attn, h.1.attn.c_attn\)"),
     ("init_lora_weights", "pissa", "'init_lora_weights' = 'pissa': asks for an "

@@ -42,51 +42,19 @@ from .peft_config import (
     keeps_out,
     read_adapter_config,
 )
+from .peft_targets import (
+    ADAPTABLE_OPS,
+    LINEAR_OPS,
+    all_linear_excluded,
+    check_names,
+    check_tied_heads,
+    near_names,
+    peft_modules,
+)
 from .state_dict import PEFT_PREFIX, to_state_dict
-from .torch_layout import float_name, layout_for, unnamed_projection
+from .torch_layout import layout_for, unnamed_projection
 
 __all__ = ["lora_from_peft", "save_adapter", "peft_modules", "adapted_modules", "check_adapter_config"]
-
-#: The ops PEFT's ``all-linear`` adapts here (and attention projections).
-_LINEAR = ("linear",)
-_ADAPTABLE = ("linear", "embedding", "conv")
-
-
-def peft_modules(graph: Graph) -> dict[str, tuple[str, str]]:
-    """Each module name of ``graph`` (as PyTorch would name it, without the model
-    class's prefix) -> (the path ``mg.lora`` takes, the op's name: a quantized layer's
-    float op's); attention layers give one module per projection (``op`` is then
-    ``"attention"``)."""
-    layout = layout_for(graph.name)
-    out: dict[str, tuple[str, str]] = {}
-    for path, node in layer_paths(unfold_scans(graph)):
-        module = path.replace("/", ".")
-        if isinstance(node.op, MultiHeadAttention):
-            for ours, theirs in layout.attention:
-                out[f"{module}.{theirs}"] = (f"{path}/{ours}", "attention")
-        else:  # a quantized layer (QLoRA) as its float layer: PEFT adapts it alike
-            out[module] = (path, float_name(node.op) or node.op.op_name)
-    return out
-
-
-#: The classification heads PEFT's ``all-linear`` leaves out for ``task_type`` ``SEQ_CLS``
-#: where the model has no output embeddings (its ``SEQ_CLS_HEAD_NAMES``, the first found).
-_SEQ_CLS_HEADS = ("score", "classifier")
-
-
-def _all_linear_excluded(layout: Any, keys: list[str], task_type: Any) -> set[str]:
-    """The modules PEFT's ``all-linear`` leaves out: a Hugging Face model's output
-    embeddings (``lm_head``, the module of the weight the layout's ``tied`` names), or,
-    without them, for ``task_type="SEQ_CLS"``, its top-level ``score`` or
-    ``classifier``. Any other Linear is adapted, the last layer of a model without
-    output embeddings included (torchvision's ResNet ``fc``), as PEFT adapts it."""
-    heads = {name.rsplit(".", 1)[0] for name, _ in layout.tied}
-    if heads:
-        return heads
-    if task_type == "SEQ_CLS":
-        return {next((name for name in _SEQ_CLS_HEADS if name in keys), "")}
-    return set()
-
 
 def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
     """``graph`` with the LoRA adapters a PEFT folder's ``adapter_config.json``
@@ -133,31 +101,32 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
         return tuple(layout.model_prefix + f for f in forms) + forms if layout.model_prefix else forms
 
     if isinstance(config.target_modules, str) and config.target_modules.lower() == "all-linear":
-        heads = _all_linear_excluded(layout, keys, config.fields.get("task_type"))
+        heads = all_linear_excluded(layout, keys, config.fields.get("task_type"))
         wanted = [k for k, (path, op) in modules.items()
-                  if (op in _LINEAR and k not in heads) or op == "attention"]
+                  if (op in LINEAR_OPS and k not in heads) or op == "attention"]
     else:
         wanted = [k for k in keys if any(config.selects(n) for n in full(k))]
-        _check_names(config, "target_modules", config.target_modules, keys, full, graph)
-    _check_names(config, "exclude_modules", config.exclude_modules, keys, full, graph)
+        check_tied_heads(config, layout, modules, graph)
+        check_names(config, "target_modules", config.target_modules, keys, full, graph)
+    check_names(config, "exclude_modules", config.exclude_modules, keys, full, graph)
     # PEFT's rules: no adapter on what exclude_modules or modules_to_save names
     chosen = [k for k in wanted if not any(config.excludes(n) or keeps_out(config.modules_to_save, n)
                                            for n in full(k))]
     if wanted and not chosen:
-        raise ConfigError(f"{config.path}: exclude_modules {config.exclude_modules!r} removes "
+        removers = " and ".join(f"{field} {value!r}" for field, value in (
+            ("exclude_modules", config.exclude_modules), ("modules_to_save", list(config.modules_to_save)))
+            if any((config.excludes(n) if field == "exclude_modules" else keeps_out(value, n))
+                   for k in wanted for n in full(k)))
+        raise ConfigError(f"{config.path}: {removers} remove{'s' if ' and ' not in removers else ''} "
                           f"all {len(wanted)} modules that target_modules "
                           f"{config.target_modules!r} selects ({', '.join(wanted[:4])}"
                           f"{', ...' if len(wanted) > 4 else ''}); nothing would be adapted")
     if not chosen:
-        tied = [f"; {a.rsplit('.', 1)[0]!r} is the output head tied to {b!r} (one layer "
-                f"here, called twice): adapt the embedding" for a, b in layout.tied
-                if isinstance(config.target_modules, tuple)
-                and a.rsplit(".", 1)[0] in config.target_modules]
         raise ConfigError(f"{config.path}: target_modules {config.target_modules!r} matches no "
                           f"module of graph {graph.name!r}; modules such as "
-                          f"{', '.join(keys[:6])}" + "".join(tied[:1]))
+                          f"{', '.join(keys[:6])}")
     targeted = [name for k in chosen for name in full(k)]
-    unmatched = [f"{field} key {pattern!r}" + (f" ({near[2:]})" if (near := _near(pattern, chosen)) else "")
+    unmatched = [f"{field} key {pattern!r}" + (f" ({near[2:]})" if (near := near_names(pattern, chosen)) else "")
                  for field, pattern in config.unmatched_patterns(targeted)]
     if unmatched:
         warnings.warn(f"{config.path}: {'; '.join(unmatched)}: matches none of the adapted "
@@ -171,7 +140,7 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
             raise ConfigError(f"{config.path}: modules_to_save names {name!r}, which is no module "
                               f"of graph {graph.name!r}" + (
                                   f" (its output head is tied to {tied[0]!r}: the head's weights "
-                                  f"are the embedding's)" if tied else _near(name, keys)))
+                                  f"are the embedding's)" if tied else near_names(name, keys)))
         parts = [k for k in saved if modules[k][1] == "attention"
                  and not any(_saves((name,), n) for n in full(k.rsplit(".", 1)[0]))]
         if parts:
@@ -189,7 +158,7 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
                               f"apart: its outputs would differ from PEFT's")
     for key in chosen:
         path, op = modules[key]
-        if op not in _ADAPTABLE and op != "attention":
+        if op not in ADAPTABLE_OPS and op != "attention":
             raise ConfigError(f"{config.path}: target_modules selects {key!r} (layer {path!r}, "
                               f"op {op}); LoRA adapts Linear, Conv, Embedding and attention "
                               f"projections")
@@ -201,31 +170,6 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
         adapted = lora(adapted, paths, rank=rank, alpha=alpha, dropout=config.lora_dropout,
                        use_rslora=config.use_rslora, init_weights=config.init_lora_weights)
     return adapted
-
-
-def _check_names(config, field: str, spec: Any, keys: list[str], full, graph: Graph) -> None:
-    """An ``AdapterWarning`` for the entries of a list of module names
-    (``target_modules``, ``exclude_modules``) that name no module of ``graph``: PEFT
-    ignores them (a list written for several model families), and so does this, saying
-    so (a typo)."""
-    if not isinstance(spec, tuple):
-        return
-    missing = [f"{name!r}" + (f" ({near[2:]})" if (near := _near(name, keys)) else "") for name in spec
-               if not any(n == name or n.endswith("." + name) for k in keys for n in full(k))]
-    if missing:
-        warnings.warn(f"{config.path}: {field} names {'; '.join(missing)}, which is no module "
-                      f"of graph {graph.name!r}: ignored, as PEFT ignores it", AdapterWarning,
-                      stacklevel=3)
-
-
-def _near(name: str, keys: list[str]) -> str:
-    """The module names nearest ``name``: tails of as many dotted parts as it has
-    (``attention.self.query`` against ViT's ``attention.attention.query``), then the
-    last names."""
-    parts = name.count(".") + 1
-    tails = sorted({".".join(k.split(".")[-parts:]) for k in keys} | {k.rsplit(".", 1)[-1] for k in keys})
-    close = difflib.get_close_matches(name, tails, n=4, cutoff=0.5)
-    return f"; near names: {', '.join(close)}" if close else ""
 
 
 def adapted_modules(graph: Graph, where: str) -> dict[str, tuple[str, int, float]]:
