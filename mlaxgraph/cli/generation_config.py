@@ -14,11 +14,12 @@ import sys
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..decode.arguments import NOT_BUILT, NOT_BUILT_DRAWS
 from ..models.config import read_config_json
 from .loading import UsageError
 
 __all__ = ["read_json", "read_generation_config", "refuse_unsupported", "file_count",
-           "GENERATION_FIELDS", "NOT_BUILT", "NOT_BUILT_DRAWS"]
+           "GENERATION_FIELDS"]
 
 #: The fields of Hugging Face's GenerationConfig (``generation_config.json``).
 GENERATION_FIELDS = frozenset((
@@ -42,39 +43,6 @@ GENERATION_FIELDS = frozenset((
     # transformers 5's
     "top_h", "use_mtp", "max_cache_len", "speculation_type", "assistant_ensemble_weight",
     "continuous_batching_config"))
-
-#: Hugging Face's settings that ``mg.generate`` does not have: each field, the values
-#: at which Hugging Face's ``generate`` does not use it (None always), and what it asks for.
-NOT_BUILT: dict[str, tuple[tuple[Any, ...], str]] = {
-    "num_beams": ((1,), "beam search"),
-    "num_beam_groups": ((1,), "group beam search"),
-    "constraints": ((), "constrained beam search"),
-    "force_words_ids": ((), "constrained beam search"),
-    "num_return_sequences": ((1,), "several sequences per prompt"),
-    "penalty_alpha": ((0,), "contrastive search"),
-    "dola_layers": ((), "DoLa decoding"),
-    "guidance_scale": ((1,), "classifier-free guidance"),
-    "token_healing": ((False,), "token healing"),
-    "stop_strings": (([],), "stop strings (stop tokens are eos_token_id)"),
-    "max_time": ((), "a time limit"),
-    "suppress_tokens": (([],), "suppressed tokens"),
-    "begin_suppress_tokens": (([],), "tokens suppressed at the first step"),
-    "sequence_bias": (({}, []), "a bias of token sequences"),
-    "forced_bos_token_id": ((), "a forced first token"),
-    "forced_eos_token_id": ((), "a forced last token"),
-    "forced_decoder_ids": (([],), "forced tokens"),
-    "exponential_decay_length_penalty": ((), "a length penalty"),
-    "watermarking_config": ((), "watermarking"),
-}
-#: Hugging Face's drawing settings that ``mg.generate`` does not have (read with
-#: ``do_sample`` only), as ``NOT_BUILT``.
-NOT_BUILT_DRAWS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "min_p": ((), "min-p sampling"),
-    "top_h": ((), "top-h sampling"),
-    "typical_p": ((1,), "typical sampling"),
-    "epsilon_cutoff": ((0,), "epsilon sampling"),
-    "eta_cutoff": ((0,), "eta sampling"),
-}
 
 
 def read_json(path: str, option: str) -> Any:
@@ -104,8 +72,8 @@ def read_generation_config(path: str) -> dict:
 
 def refuse_unsupported(path: str, fields: dict, *, draws: bool) -> None:
     """A ``ConfigError`` naming the fields of a generation config that ask for what
-    ``mg.generate`` does not do (``NOT_BUILT``; ``NOT_BUILT_DRAWS`` when the file's
-    draw is used, ``draws``), rather than generating without them."""
+    ``mg.generate`` does not do (``decode.arguments.NOT_BUILT``; ``NOT_BUILT_DRAWS``
+    when the file's draw is used, ``draws``), rather than generating without them."""
     table = {**NOT_BUILT, **(NOT_BUILT_DRAWS if draws else {})}
     asked = [(name, fields[name], table[name][1]) for name in table
              if name in fields and fields[name] is not None and fields[name] not in table[name][0]]
