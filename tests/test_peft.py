@@ -605,3 +605,18 @@ def test_save_adapter_takes_a_scanned_models_graph(tmp_path):
         assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "scanned" / name).read_bytes()
     with pytest.raises(mg.SerializationError, match="scanned model's stacked weights"):
         mg.models.save_adapter(scanned.graph, stacked, tmp_path / "stacked")
+
+
+def test_a_pattern_key_of_a_name_that_ends_other_adapted_names_is_anchored(tmp_path):
+    """ResNet's top-level conv1 adapted with another rank and alpha than every block's
+    conv1 (all adapted): PEFT matches a rank_pattern key at the end of each name, so
+    "conv1" would give the blocks' conv1 its rank too; the key is "^conv1"."""
+    graph = mg.models.resnet18(10, image_size=32, width=8)
+    adapted = mg.lora(mg.lora(graph, "conv1", rank=3, alpha=5), "layer*/conv1", rank=2, alpha=2)
+    params, _ = mg.compile(adapted).init(jax.random.key(0))
+    mg.models.save_adapter(adapted, params, tmp_path)
+    fields = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert (fields["r"], fields["rank_pattern"], fields["alpha_pattern"]) == (2, {"^conv1": 3}, {"^conv1": 5})
+    for name in ("conv1", "layer3.1.conv1"):   # PEFT's rule, (.*\.)?(key)$, by hand
+        assert bool(re.match(r"(.*\.)?(^conv1)$", name)) == (name == "conv1")
+    assert mg.lora_from_peft(graph, tmp_path) == adapted

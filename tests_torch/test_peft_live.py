@@ -147,16 +147,18 @@ def test_a_folder_peft_wrote_for_an_embedding_target_loads(tmp_path):
     _close(_ours(adapted, params, state, ids), _theirs(peft_model.eval(), ids))
 
 
-def test_a_top_level_module_save_adapter_writes_is_the_one_peft_adapts(tmp_path):
+@pytest.mark.parametrize("blocks", ["layer1.0/conv2", "layer*/conv1"])
+def test_a_top_level_module_save_adapter_writes_is_the_one_peft_adapts(tmp_path, blocks):
     """ResNet's top-level conv1 also ends every block's conv1's name: PEFT must adapt it
-    alone, with its rank (a list of names would give it nine adapters)."""
+    alone, with its rank (a list of names would give it nine adapters), and with every
+    block's conv1 adapted at another rank, those keep theirs."""
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10).eval()
     graph = mg.models.resnet18(10, image_size=32)
     base = mg.models.load_state_dict(graph, {k: v.detach().numpy().copy()
                                              for k, v in model.state_dict().items()})
-    adapted = mg.lora(mg.lora(graph, "conv1", rank=3, alpha=5), "layer1.0/conv2", rank=2, alpha=2,
+    adapted = mg.lora(mg.lora(graph, "conv1", rank=3, alpha=5), blocks, rank=2, alpha=2,
                       init_weights=False)
     params, state = mg.compile(adapted).init(jax.random.key(2), reuse=base)
     params = _nonzero_b(params)
@@ -164,7 +166,11 @@ def test_a_top_level_module_save_adapter_writes_is_the_one_peft_adapts(tmp_path)
     theirs = peft.PeftModel.from_pretrained(model, tmp_path).eval()
     wrapped = sorted(name for name, m in theirs.named_modules() if hasattr(m, "lora_A")
                      and "default" in getattr(m, "lora_A", {}))
-    assert wrapped == ["base_model.model.conv1", "base_model.model.layer1.0.conv2"]
+    want = sorted(f"base_model.model.{p[: -len('.lora_A')].replace('/', '.')}"
+                  for p, _ in adapted.walk() if p.endswith(".lora_A"))
+    assert wrapped == want
+    assert {n: m.r["default"] for n, m in theirs.named_modules() if n in wrapped} == \
+        {n: 3 if n == "base_model.model.conv1" else 2 for n in wrapped}
     images = np.random.default_rng(5).normal(size=(2, 3, 32, 32)).astype(np.float32)
     with torch.no_grad():
         want = theirs(torch.from_numpy(images)).numpy()

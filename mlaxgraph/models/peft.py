@@ -322,15 +322,18 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
     # PEFT matches a listed name at the end of a module's (".conv1" in "layer1.0.conv1"):
     # where that takes in a module not adapted, the names go as one regular expression
     # of whole names, and a pattern's key from the start ("^conv1")
-    others = [_in_memory(layout, layout.model_prefix + k) for k in peft_modules(graph)]
-    others = [name for name in others if name not in settings]
+    names = [_in_memory(layout, layout.model_prefix + k) for k in peft_modules(graph)]
+    others = [name for name in names if name not in settings]
     clash = {n for n in settings if any(o.endswith("." + n) for o in others)}
     targets: Any = sorted(settings)
     if clash:
         targets = "(" + "|".join(re.escape(n) for n in targets) + ")"
+    # a rank_pattern or alpha_pattern key matches the end of every name, adapted or not:
+    # conv1's would give every layer*.conv1 its rank too
+    ends = {n for n in settings if any(o.endswith("." + n) for o in names)}
 
     def key(name: str) -> str:
-        return ("^" if name in clash else "") + re.escape(name)
+        return ("^" if name in ends else "") + re.escape(name)
 
     given = {"base_model_name_or_path": base_model_name_or_path, "task_type": task_type}
     config = {
