@@ -25,7 +25,7 @@ from ..ops.conv import Conv
 from ..ops.dequantize import Dequantize
 from ..ops.quantize import SCHEMES, Quantize
 from ..ops.quantized import QuantizedConv, QuantizedLinear
-from ..ops.quantized_attention import QuantizedMultiHeadAttention
+from ..ops.quantized_attention import QuantizedMultiHeadAttention, matrix_param_axes
 from ..ops.quantized_embedding import QuantizedEmbedding
 
 __all__ = ["quantize", "QUANTIZABLE", "QUANTIZED_OPS", "ONE_SIGNED"]
@@ -248,6 +248,9 @@ def _quantized_op(op: Any, specs: Any, scheme: str, group: int | None) -> Any:
     cls = QUANTIZED_OPS[op.op_name]
     # A Dequantize node rescales the product of a layer reading a quantized input.
     attrs = op.attrs()
+    if cls is QuantizedMultiHeadAttention and attrs.get("param_axes"):
+        # the kernels are matrices: a float (d, heads, head_dim) override names two dims
+        attrs["param_axes"] = matrix_param_axes(attrs["param_axes"], scheme)
     if scheme in ("int8", "float8") and cls is not QuantizedMultiHeadAttention:
         attrs["dequantize"] = False
         if attrs.get("activation") is not None:  # the Dequantize node applies it

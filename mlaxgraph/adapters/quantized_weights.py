@@ -29,6 +29,7 @@ from ..ops.quantized import QuantizedConv
 from ..ops.quantized_embedding import QuantizedEmbedding
 from .gptq import gptq_params, hessians
 from .quantize import QUANTIZED_OPS
+from .quantized_checks import check, check_arrays, extra_keys, stored
 
 __all__ = ["quantize_weights", "quantize_params"]
 
@@ -107,6 +108,11 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
     if calibration is None and (method == "gptq" or static_scales):
         raise ConfigError(f"quantize_weights: {'method=' + repr(method) if method == 'gptq' else 'static_scales=True'} "
                           f"needs calibration=batches (a few input batches)")
+    if calibration is not None and method == "absmax" and static_scales is False:
+        raise ConfigError("quantize_weights: calibration= is read for static scales or GPTQ, and "
+                          "static_scales=False with method='absmax' asks for neither, so the "
+                          "batches would be ignored: drop calibration=, or pass "
+                          "method='gptq' or static_scales=True")
     batches = None if calibration is None else list(calibration)
     if static_scales is None:
         static_scales = batches is not None and method == "absmax"
@@ -121,7 +127,7 @@ def quantize_weights(qgraph: Graph, params: Mapping, state: Mapping | None = Non
         _check_vocabulary(qgraph, batches)
     expected, expected_state = jax.eval_shape(compile(qgraph).init_fn, jax.random.key(0))
     out, state, casts = _weights(qgraph, params, state, expected, {})
-    _check(qgraph.name, None, state, expected_state, "state")
+    check(qgraph.name, None, state, expected_state, "state")
     _check_unread(qgraph, params, out)
     if method == "gptq":
         out, _, _ = _weights(qgraph, params, state, expected,
@@ -164,36 +170,23 @@ def _weights(qgraph: Graph, params: Mapping, state: Mapping, expected: Any,
                     "quantize_weights(qgraph, params, state), as init gives them)" if swapped
                     else "(give the float model's params, unscanned: model.unstack_weights "
                     "gives them)"))) from None
-        extra = _extra_keys(given, want)
+        check_arrays(path, node, given)
+        extra = extra_keys(given, want)
         if extra:
             raise GraphError(node_message(
                 path, node.op.op_name, f"params hold {path}/{extra[0]}, a weight this layer "
                 f"does not have (its weights: {', '.join(leaf_paths(want))}), which would be "
                 f"dropped; give the float model's params"))
-        if isinstance(node.op, tuple(QUANTIZED_OPS.values())) and not _stored(given, want):
+        if isinstance(node.op, tuple(QUANTIZED_OPS.values())) and not stored(given, want):
             given = _quantized(path, node, _to_float32(given), want, found.get(path))
         given = _as_expected(given, want)
         if isinstance(want, Mapping) and "kernel_sum" in want and "kernel_sum" not in given:
             # the column sums a zero point's correction reads, from the int8 kernel
             given = {**given, "kernel_sum": jnp.sum(jnp.asarray(given["kernel"]), axis=0,
                                                     dtype=jnp.int32)}
-        _check(path, node, given, want)
+        check(path, node, given, want)
         out = set_in(out, keys, dict(given))
     return out, dict(state), casts
-
-
-def _extra_keys(given: Any, want: Any, prefix: str = "") -> list[str]:
-    """The paths in a layer's ``given`` weights that its quantized weights ``want`` do
-    not have (a quantized layer keeps its float weights' names)."""
-    if not isinstance(given, Mapping) or not isinstance(want, Mapping):
-        return []
-    out: list[str] = []
-    for key, value in given.items():
-        if key not in want:
-            out.append(prefix + str(key))
-        else:
-            out += _extra_keys(value, want[key], f"{prefix}{key}/")
-    return out
 
 
 def _to_float32(tree: Any) -> Any:
@@ -322,15 +315,6 @@ def _calibrated(qgraph: Graph, params: dict, state: dict, batches: Iterable,
     return state
 
 
-def _stored(given: Mapping, want: Mapping) -> bool:
-    """Whether ``given`` holds stored (already quantized) weights: its values and
-    scales have the quantized layer's dtypes."""
-    have = leaf_paths(given)
-    return all(k in have and np.dtype(have[k].dtype) == np.dtype(w.dtype)
-               for k, w in leaf_paths(want).items()
-               if np.dtype(w.dtype).itemsize == 1 or k.endswith("_scale"))
-
-
 def _quantized(path: str, node: Node, given: Mapping, want: Mapping,
                found: Mapping[str, Any] | None) -> dict:
     op: Any = node.op
@@ -360,34 +344,6 @@ def _quantized(path: str, node: Node, given: Mapping, want: Mapping,
                 f"{np.dtype(needed[key].dtype).name}{list(needed[key].shape)} (params of a "
                 f"model of other sizes?)"))
     return out
-
-
-def _check(path: str, node: Node | None, given: Any, want: Any, what: str = "params") -> None:
-    """``given`` has the keys, shapes and dtypes of ``want`` (eval_shape's structs)."""
-    op_name = node.op.op_name if node is not None else "graph"
-    if isinstance(want, Mapping):
-        if not isinstance(given, Mapping):
-            raise GraphError(node_message(path, op_name, f"{what} hold a {type(given).__name__}, "
-                                                         f"the quantized layer needs {sorted(want)}"))
-        if set(given) != set(want):
-            extra, missing = sorted(set(given) - set(want)), sorted(set(want) - set(given))
-            whose, s = ("layer", "") if node is not None else ("graph", "s" if what == "state" else "")
-            found = [f"{what} hold{s} {extra}, which the quantized {whose} does not have"] if extra else []
-            found += [f"{what} lack{s} {missing}, which it needs"] if missing else []
-            stored = any(k.endswith(".quantize") or k in ("kernel_sum", "kernel_scale",
-                                                           "embedding_scale") for k in extra)
-            problem = "; ".join(found) + (" (weights another quantization made? quantize_weights "
-                                          "takes the float model's params and state)" if stored else "")
-            if node is None:
-                raise GraphError(f"quantize_weights: graph {path!r}: {problem}")
-            raise GraphError(node_message(path, op_name, problem))
-        for key in want:
-            _check(f"{path}/{key}", node, given[key], want[key], what)
-        return
-    if tuple(given.shape) != tuple(want.shape) or np.dtype(given.dtype) != np.dtype(want.dtype):
-        raise GraphError(node_message(
-            path, op_name, f"weight is {np.dtype(given.dtype).name}{list(given.shape)}, the "
-                           f"quantized graph needs {np.dtype(want.dtype).name}{list(want.shape)}"))
 
 
 def quantize_params(op: Any, params: dict) -> dict:

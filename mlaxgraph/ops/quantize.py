@@ -154,8 +154,8 @@ def padded_row_flops(rows: Any, inputs: Any, outputs: Any) -> Any:
     return (2 * inputs * outputs + 1) * dim_max(0, 2 - rows)
 
 
-@functools.partial(jax.checkpoint, static_argnums=(3, 4, 5), prevent_cse=False)
-def dequantized_dot(x, kernel, scale, scheme: str, scale_after: bool, precision):
+@functools.partial(jax.checkpoint, static_argnums=(3, 4, 5, 6), prevent_cse=False)
+def dequantized_dot(x, kernel, scale, scheme: str, scale_after: bool, precision, preferred):
     """``x`` (``(..., in)``) times a weight-only scheme's stored 2-d ``kernel`` ``(in,
     out)`` dequantized to ``x``'s dtype: int4 by its groups' scales, the others by one
     scale per column, applied to the kernel or (``scale_after``) to the product.
@@ -163,16 +163,18 @@ def dequantized_dot(x, kernel, scale, scheme: str, scale_after: bool, precision)
     Checkpointed: what the backward pass keeps is the stored kernel and its scale,
     dequantized again there, not the float kernel (under a scan over blocks that would
     be every block's frozen kernels again, in float: a QLoRA step holding more than
-    the float model's weights)."""
+    the float model's weights). ``preferred``: the product's accumulation dtype (a
+    Linear's ``preferred_element_type``), which the result keeps."""
     dims = (((x.ndim - 1,), (0,)), ((), ()))
+    kw = {"precision": precision, "preferred_element_type": preferred}
     if scheme == "int4_weight_only":
         w = dequantize_groups(unpack_int4(kernel, 0), scale, 0, x.dtype)
-        return jax.lax.dot_general(x, w, dims, precision=precision)
+        return jax.lax.dot_general(x, w, dims, **kw)
     if scale_after:
-        y = jax.lax.dot_general(x, kernel.astype(x.dtype), dims, precision=precision)
-        return y * scale.astype(x.dtype)
+        y = jax.lax.dot_general(x, kernel.astype(x.dtype), dims, **kw)
+        return y * scale.astype(y.dtype)
     w = kernel.astype(x.dtype) * scale.astype(x.dtype)
-    return jax.lax.dot_general(x, w, dims, precision=precision)
+    return jax.lax.dot_general(x, w, dims, **kw)
 
 
 def quantize_weight(w: jax.Array, scheme: str, *, reduce: tuple[int, ...], axis: int,

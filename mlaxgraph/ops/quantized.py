@@ -78,6 +78,17 @@ class _Scheme:
         channel = acc.with_shape((features,)).with_dtype(_F32)
         return (acc.with_dtype(acc_dtype), channel) + ((channel,) if bias else ())
 
+    def _separate_axes(self, axes: tuple, channel: int, count: int) -> tuple:
+        """The logical axis names of ``(acc, kernel_scale[, bias])`` (``count``
+        outputs): the accumulator's ``axes`` (the float layer's output's), the
+        per-channel vectors those of its dim ``channel``."""
+        return (tuple(axes),) + ((axes[channel],),) * (count - 1)
+
+    def _kernel_override(self, weight: str) -> tuple | None:
+        """The logical axes ``param_axes`` gives the stored ``weight`` (which its scales
+        follow), or None."""
+        return dict(getattr(self, "param_axes", None) or ()).get(weight)
+
     @property
     def quantizes_inputs(self) -> bool:
         """Whether the layer reads its input quantized (``(q, scale)`` from a
@@ -189,9 +200,14 @@ class QuantizedLinear(_Scheme, Linear):
             return self._separate_outputs(y, self.features, self.use_bias)
         return (y,)
 
+    def output_axes(self, input_axes, inputs, outputs):
+        (axes,) = super().output_axes(input_axes, inputs, outputs)
+        return self._separate_axes(axes, -1, len(outputs))
+
     def param_specs(self, inputs):
         n_in = self._in_features(inputs)
-        axes = self.kernel_axes or ("embed", "mlp")
+        # the scales and sums follow the kernel's columns, as param_axes names them too
+        axes = self._kernel_override("kernel") or self.kernel_axes or ("embed", "mlp")
         if self.scheme == "int4_weight_only":
             kernel = (n_in // 2, self.features)
             scale, scale_axes = (self._groups(n_in), self.features), (None, axes[-1])
@@ -225,7 +241,8 @@ class QuantizedLinear(_Scheme, Linear):
             out_dtype = s.dtype
         else:
             (x,) = inputs
-            y = dequantized_dot(x, kernel, scale, self.scheme, True, self.precision)
+            y = dequantized_dot(x, kernel, scale, self.scheme, True, self.precision,
+                                self.preferred_element_type)
             out_dtype = x.dtype
         if self.use_bias:
             y = y + params["bias"].astype(y.dtype)
@@ -301,11 +318,16 @@ class QuantizedConv(_Scheme, Conv):
             return self._separate_outputs(y, self.features, self.use_bias)
         return (y.with_dtype(inputs[1].dtype if self.quantizes_inputs else x.dtype),)
 
+    def output_axes(self, input_axes, inputs, outputs):
+        (axes,) = super().output_axes(input_axes, inputs, outputs)
+        return self._separate_axes(axes, self._channel_axis() % len(axes), len(outputs))
+
     def param_specs(self, inputs):
         x, _ = self._checked(inputs)
         specs = dict(super().param_specs([x.with_dtype(_F32)]))
         kernel = specs["kernel"]
-        shape, axes = tuple(kernel.shape), kernel.axes or ()
+        shape = tuple(kernel.shape)
+        axes = self._kernel_override("kernel") or kernel.axes or ()
         if self.scheme == "int4_weight_only":
             axis = self._in_axis() % len(shape)
             packed = shape[:axis] + (shape[axis] // 2,) + shape[axis + 1:]
@@ -355,10 +377,12 @@ class QuantizedConv(_Scheme, Conv):
             if self.scheme == "int4_weight_only":
                 axis = self._in_axis()
                 w = dequantize_groups(unpack_int4(kernel, axis), scale, axis, x.dtype)
-                y = conv(x, w, precision=self.precision)
+                y = conv(x, w, precision=self.precision,
+                         preferred_element_type=self.preferred_element_type)
             else:
-                y = conv(x, kernel.astype(x.dtype), precision=self.precision)
-                y = y * self._channels(scale.astype(x.dtype), n)
+                y = conv(x, kernel.astype(x.dtype), precision=self.precision,
+                         preferred_element_type=self.preferred_element_type)
+                y = y * self._channels(scale.astype(y.dtype), n)
         if self.use_bias:
             y = y + self._channels(params["bias"].astype(y.dtype), n)
         return (apply_activation(self.activation, y.astype(out_dtype)),), state

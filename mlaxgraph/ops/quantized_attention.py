@@ -27,7 +27,7 @@ from .quantize import (
 )
 from .quantized import _F32, _Scheme
 
-__all__ = ["QuantizedMultiHeadAttention", "PROJECTIONS"]
+__all__ = ["QuantizedMultiHeadAttention", "PROJECTIONS", "matrix_param_axes"]
 
 #: The projections whose kernels are quantized.
 PROJECTIONS = ("query", "key", "value", "out")
@@ -51,6 +51,8 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
     (for sharding):
     kernels ``("embed", None)`` (``out``: ``(None, "embed")``), their scales the
     kernel's last (int4: ``(None, <last>)``); biases as ``MultiHeadAttention``'s.
+    ``param_axes`` name the matrices' two dims (``mg.quantize`` converts a float
+    layer's three-name kernel overrides: ``matrix_param_axes``).
     """
 
     scheme: str = "int8_weight_only"
@@ -98,7 +100,8 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
         if self._int8_dots:
             y = _int8_dot(x, w["kernel"], w["kernel_scale"])
         else:  # dequantized inside the product, so the backward keeps the stored kernel
-            y = dequantized_dot(x, w["kernel"], w["kernel_scale"], self.scheme, False, None)
+            y = dequantized_dot(x, w["kernel"], w["kernel_scale"], self.scheme, False, None,
+                                None)
         return y if spec == _OUT else y.reshape(y.shape[:-1] + w["heads"])
 
     def float_weights(self, params, dtype):
@@ -162,6 +165,32 @@ class QuantizedMultiHeadAttention(_Scheme, MultiHeadAttention):
             group.update(kernel=values, kernel_scale=scale)
             out[name] = group
         return out
+
+
+def matrix_param_axes(param_axes: Any, scheme: str) -> Any:
+    """A float attention's ``param_axes`` (pairs of weight path and logical axes) for
+    the quantized layer, whose kernels are matrices: a projection kernel's three names
+    (``(d, heads, head_dim)``; ``out``: ``(heads, head_dim, out)``) become two, the
+    merged ``heads * head_dim`` dim taking the heads' name (the head_dim's where the
+    heads have none), and its ``kernel_scale`` the names of the kernel's columns (an
+    override the scale has is kept). Other overrides (biases, which keep their float
+    shapes) are as given."""
+    if not param_axes:
+        return param_axes
+    given = dict(param_axes)
+    out = dict(given)
+    for name in PROJECTIONS:
+        axes = given.get(f"{name}/kernel")
+        if axes is None or len(axes) != 3:
+            continue
+        if name == "out":
+            matrix = (axes[0] if axes[0] is not None else axes[1], axes[2])
+        else:
+            matrix = (axes[0], axes[1] if axes[1] is not None else axes[2])
+        out[f"{name}/kernel"] = matrix
+        scale = (None, matrix[1]) if scheme == "int4_weight_only" else (matrix[1],)
+        out.setdefault(f"{name}/kernel_scale", scale)
+    return tuple(sorted(out.items()))
 
 
 def _int8_dot(x, kernel, kernel_scale):

@@ -9,7 +9,7 @@ import dataclasses
 
 from ..core.registry import register
 from .attention import _OUT, _QKV
-from .cached_attention import CachedAttention
+from .cached_attention import CACHE_AXES, CachedAttention
 from .quantized import _Scheme
 from .quantized_attention import QuantizedMultiHeadAttention
 
@@ -53,6 +53,19 @@ class QuantizedCachedAttention(_Scheme, CachedAttention):
             param_axes=self.param_axes, causal=True, num_kv_heads=self.num_kv_heads,
             rope=self.rope, rope_scaling=self.rope_scaling, sliding_window=self.sliding_window,
             out_bias=self.out_bias, scheme=self.scheme, group_size=self.group_size)
+
+    def state_specs(self, inputs):
+        """``CachedAttention``'s cache, its heads dim named as the key kernel's merged
+        ``kv_heads * head_dim`` columns where ``param_axes`` names them (a float
+        override of ``(d, kv_heads, head_dim)``, which ``mg.quantize`` makes two
+        names)."""
+        specs = super().state_specs(inputs)
+        kernel = dict(self.param_axes or ()).get("key/kernel")
+        if kernel is None or len(kernel) != 2:
+            return specs
+        heads = kernel[1] if kernel[1] != CACHE_AXES[3] else None
+        axes = CACHE_AXES[:2] + (heads, CACHE_AXES[3])
+        return {key: dataclasses.replace(spec, axes=axes) for key, spec in specs.items()}
 
     def _weights(self, params, dtype):
         return self.attention().float_weights(params, dtype)

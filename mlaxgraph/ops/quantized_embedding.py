@@ -63,12 +63,17 @@ class QuantizedEmbedding(_Scheme, Embedding):
             return (y,)
         return super().infer(inputs)
 
+    def output_axes(self, input_axes, inputs, outputs):
+        (axes,) = super().output_axes(input_axes, inputs, outputs)
+        return self._separate_axes(axes, -1, len(outputs))
+
     def param_specs(self, inputs):
         v, d = self.num_embeddings, self.features
+        axes = self._kernel_override("embedding") or ("vocab", "embed")  # the rows' scales follow
         if self.scheme == "int4_weight_only":
-            table, scale, scale_axes = (v, d // 2), (v, self._groups(d)), ("vocab", None)
+            table, scale, scale_axes = (v, d // 2), (v, self._groups(d)), (axes[0], None)
         else:
-            table, scale, scale_axes = (v, d), (v,), ("vocab",)
+            table, scale, scale_axes = (v, d), (v,), (axes[0],)
         return {"embedding": ParamSpec(table, initializers.zeros, ("vocab", "embed"),
                                        dtype=self.value_dtype),
                 "embedding_scale": ParamSpec(scale, initializers.ones, scale_axes, dtype=_F32)}
