@@ -620,3 +620,31 @@ def test_a_pattern_key_of_a_name_that_ends_other_adapted_names_is_anchored(tmp_p
     for name in ("conv1", "layer3.1.conv1"):   # PEFT's rule, (.*\.)?(key)$, by hand
         assert bool(re.match(r"(.*\.)?(^conv1)$", name)) == (name == "conv1")
     assert mg.lora_from_peft(graph, tmp_path) == adapted
+
+
+def test_a_sequence_classification_folder_names_classifier_and_score_as_peft_writes_it(tmp_path):
+    """PEFT's SEQ_CLS model puts both "classifier" and "score" in modules_to_save,
+    whichever the model has: the one naming no module is ignored, as PEFT ignores it;
+    the classifier's weights load from the folder and are written back."""
+    x = mg.Input(("batch", 8), name="x")
+    g = mg.Graph(x, mg.ops.Linear(3, name="classifier")(mg.ops.relu(mg.ops.Linear(16, name="fc")(x))))
+    base = _base(g)
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(2, 8)), rng.normal(size=(16, 2))
+    w, c = rng.normal(size=(3, 16)), rng.normal(size=(3,))
+    folder = _folder(tmp_path, {"r": 2, "lora_alpha": 4, "target_modules": ["fc"], "task_type": "SEQ_CLS",
+                                "modules_to_save": ["classifier", "score"]},
+                     {"base_model.model.fc.lora_A.weight": a, "base_model.model.fc.lora_B.weight": b,
+                      "base_model.model.classifier.weight": w, "base_model.model.classifier.bias": c})
+    adapted = mg.lora_from_peft(g, folder)
+    params, state = mg.models.load_state_dict(adapted, base, adapter=folder)
+    xs = rng.normal(size=(4, 8)).astype(np.float32)
+    hidden = np.maximum(xs @ (base["fc.weight"] + 2.0 * (b @ a)).T + base["fc.bias"], 0)
+    np.testing.assert_allclose(_apply(adapted, params, state, xs), hidden @ w.T + c, rtol=1e-5, atol=1e-5)
+    mg.models.save_adapter(adapted, params, tmp_path / "back", like=folder)
+    fields = json.loads((tmp_path / "back" / "adapter_config.json").read_text())
+    assert fields["modules_to_save"] == ["classifier", "score"] and fields["task_type"] == "SEQ_CLS"
+    np.testing.assert_allclose(load_file(str(tmp_path / "back" / "adapter_model.safetensors"))[
+        "base_model.model.classifier.weight"], w, rtol=1e-6)
+    with pytest.raises(mg.ConfigError, match="modules_to_save names 'scor', which is no module"):
+        mg.lora_from_peft(g, {"target_modules": ["fc"], "modules_to_save": ["classifier", "scor"]})

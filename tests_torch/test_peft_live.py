@@ -216,3 +216,42 @@ def test_all_linear_adapts_the_modules_peft_adapts(tmp_path, kind):
     peft.get_peft_model(model, config).save_pretrained(tmp_path)
     assert mg.lora_from_peft(graph, {"r": 2, "target_modules": "all-linear"}) == \
         mg.lora_from_peft(graph, tmp_path)
+
+
+def test_a_sequence_classification_folder_peft_wrote_reads_and_writes_back(tmp_path):
+    """task_type="SEQ_CLS" makes PEFT save "classifier" and "score" (whichever the model
+    has) in modules_to_save: the folder reads as PEFT runs it, and the folder written back
+    loads in PEFT."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.classifier = torch.nn.Linear(8, 16), torch.nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.classifier(torch.relu(self.fc(x)))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    state_dict = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+    theirs = peft.get_peft_model(net, peft.LoraConfig(task_type="SEQ_CLS", target_modules=["fc"],
+                                                      r=2, lora_alpha=4))
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if "lora_B" in name or "modules_to_save" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    theirs.eval().save_pretrained(tmp_path)
+    x = mg.Input(("batch", 8), name="x")
+    graph = mg.Graph(x, mg.ops.Linear(3, name="classifier")(mg.ops.relu(mg.ops.Linear(16, name="fc")(x))))
+    adapted = mg.lora_from_peft(graph, tmp_path)
+    params, state = mg.models.load_state_dict(adapted, state_dict, adapter=tmp_path)
+    xs = np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)
+    with torch.no_grad():
+        want = theirs.base_model(torch.from_numpy(xs)).numpy()
+    out, _ = mg.compile(adapted).apply(params, state, xs, inference_mode=True)
+    _close(np.asarray(out), want)
+    mg.models.save_adapter(adapted, params, tmp_path / "back", like=tmp_path)
+    again = Net().eval()
+    again.load_state_dict({k: torch.from_numpy(v) for k, v in state_dict.items()})
+    again = peft.PeftModel.from_pretrained(again, tmp_path / "back").eval()
+    with torch.no_grad():
+        _close(again.base_model(torch.from_numpy(xs)).numpy(), want)

@@ -50,6 +50,7 @@ from .peft_targets import (
     check_tied_heads,
     near_names,
     peft_modules,
+    seq_cls_extras,
 )
 from .state_dict import PEFT_PREFIX, to_state_dict
 from .torch_layout import layout_for, unnamed_projection
@@ -133,8 +134,14 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
                       f"modules (as PEFT matches it: the end of a name, at a dot), so it is "
                       f"ignored, as PEFT ignores it", AdapterWarning, stacklevel=2)
     shared = {n.layer for n in unfold_scans(graph).nodes if n.shares_weights}
-    for name in config.modules_to_save:   # PEFT's rule, as config.saves reads it
-        saved = [k for k in keys if any(_saves((name,), n) for n in full(k))]
+    def save_names(name: str) -> list[str]:   # PEFT's rule, as config.saves reads it
+        return [k for k in keys if any(_saves((name,), n) for n in full(k))]
+
+    extras = seq_cls_extras(config.modules_to_save, lambda name: bool(save_names(name)))
+    for name in config.modules_to_save:
+        saved = save_names(name)
+        if name in extras:
+            continue
         if not saved:
             tied = [b for a, b in layout.tied if a.startswith(name + ".")]
             raise ConfigError(f"{config.path}: modules_to_save names {name!r}, which is no module "
@@ -310,8 +317,13 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
                                        if k in DESCRIPTIVE | {"modules_to_save"}}
     if modules_to_save is None:
         modules_to_save = carried.get("modules_to_save") or None
-    weights = to_state_dict(graph, params, state, adapter_only=True,
-                            modules_to_save=modules_to_save or ())
+    saved_names = modules_to_save or ()
+    if isinstance(saved_names, (list, tuple)) and all(isinstance(n, str) for n in saved_names):
+        # PEFT's sequence classification folders name both classifier and score
+        written = [layout.model_prefix + k for k in peft_modules(graph)]
+        extras = seq_cls_extras(saved_names, lambda name: any(_saves((name,), n) for n in written))
+        saved_names = [n for n in saved_names if n not in extras]
+    weights = to_state_dict(graph, params, state, adapter_only=True, modules_to_save=saved_names)
     # transformers 5.x holds some models' modules under other names than its files write
     # (ViT's layers.0.attention.q_proj for encoder.layer.0.attention.attention.query), and
     # PEFT under it names them so: the folder does too (lora_from_peft reads both)

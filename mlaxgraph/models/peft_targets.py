@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import AdapterWarning, ConfigError
@@ -19,7 +19,7 @@ from .peft_config import keeps_out
 from .torch_layout import float_name, layout_for
 
 __all__ = ["LINEAR_OPS", "ADAPTABLE_OPS", "peft_modules", "all_linear_excluded",
-           "check_tied_heads", "check_names", "near_names"]
+           "check_tied_heads", "check_names", "near_names", "seq_cls_extras"]
 
 #: The ops PEFT's ``all-linear`` adapts here (and attention projections).
 LINEAR_OPS = ("linear",)
@@ -46,6 +46,16 @@ def peft_modules(graph: Graph) -> dict[str, tuple[str, str]]:
 #: The classification heads PEFT's ``all-linear`` leaves out for ``task_type`` ``SEQ_CLS``
 #: where the model has no output embeddings (its ``SEQ_CLS_HEAD_NAMES``, the first found).
 _SEQ_CLS_HEADS = ("score", "classifier")
+
+
+def seq_cls_extras(names: Any, matches: Callable[[str], bool]) -> set[str]:
+    """The entries of ``modules_to_save`` that name no module (``matches``) and are one of
+    the heads PEFT's sequence classification model adds there itself (``classifier``
+    and ``score``, both, whichever the model has) while another of them names one:
+    PEFT ignores such an entry. Any other entry naming no module is refused."""
+    heads = [name for name in names if name in _SEQ_CLS_HEADS]
+    missing = {name for name in heads if not matches(name)}
+    return missing if len(missing) < len(heads) else set()
 
 
 def all_linear_excluded(layout: Any, keys: list[str], task_type: Any) -> set[str]:
