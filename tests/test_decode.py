@@ -348,15 +348,16 @@ def test_streaming_and_stop_lists_of_one_bucket_compile_nothing_more(gpt2):
 
 def test_generate_sizes_its_cache_to_the_bucket_and_new_tokens(gpt2):
     model, params, state, _ = gpt2
-    made = importlib.import_module("mlaxgraph.decode.generate")._DECODERS
+    made = importlib.import_module("mlaxgraph.decode.generate")._made_for(model)
+    made.clear()  # the decoders other tests made for this graph
     mg.generate(model, params, state, np.ones((1, 16), np.int32), max_new_tokens=64)
-    assert sorted(made[model]) == [128]  # the 64-token bucket and 64 new tokens
+    assert sorted(made) == [128]  # the 64-token bucket and 64 new tokens
     counts = []
     for length in np.linspace(5, 60, 10).astype(int):
         out = mg.generate(model, params, state, np.ones((2, length), np.int32), max_new_tokens=128)
         assert out.shape == (2, length + 128)
-        counts.append(made[model][256].compile_count)
-    assert sorted(made[model]) == [128, 256] and counts == [1] * 10  # one compile, then none
+        counts.append(made[256].compile_count)
+    assert sorted(made) == [128, 256] and counts == [1] * 10  # one compile, then none
 
 
 def test_the_cache_is_state_of_the_decoding_graph():
@@ -653,7 +654,8 @@ def test_a_list_of_stop_tokens_ends_a_row_at_any_of_them(gpt2):
                      r"an int > 3, got 3"),
 ], ids=["int_key", "eos_out_of_vocabulary", "eos_not_int", "eos_empty_list", "pad_out_of_vocabulary",
         "cache_dtype_typo", "cache_dtype_int", "hugging_face_sampling", "beams",
-        "repetition_penalty", "ngram_and_top_k", "greedy_top_k", "warpers_without_do_sample", "no_op_warpers", "greedy_penalty", "length_penalty", "bad_words_empty",
+        "repetition_penalty", "ngram_and_top_k", "greedy_top_k", "warpers_without_do_sample",
+        "no_op_warpers", "greedy_penalty", "length_penalty", "bad_words_empty",
         "bad_words_beyond_vocabulary", "penalty_zero", "ngram_float", "misspelt", "no_length",
         "both_lengths", "max_length_within_the_prompt"])
 def test_odd_generate_and_decoder_arguments_are_config_errors(gpt2, call, error, message):

@@ -18,7 +18,7 @@ from ..core.donated import reraise_deleted
 from ..core.errors import ConfigError, GraphError, ShapeError
 from ..ir.graph import Graph
 from .arguments import refuse_unknown
-from .decoder import MIN_BUCKET, Cache, Decoder, _left_pad, bucket_length, decoder, prompt_positions
+from .decoder import MIN_BUCKET, Cache, Decoder, _left_pad, _scan_option, bucket_length, decoder, prompt_positions
 from .derive import position_limit
 from .inputs import check_key, host_rows, stop_ids, token_id
 from .sampling import History, Sampler, as_sampler
@@ -29,8 +29,8 @@ __all__ = ["generate", "generate_stream"]
 #: token of some row run).
 PREFILL_CHUNK = 16
 
-#: Decoders made for a model by ``generate`` (by max_length), kept while the model lives
-#: (for a graph, in the graph's memo).
+#: Decoders made by ``generate`` for a model on a mesh (by max_length), kept while the
+#: model lives (for a graph, and a model on one device, in the graph's memo: ``_made_for``).
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -56,10 +56,23 @@ def _decoder_for(source: Any, prompt: int, new: int) -> Decoder:
         length *= 2
     if limit is not None:
         length = min(length, limit)  # the prompt's bucket shrinks to fit (_prepare)
-    made = source.memo("decoders") if isinstance(source, Graph) else _DECODERS.setdefault(source, {})
+    made = _made_for(source)
     if length not in made:
         made[length] = decoder(source, max_length=length)
     return made[length]
+
+
+def _made_for(source: CompiledModel | Graph) -> dict:
+    """The decoders made for ``source`` by max_length. A model's are kept in its graph's
+    memo by what the decoder takes from it (its policy and ``scan_blocks``), so that
+    ``generate(mg.compile(g), ...)`` called again finds the decoder, and its compiled
+    loops, that the first call made; a model on a mesh keeps its own."""
+    if isinstance(source, Graph):
+        return source.memo("decoders")
+    if source.sharding is not None:
+        return _DECODERS.setdefault(source, {})
+    return source.source_graph.memo("model decoders").setdefault(
+        (source.policy, _scan_option(source)), {})
 
 
 def _is_count(value: Any) -> bool:
