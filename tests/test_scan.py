@@ -288,3 +288,69 @@ def test_the_explorer_draws_a_scanned_run_with_its_block_inside():
     lm = examples.transformer_lm(vocab=16, length=8, depth=3, width=16, heads=2)
     page = mg.compile(lm, scan_blocks="always").to_html(batch=2)
     assert "block0..block2/attention" in page and '"op":"scan"' in page.replace(" ", "")
+
+
+def post_norm_chain(depth=3, width=8):
+    """Blocks ending in a LayerNorm (BERT's post-norm): under a half-precision policy
+    each block's output is float32, cast back to bfloat16 for the next block."""
+    x = mg.Input(("batch", width), name="x")
+    h = ops.LayerNorm(name="norm")(x + ops.Linear(width, activation="gelu", name="fc")(x))
+    block = mg.Graph(x, h, name="post_norm")
+    return chain(block, ("batch", width), depth, lambda h: ops.Linear(3, name="head")(h))
+
+
+def test_post_norm_blocks_fold_under_a_policy_with_the_cast_after_each_block():
+    g = post_norm_chain()
+    flat, scan = compile_both(g, policy="mixed_bfloat16")
+    scan_node = scan.graph.node("block0..block2")
+    assert scan_node.op.casts == ("block0_bf16", "block1_bf16", "block2_bf16")
+    assert [n.name for n in scan.graph.nodes] == ["x", "x_bf16", "block0..block2", "head"]
+    assert unfold_scans(scan.graph) == flat.graph   # the casts back where they were
+    params, state = flat.init(jax.random.key(0))
+    assert_trees_close(scan.unstack_weights(*scan.init(jax.random.key(0)))[0], params, rtol=0, atol=0)
+    x = jax.random.normal(jax.random.key(1), (4, 8))
+    out, _ = flat.apply(params, state, x)
+    # NumPy, in the policy's dtypes: each block computes in bfloat16, its norm in float32
+    def bf16(a):
+        return np.asarray(jnp.asarray(a, jnp.bfloat16))
+
+    h = bf16(x)
+    for i in range(3):
+        p = params[f"block{i}"]
+        pre = jnp.asarray(h, jnp.bfloat16) @ jnp.asarray(p["fc"]["kernel"], jnp.bfloat16) \
+            + jnp.asarray(p["fc"]["bias"], jnp.bfloat16)
+        s = (jnp.asarray(h, jnp.bfloat16) + jax.nn.gelu(pre, approximate=False)).astype(np.float32)
+        s = np.asarray(s, np.float64)
+        normed = (s - s.mean(-1, keepdims=True)) / np.sqrt(s.var(-1, keepdims=True) + 1e-6)
+        h = bf16(normed * np.asarray(p["norm"]["scale"]) + np.asarray(p["norm"]["bias"]))
+    np.testing.assert_allclose(np.asarray(out, np.float64),
+                               bf16(h) @ bf16(params["head"]["kernel"]).astype(np.float64)
+                               + bf16(params["head"]["bias"]), rtol=3e-2, atol=3e-2)
+    out_s, _ = scan.apply(params, state, x)
+    np.testing.assert_array_equal(out_s, out)
+    for path in ("block1", "block1_bf16", "block1/norm"):   # captured as unscanned
+        want = flat.apply(params, state, x, capture=path)[2][path]
+        got = scan.apply(params, state, x, capture=path)[2][path]
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    halved = scan.apply(params, state, x, intervene={"block1": lambda v: v / 2})[0]
+    np.testing.assert_array_equal(halved, flat.apply(params, state, x, intervene={"block1": lambda v: v / 2})[0])
+    stacked, stacked_state = scan.stack_weights(params, state)
+    grad = jax.grad(lambda p: jnp.sum(flat.apply(p, state, x)[0].astype(np.float32)))(params)
+    grad_s = jax.grad(lambda p: jnp.sum(scan.apply(p, stacked_state, x)[0].astype(np.float32)))(stacked)
+    assert_trees_close(scan.unstack_weights(grad_s)[0], grad, rtol=2e-2, atol=1e-2)  # bfloat16 sums
+
+
+def test_a_post_norm_run_whose_last_output_stays_float32_folds_without_its_last_block():
+    x = mg.Input(("batch", 8), name="x")
+    block = mg.Graph(x, ops.LayerNorm(name="norm")(ops.Linear(8, name="fc")(x)), name="post_norm")
+    h = x
+    for i in range(3):
+        h = block.as_block(f"block{i}")(h)
+    g = mg.Graph(x, ops.LayerNorm(name="final")(h))    # reads block2's float32 output as it is
+    flat, scan = compile_both(g, policy="mixed_bfloat16")
+    assert [n.name for n in scan.graph.nodes] == ["x", "x_bf16", "block0..block1", "block2", "final",
+                                                  "final_bf16"]
+    params, state = flat.init(jax.random.key(0))
+    xs = jax.random.normal(jax.random.key(1), (2, 8))
+    np.testing.assert_array_equal(scan.apply(params, state, xs)[0], flat.apply(params, state, xs)[0])

@@ -122,8 +122,23 @@ def tap_paths(program: Program) -> list[str]:
 
 
 def _block_paths(step: ScanStep) -> Callable[[str], tuple[str, ...]]:
+    """A path in the scan's body -> its concrete path in each block; the cast a
+    policy put after each block (the body's last step, ``Scan.casts``) -> those casts'
+    own names, as the graph before folding has them."""
     cut = len(step.path) + 1
-    return lambda path: tuple(f"{name}/{path[cut:]}" for name in step.blocks)
+    casts = getattr(step.node.op, "casts", ())
+    last = step.block.outputs[0][0] if casts else None
+    return lambda path: casts if path == last else tuple(f"{name}/{path[cut:]}" for name in step.blocks)
+
+
+def _block_outputs(step: ScanStep) -> tuple[Ref, ...]:
+    """What a block's own path taps in the scan's body: the body's outputs, or with a
+    cast after each block (``Scan.casts``) the cast's input, the block's output."""
+    body = step.block
+    if not getattr(step.node.op, "casts", ()):
+        return body.outputs
+    last = body.outputs[0][0]
+    return next(s.inputs for s in body.steps if isinstance(s, Step) and s.path == last)
 
 
 def _takes_path(fn: Callable) -> bool:
@@ -193,7 +208,7 @@ class TapPlan:
             return None
         if step.path not in self.bodies:
             self.bodies[step.path] = _plan(step.block, self.taps, _block_paths(step),
-                                           step.blocks, nested=True)
+                                           step.blocks, nested=True, outputs=_block_outputs(step))
         return self.bodies[step.path]
 
     def intervene(self, step: Step, outs: tuple, index: Any) -> tuple:
@@ -238,10 +253,11 @@ def _intervene(fn: Callable, value: Any, per: tuple[str | None, ...], index: Any
 
 
 def _plan(program: Program, taps: Taps, expand: Callable[[str], tuple[str, ...]],
-          blocks: tuple[str, ...] = (), nested: bool = False) -> TapPlan:
+          blocks: tuple[str, ...] = (), nested: bool = False,
+          outputs: tuple[Ref, ...] = ()) -> TapPlan:
     entries = list(_entries(program, expand))
-    if blocks:  # a scan's blocks: their outputs are the body's
-        entries.append((blocks, program.outputs))
+    if blocks:  # a scan's blocks: their outputs are the body's (before a cast after them)
+        entries.append((blocks, outputs or program.outputs))
     captures, wanted = [], []
     interventions: dict[Ref, list] = {}
     matchers = [(p, path_matcher(p)) for p in taps.capture]

@@ -55,6 +55,10 @@ class Scan(Block):
     with the weights of the block of that name (stacked on a leading axis)."""
 
     names: tuple[str, ...] = field(default=(), converter=_names)
+    #: The names of the casts a policy put after each block (a block whose output a
+    #: precision-sensitive layer leaves in float32, cast back to the next block's
+    #: dtype), run inside ``graph`` as its last node; () when the blocks chain as they are.
+    casts: tuple[str, ...] = field(default=(), converter=lambda value, layer: tuple(value))
 
     @property
     def default_name(self) -> str:
@@ -77,7 +81,16 @@ class Scan(Block):
         return f"XLA counts a scan's body once, not {self.length} times"
 
     def with_subgraph(self, graph: Graph) -> Scan:
-        return self if graph is self.graph else Scan(graph, self.names, name=self.name)
+        return self if graph is self.graph else Scan(graph, self.names, self.casts, name=self.name)
+
+    def block_and_cast(self) -> tuple[Graph, Node | None]:
+        """Each block's own graph and the cast after it (None without ``casts``)."""
+        if not self.casts:
+            return self.graph, None
+        body = self.graph
+        cast = body.nodes[-1]
+        block = Graph.from_parts(body.nodes[:-1], body.inputs, cast.inputs, body.name)
+        return block, cast
 
     def param_specs(self, inputs):
         """The block's weights, each with a leading axis of one entry per block."""
@@ -97,10 +110,15 @@ class _Unfold(Rule):
         if not isinstance(node.op, Scan):
             return None
         value = node.inputs[0]
-        for name in node.op.names:
-            rewrite.emit(Node(name, Block(node.op.graph, name=name), (value, *node.inputs[1:]),
-                              node.outputs, name, node.source))
+        block, cast = node.op.block_and_cast()
+        for k, name in enumerate(node.op.names):
+            rewrite.emit(Node(name, Block(block, name=name), (value, *node.inputs[1:]),
+                              block.output_specs if cast else node.outputs, name, node.source))
             value = Value(name, 0)
+            if cast is not None:
+                cast_name = node.op.casts[k]
+                rewrite.emit(Node(cast_name, cast.op, (value,), cast.outputs, cast_name, cast.source))
+                value = Value(cast_name, 0)
         return (value,)
 
 
