@@ -20,7 +20,7 @@ from ..ir.graph import Graph
 from .arguments import refuse_unknown
 from .decoder import MIN_BUCKET, Cache, Decoder, _left_pad, _scan_option, bucket_length, decoder, prompt_positions
 from .derive import position_limit
-from .inputs import check_key, host_rows, stop_ids, token_id
+from .inputs import check_key, host_rows, inferred_mask, stop_ids, token_id
 from .sampling import History, Sampler, as_sampler
 
 __all__ = ["generate", "generate_stream"]
@@ -105,6 +105,7 @@ def _prepare(where, source, input_ids, attention_mask, max_new_tokens, max_lengt
     input_ids = host_rows(input_ids, "input_ids")
     prompt = int(np.shape(input_ids)[1]) if np.ndim(input_ids) == 2 else 0
     new = _new_tokens(where, max_new_tokens, max_length, prompt)
+    attention_mask = inferred_mask(input_ids, attention_mask, pad_token_id, eos_token_id)
     used = _used_columns(input_ids, attention_mask, prompt)
     dec = _decoder_for(source, used, new)
     ids, mask = dec._prompt(input_ids, attention_mask)
@@ -182,7 +183,8 @@ def generate(model_or_decoder: Any, params: Any, state: Any, input_ids: Any, *,
         Face's); a row stops after it; later tokens of that row are
         ``pad_token_id``; the loop ends when every row has stopped.
       pad_token_id: fills stopped rows; by default the (first) ``eos_token_id``,
-        else 0.
+        else 0. Without ``attention_mask``, the prompt's tokens equal to it are
+        padding (when it is not a stop token), as Hugging Face's ``generate`` infers.
 
     Raises:
       ShapeError: no rows, an empty prompt (a row whose mask marks no token), a

@@ -14,7 +14,7 @@ import numpy as np
 from ..core.errors import ConfigError, GraphError, ShapeError
 
 __all__ = ["prompt_arrays", "host_rows", "step_ids", "stop_ids", "token_id", "check_key", "check_cache",
-           "check_vocabulary"]
+           "check_vocabulary", "inferred_mask"]
 
 
 def _describe(value: Any) -> str:
@@ -152,6 +152,27 @@ def stop_ids(eos_token_id: Any, vocab: int | None) -> tuple[int, ...]:
             raise ConfigError("eos_token_id is an empty list: give None for no stop token")
         return tuple(token_id(v, vocab, "eos_token_id") for v in items)
     return (token_id(eos_token_id, vocab, "eos_token_id"),)
+
+
+def inferred_mask(input_ids: np.ndarray, attention_mask: Any, pad_token_id: Any,
+                  eos_token_id: Any) -> Any:
+    """``attention_mask``, or, where none is given, the one Hugging Face's ``generate``
+    infers: 0 on the prompt's ``pad_token_id`` tokens when some are there and it is not
+    a stop token (None: no padding to infer)."""
+    if attention_mask is not None or pad_token_id is None or input_ids.ndim != 2:
+        return attention_mask
+    if not np.issubdtype(input_ids.dtype, np.integer) or input_ids.dtype == np.bool_:
+        return None  # refused as such by prompt_arrays
+    pad = token_id(pad_token_id, None, "pad_token_id")
+    if pad in stop_ids(eos_token_id, None) or not (input_ids == pad).any():
+        return None
+    mask = (input_ids != pad).astype(np.int32)
+    empty = np.flatnonzero(~mask.any(axis=1))
+    if empty.size:
+        raise ShapeError(f"row {int(empty[0])} of input_ids holds only pad_token_id={pad}: that "
+                         f"prompt is empty (without attention_mask, the tokens equal to "
+                         f"pad_token_id are padding, as in Hugging Face's generate)")
+    return mask
 
 
 def check_key(key: Any) -> None:
