@@ -95,3 +95,24 @@ def test_a_first_call_taken_out_leaves_its_layer_listed_under_its_weights_path(s
     assert new["shared"]["kernel"] is params["shared"]["kernel"]
     h = np.maximum(_linear(p, np.tanh(_linear(new["first"], X))), 0)
     np.testing.assert_allclose(out, _block(b, _block(b, h)), rtol=1e-5, atol=1e-5)
+
+
+def test_replacing_the_tied_head_calls_the_embedding_as_the_head_does():
+    """``replace("wte@1", lambda layer, h: ...)``: ``layer(h)`` is the tied head's
+    ``wte.attend(h)`` (``h @ wte.T``), on the same weights."""
+    g = mg.models.gpt2({"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 40, "n_positions": 16})
+    seen = []
+
+    def doubled(layer, h):
+        seen.append((layer.features, layer.num_embeddings))   # the embedding's attributes
+        return layer(h) * 2
+
+    changed = g.replace("wte@1", doubled)
+    assert seen == [(16, 40)] and changed.node("wte@1").layer == "wte"
+    model, base = mg.compile(changed), mg.compile(g)
+    params, state = base.init(jax.random.key(0))
+    ids = np.array([[1, 5, 7, 39]], np.int32)
+    hidden = base.apply(params, state, ids, inference_mode=True, capture="ln_f")[2]["ln_f"]
+    want = 2 * np.asarray(hidden) @ np.asarray(params["wte"]["embedding"]).T
+    np.testing.assert_allclose(model.apply(params, state, ids, inference_mode=True)[0], want,
+                               rtol=1e-5, atol=1e-5)

@@ -20,6 +20,7 @@ from ..core.errors import GraphError, MlaxGraphError, ShapeError, SourceInfo, ca
 from ..core.registry import registered_ops
 from ..core.signatures import call_problem
 from ..core.specs import TensorSpec
+from .as_called import as_called
 from .builder import Call, SymbolicTensor, trace_graph
 from .graph import Graph, InputLayer
 from .node import Node, Value
@@ -273,7 +274,8 @@ class _Surgery(Rule):
                                  self.source, what="insert_before's function",
                                  count=len(node.inputs))
             return node.replace(inputs=tuple(new_inputs))
-        return _splice(rewrite, node, list(node.inputs), lambda *xs: self.fn(node.op, *xs),
+        layer = as_called(node.op, [rewrite.graph.spec(v) for v in node.inputs])
+        return _splice(rewrite, node, list(node.inputs), lambda *xs: self.fn(layer, *xs),
                        self.source, what="replace's function", keep_name=True)
 
     def _check_signature(self, node: Node) -> None:
