@@ -206,6 +206,10 @@ def test_llama_patterns_rslora_and_modules_to_save(tmp_path):
     ("modules_to_save", ["lm_head"], r"names 'lm_head', which is no module of graph 'gpt2' \(its "
      r"output head is tied to 'wte.weight'"),
     ("rank_pattern", {"c_attn(": 2}, "key 'c_attn\\(' is not a regular expression"),
+    # a module holding others (GPT2MLP, GPT2Block): PEFT refuses its type
+    ("target_modules", ["c_attn", "mlp"], r"target_modules names 'mlp', a module holding others "
+     r"\('transformer.h.0.mlp.c_fc' ...\), which PEFT refuses"),
+    ("target_modules", ["c_attn", "h.1"], r"names 'h.1', a module holding others"),
     # PEFT adapts the tied head as a Linear of its own; here it is wte's second call
     ("target_modules", ["c_attn", "lm_head"], r"target_modules \('c_attn', 'lm_head'\) names "
      r"'lm_head', the output head tied to 'wte.weight', which PEFT adapts as a Linear"),

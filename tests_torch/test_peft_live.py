@@ -255,3 +255,13 @@ def test_a_sequence_classification_folder_peft_wrote_reads_and_writes_back(tmp_p
     again = peft.PeftModel.from_pretrained(again, tmp_path / "back").eval()
     with torch.no_grad():
         _close(again.base_model(torch.from_numpy(xs)).numpy(), want)
+
+
+@pytest.mark.parametrize("targets", [["c_fc", "mlp"], ["c_attn", "h.0"]])
+def test_target_modules_naming_a_module_that_holds_others_is_refused_as_peft_refuses_it(targets):
+    model, graph, _ = _base("gpt2")
+    config = peft.LoraConfig(r=2, target_modules=targets)
+    with pytest.raises(ValueError, match="(?s)Target module .* is not supported"):
+        peft.get_peft_model(model, config)
+    with pytest.raises(mg.ConfigError, match=f"names {targets[1]!r}, a module holding others"):
+        mg.lora_from_peft(graph, config.to_dict())

@@ -92,11 +92,23 @@ def check_names(config, field: str, spec: Any, keys: list[str], full, graph: Gra
     """An ``AdapterWarning`` for the entries of a list of module names
     (``target_modules``, ``exclude_modules``) that name no module of ``graph``: PEFT
     ignores them (a list written for several model families), and so does this, saying
-    so (a typo)."""
+    so (a typo). A ``ConfigError`` for a ``target_modules`` entry naming a module that
+    holds others (Llama's ``mlp``), which PEFT refuses."""
     if not isinstance(spec, tuple):
         return
-    missing = [f"{name!r}" + (f" ({near[2:]})" if (near := near_names(name, keys)) else "") for name in spec
-               if not any(n == name or n.endswith("." + name) for k in keys for n in full(k))]
+    absent = [name for name in spec
+              if not any(n == name or n.endswith("." + name) for k in keys for n in full(k))]
+    for name in absent if field == "target_modules" else ():
+        inside = next((n for k in keys for n in full(k)
+                       if n.startswith(name + ".") or f".{name}." in n), None)
+        if inside is not None:   # a module holding others: PEFT's check raises on it
+            raise ConfigError(
+                f"{config.path}: target_modules names {name!r}, a module holding others "
+                f"({inside!r} ...), which PEFT refuses (LoRA adapts Linear, Conv, Embedding "
+                f"and attention projections, not the modules holding them): name the layers "
+                f"inside it")
+    missing = [f"{name!r}" + (f" ({near[2:]})" if (near := near_names(name, keys)) else "")
+               for name in absent]
     if missing:
         warnings.warn(f"{config.path}: {field} names {'; '.join(missing)}, which is no module "
                       f"of graph {graph.name!r}: ignored, as PEFT ignores it", AdapterWarning,
