@@ -23,7 +23,7 @@ from ..ir.graph import Graph
 from ..ops.cached_attention import CachedAttention
 from ..ops.embedding import Embedding
 from .derive import decode_graph
-from .inputs import check_cache, prompt_arrays, step_ids
+from .inputs import check_cache, prompt_arrays, prompt_room, step_ids
 
 __all__ = ["Decoder", "Cache", "decoder", "bucket_length"]
 
@@ -237,13 +237,13 @@ class Decoder:
         logits are those of the aligned rows: ``logits[:, -1]`` is every row's
         next-token logits. Positions count the tokens of each row, as Hugging Face's
         ``generate`` does. ``room``: the slots to keep free for ``step`` after the prompt
-        (the bucket shrinks to leave them, never below the prompt's length); by default
-        half the cache. Another keyword is a ``ConfigError`` naming the one meant."""
+        (the bucket shrinks to leave them; more than the prompt leaves is a ShapeError); by
+        default half the cache. Another keyword is a ``ConfigError`` naming the one meant."""
         if unknown:
             raise ConfigError(unknown_keywords("prefill", unknown, _PREFILL, {"mask": "attention_mask="}))
         ids, mask = self._prompt(input_ids, attention_mask)
         seq = ids.shape[1]
-        room = self.max_length // 2 if room is None else room
+        room = prompt_room(room, seq, self.max_length)
         padded = bucket_length(seq, self.max_length - room)
         logits, cache = self._prefill_padded(params, state, *_left_pad(ids, mask, padded))
         return logits[:, padded - seq:], cache
@@ -265,7 +265,7 @@ class Decoder:
         ``(logits (batch, n, vocab), cache)``. The cache given is consumed (its
         buffers are reused): step again from the one returned. Token ids are checked
         on the host (integers in the vocabulary) unless traced."""
-        check_cache(cache, Cache)
+        check_cache(cache, Cache, self.max_length)
         return self._advance(params, state, cache, step_ids(token_ids, cache.mask.shape[0],
                                                             self.vocab_size))
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..core.errors import ConfigError, GraphError, ShapeError
 
 __all__ = ["prompt_arrays", "host_rows", "step_ids", "stop_ids", "token_id", "check_key", "check_cache",
-           "check_vocabulary", "inferred_mask"]
+           "check_vocabulary", "inferred_mask", "prompt_room"]
 
 
 def _describe(value: Any) -> str:
@@ -190,12 +190,32 @@ def check_key(key: Any) -> None:
                       f"{_describe(key)}")
 
 
-def check_cache(cache: Any, kind: type) -> None:
-    """A cache ``step`` can run from: one ``prefill`` or ``step`` returned and no
-    ``step`` has consumed yet (its buffers are donated to the next cache)."""
+def prompt_room(room: Any, seq: int, max_length: int) -> int:
+    """``prefill``'s ``room``: the slots to keep free after a prompt of ``seq`` tokens,
+    half the cache by default; an int from 0 to what the prompt leaves."""
+    if room is None:
+        return max_length // 2
+    if isinstance(room, bool) or not isinstance(room, (int, np.integer)) or room < 0:
+        raise ConfigError(f"room must be an int >= 0 (the slots to keep free for step after the "
+                          f"prompt), got {room!r}")
+    if room > max_length - seq:
+        raise ShapeError(f"room={int(room)}: a prompt of {seq} tokens leaves {max_length - seq} of "
+                         f"the decoder's max_length={max_length} slots; make the decoder with a "
+                         f"larger max_length")
+    return int(room)
+
+
+def check_cache(cache: Any, kind: type, max_length: int | None = None) -> None:
+    """A cache ``step`` can run from: one ``prefill`` or ``step`` of this decoder
+    (``max_length`` slots) returned and no ``step`` has consumed yet (its buffers are
+    donated to the next cache)."""
     if not isinstance(cache, kind):
         raise GraphError(f"step takes the cache that prefill or step returned, got "
                          f"{type(cache).__name__}")
+    slots = np.shape(getattr(cache, "mask", None))
+    if max_length is not None and len(slots) == 2 and slots[1] != max_length:
+        raise GraphError(f"this cache has {slots[1]} slots: it is another decoder's (this one has "
+                         f"max_length={max_length}); step it with the decoder whose prefill made it")
     if any(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted()
            for x in jax.tree.leaves(cache)):
         raise GraphError("this cache was consumed by step (its buffers hold the cache step "
