@@ -52,3 +52,30 @@ def test_a_model_compiled_again_from_the_graph_compiles_no_new_loop(compiles):
     ids = np.asarray(mg.generate(half, params, state, prompt, max_new_tokens=5))
     np.testing.assert_array_equal(ids, _greedy(half, params, state, prompt, 5))
     assert compiles() > before
+
+
+def test_streaming_with_a_processor_compiles_nothing_more_for_other_lengths(compiles):
+    # the tokens so far were as wide as the prompt's bucket and max_new_tokens: each
+    # max_new_tokens compiled the choice of a token again
+    g = mg.models.gpt2(GPT2)
+    params, state = mg.compile(g).init(jax.random.key(0))
+    dec = mg.decoder(g, max_length=128)
+    sampler = mg.sampling.RepetitionPenalty(1.5) + mg.sampling.NoRepeatNGram(2)
+    prompt = np.array([[3, 9, 27, 4, 3]])
+
+    def stream(ids, new):
+        return np.stack([np.asarray(t) for t in mg.generate_stream(
+            dec, params, state, ids, max_new_tokens=new, sampler=sampler)], 1)
+
+    first = stream(prompt, 3)
+    before = compiles()
+    runs = {new: stream(prompt, new) for new in (5, 9, 14)}
+    shorter = stream(prompt[:, 1:], 4)
+    assert compiles() == before
+    for new, tokens in runs.items():  # one sequence, cut at each length
+        np.testing.assert_array_equal(tokens[:, :3], first)
+        np.testing.assert_array_equal(tokens, runs[14][:, :new])
+        np.testing.assert_array_equal(tokens, np.asarray(mg.generate(
+            dec, params, state, prompt, max_new_tokens=new, sampler=sampler))[:, 5:])
+    np.testing.assert_array_equal(shorter, np.asarray(mg.generate(
+        dec, params, state, prompt[:, 1:], max_new_tokens=4, sampler=sampler))[:, 4:])

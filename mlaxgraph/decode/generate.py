@@ -336,7 +336,8 @@ def _stream(dec, params, state, ids, mask, new, padded, sample, key, eos, pad) -
     logits, cache = dec._prefill_padded(params, state, ids_p, mask_p)
     done = np.zeros((ids.shape[0],), bool)
     history = (History(*jax.device_put((
-        np.pad(ids_p, ((0, 0), (0, new)), constant_values=pad), np.int32(padded - ids.shape[1]),
+        np.pad(ids_p, ((0, 0), (0, dec.max_length - padded)), constant_values=pad),
+        np.int32(padded - ids.shape[1]),
         np.int32(padded), np.int32(padded), eos, np.argmax(mask_p, axis=1).astype(np.int32))))
                if sample.reads_history else None)
     for i in range(new):
