@@ -56,3 +56,21 @@ def test_what_generate_does_not_do_is_named(tiny, name, value):
     text = _message(tiny, **{name: value})
     what = (NOT_BUILT.get(name) or NOT_BUILT_DRAWS[name])[1]
     assert f"{name}={value!r}, which it does not take" in text and f"{what} ({name}) is not built" in text
+
+
+def test_a_stop_or_pad_token_given_as_an_array_of_one_is_read(tiny):
+    # a list of arrays was read, one array refused ("must be an int token id, got int32[]")
+    model, params, state = tiny
+    ids = np.array([[1, 2, 3]])
+    plain = np.asarray(mg.generate(model, params, state, ids, max_new_tokens=6))[0, 3:]
+    stop = int(plain[1])
+    want = np.asarray(mg.generate(model, params, state, ids, max_new_tokens=6, eos_token_id=stop,
+                                  pad_token_id=7))
+    assert (want[0, 5:] == 7).all() or stop == 7
+    for eos, pad in ((np.int64(stop), np.array(7)), (jax.numpy.int32(stop), jax.numpy.asarray(7)),
+                     (np.array([stop]), np.array(7, np.uint8))):
+        got = mg.generate(model, params, state, ids, max_new_tokens=6, eos_token_id=eos, pad_token_id=pad)
+        np.testing.assert_array_equal(np.asarray(got), want)
+    for odd in (np.array(7.0), np.array(True), np.array([[7]])[0]):
+        with pytest.raises(mg.ConfigError, match="pad_token_id must be an int token id"):
+            mg.generate(model, params, state, ids, max_new_tokens=2, pad_token_id=odd)

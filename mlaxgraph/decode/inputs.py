@@ -130,7 +130,11 @@ def step_ids(token_ids: Any, batch: int, vocab: int | None) -> Any:
 
 
 def token_id(value: Any, vocab: int | None, what: str) -> int:
-    """One token id given as an argument (``pad_token_id``, an ``eos_token_id``)."""
+    """One token id given as an argument (``pad_token_id``, an ``eos_token_id``): an
+    int, or an integer array of one (NumPy's, JAX's, torch's, as a list of them is)."""
+    if hasattr(value, "__array__") and not isinstance(value, np.integer) and np.ndim(value) == 0 \
+            and np.issubdtype(np.asarray(value).dtype, np.integer):
+        value = np.asarray(value).item()
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ConfigError(f"{what} must be an int token id, got {_describe(value)}")
     if vocab is not None and not 0 <= value < vocab:
