@@ -473,14 +473,35 @@ def test_conv_merged_equals_unmerged(data_format):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_a_grouped_or_activated_conv_is_refused_by_name():
+def test_a_grouped_convs_adapter_has_b_grouped_as_peft_and_an_activated_conv_is_refused():
+    # PEFT's adapter of a grouped conv: A a full conv to rank channels, B a 1x1 conv
+    # grouped as the target (rank divisible by the groups); not merged
     x = mg.Input(("batch", 8, 8, 4), name="x")
-    h = ops.Conv(4, (3, 3), groups=2, name="grouped")(x)
+    h = ops.Conv(6, (3, 3), padding="SAME", groups=2, name="grouped")(x)
     g = mg.Graph(x, ops.Conv(4, (1, 1), activation="relu", name="fused")(h))
-    with pytest.raises(mg.ConfigError, match="'grouped'.*grouped Conv \\(groups=2\\)"):
-        mg.lora(g, "grouped", rank=2)
+    with pytest.raises(mg.ConfigError, match="'grouped'.*groups=2.*rank must be divisible by 2, got rank=3"):
+        mg.lora(g, "grouped", rank=3)
     with pytest.raises(mg.ConfigError, match="'fused'.*applies 'relu'"):
         mg.lora(g, "fused", rank=2)
+    adapted = mg.lora(g, "grouped", rank=4, alpha=2)
+    model = mg.compile(adapted)
+    params, state = model.init(jax.random.key(0))
+    params = _randomize_adapters(params, jax.random.key(1))
+    k = {name: params[name]["kernel"] for name in ("grouped", "grouped.lora_A", "grouped.lora_B")}
+    assert k["grouped.lora_A"].shape == (4, 3, 3, 4) and k["grouped.lora_B"].shape == (6, 1, 1, 2)
+    xs = jax.random.normal(jax.random.key(2), (2, 8, 8, 4))
+    _, _, got = model.apply(params, state, xs, inference_mode=True, capture=["grouped.lora"])
+
+    def conv(x, kernel, groups):
+        return jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME", feature_group_count=groups,
+                                            dimension_numbers=("NHWC", "OHWI", "NHWC"),
+                                            precision=jax.lax.Precision.HIGHEST)
+    want = (conv(xs, k["grouped"], 2) + params["grouped"]["bias"]
+            + 0.5 * conv(conv(xs, k["grouped.lora_A"], 1), k["grouped.lora_B"], 2))
+    np.testing.assert_allclose(np.asarray(got["grouped.lora"]), np.asarray(want), rtol=1e-5, atol=1e-5)
+    with pytest.raises(mg.GraphError, match="'grouped' is a grouped Conv \\(groups=2\\).*keep the "
+                                            "adapter unmerged"):
+        mg.merge_lora(adapted, params)
 
 
 def test_what_lora_cannot_adapt_as_asked_is_named():

@@ -652,3 +652,22 @@ def test_a_sequence_classification_folder_names_classifier_and_score_as_peft_wri
         "base_model.model.classifier.weight"], w, rtol=1e-6)
     with pytest.raises(mg.ConfigError, match="modules_to_save names 'scor', which is no module"):
         mg.lora_from_peft(g, {"target_modules": ["fc"], "modules_to_save": ["classifier", "scor"]})
+
+
+def test_a_dilated_convs_adapter_is_not_exchanged_with_peft(tmp_path):
+    """PEFT draws a Conv's lora_A without the conv's dilation (mg.lora's A has it, which
+    merging needs): such an adapter would compute another function there, so neither
+    direction takes it."""
+    x = mg.Input(("batch", 9, 9, 4), name="x")
+    g = mg.Graph(x, mg.ops.Conv(6, 3, padding="SAME", dilation=2, name="c")(
+        mg.ops.Conv(4, 3, padding="SAME", name="plain")(x)))
+    adapted = mg.lora(g, ["c", "plain"], rank=2)
+    params, _ = mg.compile(adapted).init(jax.random.key(0))
+    with pytest.raises(mg.SerializationError, match="layer 'c' is a Conv with dilation 2.*without "
+                                                    "the dilation"):
+        mg.models.save_adapter(adapted, params, tmp_path)
+    with pytest.raises(mg.ConfigError, match="target_modules selects 'c': layer 'c' is a Conv with "
+                                             "dilation"):
+        mg.lora_from_peft(g, {"target_modules": ["c", "plain"]})
+    assert mg.lora_from_peft(g, {"target_modules": ["plain"], "r": 2, "lora_alpha": 2}) == \
+        mg.lora(g, "plain", rank=2)

@@ -265,3 +265,60 @@ def test_target_modules_naming_a_module_that_holds_others_is_refused_as_peft_ref
         peft.get_peft_model(model, config)
     with pytest.raises(mg.ConfigError, match=f"names {targets[1]!r}, a module holding others"):
         mg.lora_from_peft(graph, config.to_dict())
+
+
+def test_peft_draws_a_dilated_convs_lora_a_without_the_dilation_so_it_is_refused():
+    """The reason lora_from_peft refuses a dilated conv target: PEFT's lora_A there is
+    undilated (mg.lora's A has the conv's dilation)."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(4, 6, 3, padding="same", dilation=2)
+
+        def forward(self, x):
+            return self.c(x)
+
+    config = peft.LoraConfig(r=2, target_modules=["c"])
+    theirs = peft.get_peft_model(Net(), config)
+    assert theirs.base_model.model.c.lora_A["default"].dilation == (1, 1)
+    x = mg.Input(("batch", 9, 9, 4), name="x")
+    graph = mg.Graph(x, mg.ops.Conv(6, 3, padding="SAME", dilation=2, name="c")(x))
+    with pytest.raises(mg.ConfigError, match="Conv with dilation"):
+        mg.lora_from_peft(graph, config.to_dict())
+
+
+def test_a_grouped_convs_adapter_reads_and_writes_as_peft_runs_it(tmp_path):
+    """PEFT adapts a grouped Conv2d with lora_B grouped as the conv: its folder reads as
+    PEFT runs it, and the folder save_adapter writes loads in PEFT."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(4, 6, 3, padding=1, groups=2)
+
+        def forward(self, x):
+            return self.c(x)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    state_dict = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+    theirs = peft.get_peft_model(net, peft.LoraConfig(r=4, lora_alpha=2, target_modules=["c"],
+                                                      init_lora_weights=False)).eval()
+    theirs.save_pretrained(tmp_path)
+    x = mg.Input(("batch", 4, 9, 9), name="x")
+    graph = mg.Graph(x, mg.ops.Conv(6, (3, 3), padding=((1, 1), (1, 1)), groups=2,
+                                    data_format="NCHW", name="c")(x))
+    adapted = mg.lora_from_peft(graph, tmp_path)
+    params, state = mg.models.load_state_dict(adapted, state_dict, adapter=tmp_path)
+    xs = np.random.default_rng(0).normal(size=(2, 4, 9, 9)).astype(np.float32)
+    with torch.no_grad():
+        want = theirs(torch.from_numpy(xs)).numpy()
+    out, _ = mg.compile(adapted).apply(params, state, xs, inference_mode=True)
+    _close(np.asarray(out), want)
+    params = _nonzero_b(params)
+    mg.models.save_adapter(adapted, params, tmp_path / "back")
+    again = Net().eval()
+    again.load_state_dict({k: torch.from_numpy(v) for k, v in state_dict.items()})
+    again = peft.PeftModel.from_pretrained(again, tmp_path / "back").eval()
+    out, _ = mg.compile(adapted).apply(params, state, xs, inference_mode=True)
+    with torch.no_grad():
+        _close(np.asarray(out), again(torch.from_numpy(xs)).numpy())

@@ -81,10 +81,12 @@ def lora(graph: Graph, targets: Any = None, *positional: Any, rank: int | None =
     activation) and Embeddings are adapted;
     for an Embedding, as PEFT, ``A`` is a table of ``rank`` columns that starts at zero
     and ``B`` a Linear drawn normal, and dropout does not apply (its input is ids). For
-    a Conv (without a fused activation, ungrouped), as PEFT, ``A`` is a Conv of ``rank``
-    outputs with the target's kernel size, strides, padding and dilation, ``B`` a 1x1
-    Conv (zeros), both without bias (``lora_a_uniform_conv`` draws ``A``). Another op,
-    or a grouped Conv, is an ``mg.ConfigError`` naming the layer.
+    a Conv (without a fused activation), as PEFT, ``A`` is a Conv of ``rank``
+    outputs with the target's kernel size, strides, padding and dilation (PEFT's has no
+    dilation: a dilated conv's adapter is not exchanged with PEFT), ``B`` a 1x1
+    Conv (zeros) with the target's groups (``rank`` divisible by them), both without
+    bias (``lora_a_uniform_conv`` draws ``A``). Another op is an ``mg.ConfigError``
+    naming the layer.
 
     Example:
       >>> import mlaxgraph as mg
@@ -109,7 +111,7 @@ def lora(graph: Graph, targets: Any = None, *positional: Any, rank: int | None =
     chosen = {path: projections for path, projections in lora_targets(graph, targets).items()
               if not _quantize_helper(path, nodes)}
     for path, projections in chosen.items():
-        _check_target(path, nodes[path], source, nodes)
+        _check_target(path, nodes[path], source, nodes, rank)
         op: Any = nodes[path].op
         if isinstance(op, MultiHeadAttention) and (
                 set(op.adapters) & set(projections)
@@ -202,7 +204,7 @@ def _quantize_helper(path: str, nodes: Mapping[str, Node]) -> bool:
 
 
 def _check_target(path: str, node: Node, source: SourceInfo | None,
-                  nodes: Mapping[str, Node]) -> None:
+                  nodes: Mapping[str, Node], rank: int) -> None:
     op = node.op
     if is_adapter(path):
         base = path.rsplit(".lora_", 1)[0]
@@ -227,11 +229,11 @@ def _check_target(path: str, node: Node, source: SourceInfo | None,
             f"LoRA adds beside a {kind}'s output before any activation, and this one applies "
             f"{op.activation!r} itself; build it as a {kind} followed by the activation",
             source=source))
-    if isinstance(op, Conv) and op.groups != 1:
+    if isinstance(op, Conv) and rank % op.groups:
         raise ConfigError(node_message(
             path, op.op_name,
-            f"LoRA does not adapt a grouped Conv (groups={op.groups}), as PEFT does not; "
-            f"select ungrouped convolutions", source=source))
+            f"a grouped Conv's adapter (groups={op.groups}) has B grouped as the conv, as in "
+            f"PEFT, so the rank must be divisible by {op.groups}, got rank={rank}", source=source))
 
 
 _DEQUANTIZE = ".dequantize"
@@ -342,7 +344,7 @@ class _Lora(Rule):
                                      kernel_init=a_init, precision=conv.precision,
                                      name=name + ".lora_A"), (x,))
             ones = 1 if isinstance(conv.kernel_size, int) else (1,) * len(conv.kernel_size)
-            b = emit(".lora_B", Conv(conv.features, ones, use_bias=False,
+            b = emit(".lora_B", Conv(conv.features, ones, use_bias=False, groups=conv.groups,
                                      data_format=conv.data_format,
                                      kernel_init=b_init, precision=conv.precision,
                                      name=name + ".lora_B"), (a,))

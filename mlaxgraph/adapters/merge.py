@@ -221,7 +221,13 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
         w = _read(params, f"{base}/{weight}", base)
         a = _read(params, f"{path}/{weight}", base)
         b = _read(params, f"{base}.lora_B/kernel", base)
-        if isinstance(nodes[base].op, Conv):
+        conv = nodes[base].op
+        if isinstance(conv, Conv):
+            if conv.groups != 1:
+                raise GraphError(f"merge_lora: {base!r} is a grouped Conv (groups="
+                                 f"{conv.groups}): its adapter's A reads every input "
+                                 f"channel, which the grouped kernel cannot hold (PEFT does not "
+                                 f"merge it either); keep the adapter unmerged")
             new = _merge_conv(w, a, b, scale)
             merged = set_in(merged, (*base.split("/"), weight), new)
             drop.update((base + ".lora_A", base + ".lora_B"))

@@ -48,6 +48,7 @@ from .peft_targets import (
     all_linear_excluded,
     check_names,
     check_tied_heads,
+    dilated_conv,
     near_names,
     peft_modules,
     seq_cls_extras,
@@ -163,12 +164,15 @@ def lora_from_peft(graph: Graph, folder: Any = None, **unknown: Any) -> Graph:
                               f"the tied output head). PEFT trains a copy for the embedding alone "
                               f"and keeps the head's weights, which one shared layer cannot hold "
                               f"apart: its outputs would differ from PEFT's")
+    nodes = dict(layer_paths(unfold_scans(graph)))
     for key in chosen:
         path, op = modules[key]
         if op not in ADAPTABLE_OPS and op != "attention":
             raise ConfigError(f"{config.path}: target_modules selects {key!r} (layer {path!r}, "
                               f"op {op}); LoRA adapts Linear, Conv, Embedding and attention "
                               f"projections")
+        if path in nodes and (why := dilated_conv(path, nodes[path].op)):
+            raise ConfigError(f"{config.path}: target_modules selects {key!r}: {why}")
     groups: dict[tuple[int, float], list[str]] = collections.defaultdict(list)
     for key in chosen:
         groups[(config.rank_of(full(key)), config.alpha_of(full(key)))].append(modules[key][0])
@@ -303,6 +307,8 @@ def save_adapter(graph: Graph, params: Any, folder: Any, *,
     settings: dict[str, tuple[int, float]] = {}
     dropouts: dict[float, list[str]] = collections.defaultdict(list)
     for name, (target, rank, scale) in adapted_modules(graph, "save_adapter").items():
+        if target in nodes and (why := dilated_conv(target, nodes[target].op)):
+            raise SerializationError(f"save_adapter: {why}")
         settings[name] = (rank, scale * rank)
         drop = nodes.get(target + ".lora_dropout")
         if not isinstance(getattr(nodes.get(target), "op", None), Embedding):

@@ -19,7 +19,8 @@ from .peft_config import keeps_out
 from .torch_layout import float_name, layout_for
 
 __all__ = ["LINEAR_OPS", "ADAPTABLE_OPS", "peft_modules", "all_linear_excluded",
-           "check_tied_heads", "check_names", "near_names", "seq_cls_extras"]
+           "check_tied_heads", "check_names", "near_names", "seq_cls_extras",
+           "dilated_conv"]
 
 #: The ops PEFT's ``all-linear`` adapts here (and attention projections).
 LINEAR_OPS = ("linear",)
@@ -123,3 +124,19 @@ def near_names(name: str, keys: list[str]) -> str:
     tails = sorted({".".join(k.split(".")[-parts:]) for k in keys} | {k.rsplit(".", 1)[-1] for k in keys})
     close = difflib.get_close_matches(name, tails, n=4, cutoff=0.5)
     return f"; near names: {', '.join(close)}" if close else ""
+
+
+def dilated_conv(path: str, op: Any) -> str | None:
+    """Why a LoRA adapter of layer ``path`` (``op``) cannot go to or come from PEFT, or
+    None: PEFT's adapter of a Conv draws its ``lora_A`` with the conv's kernel size,
+    stride and padding but not its dilation, so on a dilated conv it computes another
+    function than ``mg.lora``'s (whose ``A`` has the conv's dilation, which merging
+    needs), or fails on the shapes where the padding is explicit."""
+    dilation = getattr(op, "dilation", 1)
+    dilation = dilation if isinstance(dilation, tuple) else (dilation,)
+    if "conv" not in op.op_name or all(d == 1 for d in dilation):
+        return None
+    return (f"layer {path!r} is a Conv with dilation {op.dilation}, and PEFT's "
+            f"LoRA draws a Conv's lora_A without the dilation (kernel size, stride and padding "
+            f"only): its adapter there computes another function than mlaxgraph's, whose A "
+            f"has the conv's dilation, or fails on the shapes, so it is not exchanged with PEFT")
