@@ -352,6 +352,13 @@ def test_bad_input_is_an_error_naming_it(gpt2):
         mg.lora(adapted, "**/*.lora_A", rank=2)
     with pytest.raises(mg.GraphError, match="merge_lora: graph 'gpt2' has no LoRA adapters"):
         mg.merge_lora(g, mg.compile(g).init(jax.random.key(0))[0])  # the base graph, by mistake
+    params, state = mg.compile(adapted).init(jax.random.key(0))
+    usage = r"merge_lora\(graph, params\) takes the adapted graph and its params and returns"
+    with pytest.raises(mg.ConfigError, match=usage + r".*1 more positional argument\(s\) "
+                                             r"\(merging changes no state"):
+        mg.merge_lora(adapted, params, state)   # as apply takes them: named, not a TypeError
+    with pytest.raises(mg.ConfigError, match=usage + r".*'param' \(did you mean params\?\)"):
+        mg.merge_lora(adapted, param=params)
 
 
 # --- Conv -------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import numpy as np
 from ..compiler.compile import compile
 from ..compiler.program import get_in, has_in, leaf_paths, set_in
 from ..core.donated import refuse_deleted
-from ..core.errors import GraphError, ShapeError
+from ..core.errors import ConfigError, GraphError, ShapeError
+from ..core.signatures import unknown_keywords
 from ..ir.graph import Graph
 from ..ir.node import Node, Value
 from ..ir.paths import is_adapter
@@ -159,7 +160,8 @@ def _check_adapter_shapes(graph: Graph, params: Mapping) -> None:
                              f"graph", expected=str(tuple(spec.shape)))
 
 
-def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
+def merge_lora(graph: Graph, params: Mapping | None = None, *extra: Any,
+               **unknown: Any) -> tuple[Graph, dict]:
     """The base graph back, with the adapters folded into its weights: ``(graph,
     params)`` where each adapted layer's weight is ``W + scale * A @ B`` (``A (in,
     rank)``, ``B (rank, out)`` as our Linear kernels are laid out: ``B @ A`` in PyTorch's
@@ -179,6 +181,14 @@ def merge_lora(graph: Graph, params: Mapping) -> tuple[Graph, dict]:
       >>> merged == g, sorted(merged_params)
       (True, ['fc'])
     """
+    if extra or unknown or params is None:
+        state = "merging changes no state: keep the one you have"
+        what = (f"{len(extra)} more positional argument(s) ({state})" if extra else
+                unknown_keywords("merge_lora", unknown, "merge_lora(graph, params)",
+                                 {"state": state}).split("; it takes")[0].removeprefix(
+                                     "merge_lora got ") if unknown else "no params")
+        raise ConfigError(f"merge_lora(graph, params) takes the adapted graph and its params "
+                          f"and returns (graph, params); got {what}")
     refuse_deleted("merge_lora", params=params)
     if not isinstance(graph, Graph):
         raise GraphError(f"merge_lora works on a Graph, got {type(graph).__name__}")
