@@ -102,9 +102,21 @@ def decode_graph(graph: Graph, *, max_length: int, batch: int | str, cache_dtype
     if len(graph.inputs) > 1:
         raise GraphError(f"graph {graph.name!r} takes {len(graph.inputs)} inputs; a decoder "
                          f"takes token ids alone (the attention mask is the decoder's)")
-    return rewrite(graph, DecodeRule(int(max_length), batch if isinstance(batch, str) else int(batch),
-                                     cache_dtype=None if cache_dtype is None else jnp.dtype(cache_dtype).name,
-                                     root=True))
+    specs = graph.output_specs
+    if len(specs) != 1:
+        _not_logits(graph)
+    decoding = rewrite(graph, DecodeRule(int(max_length), batch if isinstance(batch, str) else int(batch),
+                                         cache_dtype=None if cache_dtype is None else jnp.dtype(cache_dtype).name,
+                                         root=True))
+    if len(specs[0].shape) != 3:  # after the rewrite, which names a layer mixing positions
+        _not_logits(graph)
+    return decoding
+
+
+def _not_logits(graph: Graph) -> None:
+    raise GraphError(f"graph {graph.name!r} gives {', '.join(map(str, graph.output_specs))}; a "
+                     f"decoder takes a graph whose one output is the logits (batch, seq, vocab) "
+                     f"(mg.Graph(ids, logits))")
 
 
 @dataclasses.dataclass
