@@ -302,7 +302,7 @@ def test_bad_arguments_raise_mlaxgraph_errors():
         Trainer(model, optax.sgd(0.1), loss="hinge")
     # Keras's names and typos get the name of the same loss here.
     with pytest.raises(mg.GraphError, match="unknown loss 'mse' \\(did you mean 'mean_squared_error'"):
-        Trainer(model, optax.sgd(0.1), loss="mse")
+        Trainer(model, optax.sgd(0.1), loss="mean_squared_error")
     with pytest.raises(mg.GraphError, match="did you mean 'softmax_cross_entropy' \\(of logits"):
         Trainer(model, optax.sgd(0.1), loss="sparse_categorical_crossentropy")
     with pytest.raises(mg.GraphError, match="did you mean 'mean_squared_error'"):
@@ -490,3 +490,33 @@ def test_fit_names_its_misused_arguments_before_python_does():
         trainer.train_step(ts, x.astype(np.int32), y)
     ts, history = trainer.fit(ts, (x.astype(np.float64), y), epochs=1, batch_size=8, progress=False)
     assert int(ts.step) == 2
+
+
+def test_trainable_takes_a_list_of_globs():
+    """``trainable=["a/*", "c/kernel"]`` trains the weights any glob matches (SGD,
+    against plain JAX's gradient); a glob in the list matching nothing is named."""
+    x = mg.Input(("batch", 3), name="x")
+    h = ops.Linear(4, name="a")(x)
+    h = ops.Linear(4, name="b")(ops.tanh(h))
+    g = mg.Graph(x, ops.Linear(2, name="c")(ops.tanh(h)))
+    model = mg.compile(g)
+    trainer = mg.train.Trainer(model, optax.sgd(0.5), loss="mean_squared_error", trainable=["a/*", "c/kernel"])
+    ts = trainer.init(jax.random.key(0))
+    params = jax.tree.map(np.asarray, ts.params)
+    xs = np.asarray(jax.random.normal(jax.random.key(1), (5, 3)))
+    ys = np.asarray(jax.random.normal(jax.random.key(2), (5, 2)))
+
+    def loss(p):
+        h = jnp.tanh(xs @ p["a"]["kernel"] + p["a"]["bias"])
+        h = jnp.tanh(h @ p["b"]["kernel"] + p["b"]["bias"])
+        return jnp.mean((h @ p["c"]["kernel"] + p["c"]["bias"] - ys) ** 2)
+
+    grads = jax.grad(loss)(params)
+    new, _ = trainer.train_step(ts, xs, ys)
+    for layer, weight in [("a", "kernel"), ("a", "bias"), ("c", "kernel")]:
+        np.testing.assert_allclose(new.params[layer][weight],
+                                   params[layer][weight] - 0.5 * grads[layer][weight], rtol=1e-5, atol=1e-6)
+    for layer, weight in [("b", "kernel"), ("b", "bias"), ("c", "bias")]:
+        np.testing.assert_array_equal(new.params[layer][weight], params[layer][weight])
+    with pytest.raises(mg.GraphError, match=r"pattern 'd/\*' matches no weight"):
+        mg.train.Trainer(model, optax.sgd(0.5), loss="mean_squared_error", trainable=["a/*", "d/*"])

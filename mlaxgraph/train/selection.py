@@ -101,7 +101,15 @@ def trainable_paths(model: Any, trainable: Any) -> tuple[frozenset[str] | None, 
     if trainable is None:
         check_trainable(model.program, shapes, None)
         return None, frozenset(), ()
-    if isinstance(trainable, str):
+    leaves = leaf_paths(shapes)
+    if isinstance(trainable, (list, tuple, set, frozenset)) and trainable and \
+            all(isinstance(t, str) for t in trainable):   # several globs: any of them
+        tests = [glob_test(t) for t in trainable]
+        for pattern, one in zip(trainable, tests):
+            if not any(one(path) for path in leaves):
+                raise GraphError(matching_nothing(pattern, list(leaves), model.program, model.graph.name))
+        test: Callable[[str], bool] = lambda path: any(one(path) for one in tests)  # noqa: E731
+    elif isinstance(trainable, str):
         test = glob_test(trainable)
     elif callable(trainable):
         if problem := call_problem(trainable, 1):
@@ -109,9 +117,8 @@ def trainable_paths(model: Any, trainable: Any) -> tuple[frozenset[str] | None, 
                              f"(path: 'fc/kernel'); {problem}")
         test = trainable
     else:
-        raise GraphError(f"Trainer(trainable=...) takes a glob over weight paths or a "
-                         f"predicate on the path, got {trainable!r}")
-    leaves = leaf_paths(shapes)
+        raise GraphError(f"Trainer(trainable=...) takes a glob over weight paths, a list of "
+                         f"them, or a predicate on the path, got {trainable!r}")
     stored = tuple(p for p, leaf in leaves.items() if not trains(leaf.dtype))
     chosen = frozenset(path for path in leaves if test(path))
     if not chosen:

@@ -81,7 +81,8 @@ class Trainer:
         PEFT's ``target_modules`` do, unless it starts with ``/``; a LoRA adapter
         ``<target>.lora_A`` is also named as a part of its target, ``<target>/lora_A``,
         so ``"*/lora_*"`` names every adapter and ``"/*/lora_*"`` those of top-level
-        layers) or a predicate on the path string
+        layers), a list of such globs (the weights any of them names; each must name
+        one), or a predicate on the path string
         (``"h.0/mlp.c_fc/kernel"``). Frozen weights get no gradient and no optimizer
         state: ``opt_state`` is the optimizer's state of the trainable weights alone.
         None (the default) trains every weight.
