@@ -309,8 +309,12 @@ def test_bad_folders_are_errors(gpt2_adapter, tmp_path):
         mg.models.load_state_dict(adapted, base, adapter=short)
     extra = _folder(tmp_path, config, {**weights, "base_model.model.transformer.h.0.attn.c_proj.lora_A.weight":
                                        np.zeros((4, 16))}, "extra")
-    with pytest.raises(mg.SerializationError, match="(?s)does not hold.*c_proj.lora_A"):
+    with pytest.raises(mg.SerializationError, match=r"(?s)does not hold .*\(strict=False ignores "
+                                                    r"the unexpected ones\).*c_proj.lora_A"):
         mg.models.load_state_dict(adapted, base, adapter=extra)
+    loose = mg.models.load_state_dict(adapted, base, adapter=extra, strict=False)   # as it says
+    for a, b in zip(jax.tree.leaves(loose), jax.tree.leaves(mg.models.load_state_dict(adapted, base, adapter=folder))):
+        np.testing.assert_array_equal(a, b)
     empty = _folder(tmp_path, config, {}, "empty")
     (empty / "adapter_model.safetensors").unlink()
     with pytest.raises(mg.SerializationError, match=r"adapter_model\.safetensors: no such file "

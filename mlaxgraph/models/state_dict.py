@@ -248,7 +248,7 @@ def load_state_dict(graph: Graph, state_dict: Any, *, strict: bool = True,
         ``adapter_model.safetensors``) for a graph ``mg.lora_from_peft`` made from it:
         the base weights come from ``state_dict``, the adapters' (and those of the
         ``modules_to_save``, which replace the base's) from the folder, its names under
-        ``base_model.model.``. Every adapter weight must be there, and nothing else.
+        ``base_model.model.``. Every adapter weight must be there; others as ``strict``.
 
     A graph ``mg.quantize`` made (QLoRA's base) reads the float weights, which are then
     quantized as ``mg.quantize_weights`` does (absmax; its ``Quantize`` nodes get
@@ -323,7 +323,7 @@ def _load_with_adapter(graph, layout, layers, state_dict, folder, strict, dtype)
         modules = {name.rsplit(".", 1)[0] for name in copies}
         targets = [layer for layer in base if any(m.endswith(layer.module) for m in modules)]
         params = _over(params, _load_from(graph, peft, targets, copies, False, dtype)[0])
-    adapter_params, adapter_state = _load_from(graph, peft, adapters + saved, weights, True, dtype)
+    adapter_params, adapter_state = _load_from(graph, peft, adapters + saved, weights, strict, dtype)
     return _over(params, adapter_params), _over(state, adapter_state)
 
 
