@@ -357,12 +357,33 @@ def _position_wise(node: Node, graph: Graph, carries: set[Value]) -> bool:
     if isinstance(op, Pad):
         return tuple(op.pad_width[:2]) == ((0, 0), (0, 0))
     if isinstance(op, GetItem):
-        return (len(op.index) >= 2 and all(i == slice(None) for i in op.index[:2])
-                and out is not None and _same(out.shape[:2], specs[0].shape[:2]))
+        return (_keeps_positions(tuple(op.index), rank) and out is not None
+                and _same(out.shape[:2], specs[0].shape[:2]))
     if isinstance(op, MatMul):  # activations times a matrix that carries no positions
         return (len(specs) == 2 and node.inputs[1] not in carries and specs[1].rank <= 2
                 and rank >= 3)
     return False
+
+
+def _keeps_positions(index: tuple[Any, ...], rank: int) -> bool:
+    """Whether a ``GetItem`` index (its entries: ints, ``(start, stop, step)`` slices,
+    None and ``"..."``) takes axes 0 and 1 whole, whatever it does to the others."""
+    consuming = sum(1 for e in index if e is not None and e != "...")
+    whole = (None, None, None)
+    if "..." in index:
+        at = index.index("...")
+        index = index[:at] + (whole,) * max(rank - consuming, 0) + index[at + 1:]
+    axis = 0
+    for entry in index:
+        if axis >= 2:
+            return True
+        if entry is None:  # a new axis before the sequence's
+            return False
+        if not (isinstance(entry, tuple) and entry[0] in (None, 0) and entry[1] is None
+                and entry[2] in (None, 1)):
+            return False
+        axis += 1
+    return True
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
