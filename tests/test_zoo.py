@@ -226,6 +226,34 @@ def test_lm_head_files_with_prefixes_buffers_and_tied_copies():
     check_round_trip(graph, params, state, sd)
 
 
+def test_a_task_models_head_without_the_prefix_loads_beside_the_body():
+    """BertForSequenceClassification's state dict: the body under ``bert.``, the head
+    ``classifier.*`` without it, read into the zoo graph with the classifier added."""
+    from mlaxgraph import ops
+
+    config = tf.bert_config()
+    sd = tf.state_dict("bert", config)
+    graph = mg.models.bert(config).insert_after(
+        "pooler.activation", lambda h: ops.Linear(3, name="classifier")(h))
+    rng = np.random.RandomState(0)
+    weight = rng.randn(3, config["hidden_size"]).astype(np.float32)
+    bias = rng.randn(3).astype(np.float32)
+    task = {**{f"bert.{k}": v for k, v in sd.items()}, "classifier.weight": weight, "classifier.bias": bias}
+    params, state = mg.models.load_state_dict(graph, task)
+    np.testing.assert_array_equal(params["classifier"]["kernel"], weight.T)   # torch's (out, in)
+    np.testing.assert_array_equal(params["classifier"]["bias"], bias)
+    body, _ = mg.models.load_state_dict(mg.models.bert(config), sd)
+    for a, b in zip(jax.tree.leaves(body), jax.tree.leaves({k: v for k, v in params.items() if k != "classifier"})):
+        np.testing.assert_array_equal(a, b)
+    ids = jnp.asarray(rng.randint(0, config["vocab_size"], (2, 5)), jnp.int32)
+    args = (ids, jnp.zeros_like(ids), jnp.ones_like(ids))
+    pooled = mg.compile(mg.models.bert(config)).apply(body, state, *args, inference_mode=True)[0][1]
+    logits = mg.compile(graph).apply(params, state, *args, inference_mode=True)[0][1]
+    np.testing.assert_allclose(logits, np.asarray(pooled) @ weight.T + bias, rtol=1e-5, atol=1e-5)
+    with pytest.raises(mg.SerializationError, match=r"(?s)missing 1 weight.*'bert.classifier.bias'"):
+        mg.models.load_state_dict(graph, {k: v for k, v in task.items() if k != "classifier.bias"})
+
+
 def test_missing_extra_misshaped_and_integer_weights_are_named():
     config = tf.llama_config()
     sd = tf.state_dict("llama", config)

@@ -151,3 +151,24 @@ def test_a_folder_save_pretrained_wrote_builds_and_loads_in_the_zoo(family, tmp_
         out = theirs(*args[:1], **({"token_type_ids": args[1], "attention_mask": args[2]}
                                    if family == "bert" else {}))
     np.testing.assert_allclose(np.asarray(_first(ours)), _first(out).numpy(), atol=2e-5, rtol=1e-4)
+
+
+def test_a_task_models_head_without_the_prefix_loads_beside_the_body():
+    """BertForSequenceClassification: the body's names under ``bert.``, the head's
+    ``classifier.*`` without it; the zoo graph with the classifier inserted after its
+    pooler loads the whole state dict strictly and gives the model's logits."""
+    from mlaxgraph import ops
+
+    cfg = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
+           "vocab_size": 100, "max_position_embeddings": 32, "num_labels": 3}
+    torch.manual_seed(0)
+    hf = T.BertForSequenceClassification(T.BertConfig(**cfg)).eval()
+    g = mg.models.bert(hf.config.to_dict()).insert_after(
+        "pooler.activation", lambda h: ops.Linear(3, name="classifier")(h))
+    params, state = mg.models.load_state_dict(g, {k: v.numpy() for k, v in hf.state_dict().items()})
+    ids = np.random.RandomState(0).randint(0, 100, (2, 9))
+    with torch.no_grad():
+        want = hf(torch.tensor(ids)).logits.numpy()
+    got = mg.compile(g).apply(params, state, jnp.asarray(ids, jnp.int32), jnp.zeros((2, 9), jnp.int32),
+                              jnp.ones((2, 9), jnp.int32), inference_mode=True)[0][1]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)

@@ -2,12 +2,10 @@
 (torchvision's, Hugging Face's), to and from NumPy mappings and safetensors files,
 without torch.
 
-``load_state_dict`` fills every weight of the graph exactly once, from a mapping of
-names to arrays, a ``.safetensors`` file or a folder of shards with its index; a
-missing, extra or mis-shaped weight is a ``SerializationError`` that names it.
-``to_state_dict`` gives the names and layouts back, so that a model trained here can be
-served by the original code.
-"""
+``load_state_dict`` fills every weight of the graph exactly once, from a mapping of names
+to arrays, a ``.safetensors`` file or a folder of shards with its index (a missing, extra or
+mis-shaped weight is a ``SerializationError`` naming it); ``to_state_dict`` gives the names
+and layouts back, so that a model trained here can be served by the original code."""
 
 from __future__ import annotations
 
@@ -350,7 +348,9 @@ def _load(graph, layout, layers, expected, source, strict, dtype):
     # most of the graph's names.
     prefix = max(("",) + layout.prefixes,
                  key=lambda p: sum(p + name in present for name in expected))
-    found = {name: prefix + name for name in expected if prefix + name in present}
+    # a name without the prefix where the file has it so (a task model's head: classifier.*)
+    found = {name: next(n for n in (prefix + name, name) if n in present)
+             for name in expected if prefix + name in present or name in present}
     for name, (step, relative, _) in expected.items():
         # Legacy names Hugging Face renames on loading: LayerNorm's gamma and beta
         # (BERT's original checkpoints).
