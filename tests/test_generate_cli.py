@@ -130,3 +130,19 @@ def test_a_zero_temperature_with_do_sample_is_refused(case, capsys):
     status, ids, err = _cli(case, {"do_sample": True, "temperature": 0.0}, capsys, "--max-new-tokens", "2")
     assert status == 1 and ids is None
     assert "generation_config.json: Temperature: temperature must be > 0, got 0.0" in err
+
+
+def test_the_stop_tokens_of_generation_config_replace_the_configs(folder, case, capsys):
+    # Hugging Face's generate reads generation_config.json's eos_token_id alone when the
+    # folder has one (none there: no stop token); the config's stopped the command
+    _, model, params, state = folder
+    plain = _generate(model, params, state, 6)
+    stop = plain[len(PROMPT) + 1]
+    (case / "config.json").write_text(json.dumps({**LLAMA, "eos_token_id": stop}))
+    assert _cli(case, {"max_new_tokens": 6}, capsys)[1] == plain
+    (case / "generation_config.json").unlink()  # none: the config's, as Hugging Face's
+    status = main(["generate", "--model", "llama", "--weights", str(case), "--prompt-ids",
+                   ",".join(map(str, PROMPT)), "--max-new-tokens", "6"])
+    assert status == 0 and f"ids: {','.join(map(str, plain[:len(PROMPT) + 2]))}\n" in capsys.readouterr().out
+    status, ids, err = _cli(case, {"eos_token_id": "2"}, capsys, "--max-new-tokens", "2")
+    assert status == 1 and "field 'eos_token_id' must be a token id or a list of them, got '2'" in err

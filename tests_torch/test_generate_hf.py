@@ -67,3 +67,37 @@ def test_the_padding_inferred_from_pad_token_id_without_a_mask():
                                pad_token_id=0, eos_token_id=None).numpy()
     got = mg.generate(model, params, state, ids, max_new_tokens=8, pad_token_id=0)
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("fields", [
+    {"max_new_tokens": 5},
+    {"max_length": 13},
+    {"bad_words_ids": "first"},
+    {"eos_token_id": "second", "min_new_tokens": 5},
+    {"eos_token_id": "second", "min_length": 11},
+    {"repetition_penalty": 1.4, "no_repeat_ngram_size": 2},
+], ids=["max_new_tokens", "max_length", "bad_words_ids", "min_new_tokens", "min_length",
+        "penalties"])
+def test_the_command_reads_generation_config_as_transformers_does(tmp_path, capsys, fields):
+    """``mlaxgraph generate`` on a folder transformers saved, its generation_config.json
+    read by both: the same tokens as transformers' generate with no arguments but the
+    prompt."""
+    from mlaxgraph.cli.main import main
+
+    theirs, model, params, state = _pair("llama", BASE)
+    prompt = [1, 15, 33, 8, 41, 12]
+    plain = np.asarray(mg.generate(model, params, state, np.array([prompt]), max_new_tokens=4))[0, 6:]
+    fields = {k: ([[int(plain[0])]] if v == "first" else int(plain[1]) if v == "second" else v)
+              for k, v in fields.items()}
+    theirs.generation_config = transformers.GenerationConfig(**fields)
+    theirs.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    length = {} if {"max_new_tokens", "max_length"} & set(fields) else {"max_new_tokens": 8}
+    with torch.no_grad():
+        want = loaded.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 6, dtype=torch.long),
+                               **length).numpy()[0].tolist()
+    flags = ["--max-new-tokens", "8"] if length else []
+    assert main(["generate", "--model", "llama", "--weights", str(tmp_path), "--prompt-ids",
+                 ",".join(map(str, prompt)), *flags]) == 0
+    printed = capsys.readouterr().out
+    assert f"ids: {','.join(map(str, want))}" in printed

@@ -110,12 +110,12 @@ def _token_ids(text: str) -> list[int]:
 
 
 def _generation_config(args) -> tuple[str, dict]:
-    """The path of generation_config.json beside the weights and its fields ({}: none
-    there)."""
+    """The path of generation_config.json beside the weights and its fields ("" and {}:
+    none there)."""
     folder = _folder(args)
     path = os.path.join(folder, "generation_config.json") if folder else ""
     if not path or not os.path.exists(path):
-        return path, {}
+        return "", {}
     return path, read_generation_config(path)
 
 
@@ -136,20 +136,23 @@ def _new_tokens(args, path: str, generation: dict, prompt: int) -> int:
     return length - prompt
 
 
-def _stop_tokens(args, config: Any, generation: dict) -> list[int] | None:
-    """--eos-token-id, else the stop tokens of generation_config.json beside the weights
-    (where Llama 3 and Qwen2's instruct models keep theirs), else the config's: an id or a
-    list of them (a list was dropped)."""
+def _stop_tokens(args, config: Any, path: str, generation: dict) -> list[int] | None:
+    """--eos-token-id, else the stop tokens of generation_config.json where the folder has
+    one (where Llama 3 and Qwen2's instruct models keep theirs; as Hugging Face's generate,
+    the config's are then not read), else the config's: an id or a list of them."""
     if args.eos_token_id is not None:
         return args.eos_token_id
-    sources = [generation, config]
-    for source in sources:
-        value = source.get("eos_token_id") if isinstance(source, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool):
-            return [value]
-        if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-            return value
-    return None
+    source, where = (generation, path) if path else (config, "config.json")
+    value = source.get("eos_token_id") if isinstance(source, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool)
+                                                 for v in value):
+        return value
+    raise ConfigError(f"{where}: field 'eos_token_id' must be a token id or a list of them, got "
+                      f"{value!r}")
 
 
 def _tokenizer(args):
@@ -230,13 +233,13 @@ def run_generate(args: argparse.Namespace) -> int:
         raise UsageError("the prompt is empty")
     new_tokens = _new_tokens(args, path, generation, len(ids))
     sampler = _sampler(args, path, generation)
+    eos = _stop_tokens(args, config, path, generation)
     start = time.perf_counter()
     if args.weights:
         params, state = models.load_state_dict(graph, args.weights)
     else:
         params, state = compile(graph).init(jax.random.key(args.seed))
     loaded = time.perf_counter() - start
-    eos = _stop_tokens(args, config, generation)
     start = time.perf_counter()
     out = generate(compile(graph), params, state, np.array([ids], np.int32),
                    max_new_tokens=new_tokens, sampler=sampler,
