@@ -216,7 +216,7 @@ def check_cache(cache: Any, kind: type, max_length: int | None = None) -> None:
     if not isinstance(cache, kind):
         raise GraphError(f"step takes the cache that prefill or step returned, got "
                          f"{type(cache).__name__}")
-    slots = np.shape(getattr(cache, "mask", None))
+    slots = tuple(getattr(getattr(cache, "mask", None), "shape", ()))
     if max_length is not None and len(slots) == 2 and slots[1] != max_length:
         raise GraphError(f"this cache has {slots[1]} slots: it is another decoder's (this one has "
                          f"max_length={max_length}); step it with the decoder whose prefill made it")
