@@ -302,7 +302,7 @@ def test_bad_arguments_raise_mlaxgraph_errors():
         Trainer(model, optax.sgd(0.1), loss="hinge")
     # Keras's names and typos get the name of the same loss here.
     with pytest.raises(mg.GraphError, match="unknown loss 'mse' \\(did you mean 'mean_squared_error'"):
-        Trainer(model, optax.sgd(0.1), loss="mean_squared_error")
+        Trainer(model, optax.sgd(0.1), loss="mse")
     with pytest.raises(mg.GraphError, match="did you mean 'softmax_cross_entropy' \\(of logits"):
         Trainer(model, optax.sgd(0.1), loss="sparse_categorical_crossentropy")
     with pytest.raises(mg.GraphError, match="did you mean 'mean_squared_error'"):

@@ -123,18 +123,19 @@ class _Fold(Rule):
             casts = tuple(c.name for c in (_cast_after(graph.node(n), graph) for n in run) if c)
             members.update(run + casts)
             last[(casts or run)[-1]] = (run, casts)
-        return last, members
+        return last, members, {}
 
     def visit(self, node: Node, rewrite: Rewrite):
-        last, members = rewrite.data
+        last, members, bodies = rewrite.data
         if node.name not in members:
             return None
         if node.name not in last:
+            if type(node.op) is Block:  # its graph folded inside already (the rewriter's
+                bodies[node.name] = node.op.subgraph()  # recursion), for a cast's scan
             return ()  # an earlier node of a run: the scan at the run's last one
         names, casts = last[node.name]
         first = rewrite.graph.node(names[0])
-        # the block, folded inside already (the rewriter's recursion)
-        body = rewrite.graph.node(names[-1]).op.subgraph()
+        body = bodies[names[-1]] if casts else node.op.subgraph()
         assert body is not None  # _foldable: a block
         if casts:  # each block's cast back to its input's dtype, the body's last node
             taken = {n.name for n in body.nodes}
