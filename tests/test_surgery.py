@@ -77,6 +77,11 @@ def test_acting_on_nothing_names_near_paths(gpt2):
         g.remove("h.*/atn")
     with pytest.raises(mg.GraphError, match="the selection is empty"):
         g.remove(g.select("h.9/*"))
+    # a pattern of blocks, where layers are wanted (lora's targets): their layers named
+    with pytest.raises(mg.GraphError, match=r"pattern 'h\.\*' matches no layer of graph 'gpt2'; it "
+                                            r"matches blocks \(h\.0, h\.1, h\.2, h\.3\): select their "
+                                            r"layers \(h\.\*/\*\)"):
+        mg.lora(g, "h.*", rank=2)
     # a block's path names the block's call: removing it takes the whole block out
     assert [n.name for n in g.remove("h.1").nodes if n.name.startswith("h.")] == ["h.0", "h.2", "h.3"]
 

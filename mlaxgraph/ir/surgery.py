@@ -156,8 +156,12 @@ def resolve_selection(graph: Graph, selection: Any, action: str, calls: bool = F
                 matched = [path for path in others if matches(path)]
             if not matched:
                 kind = "layer, block or call" if calls else "layer"
+                matches = path_matcher(item)
+                hint = next((f"; it matches blocks ({', '.join(b for b in blocks if matches(b))}): "
+                             f"select their layers ({item.rstrip('/')}/*)"
+                             for b in blocks if matches(b)), near_names(item, known + others))
                 raise GraphError(f"{what}: pattern {item!r} matches no {kind} of graph "
-                                 f"{graph.name!r}{near_names(item, known + others)}")
+                                 f"{graph.name!r}{hint}")
             paths.extend(matched)
         elif item in known_set or item in others:
             paths.append(item)
