@@ -64,6 +64,14 @@ def test_select_by_pattern_op_and_predicate(gpt2):
     assert g.select("h.9/*") == []  # an empty selection is no error
     with pytest.raises(mg.GraphError, match="'lienar' is no registered op.*'linear'"):
         g.select(op="lienar")
+    # a glob of op names: the registered names it matches
+    assert g.select(op="layer_*") == g.select(op="layer_norm") == [f"h.{i}/ln_{k}" for i in range(4)
+                                                                   for k in (1, 2)] + ["ln_f"]
+    quantized = mg.quantize(g, "int8_weight_only")
+    assert quantized.select(op="quantized_*") == quantized.select(
+        op=("quantized_linear", "quantized_embedding", "quantized_multi_head_attention")) != []
+    with pytest.raises(mg.GraphError, match="'quantised_\\*' is no registered op.*'quantized_linear'"):
+        g.select(op="quantised_*")
 
 
 def test_acting_on_nothing_names_near_paths(gpt2):

@@ -236,7 +236,7 @@ class Graph:
           pattern: a glob over paths: ``*`` matches within one name, ``**`` across
             ``/`` (``"h.*/attn"``, ``"**/mlp.*"``; ``**/`` also stands for no name); None
             matches every layer.
-          op: a registered op name (``"linear"``) or a tuple of them.
+          op: a registered op name (``"linear"``, a glob ``"quantized_*"``) or a tuple of them.
           where: a predicate on the layer (the op object).
 
         Example:

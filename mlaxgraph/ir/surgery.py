@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -90,6 +91,9 @@ def select(graph: Graph, pattern: str | None = None, *, op: Any = None,
         classes = tuple(c for c in given if isinstance(c, type))
         ops = tuple(c for c in given if not isinstance(c, type))
         known = registered_ops()
+        # a glob of op names ("quantized_*") stands for the registered names it matches
+        ops = tuple(n for name in ops for n in (sorted(fnmatch.filter(known, name)) or [name]
+                    if isinstance(name, str) and set(name) & set("*?[") else [name]))
         for name in ops:
             if not isinstance(name, str) or name not in known:
                 close = difflib.get_close_matches(str(name), sorted(known), n=3)
