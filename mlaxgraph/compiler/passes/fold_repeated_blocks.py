@@ -90,7 +90,7 @@ def repeated_runs(graph: Graph, casts: bool = False) -> list[tuple[str, ...]]:
                 continue
         elif not _foldable(previous, graph, sharers):  # read as it is: of its input's spec
             continue
-        if (_foldable(previous, graph, sharers, casts) and previous.op.subgraph() == node.op.subgraph()
+        if (previous.op.subgraph() == node.op.subgraph()
                 and node.inputs[0] == Value(link.name, 0) and node.inputs[1:] == previous.inputs[1:]
                 and readers[link.name] == (node,) and link.name not in outputs
                 and (link is previous or readers[previous.name] == (link,))):
